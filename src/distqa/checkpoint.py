@@ -1,0 +1,76 @@
+"""Checkpoints: atomic save, find the newest, load, prune.
+
+A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt`` holding plain
+tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
+It is written to a temporary name, flushed to disk and renamed: a job killed mid-write leaves the
+previous checkpoint intact and never a truncated file under a real name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write through ``write(file)`` to a temporary sibling, fsync, then rename over ``path``: readers
+    see the old file or the complete new one, never a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints of a run, oldest first (temporary files are ignored)."""
+    folder = checkpoint_dir(run_dir)
+    found = [(int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := CHECKPOINT_NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load on the CPU; raises ValueError naming the file when it is not a checkpoint of this recipe."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
+                         "pass another file or --resume none.") from err
+    missing = {"model", "optimizer", "scheduler", "progress", "config"} - set(state)
+    if missing:
+        raise ValueError(f"{path} is missing {sorted(missing)}; it was not written by distqa.train.")
+    return state

@@ -1,0 +1,367 @@
+"""One typed configuration for every run, and where its values come from.
+
+Precedence, lowest to highest::
+
+    built-in defaults  <  preset file (configs/NAME.toml)  <  .env file and environment
+    variables (DISTQA_<FIELD>)  <  command-line flags (--field-name VALUE)
+
+The preset is picked with ``--preset NAME`` (or ``DISTQA_PRESET``); ``tiny-cpu`` is the default and
+``--preset none`` uses the built-in defaults alone. Every value is checked here, before any process
+group exists, so a typo fails in a second with a message naming the field instead of after a
+rendezvous: unknown keys, wrong types, out-of-range values, missing paths and a global batch that
+the world size cannot split are all rejected with a :class:`ConfigError`.
+
+Print every setting with its meaning: ``python -m distqa.train --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dotenv import dotenv_values
+
+ENV_PREFIX = "DISTQA_"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PRESETS_DIR = REPO_ROOT / "configs"
+DEFAULT_PRESET = "tiny-cpu"
+TINY_MODEL_DIR = REPO_ROOT / "data" / "tiny-bert"
+
+
+class ConfigError(ValueError):
+    """A setting is unknown, malformed or inconsistent; the message names it and the fix."""
+
+
+def setting(default: Any, help: str) -> Any:
+    """A config field with its documentation (shown by ``--help`` and in .env.example)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Config:
+    """Everything a training run needs to know; see the module docstring for where values come from."""
+
+    # --- run and output -------------------------------------------------------------------
+    preset: str = setting(
+        DEFAULT_PRESET, "Preset file configs/NAME.toml (or a path to a .toml) applied over the "
+        "defaults; 'none' for the bare defaults. Set with --preset or DISTQA_PRESET only.")
+    run_name: str = setting(
+        "local", "Name of the run directory under output_dir. Restarts with the same name resume "
+        "from its checkpoints (--resume auto); all nodes of a run must use the same name.")
+    output_dir: str = setting(
+        "results", "Directory holding run directories. Must be shared storage when nodes resume.")
+    seed: int = setting(1234, "Seed for model initialisation, data order and dropout.")
+
+    # --- model ------------------------------------------------------------------------------
+    model_name_or_path: str = setting(
+        str(TINY_MODEL_DIR.relative_to(REPO_ROOT)),
+        "transformers encoder: a local directory or a hub name such as bert-base-uncased "
+        "(hub names need network on first use). Relative paths are relative to the repository.")
+    from_scratch: bool = setting(
+        True, "Initialise the encoder randomly from the model's config instead of loading its "
+        "weights (the offline tiny model has no weights).")
+    tokenizer_name_or_path: str = setting(
+        "", "Tokenizer directory or hub name; empty means the same as model_name_or_path.")
+    dropout: float | None = setting(
+        None, "Override the encoder's hidden and attention dropout (0 <= p < 1); none keeps the "
+        "model's own.")
+    max_seq_len: int = setting(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.")
+    max_question_len: int = setting(32, "Most question tokens kept in a window.")
+
+    # --- data -------------------------------------------------------------------------------
+    dataset: Literal["dummy"] = setting(
+        "dummy", "Training data: 'dummy' is the offline synthetic DummyDataset.")
+    dummy_size: int = setting(4096, "Number of examples in the DummyDataset.")
+    num_workers: int = setting(0, "DataLoader worker processes per rank (0 = load in the trainer).")
+
+    # --- optimisation -----------------------------------------------------------------------
+    global_batch_size: int = setting(
+        32, "Examples per optimizer step over all ranks; must equal per_rank_batch_size × "
+        "world_size × accumulation steps (the accumulation is derived from it).")
+    per_rank_batch_size: int = setting(8, "Examples per forward pass on one rank (micro-batch).")
+    lr: float = setting(5e-4, "Peak AdamW learning rate, reached at the end of the warm-up.")
+    weight_decay: float = setting(0.01, "AdamW weight decay; biases and LayerNorm are never decayed.")
+    warmup_steps: int = setting(10, "Optimizer steps of linear warm-up from 0 to lr.")
+    max_grad_norm: float = setting(1.0, "Clip the global gradient norm to this (0 = no clipping).")
+    epochs: int = setting(1, "Passes over the training data (ignored when max_steps > 0).")
+    max_steps: int = setting(0, "Optimizer steps of the whole run; 0 = as many as `epochs` gives. "
+                             "The learning-rate schedule ends here.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
+        "auto", "Mixed precision: auto = bf16 on GPUs that support it, fp16 with loss scaling on "
+        "older GPUs, fp32 on CPU. bf16 can be forced on CPU; fp16 needs a GPU.")
+
+    # --- distributed ------------------------------------------------------------------------
+    device: Literal["auto", "cuda", "cpu"] = setting(
+        "auto", "auto = CUDA + NCCL when GPUs are present, else CPU + gloo. LOCAL_RANK picks the GPU.")
+    dist_timeout_s: int = setting(
+        600, "Seconds a collective may wait for the other ranks before the run fails.")
+
+    # --- checkpoints and logging -------------------------------------------------------------
+    resume: str = setting(
+        "auto", "'auto' continues from the newest checkpoint of this run if one exists, 'none' "
+        "starts fresh, or a path to a checkpoint file.")
+    checkpoint_every: int = setting(50, "Save a checkpoint every N optimizer steps (0 = only at the end).")
+    keep_checkpoints: int = setting(3, "Newest step checkpoints kept in the run directory.")
+    stop_at_step: int = setting(
+        0, "End this invocation after this optimizer step, with a checkpoint, while the schedule "
+        "still targets max_steps: splits a long run over time-limited jobs. 0 = never.")
+    log_every: int = setting(10, "Log loss, lr, samples/s and step time every N optimizer steps.")
+    progress_bar: bool = setting(True, "Show a tqdm progress bar on rank 0.")
+    tensorboard: bool = setting(True, "Write TensorBoard scalars to <run dir>/tensorboard (rank 0).")
+
+    def __post_init__(self) -> None:
+        positive = ("max_seq_len", "max_question_len", "dummy_size", "global_batch_size",
+                    "per_rank_batch_size", "epochs", "dist_timeout_s", "keep_checkpoints",
+                    "log_every")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
+        not_negative = ("num_workers", "warmup_steps", "max_steps", "checkpoint_every",
+                        "stop_at_step", "weight_decay", "max_grad_norm")
+        for name in not_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}; typical values are 1e-5 .. 1e-3.")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout must be in [0, 1) or none, got {self.dropout}.")
+        # [CLS] q [SEP] ... [SEP] must leave room for at least one document token.
+        if self.max_question_len + 4 > self.max_seq_len:
+            raise ConfigError(
+                f"max_question_len ({self.max_question_len}) leaves no room for the document in "
+                f"max_seq_len ({self.max_seq_len}); use max_question_len <= max_seq_len - 4.")
+        if self.per_rank_batch_size > self.global_batch_size:
+            raise ConfigError(
+                f"per_rank_batch_size ({self.per_rank_batch_size}) is larger than global_batch_size "
+                f"({self.global_batch_size}); lower it or raise global_batch_size.")
+        if not self.run_name or "/" in self.run_name or self.run_name in (".", ".."):
+            raise ConfigError(f"run_name must be a plain directory name, got {self.run_name!r}.")
+        for name in ("model_name_or_path", "tokenizer_name_or_path"):
+            value = getattr(self, name)
+            if value and (_looks_local(value) or _hub_offline()):
+                self._require_local(_resolve(value), name)
+        if self.resume not in ("auto", "none"):
+            self._require_local(Path(self.resume), "resume", hint="use 'auto', 'none' or a "
+                                "checkpoint file written by an earlier run")
+
+    # --- derived values ---------------------------------------------------------------------
+    @property
+    def model_source(self) -> str:
+        """What to hand to ``from_pretrained``: a resolved local directory or a hub name."""
+        return _local_or_hub(self.model_name_or_path)
+
+    @property
+    def tokenizer_source(self) -> str:
+        return _local_or_hub(self.tokenizer_name_or_path or self.model_name_or_path)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step so that every world size trains on the same global batch."""
+        per_micro_step = self.per_rank_batch_size * world_size
+        if self.global_batch_size % per_micro_step:
+            raise ConfigError(
+                f"global_batch_size ({self.global_batch_size}) is not divisible by "
+                f"per_rank_batch_size ({self.per_rank_batch_size}) × world_size ({world_size}) = "
+                f"{per_micro_step}. Use a global_batch_size that is a multiple of {per_micro_step}, "
+                f"or a per_rank_batch_size that divides {self.global_batch_size // world_size}.")
+        return self.global_batch_size // per_micro_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def _require_local(path: Path, name: str, hint: str = "") -> None:
+        if not path.exists():
+            hint = hint or ("pass an existing directory, or a hub name such as "
+                            "bert-base-uncased (downloaded on first use, so not with HF_HUB_OFFLINE=1)")
+            raise ConfigError(f"{name}: {path} does not exist; {hint}.")
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_TYPES = typing.get_type_hints(Config)
+
+
+def load_config(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: str | os.PathLike[str] = ".env",
+) -> Config:
+    """Resolve defaults < preset < .env/environment < flags into a validated :class:`Config`.
+
+    ``environ`` defaults to ``os.environ``; its ``WORLD_SIZE`` (set by torchrun) is used to check
+    that the global batch splits evenly, so a bad batch size fails before any rendezvous.
+    """
+    environ = os.environ if environ is None else environ
+    flags = _parse_flags(argv)
+    env = {**_read_dotenv(Path(dotenv_path)), **environ}
+
+    preset = flags.pop("preset", None) or env.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET
+    values: dict[str, Any] = {"preset": preset}
+    values |= _read_preset(preset)
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "PRESET":
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in FIELDS:
+            raise ConfigError(f"environment variable {key} is not a setting; "
+                              f"{_suggest(name)}remove it or see `python -m distqa.train --help`.")
+        values[name] = _coerce(name, raw, f"environment variable {key}")
+    for name, raw in flags.items():
+        values[name] = _coerce(name, raw, f"flag --{name.replace('_', '-')}")
+
+    config = Config(**values)
+    config.accumulation_steps(_world_size(environ))
+    return config
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """The command line: one ``--field-name`` flag per Config field, help from the field docs."""
+    parser = argparse.ArgumentParser(
+        prog="python -m distqa.train",
+        description="Train the QA model. Precedence: defaults < --preset file < .env / DISTQA_* "
+        "environment variables < these flags.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    for name, f in FIELDS.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, metavar=_metavar(name),
+                            help=f"{f.metadata['help']} (default: {f.default})")
+    return parser
+
+
+def _parse_flags(argv: Sequence[str] | None) -> dict[str, str]:
+    return vars(build_arg_parser().parse_args(argv))
+
+
+def _read_dotenv(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+
+
+def _read_preset(preset: str) -> dict[str, Any]:
+    if preset == "none":
+        return {}
+    path = Path(preset) if preset.endswith(".toml") else PRESETS_DIR / f"{preset}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+        raise ConfigError(f"preset {preset!r}: {path} does not exist; choose one of {known}, "
+                          "'none', or a path to a .toml file.")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"preset {path}: not valid TOML ({err}).") from err
+    values = {}
+    for name, raw in data.items():
+        if name not in FIELDS or name == "preset":
+            raise ConfigError(f"preset {path}: unknown key {name!r}; {_suggest(name)}"
+                              "remove it or see `python -m distqa.train --help`.")
+        values[name] = _coerce(name, raw, f"preset {path}")
+    return values
+
+
+def _coerce(name: str, raw: Any, source: str) -> Any:
+    """Turn a raw value (a string from the environment or a flag, or a TOML value) into the
+    field's type, or raise a ConfigError that names the field and where the value came from."""
+    hint = _TYPES[name]
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
+    if optional and (raw is None or (isinstance(raw, str) and raw.lower() in ("", "none"))):
+        return None
+    try:
+        if typing.get_origin(base) is Literal:
+            if raw not in typing.get_args(base):
+                raise ValueError(f"choose one of {list(typing.get_args(base))}")
+            return raw
+        if base is bool:
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.lower() in _BOOLEANS:
+                return _BOOLEANS[raw.lower()]
+            raise ValueError("expected true or false")
+        if base is int:
+            if isinstance(raw, bool) or not isinstance(raw, int | str):
+                raise ValueError("expected an integer")
+            return int(raw)
+        if base is float:
+            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+                raise ValueError("expected a number")
+            return float(raw)
+        if base is str:
+            if not isinstance(raw, str):
+                raise ValueError("expected a string")
+            return raw
+    except ValueError as err:
+        detail = str(err) if not str(err).startswith("invalid literal") else f"expected {base.__name__}"
+        raise ConfigError(f"{name}: invalid value {raw!r} from {source}: {detail}.") from None
+    raise TypeError(f"Config field {name} has an unsupported type {hint}")
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}
+
+
+def _metavar(name: str) -> str:
+    if choices := _choices(name):
+        return "{" + ",".join(choices) + "}"
+    return getattr(_TYPES[name], "__name__", "VALUE").upper()
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    hint = _TYPES[name]
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, FIELDS, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _resolve(name: str) -> Path:
+    """Relative paths work from the current directory and, as the defaults need, from the repository."""
+    path = Path(name).expanduser()
+    return path if path.is_absolute() or path.exists() else REPO_ROOT / path
+
+
+def _local_or_hub(name: str) -> str:
+    path = _resolve(name)
+    return str(path) if path.exists() else name
+
+
+def _looks_local(name: str) -> bool:
+    """A name whose first path component exists here is meant as a local path (data/tiny-bert);
+    hub names (bert-base-uncased, google/bert_uncased_L-2_H-128_A-2) have no such directory."""
+    first = Path(name).parts[0] if Path(name).parts else name
+    return name.startswith(("/", ".", "~")) or any(
+        (base / first).exists() for base in (Path.cwd(), REPO_ROOT))
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def _world_size(environ: Mapping[str, str]) -> int:
+    raw = environ.get("WORLD_SIZE", "1")
+    try:
+        world_size = int(raw)
+    except ValueError:
+        world_size = 0
+    if world_size < 1:
+        raise ConfigError(f"WORLD_SIZE={raw!r} is not a positive integer; it is set by torchrun, "
+                          "do not set it by hand.")
+    return world_size

@@ -1,0 +1,180 @@
+"""The distributed runtime: torchrun's environment → ranks, device and backend, process group lifetime.
+
+torchrun (locally, in a platform job, or under Slurm) exports ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node rank), ``MASTER_ADDR`` and
+``MASTER_PORT``. Without torchrun none of them is set and the run is a single process with no process
+group at all, so the same code serves a notebook, a debugger and a 64-GPU job.
+
+Device and backend are chosen together, here and nowhere else: CUDA + NCCL when GPUs are present and
+allowed (``LOCAL_RANK`` picks the GPU), otherwise CPU + gloo.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distqa.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process sits in the job and what it computes on."""
+
+    rank: int
+    """Global rank over all nodes, 0 .. world_size-1. Rank 0 writes shared files."""
+    local_rank: int
+    """Rank within this node; picks the GPU."""
+    world_size: int
+    """Number of training processes over all nodes."""
+    local_world_size: int
+    """Processes on this node."""
+    node_rank: int
+    """Index of this node (torchrun's GROUP_RANK)."""
+    device: torch.device
+    backend: str
+    """'nccl' with CUDA, 'gloo' on CPU."""
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_torchrun_env(environ: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Ranks from torchrun's variables; a process not launched by torchrun is rank 0 of 1."""
+    environ = os.environ if environ is None else environ
+    defaults = {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 1, "LOCAL_WORLD_SIZE": 1, "GROUP_RANK": 0}
+    ranks = {}
+    for name, default in defaults.items():
+        raw = environ.get(name)
+        try:
+            ranks[name] = default if raw is None else int(raw)
+        except ValueError:
+            raise ConfigError(f"environment variable {name}={raw!r} is not an integer; it is set by "
+                              "torchrun — launch with torchrun instead of setting it by hand.") from None
+    if not 0 <= ranks["RANK"] < ranks["WORLD_SIZE"]:
+        raise ConfigError(f"RANK={ranks['RANK']} is outside 0..WORLD_SIZE-1 (WORLD_SIZE="
+                          f"{ranks['WORLD_SIZE']}); launch with torchrun.")
+    if ranks["WORLD_SIZE"] > 1 and not {"MASTER_ADDR", "MASTER_PORT"} <= environ.keys():
+        raise ConfigError("WORLD_SIZE > 1 but MASTER_ADDR/MASTER_PORT are not set; launch with "
+                          "torchrun, which sets them.")
+    return ranks
+
+
+def choose_device(requested: str, local_rank: int) -> tuple[torch.device, str]:
+    """The one place that pairs a device with its collective backend."""
+    cuda = torch.cuda.is_available()
+    if requested == "cuda" and not cuda:
+        raise ConfigError("device=cuda but no CUDA GPU is visible; use --device auto or cpu.")
+    if requested == "cpu" or not cuda:
+        return torch.device("cpu"), "gloo"
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPUs are "
+                          "visible; set --nproc-per-node to at most the number of GPUs.")
+    return torch.device("cuda", local_rank), "nccl"
+
+
+@contextmanager
+def distributed_runtime(device: str = "auto", timeout_s: int = 600,
+                        environ: Mapping[str, str] | None = None) -> Iterator[Runtime]:
+    """Join the process group for the duration of the block (nothing to join at world size 1).
+
+    The group is destroyed in ``finally``, so a failing rank leaves promptly instead of holding its
+    peers until the collective timeout.
+    """
+    ranks = read_torchrun_env(environ)
+    torch_device, backend = choose_device(device, ranks["LOCAL_RANK"])
+    runtime = Runtime(rank=ranks["RANK"], local_rank=ranks["LOCAL_RANK"], world_size=ranks["WORLD_SIZE"],
+                      local_world_size=ranks["LOCAL_WORLD_SIZE"], node_rank=ranks["GROUP_RANK"],
+                      device=torch_device, backend=backend)
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    try:
+        if runtime.is_distributed:
+            dist.init_process_group(
+                backend=backend, timeout=timedelta(seconds=timeout_s),
+                # Binding the group to this GPU lets NCCL connect eagerly and avoids a guessed device.
+                device_id=torch_device if backend == "nccl" else None,
+            )
+        yield runtime
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    """True on global rank 0, the only rank that writes shared files (also before/without a group)."""
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    return rank == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """Mean of ``value`` over all ranks (the value itself in a single process)."""
+    if not dist.is_initialized():
+        return value
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)  # gloo has no AVG
+    return value / dist.get_world_size()
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (a one-element list in a single process)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank, so all ranks act on one decision."""
+    if not dist.is_initialized():
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+class RankFilter(logging.Filter):
+    """Stamps every log record with this process's global rank."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+LOG_FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(rank: int, log_file: os.PathLike[str] | str | None = None) -> None:
+    """Log every rank to stderr and, when given, to its own file; each line carries the rank."""
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file is not None:
+        handlers.append(logging.FileHandler(log_file))
+    for handler in handlers:
+        handler.addFilter(RankFilter(rank))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)

@@ -1,0 +1,89 @@
+"""The QA model: a transformers encoder + a start/end span head + a 5-way answer-type head, and its loss."""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedModel
+
+from distqa.config import Config, ConfigError
+from distqa.data import AnswerType
+
+# Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
+# use the first two, DistilBERT the last two).
+DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+
+
+class QAOutput(NamedTuple):
+    start_logits: torch.Tensor
+    """(batch, seq_len) score of each token being the first of the answer; [CLS] = no answer."""
+    end_logits: torch.Tensor
+    """(batch, seq_len) score of each token being the last of the answer."""
+    answer_type_logits: torch.Tensor
+    """(batch, 5) scores of :class:`~distqa.data.AnswerType`."""
+
+
+class QAModel(nn.Module):
+    def __init__(self, encoder: PreTrainedModel) -> None:
+        super().__init__()
+        # A pooler is unused here (the type head reads [CLS] directly); unused parameters would make
+        # DDP with find_unused_parameters=False fail, and cost memory and optimizer time.
+        if getattr(encoder, "pooler", None) is not None:
+            encoder.pooler = None
+        self.encoder = encoder
+        hidden = encoder.config.hidden_size
+        self.span_head = nn.Linear(hidden, 2)
+        self.answer_type_head = nn.Linear(hidden, len(AnswerType))
+        std = getattr(encoder.config, "initializer_range", 0.02)
+        for head in (self.span_head, self.answer_type_head):
+            nn.init.normal_(head.weight, std=std)
+            nn.init.zeros_(head.bias)
+        # DistilBERT-style encoders have no segment embeddings and reject token_type_ids.
+        self.uses_token_types = "token_type_ids" in inspect.signature(encoder.forward).parameters
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> QAOutput:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.uses_token_types and token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        hidden = self.encoder(**inputs).last_hidden_state
+        start_logits, end_logits = self.span_head(hidden).unbind(dim=-1)
+        return QAOutput(start_logits, end_logits, self.answer_type_head(hidden[:, 0]))
+
+
+def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean of the start, end and answer-type cross-entropies (as in the BERT baseline for NQ).
+
+    Windows without an answer have start = end = 0 ([CLS]), which is never padding, so every target
+    is a valid class and the loss stays finite even when a whole batch has no answer. Padding
+    positions are masked out of the span softmax; logits are upcast so bf16/fp16 cannot overflow.
+    """
+    padding = batch["attention_mask"] == 0
+    losses = []
+    for logits, target in ((output.start_logits, batch["start_positions"]),
+                           (output.end_logits, batch["end_positions"])):
+        logits = logits.float().masked_fill(padding, torch.finfo(torch.float32).min)
+        losses.append(F.cross_entropy(logits, target))
+    losses.append(F.cross_entropy(output.answer_type_logits.float(), batch["answer_type"]))
+    return sum(losses) / len(losses)
+
+
+def build_model(config: Config) -> QAModel:
+    """Encoder from any BERT-family name or directory (randomly initialised with ``from_scratch``)."""
+    encoder_config = AutoConfig.from_pretrained(config.model_source)
+    if config.dropout is not None:
+        for name in DROPOUT_ATTRIBUTES:
+            if hasattr(encoder_config, name):
+                setattr(encoder_config, name, config.dropout)
+    if config.max_seq_len > encoder_config.max_position_embeddings:
+        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the encoder's "
+                         f"max_position_embeddings ({encoder_config.max_position_embeddings}); lower max_seq_len.")
+    if config.from_scratch:
+        encoder = AutoModel.from_config(encoder_config)
+    else:
+        encoder = AutoModel.from_pretrained(config.model_source, config=encoder_config)
+    return QAModel(encoder)

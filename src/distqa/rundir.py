@@ -1,0 +1,72 @@
+"""The run directory: per-rank logs, the resolved config and ``run.json``.
+
+    results/<run_name>/
+      config.json          resolved config of the latest start (also stored in every checkpoint)
+      run.json             git sha, world size, nodes, device, library versions
+      logs/rank-<R>.log    one log file per global rank
+      tensorboard/         scalars, written by rank 0
+      checkpoints/         step-<N>.pt, written by rank 0
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import distqa
+from distqa.checkpoint import atomic_write
+from distqa.config import REPO_ROOT, Config
+from distqa.distributed import Runtime, setup_logging
+
+
+def prepare_run_dir(config: Config, runtime: Runtime) -> Path:
+    """Create the run directory, log this rank to its own file and (rank 0) record the run."""
+    run_dir = config.run_dir
+    # Every rank creates the logs folder: on multi-node runs without shared storage it is per node.
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    setup_logging(runtime.rank, run_dir / "logs" / f"rank-{runtime.rank}.log")
+    if runtime.is_main:
+        write_json(run_dir / "config.json", config.to_dict())
+        write_json(run_dir / "run.json", run_metadata(runtime))
+    return run_dir
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def run_metadata(runtime: Runtime) -> dict[str, Any]:
+    return {
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": git_sha(),
+        "argv": sys.argv,
+        "world_size": runtime.world_size,
+        "nodes": runtime.world_size // runtime.local_world_size,
+        "processes_per_node": runtime.local_world_size,
+        "device": runtime.device.type,
+        "backend": runtime.backend,
+        "versions": versions(),
+    }
+
+
+def versions() -> dict[str, str | None]:
+    return {"distqa": distqa.__version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "cuda": torch.version.cuda}
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,92 @@
+"""Train the question-answering model with DistributedDataParallel, on one process or many nodes.
+
+One process (CPU, or one GPU)::
+
+    python -m distqa.train
+
+One node, all of its GPUs::
+
+    torchrun --standalone --nproc-per-node gpu -m distqa.train --preset bert-base
+
+Two nodes (run on each; the node whose address is the endpoint hosts the rendezvous)::
+
+    torchrun --nnodes 2 --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29400 \\
+        --rdzv-id my-run -m distqa.train --preset bert-base --run-name my-run
+
+Two emulated nodes on this machine, through the same c10d rendezvous::
+
+    scripts/run_distributed_locally.sh
+
+Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
+variables or flags; see ``distqa.config``. A restart with the same ``--run-name`` resumes from its
+newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from dotenv import load_dotenv
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer
+
+from distqa.config import Config, ConfigError, load_config
+from distqa.data import build_dataset
+from distqa.data.sampler import ResumableDistributedSampler
+from distqa.distributed import Runtime, distributed_runtime
+from distqa.model import build_model
+from distqa.optim import build_optimizer
+from distqa.rundir import prepare_run_dir
+from distqa.trainer import Progress, Trainer, seed_everything
+
+log = logging.getLogger("distqa.train")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # .env may also carry settings for libraries (NCCL_*, HF_HOME, …), so it goes into the environment.
+    load_dotenv(".env", override=False)
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
+    try:
+        config = load_config(argv)
+        with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
+            run_dir = prepare_run_dir(config, runtime)
+            train(config, runtime, run_dir)
+    except ConfigError as err:
+        print(f"distqa.train: configuration error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
+    log.info("rank %d of %d (node %d, local rank %d) on %s with %s; run directory %s", runtime.rank,
+             runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
+             run_dir)
+
+    # Data: every rank reads a disjoint share of each epoch's permutation.
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
+    dataset = build_dataset(config, tokenizer)
+    sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
+                                          shuffle=True, seed=config.seed)
+    loader = DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
+                        num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
+                        pin_memory=runtime.device.type == "cuda")
+
+    # Model: identical initial weights on every rank; then each rank draws its own dropout masks.
+    seed_everything(config.seed)
+    model = build_model(config).to(runtime.device)
+    seed_everything(config.seed + runtime.rank)
+    log.info("model %s: %.1fM parameters", config.model_name_or_path,
+             sum(p.numel() for p in model.parameters()) / 1e6)
+
+    optimizer = build_optimizer(model, config, runtime.device)
+    trainer = Trainer(config, runtime, run_dir, model, optimizer, loader)
+    trainer.resume_if_requested()
+    return trainer.fit()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The training loop: accumulate (no_sync) → step → schedule → log (rank 0) → checkpoint (rank 0, atomic).
+
+The job consumes one global batch per optimizer step whatever its world size: every rank runs
+``accumulation`` micro-batches of ``per_rank_batch_size`` and DDP averages the gradients once, on the
+last micro-batch. Progress is counted in optimizer steps and in examples consumed by the whole job
+in the current epoch, which together with the RNG states makes a resumed run continue exactly where
+the interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from distqa.checkpoint import (
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from distqa.config import Config, ConfigError
+from distqa.data.sampler import ResumableDistributedSampler
+from distqa.distributed import Runtime, all_gather_objects, all_reduce_mean, barrier, broadcast_object
+from distqa.model import qa_loss
+from distqa.optim import Precision, build_scheduler
+from distqa.rundir import versions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    """Optimizer steps completed."""
+    epoch: int = 0
+    """Current pass over the data (0-based)."""
+    samples_in_epoch: int = 0
+    """Examples the whole job consumed in the current epoch (a multiple of the global batch)."""
+
+
+class Trainer:
+    def __init__(self, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
+        if not isinstance(loader.sampler, ResumableDistributedSampler):
+            raise TypeError("the loader needs a ResumableDistributedSampler for exact resumption")
+        self.config, self.runtime, self.run_dir = config, runtime, run_dir
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.sampler: ResumableDistributedSampler = loader.sampler
+        self.accumulation = config.accumulation_steps(runtime.world_size)
+        self.steps_per_epoch = self.sampler.num_samples // config.per_rank_batch_size // self.accumulation
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"the dataset ({len(self.sampler.dataset)} examples) is smaller than one global batch "
+                f"({config.global_batch_size}); use more data or a smaller global_batch_size.")
+        self.total_steps = config.max_steps or config.epochs * self.steps_per_epoch
+        self.scheduler = build_scheduler(optimizer, config, self.total_steps)
+        self.precision = Precision.choose(config.precision, runtime.device)
+        self.progress = Progress()
+        self.ddp_model: nn.Module = model
+
+    # --- resuming ----------------------------------------------------------------------------
+    def resume_if_requested(self) -> None:
+        """Load the checkpoint named by ``config.resume``; rank 0 picks it so all ranks agree."""
+        chosen = None
+        if self.runtime.is_main and self.config.resume != "none":
+            found = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else Path(self.config.resume)
+            chosen = str(found) if found else None
+        chosen = broadcast_object(chosen)
+        if chosen is None:
+            log.info("starting from scratch (no checkpoint to resume)")
+            return
+        try:
+            state = load_checkpoint(Path(chosen))
+            self.model.load_state_dict(state["model"])
+        except (ValueError, RuntimeError) as err:
+            raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
+                              "--run-name to start fresh.") from err
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        if len(state["rng"]) == self.runtime.world_size:
+            restore_rng_state(state["rng"][self.runtime.rank])
+        else:  # the data order still resumes exactly; only dropout draws differ
+            log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
+                        len(state["rng"]), self.runtime.world_size)
+            seed_everything(self.config.seed + 1000 * self.runtime.rank + self.progress.step)
+        log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen,
+                 self.progress.step, self.progress.epoch, self.progress.samples_in_epoch)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def fit(self) -> Progress:
+        self.ddp_model = self._wrap_ddp()
+        config, progress = self.config, self.progress
+        log.info("training %d steps (%d per epoch): global batch %d = %d per rank × %d ranks × %d "
+                 "accumulation, precision %s, device %s", self.total_steps, self.steps_per_epoch,
+                 config.global_batch_size, config.per_rank_batch_size, self.runtime.world_size,
+                 self.accumulation, self.precision.name, self.runtime.device)
+        metrics = MetricsWindow(self.runtime.device)
+        with self._progress_bar() as bar, self._tensorboard() as tensorboard:
+            while progress.step < self.total_steps:
+                self.sampler.set_epoch(progress.epoch)
+                self.sampler.resume_at(progress.samples_in_epoch)
+                micro_batches = iter(self.loader)
+                done_in_epoch = progress.samples_in_epoch // config.global_batch_size
+                for _ in range(min(self.steps_per_epoch - done_in_epoch, self.total_steps - progress.step)):
+                    loss, grad_norm = self.train_step(micro_batches)
+                    progress.step += 1
+                    progress.samples_in_epoch += config.global_batch_size
+                    metrics.add(loss, grad_norm)
+                    bar.update(1)
+                    last = progress.step == self.total_steps
+                    if progress.step % config.log_every == 0 or last:
+                        self._log_metrics(metrics.flush(), bar, tensorboard)
+                    stopping = progress.step == config.stop_at_step
+                    every = config.checkpoint_every
+                    if last or stopping or (every and progress.step % every == 0):
+                        self.save_checkpoint()
+                    if stopping:
+                        log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
+                        return progress
+                progress.epoch += 1
+                progress.samples_in_epoch = 0
+        log.info("training finished at step %d", progress.step)
+        return progress
+
+    def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``accumulation`` micro-batches; returns (mean loss, grad norm)."""
+        loss_sum = torch.zeros((), device=self.runtime.device)
+        for micro_step in range(self.accumulation):
+            batch = {k: v.to(self.runtime.device, non_blocking=True) for k, v in next(micro_batches).items()}
+            # Gradients are all-reduced only on the last micro-batch; before it they accumulate locally.
+            syncing = micro_step == self.accumulation - 1
+            skip_sync = self.ddp_model.no_sync() if self.runtime.is_distributed and not syncing \
+                else contextlib.nullcontext()
+            with skip_sync:
+                with self.precision.autocast():
+                    output = self.ddp_model(batch["input_ids"], batch["attention_mask"],
+                                            batch["token_type_ids"])
+                    loss = qa_loss(output, batch) / self.accumulation
+                self.precision.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        self.precision.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.max_grad_norm or float("inf"))
+        self.precision.scaler.step(self.optimizer)
+        self.precision.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Collective: every rank contributes its RNG state, rank 0 writes, all wait for the file."""
+        rng_states = all_gather_objects(capture_rng_state())
+        path = checkpoint_path(self.run_dir, self.progress.step)
+        if self.runtime.is_main:
+            started = time.perf_counter()
+            save_checkpoint({
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.precision.scaler.state_dict(),
+                "rng": rng_states,
+                "progress": asdict(self.progress),
+                "config": self.config.to_dict(),
+                "world_size": self.runtime.world_size,
+                "saved_by_rank": self.runtime.rank,
+                "versions": versions(),
+            }, path)
+            prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+            log.info("saved checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6,
+                     time.perf_counter() - started)
+        # Nobody runs ahead of a checkpoint that is still being written: a crash right after this
+        # step can always resume from it.
+        barrier()
+        return path
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _wrap_ddp(self) -> nn.Module:
+        if not self.runtime.is_distributed:
+            return self.model
+        device_ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
+        # Every parameter is used in every step, so DDP need not search for unused ones.
+        return DistributedDataParallel(self.model, device_ids=device_ids, find_unused_parameters=False)
+
+    def _log_metrics(self, window: dict[str, float], bar: tqdm, tensorboard: Any) -> None:
+        step = self.progress.step
+        lr = self.scheduler.get_last_lr()[0]
+        samples_per_s = window["steps"] * self.config.global_batch_size / window["seconds"]
+        step_time = window["seconds"] / window["steps"]
+        bar.set_postfix(loss=f"{window['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
+        log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f ms/step",
+                 step, self.total_steps, self.progress.epoch, window["loss"], lr, window["grad_norm"],
+                 samples_per_s, 1000 * step_time)
+        if tensorboard is not None:
+            for name, value in (("loss", window["loss"]), ("lr", lr), ("grad_norm", window["grad_norm"]),
+                                ("samples_per_s", samples_per_s), ("step_time_s", step_time)):
+                tensorboard.add_scalar(f"train/{name}", value, step)
+
+    @contextlib.contextmanager
+    def _progress_bar(self) -> Iterator[tqdm]:
+        bar = tqdm(total=self.total_steps, initial=self.progress.step, desc="train", unit="step",
+                   disable=not (self.runtime.is_main and self.config.progress_bar), mininterval=1.0)
+        try:
+            yield bar
+        finally:
+            bar.close()
+
+    @contextlib.contextmanager
+    def _tensorboard(self) -> Iterator[Any]:
+        if not (self.runtime.is_main and self.config.tensorboard):
+            yield None
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(self.run_dir / "tensorboard")
+        try:
+            yield writer
+        finally:
+            writer.close()
+
+
+class MetricsWindow:
+    """Loss and grad norm summed on the device since the last log line, so logging costs one
+    all-reduce per ``log_every`` steps rather than a host sync per step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums = torch.zeros(2, device=self.device)
+        self.steps = 0
+        self.started = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.sums += torch.stack([loss.float(), grad_norm.float()])
+        self.steps += 1
+
+    def flush(self) -> dict[str, float]:
+        """Means over the window and over all ranks (a collective: every rank must call it)."""
+        loss, grad_norm = (all_reduce_mean(self.sums) / max(self.steps, 1)).tolist()
+        window = {"loss": loss, "grad_norm": grad_norm, "steps": max(self.steps, 1),
+                  "seconds": max(time.perf_counter() - self.started, 1e-9)}
+        self._reset()
+        return window
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This rank's random generators, as plain containers (loadable with weights_only=True)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuples(state["python"]))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuples(value: Any) -> Any:
+    """random.setstate wants the nested tuples that a round trip through a checkpoint may turn to lists."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value
