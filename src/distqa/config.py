@@ -284,32 +284,37 @@ def _coerce(name: str, raw: Any, source: str) -> Any:
     if optional and (raw is None or (isinstance(raw, str) and raw.lower() in ("", "none"))):
         return None
     try:
-        if typing.get_origin(base) is Literal:
-            if raw not in typing.get_args(base):
-                raise ValueError(f"choose one of {list(typing.get_args(base))}")
-            return raw
-        if base is bool:
-            if isinstance(raw, bool):
-                return raw
-            if isinstance(raw, str) and raw.lower() in _BOOLEANS:
-                return _BOOLEANS[raw.lower()]
-            raise ValueError("expected true or false")
-        if base is int:
-            if isinstance(raw, bool) or not isinstance(raw, int | str):
-                raise ValueError("expected an integer")
-            return int(raw)
-        if base is float:
-            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-                raise ValueError("expected a number")
-            return float(raw)
-        if base is str:
-            if not isinstance(raw, str):
-                raise ValueError("expected a string")
-            return raw
+        return _parse(base, raw)
     except ValueError as err:
-        detail = str(err) if not str(err).startswith("invalid literal") else f"expected {base.__name__}"
-        raise ConfigError(f"{name}: invalid value {raw!r} from {source}: {detail}.") from None
-    raise TypeError(f"Config field {name} has an unsupported type {hint}")
+        raise ConfigError(f"{name}: invalid value {raw!r} from {source}: {err}.") from None
+
+
+def _parse(kind: Any, raw: Any) -> Any:
+    """Strings (environment, flags) are parsed; TOML values must already have the right type."""
+    if typing.get_origin(kind) is Literal:
+        if raw not in typing.get_args(kind):
+            raise ValueError(f"choose one of {list(typing.get_args(kind))}")
+        return raw
+    if kind is bool:
+        if isinstance(raw, str) and raw.lower() in _BOOLEANS:
+            return _BOOLEANS[raw.lower()]
+        if not isinstance(raw, bool):
+            raise ValueError("expected true or false")
+        return raw
+    if kind in (int, float):
+        expected = "an integer" if kind is int else "a number"
+        allowed = (int, str) if kind is int else (int, float, str)
+        if isinstance(raw, bool) or not isinstance(raw, allowed):
+            raise ValueError(f"expected {expected}")
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"expected {expected}") from None
+    if kind is str:
+        if not isinstance(raw, str):
+            raise ValueError("expected a string")
+        return raw
+    raise TypeError(f"unsupported config field type {kind}")
 
 
 _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
@@ -365,3 +370,29 @@ def _world_size(environ: Mapping[str, str]) -> int:
         raise ConfigError(f"WORLD_SIZE={raw!r} is not a positive integer; it is set by torchrun, "
                           "do not set it by hand.")
     return world_size
+
+
+def env_example() -> str:
+    """The text of ``.env.example``: every setting as a commented ``DISTQA_*`` line with its help."""
+    lines = [
+        "# Copy to .env and uncomment what you need. Precedence: defaults < preset < .env < environment",
+        "# < command-line flags. Regenerate this file with: python -m distqa.config > .env.example",
+        "",
+    ]
+    for name, f in FIELDS.items():
+        default = "none" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
+            else f.default
+        lines += [f"# {f.metadata['help']}", f"# {ENV_PREFIX}{name.upper()}={default}", ""]
+    lines += [
+        "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment):",
+        "# HF_HOME=/data/hf-cache            # where transformers caches downloaded models",
+        "# HF_HUB_OFFLINE=1                  # never reach the hub (every default path is offline)",
+        "# NCCL_SOCKET_IFNAME=eth0           # network interface NCCL uses between nodes",
+        "# GLOO_SOCKET_IFNAME=eth0           # the same for gloo (CPU runs)",
+        "# NCCL_DEBUG=INFO                   # print NCCL's topology and transport choices",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(env_example(), end="")

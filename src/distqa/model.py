@@ -36,12 +36,14 @@ class QAModel(nn.Module):
             encoder.pooler = None
         self.encoder = encoder
         hidden = encoder.config.hidden_size
-        self.span_head = nn.Linear(hidden, 2)
+        # No bias on the span head: it would add one constant to every position's logit, which the
+        # softmax over positions cancels — a parameter with no gradient but float noise for Adam to amplify.
+        self.span_head = nn.Linear(hidden, 2, bias=False)
         self.answer_type_head = nn.Linear(hidden, len(AnswerType))
         std = getattr(encoder.config, "initializer_range", 0.02)
-        for head in (self.span_head, self.answer_type_head):
-            nn.init.normal_(head.weight, std=std)
-            nn.init.zeros_(head.bias)
+        nn.init.normal_(self.span_head.weight, std=std)
+        nn.init.normal_(self.answer_type_head.weight, std=std)
+        nn.init.zeros_(self.answer_type_head.bias)
         # DistilBERT-style encoders have no segment embeddings and reject token_type_ids.
         self.uses_token_types = "token_type_ids" in inspect.signature(encoder.forward).parameters
 

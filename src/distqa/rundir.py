@@ -14,7 +14,7 @@ import json
 import platform
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run_metadata(runtime: Runtime) -> dict[str, Any]:
     return {
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_sha": git_sha(),
         "argv": sys.argv,
         "world_size": runtime.world_size,
@@ -59,7 +59,7 @@ def run_metadata(runtime: Runtime) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str | None]:
-    return {"distqa": distqa.__version__, "python": platform.python_version(), "torch": torch.__version__,
+    return {"distqa": distqa.__version__, "python": platform.python_version(), "torch": str(torch.__version__),
             "transformers": transformers.__version__, "cuda": torch.version.cuda}
 
 

@@ -73,7 +73,10 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
                                           shuffle=True, seed=config.seed)
     loader = DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
                         num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
-                        pin_memory=runtime.device.type == "cuda")
+                        pin_memory=runtime.device.type == "cuda",
+                        # Each new iterator draws a worker seed; from its own generator, that draw leaves
+                        # the global RNG (dropout, checkpointed for exact resumption) untouched.
+                        generator=torch.Generator().manual_seed(config.seed))
 
     # Model: identical initial weights on every rank; then each rank draws its own dropout masks.
     seed_everything(config.seed)

@@ -203,6 +203,8 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         samples_per_s = window["steps"] * self.config.global_batch_size / window["seconds"]
         step_time = window["seconds"] / window["steps"]
+        if not self.runtime.is_main:
+            return
         bar.set_postfix(loss=f"{window['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
         log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f ms/step",
                  step, self.total_steps, self.progress.epoch, window["loss"], lr, window["grad_norm"],

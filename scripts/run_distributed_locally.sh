@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Emulate a multi-node DDP run on this machine: one torchrun agent per "node", all joining one c10d
+# rendezvous on 127.0.0.1 — the same path a real multi-node job takes, only without the network.
+#
+# Usage:
+#   scripts/run_distributed_locally.sh [--nodes N] [--procs-per-node M] [--port P] [--run-id ID]
+#                                      [--max-restarts R] [--] [TRAINER ARGS...]
+#
+#   scripts/run_distributed_locally.sh                            # 2 nodes × 1 process, tiny preset
+#   scripts/run_distributed_locally.sh --nodes 3 -- --max-steps 20
+#   scripts/run_distributed_locally.sh -- --preset bert-base --device cuda   # GPUs, if present
+#
+# Arguments after the launcher's own (or after --) go to `python -m distqa.train` unchanged.
+# Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
+# else python3), NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
+# Exit status: 0 when every node finished; otherwise the first failing node's status, after the
+# remaining agents have been stopped.
+set -euo pipefail
+(( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) \
+    || { echo "run_distributed_locally.sh: needs bash >= 5.1 (wait -n -p)" >&2; exit 2; }
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+nodes="${NODES:-2}"
+procs_per_node="${PROCS_PER_NODE:-1}"
+port="${RDZV_PORT:-29400}"
+run_id="${RUN_ID:-local}"
+max_restarts="${MAX_RESTARTS:-0}"
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() { echo "run_distributed_locally.sh: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"; }
+
+trainer_args=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
+        --procs-per-node) need_value "$@"; procs_per_node="$2"; shift 2 ;;
+        --port) need_value "$@"; port="$2"; shift 2 ;;
+        --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
+        --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; trainer_args+=("$@"); break ;;
+        *) trainer_args+=("$1"); shift ;;
+    esac
+done
+for name in nodes procs_per_node port max_restarts; do
+    [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
+done
+(( nodes >= 1 && procs_per_node >= 1 )) || die "--nodes and --procs-per-node must be at least 1"
+(( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
+[[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only"
+"$PYTHON" -c "import distqa" 2>/dev/null || die "$PYTHON cannot import distqa; run 'make setup' first"
+
+# Gloo binds to the interface of the machine's hostname unless told otherwise; keep it on loopback.
+if [[ -z "${GLOO_SOCKET_IFNAME:-}" && -d /sys/class/net/lo ]]; then export GLOO_SOCKET_IFNAME=lo; fi
+# All emulated nodes share this machine's cores: give each process its share instead of letting
+# every one start a thread per core (oversubscribed CPU runs are several times slower).
+if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+    cores=$(nproc 2>/dev/null || echo 1)
+    export OMP_NUM_THREADS=$(( cores / (nodes * procs_per_node) > 1 ? cores / (nodes * procs_per_node) : 1 ))
+fi
+
+agents=()
+stop_agents() {
+    local pid
+    for pid in "${agents[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in $(seq 50); do  # up to 5 s for a clean exit, then force
+        local alive=0
+        for pid in "${agents[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        (( alive )) || return 0
+        sleep 0.1
+    done
+    for pid in "${agents[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+trap 'echo "interrupted: stopping all nodes" >&2; stop_agents; exit 130' INT TERM
+
+echo "launching $nodes node(s) × $procs_per_node process(es), rendezvous 127.0.0.1:$port, run id '$run_id'" >&2
+for (( node = 0; node < nodes; node++ )); do
+    # Node 0 hosts the rendezvous store, as the master job does on the platform.
+    is_host=$(( node == 0 ? 1 : 0 ))
+    "$PYTHON" -m torch.distributed.run \
+        --nnodes "$nodes" --nproc-per-node "$procs_per_node" \
+        --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "$run_id" \
+        --rdzv-conf "is_host=$is_host" --local-addr 127.0.0.1 \
+        --max-restarts "$max_restarts" \
+        -m distqa.train --run-name "$run_id" "${trainer_args[@]}" \
+        > >(sed -u "s/^/[node $node] /") 2> >(sed -u "s/^/[node $node] /" >&2) &
+    agents+=("$!")
+done
+
+status=0
+running=("${agents[@]}")
+while (( ${#running[@]} > 0 )); do
+    finished_pid="" code=0
+    wait -n -p finished_pid "${running[@]}" || code=$?
+    mapfile -t running < <(printf '%s\n' "${running[@]}" | grep -vx -- "$finished_pid")
+    if (( code != 0 )); then
+        echo "a node exited with status $code: stopping the others" >&2
+        status=$code
+        stop_agents
+        break
+    fi
+done
+trap - INT TERM
+wait 2>/dev/null || true
+exit "$status"

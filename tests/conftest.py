@@ -1,0 +1,69 @@
+"""Shared helpers: small fast training arguments and real torchrun launches (CPU, gloo, loopback)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# A configuration small enough for a 2-core machine: a few seconds per run, every code path real.
+FAST_ARGS = [
+    "--preset", "none", "--dummy-size", "256", "--max-seq-len", "64", "--max-question-len", "16",
+    "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without torchrun or DISTQA_* variables that would leak in."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DISTQA_") and k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                         "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}}
+    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout: int = 240,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m distqa.train`` in a fresh process, or under ``torchrun --standalone`` for nproc > 1."""
+    launcher = [sys.executable, "-m", "distqa.train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={nproc}", "-m", "distqa.train"]
+    result = subprocess.run(launcher + args, cwd=cwd, env=env or clean_env(OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoints = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    assert checkpoints, f"no checkpoint in {run_dir}"
+    return torch.load(checkpoints[-1], map_location="cpu", weights_only=True)["model"]
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.fixture
+def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [k for k in os.environ if k.startswith("DISTQA_")]:
+        monkeypatch.delenv(name)

@@ -1,0 +1,165 @@
+"""Config precedence (defaults < preset < .env < environment < flags) and every rejection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distqa.config import DEFAULT_PRESET, FIELDS, Config, ConfigError, load_config
+
+pytestmark = pytest.mark.usefixtures("no_torchrun_env")
+
+
+def load(argv: list[str] | None = None, environ: dict[str, str] | None = None,
+         dotenv: Path | None = None) -> Config:
+    return load_config(argv or [], environ=environ or {}, dotenv_path=dotenv or Path("/nonexistent/.env"))
+
+
+@pytest.fixture
+def preset(tmp_path: Path) -> Path:
+    path = tmp_path / "mine.toml"
+    path.write_text('lr = 1e-3\nseed = 7\nwarmup_steps = 3\nlog_every = 4\nrun_name = "from-preset"\n')
+    return path
+
+
+def test_defaults_use_the_tiny_offline_preset() -> None:
+    config = load()
+    assert config.preset == DEFAULT_PRESET == "tiny-cpu"
+    assert config.dataset == "dummy"
+    assert config.from_scratch
+    assert Path(config.model_source).is_dir()
+
+
+def test_bare_defaults_are_valid_and_offline() -> None:
+    config = load(["--preset", "none"])
+    assert config.preset == "none"
+    assert config.lr == FIELDS["lr"].default
+    assert Path(config.model_source).is_dir()
+
+
+def test_precedence_defaults_preset_dotenv_environment_flags(preset: Path, tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("DISTQA_SEED=8\nDISTQA_WARMUP_STEPS=5\nDISTQA_LOG_EVERY=6\nUNRELATED=1\n")
+    environ = {"DISTQA_WARMUP_STEPS": "9", "DISTQA_LOG_EVERY": "11"}
+    config = load(["--preset", str(preset), "--log-every", "12"], environ, dotenv)
+    assert config.max_grad_norm == FIELDS["max_grad_norm"].default  # default
+    assert config.lr == 1e-3  # preset
+    assert config.run_name == "from-preset"  # preset
+    assert config.seed == 8  # .env over preset
+    assert config.warmup_steps == 9  # environment over .env
+    assert config.log_every == 12  # flag over everything
+
+
+def test_preset_chosen_by_environment(preset: Path) -> None:
+    assert load(environ={"DISTQA_PRESET": str(preset)}).lr == 1e-3
+    assert load(["--preset", "none"], environ={"DISTQA_PRESET": str(preset)}).preset == "none"
+
+
+def test_values_are_typed_from_strings() -> None:
+    config = load(["--tensorboard", "no", "--dropout", "0.25", "--precision", "bf16"],
+                  {"DISTQA_PROGRESS_BAR": "false", "DISTQA_LR": "3e-5"})
+    assert config.tensorboard is False and config.progress_bar is False
+    assert config.dropout == 0.25 and config.lr == 3e-5 and config.precision == "bf16"
+    assert load(["--dropout", "none"]).dropout is None
+
+
+def test_every_field_has_help_and_a_flag() -> None:
+    from distqa.config import build_arg_parser
+
+    help_text = build_arg_parser().format_help()
+    for name, field in FIELDS.items():
+        assert field.metadata["help"], name
+        assert "--" + name.replace("_", "-") in help_text
+
+
+def test_resolved_config_round_trips() -> None:
+    config = load(["--lr", "2e-4"])
+    assert Config(**config.to_dict()) == config
+
+
+@pytest.mark.parametrize(("argv", "environ", "message"), [
+    (["--lr", "-1"], {}, "lr must be > 0"),
+    (["--lr", "0"], {}, "lr must be > 0"),
+    (["--per-rank-batch-size", "0"], {}, "per_rank_batch_size must be a positive integer"),
+    (["--global-batch-size", "0"], {}, "global_batch_size must be a positive integer"),
+    (["--max-steps", "-3"], {}, "max_steps must be >= 0"),
+    (["--dropout", "1.5"], {}, "dropout must be in [0, 1)"),
+    (["--max-question-len", "126"], {}, "leaves no room for the document"),
+    (["--per-rank-batch-size", "64"], {}, "per_rank_batch_size (64) is larger than global_batch_size"),
+    (["--run-name", "a/b"], {}, "run_name must be a plain directory name"),
+    (["--lr", "fast"], {}, "lr: invalid value 'fast' from flag --lr: expected a number"),
+    (["--epochs", "1.5"], {}, "epochs: invalid value '1.5' from flag --epochs"),
+    (["--precision", "fp8"], {}, "choose one of ['auto', 'fp32', 'bf16', 'fp16']"),
+    ([], {"DISTQA_TENSORBOARD": "maybe"}, "from environment variable DISTQA_TENSORBOARD: expected true or false"),
+    ([], {"DISTQA_LEARNING_RATE": "1e-4"}, "environment variable DISTQA_LEARNING_RATE is not a setting"),
+    (["--model-name-or-path", "data/no-such-model"], {}, "model_name_or_path: "),
+    (["--tokenizer-name-or-path", "./missing-tokenizer"], {}, "tokenizer_name_or_path: "),
+    (["--resume", "results/nothing/step-1.pt"], {}, "resume: "),
+    (["--preset", "no-such-preset"], {}, "preset 'no-such-preset'"),
+    ([], {"WORLD_SIZE": "zero"}, "WORLD_SIZE='zero' is not a positive integer"),
+])
+def test_rejections_name_the_field(argv: list[str], environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(argv, environ)
+    assert message in str(err.value)
+
+
+def test_missing_paths_say_they_do_not_exist() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(["--model-name-or-path", "data/no-such-model"])
+
+
+def test_hub_names_are_not_paths_unless_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load(["--model-name-or-path", "bert-base-uncased", "--from-scratch", "false"]).model_source \
+        == "bert-base-uncased"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE"):
+        load(["--model-name-or-path", "bert-base-uncased"])
+
+
+def test_global_batch_must_split_over_the_world() -> None:
+    with pytest.raises(ConfigError) as err:
+        load(["--global-batch-size", "32", "--per-rank-batch-size", "6"], {"WORLD_SIZE": "2"})
+    message = str(err.value)
+    assert "global_batch_size (32) is not divisible by per_rank_batch_size (6) × world_size (2) = 12" in message
+    assert "multiple of 12" in message
+    config = load(["--global-batch-size", "32", "--per-rank-batch-size", "4"], {"WORLD_SIZE": "2"})
+    assert config.accumulation_steps(2) == 4
+    assert config.accumulation_steps(4) == 2
+    assert config.accumulation_steps(8) == 1
+
+
+def test_unknown_preset_key_is_rejected_with_suggestion(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("learning_rate = 1e-4\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'learning_rate'"):
+        load(["--preset", str(bad)])
+    bad.write_text("lr = 'high'\n")
+    with pytest.raises(ConfigError, match=r"lr: invalid value 'high' from preset"):
+        load(["--preset", str(bad)])
+    bad.write_text("epochs = true\n")
+    with pytest.raises(ConfigError, match=r"epochs: invalid value True from preset .*expected an integer"):
+        load(["--preset", str(bad)])
+    bad.write_text("lr = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(["--preset", str(bad)])
+
+
+def test_unknown_flag_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load(["--learning-rate", "1e-4"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --learning-rate" in capsys.readouterr().err
+
+
+def test_shipped_presets_and_env_example_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import REPO_ROOT
+
+    for path in sorted((REPO_ROOT / "configs").glob("*.toml")):
+        load(["--preset", str(path)])
+    # .env.example documents every setting, and each documented one is a real field.
+    example = (REPO_ROOT / ".env.example").read_text()
+    documented = {line.lstrip("# ").split("=")[0] for line in example.splitlines()
+                  if line.lstrip("# ").startswith("DISTQA_")}
+    assert documented == {"DISTQA_" + name.upper() for name in FIELDS}

@@ -1,0 +1,167 @@
+"""Real multi-process runs (torchrun, gloo, CPU): DDP equivalence, exact resume, the local launcher.
+
+These are the claims about distribution, so they run the real entry point in fresh processes rather
+than calling the loop in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference, run_training
+
+pytestmark = pytest.mark.distributed
+STEPS = 3
+TOLERANCE = 1e-5
+
+
+def args_for(run_dir: Path, per_rank: int, global_batch: int = 8, *extra: str) -> list[str]:
+    return [*FAST_ARGS, "--output-dir", str(run_dir.parent), "--run-name", run_dir.name,
+            "--global-batch-size", str(global_batch), "--per-rank-batch-size", str(per_rank),
+            "--max-steps", str(STEPS), "--checkpoint-every", "0", "--dropout", "0", "--lr", "5e-4",
+            # Clipping off: it would rescale a wrongly scaled gradient and hide the bug this test looks for.
+            "--max-grad-norm", "0", *extra]
+
+
+def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
+    """After k steps: 2 ranks × batch B == 1 rank × 2B == 1 rank × B with 2 accumulation steps
+    == 2 ranks × B/2 with 2 accumulation steps (which exercises no_sync under DDP).
+
+    AdamW's update hardly depends on the gradient's scale, so equal weights alone would not catch a
+    gradient summed instead of averaged; Adam's first moments, a running mean of the gradients, do."""
+    runs = {
+        "single_2b": (1, 8),
+        "single_accumulate": (1, 4),
+        "ddp_b": (2, 4),
+        "ddp_accumulate": (2, 2),
+    }
+    weights, first_moments = {}, {}
+    for name, (nproc, per_rank) in runs.items():
+        run_training(args_for(tmp_path / name, per_rank), nproc=nproc)
+        weights[name] = final_weights(tmp_path / name)
+        checkpoint = torch.load(sorted((tmp_path / name / "checkpoints").glob("*.pt"))[-1], weights_only=True)
+        assert checkpoint["progress"]["step"] == STEPS
+        assert checkpoint["world_size"] == nproc
+        first_moments[name] = {i: s["exp_avg"] for i, s in checkpoint["optimizer"]["state"].items()}
+
+    initial = _initial_weights(tmp_path)
+    assert max_difference(weights["single_2b"], initial) > 1e-4, "training did not move the weights"
+    for name in ("single_accumulate", "ddp_b", "ddp_accumulate"):
+        difference = max_difference(weights["single_2b"], weights[name])
+        assert difference < TOLERANCE, f"{name} differs from single_2b by {difference:.2e}"
+        for index, moment in first_moments["single_2b"].items():
+            torch.testing.assert_close(first_moments[name][index], moment, rtol=1e-3, atol=1e-8,
+                                       msg=lambda m, name=name: f"{name}: gradients differ: {m}")
+
+
+def _initial_weights(tmp_path: Path) -> dict[str, torch.Tensor]:
+    from distqa.config import load_config
+    from distqa.model import build_model
+    from distqa.trainer import seed_everything
+
+    config = load_config([*FAST_ARGS, "--dropout", "0"], environ={}, dotenv_path=tmp_path / "none")
+    seed_everything(config.seed)
+    return build_model(config).state_dict()
+
+
+def test_resume_continues_exactly(tmp_path: Path) -> None:
+    """A 2-rank run stopped mid-epoch and resumed with --resume auto ends with the same weights as an
+    uninterrupted run — across an epoch boundary and with dropout on (per-rank RNG states restored)."""
+    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "4",
+              "--max-steps", "6", "--dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(tmp_path)]
+    # 64 examples / 16 per step = 4 steps per epoch; the stop at step 3 is mid-epoch 0.
+    run_training([*common, "--run-name", "straight"], nproc=2)
+    run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
+    stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
+    assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48}
+    assert len(stopped["rng"]) == 2
+    assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
+
+    resumed = run_training([*common, "--run-name", "interrupted", "--resume", "auto"], nproc=2)
+    assert "resumed from" in resumed.stderr and "at step 3" in resumed.stderr
+    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "interrupted"))
+    assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
+    ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
+    assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32}
+
+
+def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "distqa.train", "--lr", "-1"], cwd=tmp_path,
+                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "configuration error: lr must be > 0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", str(nodes),
+         "--port", str(free_port()), "--run-id", "launcher-test", "--",
+         *FAST_ARGS, "--output-dir", str(tmp_path), *trainer_args],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+
+
+def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) -> None:
+    launcher = launch_locally(tmp_path, "--max-steps", "4", "--checkpoint-every", "2",
+                              "--global-batch-size", "8", "--per-rank-batch-size", "4")
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output
+    run_dir = tmp_path / "launcher-test"
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000002.pt", "step-00000004.pt"]  # and no temporary files
+    state = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
+    assert state["saved_by_rank"] == 0 and state["world_size"] == 2 and len(state["rng"]) == 2
+    run = json.loads((run_dir / "run.json").read_text())
+    assert (run["world_size"], run["nodes"], run["backend"]) == (2, 2, "gloo")
+    logs = {p.name: p.read_text() for p in (run_dir / "logs").iterdir()}
+    assert set(logs) == {"rank-0.log", "rank-1.log"}
+    writers = [name for name, text in logs.items() if "saved checkpoint" in text]
+    assert writers == ["rank-0.log"], "exactly one process writes checkpoints"
+    assert "[rank 1]" in logs["rank-1.log"] and "[rank 0]" not in logs["rank-1.log"]
+    assert "[node 0]" in output and "[node 1]" in output
+
+
+def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path) -> None:
+    launcher = launch_locally(tmp_path, "--max-steps", "100000", "--checkpoint-every", "0")
+    victim = None
+    try:
+        deadline = time.monotonic() + 180
+        while victim is None and time.monotonic() < deadline:
+            victim = _training_process_with_rank(1)
+            time.sleep(0.5)
+        assert victim is not None, "rank 1 never started"
+        time.sleep(3)  # let it join the process group and train
+        os.kill(victim, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode != 0
+    assert "stopping the others" in output
+    assert _training_process_with_rank(0) is None and _training_process_with_rank(1) is None
+
+
+def _training_process_with_rank(rank: int) -> int | None:
+    """PID of a live `distqa.train` worker with RANK=rank started by the launcher test."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"distqa.train" in cmdline and b"torch.distributed.run" not in b" ".join(cmdline) \
+                and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ:
+            return int(proc.name)
+    return None
