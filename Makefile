@@ -1,0 +1,53 @@
+# `make help` lists the targets. Every target that runs Python first creates .venv and installs the
+# pinned dependencies and the package (once; again only when a requirements file changes).
+
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup run train test test-fast lint tiny-model env-example tensorboard clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+setup: $(INSTALLED) ## Create .venv with the pinned runtime + dev dependencies and the package (editable)
+
+$(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
+	@command -v python3 >/dev/null || { echo "python3 (>= 3.11) is required" >&2; exit 1; }
+	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "python3 >= 3.11 is required" >&2; exit 1; }
+	python3 -m venv $(VENV) || { apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV); }
+	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
+	$(PYTHON) -m pip install --quiet --no-deps -e .
+	touch $@
+
+run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, tiny model, DummyDataset (ARGS="--max-steps 20")
+	PYTHON=$(PYTHON) scripts/run_distributed_locally.sh $(ARGS)
+
+train: $(INSTALLED) ## One process, no launcher (ARGS="--preset none --max-steps 20")
+	$(PYTHON) -m distqa.train $(ARGS)
+
+test: lint ## Linters, then the whole test suite (CPU only, no network)
+	$(PYTHON) -m pytest $(ARGS)
+
+test-fast: $(INSTALLED) ## The tests that start no multi-process runs
+	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
+
+lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/shellcheck scripts/*.sh .ci/run
+
+tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/tokenizer-corpus.txt + config)
+	$(PYTHON) -m distqa.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
+
+env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
+	$(PYTHON) -m distqa.config > .env.example
+
+tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
+	$(VENV)/bin/tensorboard --logdir results --bind_all
+
+clean: ## Remove results/ and caches (keeps .venv)
+	rm -rf results .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
