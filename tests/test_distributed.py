@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 def test_unlaunched_process_is_rank_0_of_1_without_a_group() -> None:
     with distributed_runtime("auto", environ={}) as runtime:
         assert (runtime.rank, runtime.world_size, runtime.local_rank, runtime.node_rank) == (0, 1, 0, 0)
-        assert not runtime.is_distributed and runtime.is_main
+        assert not runtime.is_distributed
         assert not dist.is_initialized()
         assert is_main_process()
         assert all_gather_objects({"a": 1}) == [{"a": 1}]

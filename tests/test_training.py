@@ -121,6 +121,8 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     assert checkpoints == ["step-00000002.pt", "step-00000004.pt"]  # and no temporary files
     state = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert state["saved_by_rank"] == 0 and state["world_size"] == 2 and len(state["rng"]) == 2
+    assert state["config"]["run_name"] == "launcher-test" and state["config"]["max_steps"] == 4
+    assert json.loads((run_dir / "config.json").read_text()) == state["config"]
     run = json.loads((run_dir / "run.json").read_text())
     assert (run["world_size"], run["nodes"], run["backend"]) == (2, 2, "gloo")
     logs = {p.name: p.read_text() for p in (run_dir / "logs").iterdir()}

@@ -32,7 +32,7 @@ class Runtime:
     """Where this process sits in the job and what it computes on."""
 
     rank: int
-    """Global rank over all nodes, 0 .. world_size-1. Rank 0 writes shared files."""
+    """Global rank over all nodes, 0 .. world_size-1. Rank 0 writes shared files (is_main_process())."""
     local_rank: int
     """Rank within this node; picks the GPU."""
     world_size: int
@@ -48,10 +48,6 @@ class Runtime:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 def read_torchrun_env(environ: Mapping[str, str] | None = None) -> dict[str, int]:

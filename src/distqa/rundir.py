@@ -24,7 +24,7 @@ import transformers
 import distqa
 from distqa.checkpoint import atomic_write
 from distqa.config import REPO_ROOT, Config
-from distqa.distributed import Runtime, setup_logging
+from distqa.distributed import Runtime, is_main_process, setup_logging
 
 
 def prepare_run_dir(config: Config, runtime: Runtime) -> Path:
@@ -33,7 +33,7 @@ def prepare_run_dir(config: Config, runtime: Runtime) -> Path:
     # Every rank creates the logs folder: on multi-node runs without shared storage it is per node.
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     setup_logging(runtime.rank, run_dir / "logs" / f"rank-{runtime.rank}.log")
-    if runtime.is_main:
+    if is_main_process():
         write_json(run_dir / "config.json", config.to_dict())
         write_json(run_dir / "run.json", run_metadata(runtime))
     return run_dir

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from distqa.checkpoint import (
     checkpoint_path,
@@ -34,7 +35,14 @@ from distqa.checkpoint import (
 )
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import Runtime, all_gather_objects, all_reduce_mean, barrier, broadcast_object
+from distqa.distributed import (
+    Runtime,
+    all_gather_objects,
+    all_reduce_mean,
+    barrier,
+    broadcast_object,
+    is_main_process,
+)
 from distqa.model import qa_loss
 from distqa.optim import Precision, build_scheduler
 from distqa.rundir import versions
@@ -76,7 +84,7 @@ class Trainer:
     def resume_if_requested(self) -> None:
         """Load the checkpoint named by ``config.resume``; rank 0 picks it so all ranks agree."""
         chosen = None
-        if self.runtime.is_main and self.config.resume != "none":
+        if is_main_process() and self.config.resume != "none":
             found = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else Path(self.config.resume)
             chosen = str(found) if found else None
         chosen = broadcast_object(chosen)
@@ -168,7 +176,7 @@ class Trainer:
         """Collective: every rank contributes its RNG state, rank 0 writes, all wait for the file."""
         rng_states = all_gather_objects(capture_rng_state())
         path = checkpoint_path(self.run_dir, self.progress.step)
-        if self.runtime.is_main:
+        if is_main_process():
             started = time.perf_counter()
             save_checkpoint({
                 "model": self.model.state_dict(),
@@ -203,7 +211,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         samples_per_s = window["steps"] * self.config.global_batch_size / window["seconds"]
         step_time = window["seconds"] / window["steps"]
-        if not self.runtime.is_main:
+        if not is_main_process():
             return
         bar.set_postfix(loss=f"{window['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
         log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f ms/step",
@@ -216,16 +224,20 @@ class Trainer:
 
     @contextlib.contextmanager
     def _progress_bar(self) -> Iterator[tqdm]:
+        """Rank 0's bar, on a terminal only (piped output gets the log lines instead); log lines go
+        through tqdm.write meanwhile so they never land in the middle of the bar."""
+        show = is_main_process() and self.config.progress_bar
         bar = tqdm(total=self.total_steps, initial=self.progress.step, desc="train", unit="step",
-                   disable=not (self.runtime.is_main and self.config.progress_bar), mininterval=1.0)
+                   disable=None if show else True, mininterval=1.0)
         try:
-            yield bar
+            with logging_redirect_tqdm():
+                yield bar
         finally:
             bar.close()
 
     @contextlib.contextmanager
     def _tensorboard(self) -> Iterator[Any]:
-        if not (self.runtime.is_main and self.config.tensorboard):
+        if not (is_main_process() and self.config.tensorboard):
             yield None
             return
         from torch.utils.tensorboard import SummaryWriter
