@@ -56,6 +56,9 @@ done
 
 # Gloo binds to the interface of the machine's hostname unless told otherwise; keep it on loopback.
 if [[ -z "${GLOO_SOCKET_IFNAME:-}" && -d /sys/class/net/lo ]]; then export GLOO_SOCKET_IFNAME=lo; fi
+# Workers get a fresh TCP store each rendezvous round instead of sharing the agent's: with the
+# shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 # All emulated nodes share this machine's cores: give each process its share instead of letting
 # every one start a thread per core (oversubscribed CPU runs are several times slower).
 if [[ -z "${OMP_NUM_THREADS:-}" ]]; then

@@ -102,10 +102,11 @@ def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path)
     assert "Traceback" not in result.stderr
 
 
-def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2) -> subprocess.Popen[str]:
+def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2, max_restarts: int = 0
+                   ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", str(nodes),
-         "--port", str(free_port()), "--run-id", "launcher-test", "--",
+         "--port", str(free_port()), "--run-id", "launcher-test", "--max-restarts", str(max_restarts), "--",
          *FAST_ARGS, "--output-dir", str(tmp_path), *trainer_args],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
@@ -135,15 +136,8 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
 
 def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path) -> None:
     launcher = launch_locally(tmp_path, "--max-steps", "100000", "--checkpoint-every", "0")
-    victim = None
     try:
-        deadline = time.monotonic() + 180
-        while victim is None and time.monotonic() < deadline:
-            victim = _training_process_with_rank(1)
-            time.sleep(0.5)
-        assert victim is not None, "rank 1 never started"
-        time.sleep(3)  # let it join the process group and train
-        os.kill(victim, signal.SIGKILL)
+        _kill_rank_1_once(lambda: time.sleep(3))  # let it join the process group and train
         output, _ = launcher.communicate(timeout=180)
     finally:
         if launcher.poll() is None:
@@ -151,6 +145,42 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path) -> None:
     assert launcher.returncode != 0
     assert "stopping the others" in output
     assert _training_process_with_rank(0) is None and _training_process_with_rank(1) is None
+
+
+def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
+    """torchrun (--max-restarts 1) restarts every worker after one is SIGKILLed at an arbitrary step;
+    they resume from the newest checkpoint and, since resumption is exact, end with the weights of
+    a run that was never interrupted (dropout on)."""
+    args = ["--max-steps", "40", "--checkpoint-every", "5", "--global-batch-size", "8",
+            "--per-rank-batch-size", "4", "--dropout", "0.1"]
+    launcher = launch_locally(tmp_path, *args, max_restarts=1)
+    checkpoint_5 = tmp_path / "launcher-test" / "checkpoints" / "step-00000005.pt"
+    try:
+        _kill_rank_1_once(lambda: _wait_for(checkpoint_5.exists, timeout=120))
+        output, _ = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, output
+    assert "resumed from" in output
+    run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
+    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
+    assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
+
+
+def _kill_rank_1_once(wait_before_kill) -> None:
+    victim = _wait_for(lambda: _training_process_with_rank(1), timeout=180)
+    wait_before_kill()
+    os.kill(victim, signal.SIGKILL)
+
+
+def _wait_for(condition, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
 
 
 def _training_process_with_rank(rank: int) -> int | None:
