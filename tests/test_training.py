@@ -85,6 +85,9 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48}
     assert len(stopped["rng"]) == 2
     assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
+    again = run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
+    assert "past stop_at_step=3: nothing to do" in again.stderr
+    assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000004.pt").exists()
 
     resumed = run_training([*common, "--run-name", "interrupted", "--resume", "auto"], nproc=2)
     assert "resumed from" in resumed.stderr and "at step 3" in resumed.stderr

@@ -118,6 +118,9 @@ class Trainer:
                  "accumulation, precision %s, device %s", self.total_steps, self.steps_per_epoch,
                  config.global_batch_size, config.per_rank_batch_size, self.runtime.world_size,
                  self.accumulation, self.precision.name, self.runtime.device)
+        if 0 < config.stop_at_step <= progress.step:
+            log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
+            return progress
         metrics = MetricsWindow(self.runtime.device)
         with self._progress_bar() as bar, self._tensorboard() as tensorboard:
             while progress.step < self.total_steps:
