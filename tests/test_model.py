@@ -123,3 +123,25 @@ def test_tiny_model_directory_can_be_rebuilt(tmp_path) -> None:
     committed = AutoTokenizer.from_pretrained(REPO_ROOT / "data" / "tiny-bert")
     assert tokenizer.all_special_tokens == committed.all_special_tokens
     assert abs(len(tokenizer) - len(committed)) < 0.05 * len(committed)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra"])
+def test_any_bert_family_encoder_trains_every_parameter(family: str, tmp_path, batch) -> None:
+    """Built from a local config directory: pooler removed where there is one, token types passed
+    only to encoders that take them, every parameter reached by the loss (required by DDP here)."""
+    from transformers import AutoConfig
+
+    sizes = {"bert": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+             "roberta": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                             max_position_embeddings=130, type_vocab_size=1),
+             "distilbert": dict(dim=32, n_layers=1, n_heads=2, hidden_dim=64),
+             "electra": dict(hidden_size=32, embedding_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=64)}[family]
+    AutoConfig.for_model(family, vocab_size=1266, **sizes).save_pretrained(tmp_path)
+    config = load_config(["--model-name-or-path", str(tmp_path), "--tokenizer-name-or-path", "data/tiny-bert",
+                          "--max-seq-len", "64", "--max-question-len", "16"], environ={}, dotenv_path="/nonexistent")
+    model = build_model(config)
+    assert getattr(model.encoder, "pooler", None) is None
+    assert model.uses_token_types == (family in ("bert", "electra"))
+    qa_loss(model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]), batch).backward()
+    assert all(p.grad is not None for p in model.parameters())

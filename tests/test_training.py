@@ -116,7 +116,7 @@ def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2, max_resta
 
 
 def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) -> None:
-    launcher = launch_locally(tmp_path, "--max-steps", "4", "--checkpoint-every", "2",
+    launcher = launch_locally(tmp_path, "--max-steps", "4", "--checkpoint-every", "2", "--tensorboard", "true",
                               "--global-batch-size", "8", "--per-rank-batch-size", "4")
     output, _ = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, output
@@ -135,6 +135,12 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     assert writers == ["rank-0.log"], "exactly one process writes checkpoints"
     assert "[rank 1]" in logs["rank-1.log"] and "[rank 0]" not in logs["rank-1.log"]
     assert "[node 0]" in output and "[node 1]" in output
+    events = list((run_dir / "tensorboard").iterdir())
+    assert len(events) == 1, "only rank 0 writes TensorBoard events"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(events[0])).Reload().Tags()["scalars"]
+    assert {"train/loss", "train/lr", "train/samples_per_s", "train/step_time_s"} <= set(scalars)
 
 
 def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path) -> None:

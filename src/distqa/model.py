@@ -44,8 +44,10 @@ class QAModel(nn.Module):
         nn.init.normal_(self.span_head.weight, std=std)
         nn.init.normal_(self.answer_type_head.weight, std=std)
         nn.init.zeros_(self.answer_type_head.bias)
-        # DistilBERT-style encoders have no segment embeddings and reject token_type_ids.
-        self.uses_token_types = "token_type_ids" in inspect.signature(encoder.forward).parameters
+        # Segment ids only go to encoders with more than one segment embedding: DistilBERT rejects
+        # token_type_ids, and RoBERTa accepts them but has a single segment (id 1 would be out of range).
+        self.uses_token_types = ("token_type_ids" in inspect.signature(encoder.forward).parameters
+                                 and getattr(encoder.config, "type_vocab_size", 0) > 1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> QAOutput:
