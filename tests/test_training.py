@@ -105,6 +105,24 @@ def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path)
     assert "Traceback" not in result.stderr
 
 
+def test_sigterm_stops_cleanly_and_the_run_resumes(tmp_path: Path) -> None:
+    args = [*FAST_ARGS, "--output-dir", str(tmp_path), "--checkpoint-every", "5"]
+    trainer = subprocess.Popen([sys.executable, "-m", "distqa.train", *args, "--max-steps", "100000"], cwd=REPO_ROOT,
+                               env=clean_env(OMP_NUM_THREADS="1"), stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for((tmp_path / "local" / "checkpoints" / "step-00000005.pt").exists, timeout=120)
+        trainer.send_signal(signal.SIGTERM)
+        _, stderr = trainer.communicate(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 128 + signal.SIGTERM, stderr
+    assert "received SIGTERM" in stderr and "Traceback" not in stderr
+    assert not [p for p in (tmp_path / "local" / "checkpoints").iterdir() if p.suffix == ".tmp"]
+    resumed = run_training([*args, "--max-steps", "12"])
+    assert "resumed from" in resumed.stderr
+
+
 def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2, max_restarts: int = 0
                    ) -> subprocess.Popen[str]:
     return subprocess.Popen(
