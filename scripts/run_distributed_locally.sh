@@ -68,15 +68,20 @@ fi
 
 agents=()
 stop_agents() {
-    local pid
-    for pid in "${agents[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    # torchrun starts every worker in a session of its own and stops them itself (SIGTERM, then SIGKILL
+    # after 30 s). Signal the workers directly too: a worker blocked in a collective would outlive an
+    # agent that is SIGKILLed first.
+    local pid targets=()
+    for pid in "${agents[@]}"; do
+        targets+=("$pid")
+        mapfile -t -O "${#targets[@]}" targets < <(pgrep -P "$pid" 2>/dev/null || true)
+    done
+    kill -TERM "${targets[@]}" 2>/dev/null || true
     for _ in $(seq 50); do  # up to 5 s for a clean exit, then force
-        local alive=0
-        for pid in "${agents[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        (( alive )) || return 0
+        kill -0 "${targets[@]}" 2>/dev/null || return 0
         sleep 0.1
     done
-    for pid in "${agents[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    kill -KILL "${targets[@]}" 2>/dev/null || true
 }
 trap 'echo "interrupted: stopping all nodes" >&2; stop_agents; exit 130' INT TERM
 

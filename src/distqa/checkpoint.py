@@ -63,6 +63,15 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete temporaries of writes that a kill interrupted (SIGTERM/SIGKILL end a worker at once,
+    mid-write included). Only call while no checkpoint is being written: at start-up, on rank 0."""
+    stale = list(checkpoint_dir(run_dir).glob(".step-*.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load on the CPU; raises ValueError naming the file when it is not a checkpoint of this recipe."""
     try:

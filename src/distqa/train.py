@@ -25,7 +25,6 @@ newest checkpoint.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,10 +47,6 @@ log = logging.getLogger("distqa.train")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # torchrun forwards SIGTERM (job stopped, node preempted) to its workers. Python's default action
-    # kills the process on the spot; as SystemExit, the `finally` blocks run: the process group is torn
-    # down and a half-written checkpoint is removed. Training resumes from the last complete one.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # .env may also carry settings for libraries (NCCL_*, HF_HOME, …), so it goes into the environment.
     load_dotenv(".env", override=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
@@ -94,11 +89,6 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
     trainer = Trainer(config, runtime, run_dir, model, optimizer, loader)
     trainer.resume_if_requested()
     return trainer.fit()
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    log.warning("received SIGTERM: stopping; restart with the same --run-name to resume")
-    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

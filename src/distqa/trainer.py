@@ -31,6 +31,7 @@ from distqa.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
+    remove_stale_temporaries,
     save_checkpoint,
 )
 from distqa.config import Config, ConfigError
@@ -84,6 +85,9 @@ class Trainer:
     def resume_if_requested(self) -> None:
         """Load the checkpoint named by ``config.resume``; rank 0 picks it so all ranks agree."""
         chosen = None
+        if is_main_process():
+            for stale in remove_stale_temporaries(self.run_dir):
+                log.info("removed %s, left by an interrupted checkpoint write", stale)
         if is_main_process() and self.config.resume != "none":
             found = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else Path(self.config.resume)
             chosen = str(found) if found else None
