@@ -123,7 +123,9 @@ def test_global_batch_must_split_over_the_world() -> None:
         load(["--global-batch-size", "32", "--per-rank-batch-size", "6"], {"WORLD_SIZE": "2"})
     message = str(err.value)
     assert "global_batch_size (32) is not divisible by per_rank_batch_size (6) × world_size (2) = 12" in message
-    assert "multiple of 12" in message
+    assert "multiple of 12, or a per_rank_batch_size that divides 16" in message
+    with pytest.raises(ConfigError, match=r"30 cannot even be split evenly over 4 ranks"):
+        load(["--global-batch-size", "30", "--per-rank-batch-size", "2"], {"WORLD_SIZE": "4"})
     config = load(["--global-batch-size", "32", "--per-rank-batch-size", "4"], {"WORLD_SIZE": "2"})
     assert config.accumulation_steps(2) == 4
     assert config.accumulation_steps(4) == 2

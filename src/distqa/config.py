@@ -171,11 +171,14 @@ class Config:
         """Micro-batches per optimizer step so that every world size trains on the same global batch."""
         per_micro_step = self.per_rank_batch_size * world_size
         if self.global_batch_size % per_micro_step:
+            per_rank_share, remainder = divmod(self.global_batch_size, world_size)
+            alternative = (f"or a per_rank_batch_size that divides {per_rank_share}" if not remainder else
+                           f"({self.global_batch_size} cannot even be split evenly over {world_size} ranks)")
             raise ConfigError(
                 f"global_batch_size ({self.global_batch_size}) is not divisible by "
                 f"per_rank_batch_size ({self.per_rank_batch_size}) × world_size ({world_size}) = "
                 f"{per_micro_step}. Use a global_batch_size that is a multiple of {per_micro_step}, "
-                f"or a per_rank_batch_size that divides {self.global_batch_size // world_size}.")
+                f"{alternative}.")
         return self.global_batch_size // per_micro_step
 
     def to_dict(self) -> dict[str, Any]:
