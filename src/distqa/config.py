@@ -78,10 +78,39 @@ class Config:
     max_question_len: int = setting(32, "Most question tokens kept in a window.")
 
     # --- data -------------------------------------------------------------------------------
-    dataset: Literal["dummy"] = setting(
-        "dummy", "Training data: 'dummy' is the offline synthetic DummyDataset.")
+    dataset: Literal["dummy", "nq"] = setting(
+        "dummy", "Training data: 'dummy' is the offline synthetic DummyDataset; 'nq' the Natural Questions "
+        "features of nq_train_file, built once by `python -m distqa.prepare`.")
     dummy_size: int = setting(4096, "Number of examples in the DummyDataset.")
     num_workers: int = setting(0, "DataLoader worker processes per rank (0 = load in the trainer).")
+
+    # --- Natural Questions features (part of the cache fingerprint unless noted) --------------
+    nq_train_file: str = setting(
+        "data/nq-sample/simplified-nq-train.jsonl", "Natural Questions train file in the Kaggle "
+        "'simplified' jsonl format; the committed synthetic sample by default (data/README.md).")
+    nq_cache_dir: str = setting(
+        "data/nq-cache", "Where NQ feature caches live, one subdirectory per fingerprint of input "
+        "file + tokenizer + window settings (not part of it). Shared storage on multi-node runs.")
+    doc_stride: int = setting(
+        64, "Document wordpieces between the starts of consecutive windows of one document; at most "
+        "max_seq_len - max_question_len - 3.")
+    negative_keep_rate: float = setting(
+        0.1, "Fraction of training windows without an answer that are kept (0..1, deterministic by "
+        "nq_seed); 1 keeps every window. Validation always keeps every window.")
+    validation_fraction: float = setting(
+        0.1, "Fraction of NQ examples held out for validation, by example and per answer type.")
+    nq_seed: int = setting(
+        0, "Seed of the validation split and the negative-window sampling; apart from seed, so that a "
+        "new training seed reuses the cache.")
+    on_bad_line: Literal["skip", "fail"] = setting(
+        "skip", "A malformed NQ line is skipped and counted (reported at the end), or fails at once. "
+        "Not part of the fingerprint.")
+    max_bad_line_fraction: float = setting(
+        0.01, "Refuse an NQ file with more than this fraction of malformed lines. Not part of the "
+        "fingerprint.")
+    num_proc: int = setting(
+        0, "Processes that featurise NQ (prepare, or a single-process train that finds no cache); "
+        "0 = one per CPU core. Not part of the fingerprint.")
 
     # --- optimisation -----------------------------------------------------------------------
     global_batch_size: int = setting(
@@ -126,7 +155,7 @@ class Config:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
         not_negative = ("num_workers", "warmup_steps", "max_steps", "checkpoint_every",
-                        "stop_at_step", "weight_decay", "max_grad_norm")
+                        "stop_at_step", "weight_decay", "max_grad_norm", "num_proc", "nq_seed")
         for name in not_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
@@ -139,6 +168,20 @@ class Config:
             raise ConfigError(
                 f"max_question_len ({self.max_question_len}) leaves no room for the document in "
                 f"max_seq_len ({self.max_seq_len}); use max_question_len <= max_seq_len - 4.")
+        room = self.max_seq_len - self.max_question_len - 3
+        if not 1 <= self.doc_stride <= room:
+            raise ConfigError(
+                f"doc_stride ({self.doc_stride}) must be between 1 and the document part of a window, "
+                f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
+        for name in ("negative_keep_rate", "max_bad_line_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}.")
+        if not 0 <= self.validation_fraction < 1:
+            raise ConfigError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
+        if self.dataset == "nq":
+            self._require_local(_resolve(self.nq_train_file), "nq_train_file", hint=(
+                "generate one with `python -m distqa.data.synthetic_nq`, or download the real data "
+                "with scripts/download_nq.sh (see data/README.md)"))
         if self.per_rank_batch_size > self.global_batch_size:
             raise ConfigError(
                 f"per_rank_batch_size ({self.per_rank_batch_size}) is larger than global_batch_size "
@@ -162,6 +205,14 @@ class Config:
     @property
     def tokenizer_source(self) -> str:
         return _local_or_hub(self.tokenizer_name_or_path or self.model_name_or_path)
+
+    @property
+    def nq_train_path(self) -> Path:
+        return _resolve(self.nq_train_file)
+
+    @property
+    def nq_cache_path(self) -> Path:
+        return _resolve(self.nq_cache_dir)
 
     @property
     def run_dir(self) -> Path:
@@ -202,6 +253,7 @@ def load_config(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
     dotenv_path: str | os.PathLike[str] = ".env",
+    prog: str = "python -m distqa.train",
 ) -> Config:
     """Resolve defaults < preset < .env/environment < flags into a validated :class:`Config`.
 
@@ -209,7 +261,7 @@ def load_config(
     that the global batch splits evenly, so a bad batch size fails before any rendezvous.
     """
     environ = os.environ if environ is None else environ
-    flags = _parse_flags(argv)
+    flags = vars(build_arg_parser(prog).parse_args(argv))
     env = {**_read_dotenv(Path(dotenv_path)), **environ}
 
     preset = flags.pop("preset", None) or env.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET
@@ -231,11 +283,11 @@ def load_config(
     return config
 
 
-def build_arg_parser() -> argparse.ArgumentParser:
+def build_arg_parser(prog: str = "python -m distqa.train") -> argparse.ArgumentParser:
     """The command line: one ``--field-name`` flag per Config field, help from the field docs."""
     parser = argparse.ArgumentParser(
-        prog="python -m distqa.train",
-        description="Train the QA model. Precedence: defaults < --preset file < .env / DISTQA_* "
+        prog=prog,
+        description="Precedence of settings: defaults < --preset file < .env / DISTQA_* "
         "environment variables < these flags.",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
@@ -245,10 +297,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, dest=name, metavar=_metavar(name),
                             help=f"{f.metadata['help']} (default: {f.default})")
     return parser
-
-
-def _parse_flags(argv: Sequence[str] | None) -> dict[str, str]:
-    return vars(build_arg_parser().parse_args(argv))
 
 
 def _read_dotenv(path: Path) -> dict[str, str]:

@@ -35,9 +35,10 @@ from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
 from distqa.config import Config, ConfigError, load_config
-from distqa.data import build_dataset
+from distqa.data import build_dataset, require_nq_features
+from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import Runtime, distributed_runtime
+from distqa.distributed import Runtime, distributed_runtime, read_torchrun_env, setup_logging
 from distqa.model import build_model
 from distqa.optim import build_optimizer
 from distqa.rundir import prepare_run_dir
@@ -52,11 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
     try:
         config = load_config(argv)
+        if config.dataset == "nq":  # before any process group: no rank waits in a collective meanwhile
+            ranks = read_torchrun_env()
+            setup_logging(ranks["RANK"])
+            require_nq_features(config, world_size=ranks["WORLD_SIZE"])
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
             run_dir = prepare_run_dir(config, runtime)
             train(config, runtime, run_dir)
     except ConfigError as err:
         print(f"distqa.train: configuration error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"distqa.train: data error: {err}", file=sys.stderr)
         return 2
     return 0
 

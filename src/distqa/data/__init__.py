@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
     from transformers import PreTrainedTokenizerBase
 
     from distqa.config import Config
+    from distqa.data.cache import CacheRequest
 
 
 class AnswerType(IntEnum):
@@ -24,9 +27,64 @@ class AnswerType(IntEnum):
 
 def build_dataset(config: Config, tokenizer: PreTrainedTokenizerBase) -> Dataset:
     """The training set named by ``config.dataset``."""
-    from distqa.data.dummy import DummyDataset
-
     if config.dataset == "dummy":
+        from distqa.data.dummy import DummyDataset
+
         return DummyDataset.for_tokenizer(tokenizer, size=config.dummy_size, max_seq_len=config.max_seq_len,
                                           max_question_len=config.max_question_len, seed=config.seed)
+    if config.dataset == "nq":
+        from distqa.data.cache import NQWindows, cached
+
+        directory = cached(nq_request(config, tokenizer), config.nq_cache_path)
+        if directory is None:
+            raise FileNotFoundError(f"no NQ feature cache for {config.nq_train_path} in {config.nq_cache_path}; "
+                                    "build it with `python -m distqa.prepare` (same settings)")
+        return NQWindows(directory, "train")
     raise ValueError(f"unknown dataset {config.dataset!r}")
+
+
+def nq_request(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
+               labelled: bool = True) -> CacheRequest:
+    """What determines the NQ features of ``source`` (default: ``config.nq_train_file``)."""
+    from distqa.data.cache import CacheRequest
+    from distqa.data.windows import WindowSettings
+
+    settings = WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
+                              config.negative_keep_rate, config.nq_seed)
+    return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, settings, labelled,
+                                       config.validation_fraction)
+
+
+def prepare_nq(config: Config, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any) -> Path:
+    """Build (or find) the NQ feature cache of ``config``; returns its directory."""
+    from transformers import AutoTokenizer
+
+    from distqa.data.cache import build_cache
+
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(config.tokenizer_source)
+    return build_cache(nq_request(config, tokenizer), config.nq_cache_path,
+                       num_proc=config.num_proc or os.cpu_count() or 1, on_bad_line=config.on_bad_line,
+                       max_bad_line_fraction=config.max_bad_line_fraction, **kwargs)
+
+
+def require_nq_features(config: Config, world_size: int) -> Path:
+    """The NQ feature cache of ``config``; built here only when this is the whole job.
+
+    With several ranks it must exist before launch (``python -m distqa.prepare``): featurising
+    inside the run would leave every other rank waiting in a collective until the timeout.
+    """
+    from transformers import AutoTokenizer
+
+    from distqa.data.cache import cached
+    from distqa.data.nq import DataError
+
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
+    directory = cached(nq_request(config, tokenizer), config.nq_cache_path)
+    if directory is not None:
+        return directory
+    if world_size == 1:
+        return prepare_nq(config, tokenizer, progress=config.progress_bar)
+    raise DataError(
+        f"no NQ feature cache for {config.nq_train_path} with these settings in {config.nq_cache_path}. "
+        "Build it before launching a multi-process run: `python -m distqa.prepare` with the same preset, "
+        ".env and flags as this training (the launcher scripts do this for you).")

@@ -1,0 +1,426 @@
+"""The NQ feature cache: featurise a jsonl file once, in parallel, into memory-mapped Arrow files.
+
+Layout (one directory per fingerprint, so a changed input, tokenizer or window setting never
+reuses stale features)::
+
+    <nq_cache_dir>/<input file stem>-<fingerprint>/
+      manifest.json                  settings, source, counts and the summary of the build
+      train/windows.arrow            one row per kept window: input_ids[max_seq_len], length,
+      train/examples.arrow           question_len, doc_start, labels ...; one row per example:
+      validation/...                 example_id, piece_to_token, candidates, gold spans ...
+      test/...                       (unlabelled input: every window of every example)
+
+The files are Arrow IPC streams (the format of Hugging Face ``datasets``:
+``datasets.Dataset.from_file(".../train/examples.arrow")`` opens one for inspection) and are read
+memory-mapped: every rank of a node shares one copy in the page cache, and opening costs nothing.
+
+Building: :func:`~distqa.data.nq.scan` checks every line first (cheap next to tokenisation, and a bad
+file fails in seconds, not hours), the split is drawn from the scanned answer types, then
+``num_proc`` processes each featurise disjoint runs of lines (re-read by byte offset) into part
+files, and the parts are joined in input order. At most two tasks per process are in flight, so
+memory stays flat whatever the file size. The directory appears atomically (built under a
+temporary name, then renamed), so an interrupted build leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+from tqdm.auto import tqdm
+
+from distqa.data import AnswerType
+from distqa.data.nq import BadLinePolicy, ScanResult, parse_example, read_lines, scan
+from distqa.data.windows import EXAMPLE_COLUMNS, Features, Featurizer, WindowSettings, WindowStats
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""Bump when the features change meaning, so old caches are not reused."""
+MANIFEST = "manifest.json"
+SAMPLE_BLOCKS, SAMPLE_BLOCK_BYTES = 16, 1 << 16
+MAX_TASK_EXAMPLES = 256
+
+
+@dataclass(frozen=True)
+class CacheRequest:
+    """Everything that determines the content of a cache (and hence its fingerprint)."""
+
+    source: Path
+    labelled: bool
+    settings: WindowSettings
+    validation_fraction: float
+    tokenizer_json: str
+    cls_id: int
+    sep_id: int
+    pad_id: int
+
+    @classmethod
+    def from_tokenizer(cls, source: Path, tokenizer: Any, settings: WindowSettings, labelled: bool = True,
+                       validation_fraction: float = 0.0) -> CacheRequest:
+        """``tokenizer``: a ``transformers`` fast tokenizer."""
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; NQ featurisation needs one "
+                             "(every BERT-family model on the hub has a tokenizer.json)")
+        return cls(Path(source), labelled, settings, validation_fraction if labelled else 0.0,
+                   tokenizer.backend_tokenizer.to_str(), tokenizer.cls_token_id, tokenizer.sep_token_id,
+                   tokenizer.pad_token_id)
+
+    def fingerprint(self) -> str:
+        """Hash of the input's content sample and size, the tokenizer and every window setting.
+
+        The input is identified by its size and 16 sampled blocks rather than a full hash (a full
+        read of 16 GB would cost minutes at every start), and not by its path or mtime, which
+        change when the file is copied to storage.
+        """
+        digest = hashlib.sha256()
+        digest.update(json.dumps({
+            "format": FORMAT_VERSION, "labelled": self.labelled, "settings": asdict(self.settings),
+            "validation_fraction": self.validation_fraction,
+            "special_ids": [self.cls_id, self.sep_id, self.pad_id],
+        }, sort_keys=True).encode())
+        digest.update(hashlib.sha256(self.tokenizer_json.encode()).digest())
+        size = self.source.stat().st_size
+        digest.update(str(size).encode())
+        with self.source.open("rb") as file:
+            for block in range(SAMPLE_BLOCKS):
+                file.seek(size * block // SAMPLE_BLOCKS)
+                digest.update(file.read(SAMPLE_BLOCK_BYTES))
+        return digest.hexdigest()[:16]
+
+    def directory(self, cache_dir: Path) -> Path:
+        return Path(cache_dir) / f"{self.source.stem}-{self.fingerprint()}"
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", "validation") if self.labelled else ("test",)
+
+
+def cached(request: CacheRequest, cache_dir: Path) -> Path | None:
+    """The complete cache for ``request``, or None."""
+    directory = request.directory(cache_dir)
+    return directory if (directory / MANIFEST).is_file() else None
+
+
+def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_bad_line: BadLinePolicy = "skip",
+                max_bad_line_fraction: float = 0.01, progress: bool = True) -> Path:
+    """Featurise ``request.source`` into ``cache_dir`` unless an identical cache exists; return its path."""
+    final = request.directory(cache_dir)
+    if (final / MANIFEST).is_file():
+        log.info("reusing the NQ feature cache %s\n%s", final, format_summary(load_manifest(final)))
+        return final
+    started = time.perf_counter()
+    log.info("scanning %s", request.source)
+    scanned = scan(request.source, request.labelled, on_bad_line, max_bad_line_fraction)
+    splits = assign_splits(scanned, request.validation_fraction, request.settings.seed) if request.labelled \
+        else np.zeros(len(scanned), dtype=np.int8)
+    scan_seconds = time.perf_counter() - started
+
+    building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        (building / "parts").mkdir(parents=True)
+        tasks = list(_tasks(request, scanned, splits, building / "parts", num_proc))
+        log.info("featurising %d examples with %d process(es) in %d tasks", len(scanned), num_proc, len(tasks))
+        stats = _run(tasks, request, num_proc, progress, total=len(scanned))
+        for split in request.splits:
+            _join_parts(building, split, len(tasks))
+        shutil.rmtree(building / "parts")
+        summary = _summary(request, scanned, stats, scan_seconds, time.perf_counter() - started)
+        (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            building.rename(final)
+        except OSError:
+            if not (final / MANIFEST).is_file():  # another process finished the same cache first: fine
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    log.info("NQ feature cache ready: %s\n%s", final, format_summary(summary))
+    return final
+
+
+def assign_splits(scanned: ScanResult, validation_fraction: float, seed: int) -> np.ndarray:
+    """0 (train) or 1 (validation) per scanned example: by example, stratified by answer type.
+
+    Within each answer type the examples are ordered by a hash of (seed, example_id) and the first
+    ``round(fraction × count)`` go to validation: exact per-type proportions, and an example keeps
+    its side when lines are reordered or appended.
+    """
+    splits = np.zeros(len(scanned), dtype=np.int8)
+    keys = _mix64(scanned.example_ids.astype(np.uint64) ^ _mix64(np.array([seed], dtype=np.uint64)))
+    for answer_type in AnswerType:
+        members = np.flatnonzero(scanned.answer_types == answer_type)
+        chosen = members[np.argsort(keys[members], kind="stable")][:round(validation_fraction * len(members))]
+        splits[chosen] = 1
+    return splits
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fast, well-mixed 64-bit hash (wrapping arithmetic is intended)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+# --- parallel featurisation --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Task:
+    index: int
+    source: Path
+    lines: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    splits: np.ndarray
+    split_names: tuple[str, ...]
+    labelled: bool
+    parts: Path
+
+
+def _tasks(request: CacheRequest, scanned: ScanResult, splits: np.ndarray, parts: Path,
+           num_proc: int) -> Iterator[_Task]:
+    # Several tasks per process balance the load; small tasks bound the memory of each.
+    size = max(1, min(MAX_TASK_EXAMPLES, math.ceil(len(scanned) / (4 * num_proc))))
+    for index, start in enumerate(range(0, len(scanned), size)):
+        part = slice(start, start + size)
+        yield _Task(index, request.source, scanned.lines[part], scanned.offsets[part], scanned.lengths[part],
+                    splits[part], request.splits, request.labelled, parts)
+
+
+_featurizer: Featurizer | None = None
+
+
+def _init_worker(request: CacheRequest, parallel_tokenizer: bool) -> None:
+    global _featurizer
+    if not parallel_tokenizer:  # one process per core already; the Rust thread pool would oversubscribe
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _featurizer = Featurizer(Tokenizer.from_str(request.tokenizer_json), request.cls_id, request.sep_id,
+                             request.pad_id, request.settings)
+
+
+def _featurize_task(task: _Task) -> tuple[int, dict[str, WindowStats]]:
+    assert _featurizer is not None, "worker not initialised"
+    examples = [parse_example(raw, task.labelled) for raw in read_lines(task.source, task.offsets, task.lengths)]
+    stats = {}
+    for split_index, split in enumerate(task.split_names):
+        members = np.flatnonzero(task.splits == split_index)
+        # Training windows are downsampled; evaluation needs every window of its examples.
+        features = _featurizer.featurize([examples[i] for i in members], keep_all=split != "train")
+        features.examples["line"] = task.lines[members]
+        features.examples["byte_offset"] = task.offsets[members]
+        _write_table(task.parts / f"{split}-windows-{task.index:06d}.arrow", _window_table(features))
+        _write_table(task.parts / f"{split}-examples-{task.index:06d}.arrow", _example_table(features))
+        stats[split] = features.stats
+    return len(examples), stats
+
+
+def _run(tasks: list[_Task], request: CacheRequest, num_proc: int, progress: bool,
+         total: int) -> dict[str, WindowStats]:
+    stats = {split: WindowStats() for split in request.splits}
+    bar = tqdm(total=total, unit="example", desc="featurising", disable=None if progress else True)
+
+    def collect(result: tuple[int, dict[str, WindowStats]]) -> None:
+        done, task_stats = result
+        for split, split_stats in task_stats.items():
+            stats[split] += split_stats
+        bar.update(done)
+
+    with bar:
+        if num_proc <= 1:
+            _init_worker(request, parallel_tokenizer=True)
+            for task in tasks:
+                collect(_featurize_task(task))
+            return stats
+        # spawn: a fresh interpreter per worker, with no inherited tokenizer thread pool or locks.
+        with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
+                                 initargs=(request, False)) as pool:
+            pending: set[Future] = set()
+            queue = iter(tasks)
+            for task in queue:
+                pending.add(pool.submit(_featurize_task, task))
+                if len(pending) >= 2 * num_proc:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        collect(future.result())
+            for future in pending:
+                collect(future.result())
+    return stats
+
+
+# --- Arrow files -------------------------------------------------------------------------------
+
+def _window_table(features: Features) -> pa.Table:
+    columns = dict(features.windows)
+    input_ids = columns.pop("input_ids")
+    arrays = {"input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), input_ids.shape[1])}
+    arrays |= {name: pa.array(values) for name, values in columns.items()}
+    return pa.table(arrays)
+
+
+_EXAMPLE_TYPES = {
+    "example_id": pa.int64(), "question": pa.string(), "answer_type": pa.int8(), "num_tokens": pa.int32(),
+    "question_len": pa.int16(), "piece_to_token": pa.list_(pa.int32()), "candidate_start": pa.list_(pa.int32()),
+    "candidate_end": pa.list_(pa.int32()), "candidate_top_level": pa.list_(pa.bool_()),
+    "long_start": pa.int32(), "long_end": pa.int32(), "long_candidate": pa.int32(),
+    "short_start": pa.list_(pa.int32()), "short_end": pa.list_(pa.int32()),
+    "line": pa.int64(), "byte_offset": pa.int64(),
+}
+assert set(_EXAMPLE_TYPES) == {*EXAMPLE_COLUMNS, "line", "byte_offset"}
+
+
+def _example_table(features: Features) -> pa.Table:
+    return pa.table({name: pa.array(features.examples[name], type=kind) for name, kind in _EXAMPLE_TYPES.items()})
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _read_table(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def _join_parts(building: Path, split: str, num_tasks: int) -> None:
+    """Concatenate a split's part files in task order; window rows get global example indices."""
+    (building / split).mkdir()
+    examples_so_far = 0
+    writers: dict[str, Any] = {}
+    sinks = []
+    try:
+        for task in range(num_tasks):
+            windows = _read_table(building / "parts" / f"{split}-windows-{task:06d}.arrow")
+            examples = _read_table(building / "parts" / f"{split}-examples-{task:06d}.arrow")
+            index = windows.column("example_index").to_numpy() + examples_so_far
+            windows = windows.set_column(windows.schema.get_field_index("example_index"), "example_index",
+                                         pa.array(index.astype(np.int32)))
+            examples_so_far += examples.num_rows
+            for name, table in (("windows", windows), ("examples", examples)):
+                if name not in writers:
+                    sinks.append(pa.OSFile(str(building / split / f"{name}.arrow"), "wb"))
+                    writers[name] = pa.ipc.new_stream(sinks[-1], table.schema)
+                writers[name].write_table(table)
+    finally:
+        for writer in writers.values():
+            writer.close()
+        for sink in sinks:
+            sink.close()
+
+
+# --- summary -----------------------------------------------------------------------------------
+
+def _summary(request: CacheRequest, scanned: ScanResult, stats: dict[str, WindowStats], scan_seconds: float,
+             seconds: float) -> dict[str, Any]:
+    splits = {}
+    for split, s in stats.items():
+        negatives = s.kept - s.positive
+        splits[split] = {
+            **asdict(s),
+            "negative_kept": negatives,
+            "windows_per_example": round(s.windows / max(s.examples, 1), 2),
+            "kept_per_example": round(s.kept / max(s.examples, 1), 2),
+            "positive_to_negative": f"1:{negatives / s.positive:.2f}" if s.positive else "no positives",
+        }
+    return {
+        "format": FORMAT_VERSION,
+        "fingerprint": request.fingerprint(),
+        "source": str(request.source),
+        "source_bytes": request.source.stat().st_size,
+        "labelled": request.labelled,
+        "settings": asdict(request.settings),
+        "validation_fraction": request.validation_fraction,
+        "lines": scanned.total_lines,
+        "examples": len(scanned),
+        "bad_lines": scanned.bad_lines,
+        "bad_line_reports": scanned.bad_reports,
+        "splits": splits,
+        "scan_seconds": round(scan_seconds, 2),
+        "build_seconds": round(seconds, 2),
+        "examples_per_second": round(len(scanned) / max(seconds, 1e-9), 1),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"  {summary['examples']} examples from {summary['lines']} lines "
+             f"({summary['bad_lines']} malformed, skipped) in {summary['build_seconds']} s "
+             f"({summary['examples_per_second']} examples/s)"]
+    lines += [f"    {line}" for line in summary["bad_line_reports"][:5]]
+    for split, s in summary["splits"].items():
+        types = ", ".join(f"{name.lower()} {count}" for name, count in s["by_type"].items())
+        lines.append(f"  {split}: {s['examples']} examples ({types}); {s['windows']} windows "
+                     f"({s['windows_per_example']} per example), {s['kept']} kept = {s['positive']} with an "
+                     f"answer + {s['negative_kept']} without ({s['positive_to_negative']}); "
+                     f"{s['unreachable']} of {s['answerable']} answers fit no window")
+    return "\n".join(lines)
+
+
+def load_manifest(directory: Path) -> dict[str, Any]:
+    return json.loads((Path(directory) / MANIFEST).read_text())
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+class NQWindows:
+    """The windows of one split of a cache as a map-style dataset of DummyDataset-shaped items.
+
+    Items are dicts of numpy arrays (the DataLoader's default collate turns them into tensors);
+    ``attention_mask`` and ``token_type_ids`` are rebuilt from the stored lengths. The token ids
+    stay memory-mapped: opening a cache of any size takes milliseconds and no RAM.
+    """
+
+    def __init__(self, directory: Path, split: str = "train") -> None:
+        import datasets  # the Arrow reader; imported here so featurising processes stay light
+
+        path = Path(directory) / split / "windows.arrow"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist; is {directory} a complete NQ feature cache?")
+        table = datasets.Dataset.from_file(str(path)).data.table
+        self.num_rows = table.num_rows
+        column = table.column("input_ids")
+        self.max_seq_len = column.type.list_size
+        # One zero-copy (rows, max_seq_len) view per record batch, and where each batch starts.
+        self.input_ids = [chunk.values.to_numpy(zero_copy_only=True).reshape(-1, self.max_seq_len)
+                          for chunk in column.chunks if len(chunk)]
+        self.chunk_starts = np.cumsum([0] + [len(ids) for ids in self.input_ids])[:-1]
+        small = ("length", "question_len", "example_index", "doc_start", "start_position", "end_position",
+                 "answer_type")
+        self.columns = {name: table.column(name).to_numpy().astype(np.int64) for name in small}
+        self.positions = np.arange(self.max_seq_len)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < self.num_rows:
+            raise IndexError(f"window {index} out of range for {self.num_rows} windows")
+        chunk = int(np.searchsorted(self.chunk_starts, index, side="right")) - 1
+        input_ids = self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64)
+        length = self.columns["length"][index]
+        attention_mask = (self.positions < length).astype(np.int64)
+        token_type_ids = attention_mask * (self.positions >= self.columns["question_len"][index] + 2)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "start_positions": self.columns["start_position"][index],
+            "end_positions": self.columns["end_position"][index],
+            "answer_type": self.columns["answer_type"][index],
+        }

@@ -1,0 +1,272 @@
+"""Tokenise each NQ document once and cut it into labelled model windows.
+
+A window is ``[CLS] question [SEP] document piece slice [SEP] [PAD]…`` of ``max_seq_len`` tokens;
+consecutive windows start ``doc_stride`` pieces apart, so every piece is in at least one window.
+
+HTML tag tokens (``<P>``, ``</Td>``, …: a whole whitespace token of the form ``</?Name>``) are kept
+out of the model input. They mark structure the long-answer candidates already describe, and as
+text they would cost three wordpieces each and about a tenth of every window. Every wordpiece keeps
+the index of the whitespace token it came from (``piece_to_token``), so a predicted window span maps
+back to document tokens; a long-answer span maps back to the words inside the candidate, and
+:func:`containing_candidate` recovers the candidate (tags included).
+
+Speed: the whole batch of documents goes through the fast tokenizer in one ``encode_batch`` call.
+Tags are blanked with spaces of the same length rather than removed, so the tokenizer's character
+offsets still index the original text, and a piece's whitespace token is a ``searchsorted`` over
+the token start offsets; no Python loop runs per word.
+
+Labels: a window is positive when one target span lies wholly inside its document part: the first
+such short span for SHORT examples, the long answer for LONG, YES and NO ones. Its start/end are
+positions in the window and its answer type is the example's. Every other window points at
+[CLS] (position 0) with answer type UNKNOWN, and is kept with probability ``negative_keep_rate``,
+drawn from a generator seeded by (seed, example_id): the same windows survive in every run and for
+any number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from distqa.data import AnswerType
+from distqa.data.nq import NQExample, Span
+
+TAG_TOKEN = re.compile(r"(?<![^ ])</?[A-Za-z][A-Za-z0-9]*>(?![^ ])")
+"""An HTML tag that is a whole whitespace token, as in NQ's document_text."""
+
+SPACE = ord(" ")
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    max_seq_len: int
+    max_question_len: int
+    doc_stride: int
+    negative_keep_rate: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        room = self.max_seq_len - self.max_question_len - 3
+        if room < 1:
+            raise ValueError(f"max_seq_len {self.max_seq_len} leaves no room for the document after "
+                             f"max_question_len {self.max_question_len}")
+        if not 1 <= self.doc_stride <= room:
+            raise ValueError(f"doc_stride must be in [1, {room}] (the document part of a window) so every "
+                             f"piece lands in a window, got {self.doc_stride}")
+        if not 0 <= self.negative_keep_rate <= 1:
+            raise ValueError(f"negative_keep_rate must be in [0, 1], got {self.negative_keep_rate}")
+
+
+@dataclass
+class WindowStats:
+    """Counts over a batch of examples; add them up with ``+=``."""
+
+    examples: int = 0
+    windows: int = 0
+    """Windows before negatives were downsampled."""
+    kept: int = 0
+    positive: int = 0
+    answerable: int = 0
+    unreachable: int = 0
+    """Answerable examples whose answer has no wordpiece (only tags) or lies in no single window."""
+    by_type: dict[str, int] = field(default_factory=lambda: {t.name: 0 for t in AnswerType})
+
+    def __iadd__(self, other: WindowStats) -> WindowStats:
+        for name in ("examples", "windows", "kept", "positive", "answerable", "unreachable"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, count in other.by_type.items():
+            self.by_type[name] = self.by_type.get(name, 0) + count
+        return self
+
+
+@dataclass
+class Features:
+    """Window columns (one row per kept window) and example columns (one row per example)."""
+
+    windows: dict[str, np.ndarray]
+    examples: dict[str, list | np.ndarray]
+    stats: WindowStats
+
+
+class Featurizer:
+    """Turns batches of :class:`NQExample` into window and example columns.
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (``PreTrainedTokenizerFast.backend_tokenizer``).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, cls_id: int, sep_id: int, pad_id: int,
+                 settings: WindowSettings) -> None:
+        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a private copy: no padding/truncation
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.settings = settings
+        vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.id_dtype = np.uint16 if vocab_size <= 2**16 else np.int32
+
+    def featurize(self, examples: Sequence[NQExample], keep_all: bool = False) -> Features:
+        """All windows of every example, negatives downsampled unless ``keep_all``."""
+        settings, stats = self.settings, WindowStats()
+        questions = self.tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
+        blanked = [blank_tags(e.document) for e in examples]
+        documents = self.tokenizer.encode_batch(blanked, add_special_tokens=False)
+        windows: dict[str, list[np.ndarray]] = {name: [] for name in WINDOW_COLUMNS}
+        rows: dict[str, list] = {name: [] for name in EXAMPLE_COLUMNS}
+        for index, (example, question, text, document) in enumerate(
+                zip(examples, questions, blanked, documents, strict=True)):
+            question_ids = np.asarray(question.ids[:settings.max_question_len], dtype=self.id_dtype)
+            piece_ids, piece_to_token = pieces_of(example.document, text, document.ids, document.offsets)
+            stats += self._windows(index, example, question_ids, piece_ids, piece_to_token, keep_all, windows)
+            _add_example_row(rows, example, len(question_ids), piece_to_token)
+        empty = {name: np.empty(0, dtype=dtype) for name, dtype in WINDOW_COLUMNS.items() if dtype}
+        empty["input_ids"] = np.empty((0, settings.max_seq_len), dtype=self.id_dtype)
+        return Features({name: np.concatenate(parts) if parts else empty[name] for name, parts in windows.items()},
+                        rows, stats)
+
+    def _windows(self, index: int, example: NQExample, question_ids: np.ndarray, piece_ids: np.ndarray,
+                 piece_to_token: np.ndarray, keep_all: bool, out: dict[str, list[np.ndarray]]) -> WindowStats:
+        settings, length = self.settings, self.settings.max_seq_len
+        num_question = len(question_ids)
+        room = length - num_question - 3
+        num_pieces = len(piece_ids)
+        count = 1 if num_pieces <= room else 1 + math.ceil((num_pieces - room) / settings.doc_stride)
+        starts = np.arange(count, dtype=np.int64) * settings.doc_stride
+
+        # Labels: the first target span wholly inside each window's document part.
+        answer_type = example.targets.answer_type if example.targets else AnswerType.UNKNOWN
+        start_pos = np.zeros(count, dtype=np.int16)
+        end_pos = np.zeros(count, dtype=np.int16)
+        types = np.full(count, AnswerType.UNKNOWN, dtype=np.int8)
+        labelled = np.zeros(count, dtype=bool)
+        spans = example.targets.label_spans if example.targets else ()
+        for span in spans:
+            first, last = token_span_to_pieces(piece_to_token, span)
+            if first > last:
+                continue  # the span holds only tags: no piece can point at it
+            inside = ~labelled & (first >= starts) & (last < starts + room)
+            start_pos[inside] = (first - starts[inside] + num_question + 2)
+            end_pos[inside] = (last - starts[inside] + num_question + 2)
+            types[inside] = answer_type
+            labelled |= inside
+
+        stats = WindowStats(examples=1, windows=count, positive=int(labelled.sum()))
+        stats.by_type[answer_type.name] += 1
+        if spans:
+            stats.answerable = 1
+            stats.unreachable = int(not labelled.any())
+        keep = labelled.copy()
+        if keep_all or settings.negative_keep_rate >= 1:
+            keep[:] = True
+        elif settings.negative_keep_rate > 0:
+            draws = np.random.default_rng([settings.seed, example.example_id % 2**64]).random(count)
+            keep |= draws < settings.negative_keep_rate
+        stats.kept = int(keep.sum())
+        if not stats.kept:
+            return stats
+
+        kept_starts = starts[keep]
+        input_ids = np.full((len(kept_starts), length), self.pad_id, dtype=self.id_dtype)
+        input_ids[:, 0] = self.cls_id
+        input_ids[:, 1:1 + num_question] = question_ids
+        input_ids[:, 1 + num_question] = self.sep_id
+        doc_lengths = np.minimum(num_pieces - kept_starts, room)
+        for row, (start, doc_length) in enumerate(zip(kept_starts.tolist(), doc_lengths.tolist(), strict=True)):
+            input_ids[row, num_question + 2:num_question + 2 + doc_length] = piece_ids[start:start + doc_length]
+            input_ids[row, num_question + 2 + doc_length] = self.sep_id
+        out["input_ids"].append(input_ids)
+        out["length"].append((num_question + 3 + doc_lengths).astype(np.int16))
+        out["question_len"].append(np.full(len(kept_starts), num_question, dtype=np.int16))
+        out["example_index"].append(np.full(len(kept_starts), index, dtype=np.int32))
+        out["doc_start"].append(kept_starts.astype(np.int32))
+        out["start_position"].append(start_pos[keep])
+        out["end_position"].append(end_pos[keep])
+        out["answer_type"].append(types[keep])
+        return stats
+
+
+# Window column -> dtype (input_ids: the featurizer's id dtype, one row of max_seq_len per window).
+WINDOW_COLUMNS: dict[str, type | None] = {
+    "input_ids": None, "length": np.int16, "question_len": np.int16, "example_index": np.int32,
+    "doc_start": np.int32, "start_position": np.int16, "end_position": np.int16, "answer_type": np.int8,
+}
+EXAMPLE_COLUMNS = ("example_id", "question", "answer_type", "num_tokens", "question_len", "piece_to_token",
+                   "candidate_start", "candidate_end", "candidate_top_level", "long_start", "long_end",
+                   "long_candidate", "short_start", "short_end")
+
+
+def _add_example_row(rows: dict[str, list], example: NQExample, question_len: int,
+                     piece_to_token: np.ndarray) -> None:
+    targets = example.targets
+    long = targets.long if targets and targets.long else Span(-1, -1)
+    short = targets.short if targets else ()
+    values = {
+        "example_id": example.example_id, "question": example.question,
+        "answer_type": int(targets.answer_type) if targets else -1,
+        "num_tokens": example.num_tokens, "question_len": question_len, "piece_to_token": piece_to_token,
+        "candidate_start": example.candidates[:, 0], "candidate_end": example.candidates[:, 1],
+        "candidate_top_level": example.candidates[:, 2].astype(bool),
+        "long_start": long.start, "long_end": long.end, "long_candidate": targets.long_candidate if targets else -1,
+        "short_start": [s.start for s in short], "short_end": [s.end for s in short],
+    }
+    for name in EXAMPLE_COLUMNS:
+        rows[name].append(values[name])
+
+
+# --- pieces <-> whitespace tokens ---------------------------------------------------------------
+
+def blank_tags(document: str) -> str:
+    """The document with every HTML tag token replaced by spaces of the same length."""
+    return TAG_TOKEN.sub(lambda match: " " * (match.end() - match.start()), document)
+
+
+def pieces_of(document: str, blanked: str, ids: Sequence[int],
+              offsets: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(piece ids, whitespace-token index of each piece) of ``blanked`` (= ``blank_tags(document)``)
+    tokenised into ``ids`` with character ``offsets``.
+
+    Pieces made only of blanked space (byte-level BPE and SentencePiece tokenizers emit them) are
+    dropped. A piece belongs to the token that holds its last character.
+    """
+    if not ids:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
+    token_starts = np.concatenate([[0], np.flatnonzero(_chars(document) == SPACE) + 1])
+    spans = np.asarray(offsets, dtype=np.int64)
+    last_char = spans[:, 1] - 1
+    real = (spans[:, 1] > spans[:, 0]) & (_chars(blanked)[np.maximum(last_char, 0)] != SPACE)
+    piece_to_token = np.searchsorted(token_starts, last_char[real], side="right") - 1
+    return np.asarray(ids, dtype=np.int64)[real], piece_to_token.astype(np.int32)
+
+
+def _chars(text: str) -> np.ndarray:
+    """Code points of ``text``: the indices match Python string (and tokenizer offset) indices."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
+def token_span_to_pieces(piece_to_token: np.ndarray, span: Span) -> tuple[int, int]:
+    """Inclusive (first, last) piece indices covering the whitespace tokens of ``span``;
+    first > last when the span holds no piece."""
+    first = int(np.searchsorted(piece_to_token, span.start, side="left"))
+    last = int(np.searchsorted(piece_to_token, span.end, side="left")) - 1
+    return first, last
+
+
+def window_span_to_tokens(piece_to_token: np.ndarray, doc_start: int, question_len: int,
+                          start_position: int, end_position: int) -> Span:
+    """A span of window positions (inclusive, inside the document part) as document tokens."""
+    offset = doc_start - (question_len + 2)
+    return Span(int(piece_to_token[start_position + offset]), int(piece_to_token[end_position + offset]) + 1)
+
+
+def containing_candidate(candidates: np.ndarray, span: Span, top_level_only: bool = True) -> int:
+    """Index of the innermost (top-level, by default) candidate that contains ``span``; -1 if none."""
+    starts, ends, top = candidates[:, 0], candidates[:, 1], candidates[:, 2].astype(bool)
+    inside = (starts <= span.start) & (span.end <= ends) & (top if top_level_only else True)
+    if not inside.any():
+        return -1
+    lengths = np.where(inside, ends - starts, np.iinfo(np.int64).max)
+    return int(np.argmin(lengths))

@@ -1,0 +1,49 @@
+"""Featurise Natural Questions once into the feature cache that ``train --dataset nq`` reads.
+
+The committed sample with the default (tiny-cpu) settings::
+
+    python -m distqa.prepare
+
+The real data, 16 processes (the platform's ``prepare`` job runs this)::
+
+    python -m distqa.prepare --preset bert-base-nq --nq-train-file data/simplified-nq-train.jsonl \\
+        --nq-cache-dir /data/nq-cache --num-proc 16
+
+It takes the same settings as ``python -m distqa.train`` (preset, .env, DISTQA_*, flags), so the
+training run finds the cache by the same fingerprint. Re-running with unchanged input, tokenizer
+and window settings reuses the cache at once; changing any of them builds a new one. Run it before
+launching a multi-process training: ranks never featurise while others wait in a collective.
+Prints the cache directory on stdout; the summary goes to the log (stderr).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from dotenv import load_dotenv
+
+from distqa.config import ConfigError, load_config
+from distqa.data import prepare_nq
+from distqa.data.nq import DataError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    load_dotenv(".env", override=False)
+    # Not distqa.distributed's logging: that imports torch, and each featurising process re-imports
+    # this module (multiprocessing's spawn), which should stay light.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        config = load_config(argv, prog="python -m distqa.prepare")
+        directory = prepare_nq(config, progress=config.progress_bar)
+    except (ConfigError, DataError) as err:
+        print(f"distqa.prepare: error: {err}", file=sys.stderr)
+        return 2
+    print(directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
