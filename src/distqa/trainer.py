@@ -70,7 +70,7 @@ class Trainer:
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.sampler: ResumableDistributedSampler = loader.sampler
         self.accumulation = config.accumulation_steps(runtime.world_size)
-        self.steps_per_epoch = self.sampler.num_samples // config.per_rank_batch_size // self.accumulation
+        self.steps_per_epoch = self.sampler.min_samples_per_rank // config.per_rank_batch_size // self.accumulation
         if self.steps_per_epoch == 0:
             raise ConfigError(
                 f"the dataset ({len(self.sampler.dataset)} examples) is smaller than one global batch "

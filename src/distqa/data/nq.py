@@ -87,7 +87,8 @@ class NQExample:
 def parse_example(raw: bytes | str, labelled: bool) -> NQExample:
     """Decode and check one line; raises :class:`BadLine` naming the first field that is wrong."""
     try:
-        record = json.loads(raw)
+        # Without its newline, a truncated line reads as "unterminated string", not "control character".
+        record = json.loads(raw.rstrip(b"\r\n" if isinstance(raw, bytes) else "\r\n"))
     except json.JSONDecodeError as err:
         raise BadLine(f"not valid JSON: {err.msg} (column {err.colno}); is the line truncated?") from None
     if not isinstance(record, dict):

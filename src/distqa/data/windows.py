@@ -264,9 +264,10 @@ def window_span_to_tokens(piece_to_token: np.ndarray, doc_start: int, question_l
 
 def containing_candidate(candidates: np.ndarray, span: Span, top_level_only: bool = True) -> int:
     """Index of the innermost (top-level, by default) candidate that contains ``span``; -1 if none."""
-    starts, ends, top = candidates[:, 0], candidates[:, 1], candidates[:, 2].astype(bool)
-    inside = (starts <= span.start) & (span.end <= ends) & (top if top_level_only else True)
+    starts, ends = candidates[:, 0].astype(np.int64), candidates[:, 1].astype(np.int64)
+    inside = (starts <= span.start) & (span.end <= ends)
+    if top_level_only:
+        inside &= candidates[:, 2].astype(bool)
     if not inside.any():
         return -1
-    lengths = np.where(inside, ends - starts, np.iinfo(np.int64).max)
-    return int(np.argmin(lengths))
+    return int(np.argmin(np.where(inside, ends - starts, np.iinfo(np.int64).max)))

@@ -1,0 +1,81 @@
+"""Hand-built Natural Questions lines for the pipeline tests: exact control over every offset."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+WORDS = ["the", "river", "flows", "north", "past", "old", "stone", "bridges", "while", "children", "play", "near",
+         "quiet", "gardens", "and", "merchants", "sell", "bread", "cheese", "wine", "honey", "apples", "fish",
+         "during", "summer", "festival", "nights"]
+UNICODE_WORDS = ["café", "naïve", "Zürich", "東京", "数据", "😀", "Ωmega", "São", "—", "don't", "x²"]
+
+
+def document(blocks: list[list[str]], title: str = "Title") -> tuple[list[str], list[dict[str, Any]]]:
+    """Whitespace tokens of ``<H1> title </H1>`` + one ``<P> … </P>`` per block, and their candidates."""
+    tokens = [title, "-", "Wikipedia", "<H1>", title, "</H1>"]
+    candidates = []
+    for words in blocks:
+        start = len(tokens)
+        tokens += ["<P>", *words, "</P>"]
+        candidates.append({"start_token": start, "end_token": len(tokens), "top_level": True})
+    return tokens, candidates
+
+
+def line(example_id: int, tokens: list[str], candidates: list[dict[str, Any]], question: str = "where is it",
+         answer: str = "none", candidate: int = -1, short: list[tuple[int, int]] = (),
+         labelled: bool = True) -> dict[str, Any]:
+    """One NQ record; ``answer`` is none/long/short/yes/no, ``short`` are token spans (end exclusive)."""
+    record: dict[str, Any] = {
+        "example_id": example_id, "question_text": question, "document_text": " ".join(tokens),
+        "document_url": f"https://en.wikipedia.org/?curid={example_id}", "long_answer_candidates": candidates,
+    }
+    if labelled:
+        long = {"start_token": -1, "end_token": -1, "candidate_index": -1}
+        if answer != "none":
+            long = {**{k: candidates[candidate][k] for k in ("start_token", "end_token")},
+                    "candidate_index": candidate}
+        record["annotations"] = [{
+            "annotation_id": example_id, "long_answer": long,
+            "yes_no_answer": answer.upper() if answer in ("yes", "no") else "NONE",
+            "short_answers": [{"start_token": s, "end_token": e} for s, e in short],
+        }]
+    return record
+
+
+def random_record(rng: random.Random, example_id: int, max_blocks: int = 8) -> dict[str, Any]:
+    """A random document with tags inside paragraphs, unicode words and any answer type."""
+    blocks = []
+    for _ in range(rng.randint(1, max_blocks)):
+        words = [rng.choice(WORDS if rng.random() > 0.1 else UNICODE_WORDS) for _ in range(rng.randint(1, 40))]
+        if len(words) > 3 and rng.random() < 0.3:  # markup inside a paragraph: tags within answers
+            at = rng.randrange(1, len(words) - 1)
+            words[at:at] = ["<B>", rng.choice(WORDS), "</B>"]
+        blocks.append(words)
+    tokens, candidates = document(blocks)
+    answer = rng.choice(["none", "long", "short", "short", "yes", "no"])
+    question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12)))
+    if answer == "none":
+        return line(example_id, tokens, candidates, question)
+    candidate = rng.randrange(len(candidates))
+    start, end = candidates[candidate]["start_token"], candidates[candidate]["end_token"]
+    short = []
+    if answer == "short":
+        for _ in range(rng.randint(1, 3)):
+            first = rng.randrange(start + 1, end - 1)
+            last = rng.randrange(first, min(first + 4, end - 1))
+            if not tokens[first].startswith("<") and not tokens[last].startswith("<"):
+                short.append((first, last + 1))
+        if not short:
+            answer = "long"
+    return line(example_id, tokens, candidates, question, answer, candidate, short)
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any] | str]) -> Path:
+    """Records as JSON lines; strings are written verbatim (for malformed lines)."""
+    with path.open("w") as file:
+        for record in records:
+            file.write((record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)) + "\n")
+    return path
