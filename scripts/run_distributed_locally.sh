@@ -9,8 +9,10 @@
 #   scripts/run_distributed_locally.sh                            # 2 nodes × 1 process, tiny preset
 #   scripts/run_distributed_locally.sh --nodes 3 -- --max-steps 20
 #   scripts/run_distributed_locally.sh -- --preset bert-base --device cuda   # GPUs, if present
+#   scripts/run_distributed_locally.sh -- --dataset nq          # the committed NQ sample
 #
-# Arguments after the launcher's own (or after --) go to `python -m distqa.train` unchanged.
+# Arguments after the launcher's own (or after --) go to `python -m distqa.train` unchanged; with
+# --dataset nq the feature cache is built first (python -m distqa.prepare, reused when present).
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
 # else python3), NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
 # Exit status: 0 when every node finished; otherwise the first failing node's status, after the
@@ -65,6 +67,11 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
     cores=$(nproc 2>/dev/null || echo 1)
     export OMP_NUM_THREADS=$(( cores / (nodes * procs_per_node) > 1 ? cores / (nodes * procs_per_node) : 1 ))
 fi
+
+# NQ features are built here, once, before any rank starts: a rank featurising inside the run would
+# leave the others waiting in a collective. Also fails fast on a configuration error.
+"$PYTHON" -m distqa.prepare --only-if-nq --run-name "$run_id" "${trainer_args[@]}" \
+    || die "preparing the data failed (see above); nothing was launched"
 
 agents=()
 stop_agents() {

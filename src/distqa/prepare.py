@@ -13,7 +13,9 @@ It takes the same settings as ``python -m distqa.train`` (preset, .env, DISTQA_*
 training run finds the cache by the same fingerprint. Re-running with unchanged input, tokenizer
 and window settings reuses the cache at once; changing any of them builds a new one. Run it before
 launching a multi-process training: ranks never featurise while others wait in a collective.
-Prints the cache directory on stdout; the summary goes to the log (stderr).
+Prints the cache directory on stdout; the summary goes to the log (stderr). With
+``--only-if-nq`` (what the launchers pass, followed by the trainer's arguments) it does nothing
+unless those arguments select ``--dataset nq``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # this module (multiprocessing's spawn), which should stay light.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The launchers pass the trainer's own arguments with this flag: prepare what that run will read.
+    only_if_nq = "--only-if-nq" in argv
+    argv = [arg for arg in argv if arg != "--only-if-nq"]
     try:
         config = load_config(argv, prog="python -m distqa.prepare")
+        if only_if_nq and config.dataset != "nq":
+            return 0
         directory = prepare_nq(config, progress=config.progress_bar)
     except (ConfigError, DataError) as err:
         print(f"distqa.prepare: error: {err}", file=sys.stderr)

@@ -1,0 +1,56 @@
+"""`--dataset nq` end to end: prepare, then DDP training from the cache; a missing cache under DDP."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, run_training
+from nq_examples import random_record, write_jsonl
+
+pytestmark = pytest.mark.distributed
+
+
+def nq_args(tmp_path: Path) -> list[str]:
+    rng = random.Random(0)
+    source = write_jsonl(tmp_path / "nq.jsonl", [random_record(rng, i, max_blocks=12) for i in range(160)])
+    return [*FAST_ARGS, "--dataset", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
+            "--doc-stride", "24", "--negative-keep-rate", "0.3", "--num-proc", "2",
+            "--output-dir", str(tmp_path / "results"), "--global-batch-size", "16", "--per-rank-batch-size", "4"]
+
+
+def prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "distqa.prepare", *args], cwd=REPO_ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=300, check=True)
+
+
+def test_prepare_then_two_ranks_train_from_the_cache(tmp_path: Path) -> None:
+    args = nq_args(tmp_path)
+    built = prepare(args)
+    cache = Path(built.stdout.strip())
+    assert (cache / "manifest.json").is_file() and "with an answer" in built.stderr
+    again = prepare(args)  # unchanged settings: reused at once
+    assert again.stdout == built.stdout and "reusing the NQ feature cache" in again.stderr
+
+    result = run_training([*args, "--epochs", "2"], nproc=2)
+    assert "training finished" in result.stderr
+    assert final_weights(tmp_path / "results" / "local")
+
+
+def test_a_missing_cache_under_ddp_fails_fast_with_the_command_to_run(tmp_path: Path) -> None:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "-m", "distqa.train", *nq_args(tmp_path)]
+    result = subprocess.run(launcher, cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0
+    assert "no NQ feature cache" in result.stderr and "python -m distqa.prepare" in result.stderr
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_one_process_builds_the_missing_cache_itself(tmp_path: Path) -> None:
+    result = run_training([*nq_args(tmp_path), "--max-steps", "2"])
+    assert "NQ feature cache ready" in result.stderr and "training finished" in result.stderr
