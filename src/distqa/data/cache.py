@@ -54,7 +54,10 @@ FORMAT_VERSION = 1
 """Bump when the features change meaning, so old caches are not reused."""
 MANIFEST = "manifest.json"
 SAMPLE_BLOCKS, SAMPLE_BLOCK_BYTES = 16, 1 << 16
-MAX_TASK_EXAMPLES = 256
+MAX_TASK_BYTES = 64 << 20
+BATCH_BYTES = 2 << 20
+"""Input bytes per tokenizer call: bounds the memory of a featurising process (the fast tokenizer
+keeps ~100 bytes per wordpiece until the batch is done)."""
 
 
 @dataclass(frozen=True)
@@ -195,12 +198,18 @@ class _Task:
 
 def _tasks(request: CacheRequest, scanned: ScanResult, splits: np.ndarray, parts: Path,
            num_proc: int) -> Iterator[_Task]:
-    # Several tasks per process balance the load; small tasks bound the memory of each.
-    size = max(1, min(MAX_TASK_EXAMPLES, math.ceil(len(scanned) / (4 * num_proc))))
-    for index, start in enumerate(range(0, len(scanned), size)):
-        part = slice(start, start + size)
+    """Runs of consecutive lines, about four per process (load balance) and at most
+    MAX_TASK_BYTES each (so a lost task costs little and the part files stay small)."""
+    target = min(MAX_TASK_BYTES, max(1, int(scanned.lengths.sum()) // (4 * num_proc)))
+    ends = np.cumsum(scanned.lengths)
+    start, index = 0, 0
+    while start < len(scanned):
+        # The first line past `target` bytes from here ends the task (so every task holds >= 1 line).
+        stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + target, side="left")) + 1
+        part = slice(start, min(stop, len(scanned)))
         yield _Task(index, request.source, scanned.lines[part], scanned.offsets[part], scanned.lengths[part],
                     splits[part], request.splits, request.labelled, parts)
+        start, index = part.stop, index + 1
 
 
 _featurizer: Featurizer | None = None
@@ -215,19 +224,43 @@ def _init_worker(request: CacheRequest, parallel_tokenizer: bool) -> None:
 
 
 def _featurize_task(task: _Task) -> tuple[int, dict[str, WindowStats]]:
+    """Featurise one task's lines into its part files, one tokenizer batch of at most
+    BATCH_BYTES at a time: a worker's memory does not depend on the size of the input."""
     assert _featurizer is not None, "worker not initialised"
-    examples = [parse_example(raw, task.labelled) for raw in read_lines(task.source, task.offsets, task.lengths)]
-    stats = {}
-    for split_index, split in enumerate(task.split_names):
-        members = np.flatnonzero(task.splits == split_index)
-        # Training windows are downsampled; evaluation needs every window of its examples.
-        features = _featurizer.featurize([examples[i] for i in members], keep_all=split != "train")
-        features.examples["line"] = task.lines[members]
-        features.examples["byte_offset"] = task.offsets[members]
-        _write_table(task.parts / f"{split}-windows-{task.index:06d}.arrow", _window_table(features))
-        _write_table(task.parts / f"{split}-examples-{task.index:06d}.arrow", _example_table(features))
-        stats[split] = features.stats
-    return len(examples), stats
+    stats = {split: WindowStats() for split in task.split_names}
+    writers = {split: _PartWriter(task.parts, split, task.index) for split in task.split_names}
+    try:
+        for batch in _batches(task.lengths, BATCH_BYTES):
+            raw_lines = read_lines(task.source, task.offsets[batch], task.lengths[batch])
+            examples = [parse_example(raw, task.labelled) for raw in raw_lines]
+            for split_index, split in enumerate(task.split_names):
+                members = np.flatnonzero(task.splits[batch] == split_index)
+                # Training windows are downsampled; evaluation needs every window of its examples.
+                features = _featurizer.featurize([examples[i] for i in members], keep_all=split != "train")
+                features.examples["line"] = task.lines[batch][members]
+                features.examples["byte_offset"] = task.offsets[batch][members]
+                writers[split].write(features)
+                stats[split] += features.stats
+        for split, writer in writers.items():
+            if not writer.writers:  # no example of this split here: empty parts keep the join simple
+                features = _featurizer.featurize([])
+                features.examples["line"] = features.examples["byte_offset"] = np.empty(0, dtype=np.int64)
+                writer.write(features)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return len(task.lines), stats
+
+
+def _batches(lengths: np.ndarray, max_bytes: int) -> Iterator[slice]:
+    start, size = 0, 0
+    for index, length in enumerate(lengths.tolist()):
+        if size and size + length > max_bytes:
+            yield slice(start, index)
+            start, size = index, 0
+        size += length
+    if start < len(lengths):
+        yield slice(start, len(lengths))
 
 
 def _run(tasks: list[_Task], request: CacheRequest, num_proc: int, progress: bool,
@@ -288,9 +321,28 @@ def _example_table(features: Features) -> pa.Table:
     return pa.table({name: pa.array(features.examples[name], type=kind) for name, kind in _EXAMPLE_TYPES.items()})
 
 
-def _write_table(path: Path, table: pa.Table) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+class _PartWriter:
+    """A task's window and example part files of one split, appended to batch by batch."""
+
+    def __init__(self, parts: Path, split: str, task: int) -> None:
+        self.paths = {name: parts / f"{split}-{name}-{task:06d}.arrow" for name in ("windows", "examples")}
+        self.sinks: dict[str, Any] = {}
+        self.writers: dict[str, Any] = {}
+        self.example_rows = 0
+
+    def write(self, features: Features) -> None:
+        features.windows["example_index"] = features.windows["example_index"] + self.example_rows
+        self.example_rows += len(features.examples["example_id"])
+        for name, table in (("windows", _window_table(features)), ("examples", _example_table(features))):
+            if name not in self.writers:
+                self.sinks[name] = pa.OSFile(str(self.paths[name]), "wb")
+                self.writers[name] = pa.ipc.new_stream(self.sinks[name], table.schema)
+            self.writers[name].write_table(table)
+
+    def close(self) -> None:
+        for name in self.writers:
+            self.writers[name].close()
+            self.sinks[name].close()
 
 
 def _read_table(path: Path) -> pa.Table:
