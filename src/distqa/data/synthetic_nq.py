@@ -159,14 +159,15 @@ UNICODE_WORDS = ("café", "naïve", "São", "Zürich", "München", "Ελλάδα
 ODD_WORDS = ("e-mail", "U.S.", "co-op", "'s", "n't", "1950s", "3.5", "2,000", "well-known", "#1", "&", "/")
 PUNCTUATION = (",", ",", ",", ",", ",", ",", ":", ";", "(", ")", "'", "%", "$", "-", '"')
 
-# The text population: words, about 6% punctuation, 1% Unicode and 1% odd tokens (list repetition is
-# much faster than weighted sampling).
-_POPULATION = FILLER * 3 + PUNCTUATION * 5 + UNICODE_WORDS + ODD_WORDS
+# The text population: words, about 7% full stops (sentences of ~14 tokens), 6% other punctuation, 1%
+# Unicode and 1% odd tokens (list repetition is much faster than weighted sampling).
+_POPULATION = FILLER * 3 + (".",) * 90 + PUNCTUATION * 5 + UNICODE_WORDS + ODD_WORDS
 _CAPITALIZED = tuple(w.capitalize() for w in FILLER)
 _TITLED_MODIFIERS = {m: m.capitalize() for m in MODIFIERS}
 _TITLED_NOUNS = {n: n.capitalize() for n in NOUNS}
 
 ANSWER_BLOCK_WEIGHTS = {"P": 0.70, "Ul": 0.12, "Table": 0.10, "Dl": 0.08}
+_OTHER_BLOCKS = ("P",) * 8 + ("Table", "Ul", "Dl")  # blocks without the answer: 73% paragraphs
 DISTRACTOR_RATE = 0.30        # share of other top-level blocks that hold a distractor fact
 SAME_ENTITY_DISTRACTOR = 0.20  # share of distractor facts about the question's entity (answerable only)
 HARD_NEGATIVE = 0.30          # share of other-entity distractors sharing a word with the question's entity
@@ -222,53 +223,44 @@ class _Doc:
         self.tokens.append(f"</{tag}>")
         self.candidates[index][1] = len(self.tokens)
 
-    def words(self, n: int) -> None:
-        self.tokens.extend(self.rng.choices(_POPULATION, k=n))
-
-    def sentence(self, n: int) -> None:
-        self.tokens.append(self.rng.choice(_CAPITALIZED))
-        self.tokens.extend(self.rng.choices(_POPULATION, k=n - 1))
-        self.tokens.append(".")
-
     def text(self, n_min: int, n_max: int, fact: list[str] | None = None) -> int:
-        """Sentences of ``n_min..n_max`` tokens in all, the fact among them; returns the fact's position."""
+        """Sentences of ``n_min..n_max`` tokens in all with the fact among them; returns the fact's position."""
         rng = self.rng
-        total = rng.randint(n_min, n_max)
-        sentences = []
-        while total > 0:
-            length = min(total, rng.randint(6, 20))
-            sentences.append(max(length, 2))
-            total -= length
-        where = rng.randint(0, len(sentences)) if fact else -1
-        position = -1
-        for i, length in enumerate(sentences):
-            if i == where:
-                position = len(self.tokens)
-                self.tokens.extend(fact)  # type: ignore[arg-type]
-            self.sentence(length)
-        if where == len(sentences):
-            position = len(self.tokens)
-            self.tokens.extend(fact)  # type: ignore[arg-type]
+        words = rng.choices(_POPULATION, k=rng.randint(n_min, n_max))
+        if words:
+            words[0] = words[0].capitalize()
+            words.append(".")
+        if fact is None:
+            self.tokens.extend(words)
+            return -1
+        # The fact goes at a sentence boundary: the start, the end or right after a full stop.
+        cut = rng.randint(0, len(words))
+        while 0 < cut < len(words) and words[cut - 1] != ".":
+            cut += 1
+        self.tokens.extend(words[:cut])
+        position = len(self.tokens)
+        self.tokens.extend(fact)
+        self.tokens.extend(words[cut:])
         return position
 
     def cell(self, n_max: int) -> None:
-        rng = self.rng
-        self.tokens.append(rng.choice(_CAPITALIZED))
-        self.words(rng.randint(0, n_max - 1))
+        words = self.rng.choices(_POPULATION, k=self.rng.randint(1, n_max))
+        words[0] = words[0].capitalize()
+        self.tokens.extend(words)
 
     # Blocks. Each emits one top-level candidate (with nested ones inside) and returns the token
     # position of the fact, or -1 when it holds none.
 
     def paragraph(self, fact: list[str] | None, long: bool = True) -> int:
         index = self.open("P", True)
-        position = self.text(12, 90 if long else 60, fact)
+        position = self.text(12, 150 if long else 60, fact)
         self.close("P", index)
         return position
 
     def table(self, fact: list[str] | None) -> int:
         rng = self.rng
         table = self.open("Table", True)
-        rows = rng.randint(2, 6)
+        rows = rng.randint(2, 5)
         fact_row = rng.randint(1, rows) if fact else -1
         position = -1
         for row in range(rows + 1):
@@ -471,15 +463,13 @@ def generate_example(rng: random.Random, *, example_id: int | None = None, answe
     while len(doc.tokens) < target:
         heading = "<H3>" if rng.random() < 0.2 else "<H2>"
         doc.tokens.append(heading)
-        doc.tokens.append(rng.choice(_CAPITALIZED))
-        doc.words(rng.randint(0, 3))
+        doc.cell(4)
         doc.tokens.append(heading[0] + "/" + heading[1:])
         for _ in range(rng.randint(1, 5)):
             if len(doc.tokens) >= target:
                 break
             place = answerable and long_answer < 0 and len(doc.tokens) >= answer_at
-            kind = rng.choices(kinds, weights=weights)[0] if place else rng.choice(("P", "P", "P", "P", "Table",
-                                                                                    "Ul", "Ul", "Dl"))
+            kind = rng.choices(kinds, weights=weights)[0] if place else rng.choice(_OTHER_BLOCKS)
             emit(kind, place)
     if answerable and long_answer < 0:
         emit(rng.choices(kinds, weights=weights)[0], True)
@@ -573,7 +563,7 @@ def write_jsonl(path: str | os.PathLike[str], n: int, **kwargs: Any) -> Generati
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
             for example in iter_examples(n, **kwargs):
-                line = json.dumps(example, ensure_ascii=False, separators=(", ", ": ")) + "\n"
+                line = json.dumps(example, ensure_ascii=False, separators=(",", ":")) + "\n"
                 f.write(line)
                 stats.examples += 1
                 stats.bytes += len(line.encode("utf-8"))
