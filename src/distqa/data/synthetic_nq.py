@@ -2,8 +2,8 @@
 
 Write a training file (one annotation per line) or a test file (no ``annotations`` key)::
 
-    python -m distqa.data.synthetic_nq --output data/nq-sample/simplified-nq-train.jsonl --examples 240 \\
-        --seed 0 --min-doc-tokens 120 --max-doc-tokens 900 --long-docs 2 --long-doc-tokens 4000
+    python -m distqa.data.synthetic_nq --output data/nq-sample/simplified-nq-train.jsonl --examples 180 \\
+        --seed 0 --min-doc-tokens 80 --max-doc-tokens 500 --long-docs 2 --long-doc-tokens 2500
     python -m distqa.data.synthetic_nq --output /tmp/nq-test.jsonl --examples 50 --seed 1 --test
     python -m distqa.data.synthetic_nq --output /tmp/big.jsonl --examples 100000 \\
         --answer-mix unknown=0.5,short=0.3,long=0.15,yes=0.025,no=0.025
@@ -46,7 +46,8 @@ definition lists. Text is drawn from the words of ``data/tokenizer-corpus.txt`` 
 WordPiece of the tiny tokenizer, so documents tokenize compactly), with punctuation tokens
 (``, . : ; ( ) ' % $ -``) and sometimes Unicode tokens (accents, Greek, Cyrillic, CJK, emoji,
 typographic dashes and quotes) and hyphenated/abbreviated words. Document length (whitespace tokens) is
-log-uniform in ``[min_doc_tokens, max_doc_tokens]`` (the last block may overshoot by up to ~100 tokens).
+log-uniform in ``[min_doc_tokens, max_doc_tokens]``; the last block, a table or list, or the answer's block
+may overshoot the maximum by up to ~120 tokens (documents have at least a title and one paragraph).
 
 The synthetic task (learnable from the local context of one window of >= 128 tokens):
 
@@ -112,23 +113,28 @@ CANDIDATE_TAGS = ("P", "Table", "Tr", "Ul", "Ol", "Li", "Dl", "Dt", "Dd")
 DEFAULT_ANSWER_MIX: dict[str, float] = {"unknown": 0.35, "short": 0.35, "long": 0.15, "yes": 0.075, "no": 0.075}
 """Probability of each answer type (keys: lower-case ``AnswerType`` names)."""
 
-MODIFIERS = tuple(
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+MODIFIERS = _words(
     "northern green old small tropical medieval modern wooden national public official international original "
     "standard natural fresh real personal prime greater early late new main metropolitan olympic atomic "
-    "freshwater oldest largest highest deepest external judicial".split())
-NOUNS = tuple(
+    "freshwater oldest largest highest deepest external judicial")
+NOUNS = _words(
     "river valley bridge palace island lake mountain village town city county province museum university "
     "hospital station railway volcano waterfall ocean planet moon company band team studio garage festival "
-    "network conference association continent region state".split())
-ATTRIBUTES = tuple(
+    "network conference association continent region state")
+ATTRIBUTES = _words(
     "capital population language director singer president album area distance record legacy religion sport "
-    "literature geography economics constitution government species career".split())
-PROPERTIES = tuple(
+    "literature geography economics constitution government species career")
+PROPERTIES = _words(
     "important online worldwide destroyed rebuilt published recorded broken invented signed spoken written "
-    "split paired hosted issued".split())
+    "split paired hosted issued")
 
 # The words of data/tokenizer-corpus.txt minus the reserved words above: each is one WordPiece token.
-FILLER = tuple("""
+FILLER = _words("""
 a about actor adding after also although an and annotator anonymized answer any applies apply april are around
 art arteries ash at athletes attracts august autumn average award based became beds before best between
 billion biology blood body both branches building by canopy carbon carrying cell century championship charts
@@ -152,7 +158,7 @@ table take takes telephone television ten term than that the their then there th
 through thursday time times to took traffic train treaty tuesday twelve twentieth two until use usually veins
 villages visitors war was water wednesday weeks were west what when where which who why window windows wing
 with won world wrote year years yes
-""".split())
+""")
 
 UNICODE_WORDS = ("café", "naïve", "São", "Zürich", "München", "Ελλάδα", "Москва", "東京", "北京市", "한국어",
                  "😀", "🚀", "–", "—", "“", "”", "½", "°C", "Ångström", "façade", "Dvořák", "Łódź")
@@ -251,9 +257,9 @@ class _Doc:
     # Blocks. Each emits one top-level candidate (with nested ones inside) and returns the token
     # position of the fact, or -1 when it holds none.
 
-    def paragraph(self, fact: list[str] | None, long: bool = True) -> int:
+    def paragraph(self, fact: list[str] | None, n_max: int = 150) -> int:
         index = self.open("P", True)
-        position = self.text(12, 150 if long else 60, fact)
+        position = self.text(min(12, n_max), n_max, fact)
         self.close("P", index)
         return position
 
@@ -316,9 +322,10 @@ class _Doc:
         self.close("Dl", dl)
         return position
 
-    def block(self, kind: str, fact: list[str] | None) -> int:
+    def block(self, kind: str, fact: list[str] | None, room: int) -> int:
+        """A block of ``kind``; a paragraph takes at most ``room`` tokens (an answer paragraph at most 60)."""
         if kind == "P":
-            return self.paragraph(fact, long=fact is None)
+            return self.paragraph(fact, max(6, min(60 if fact else 150, room)))
         if kind == "Table":
             return self.table(fact)
         if kind == "Ul":
@@ -440,7 +447,7 @@ def generate_example(rng: random.Random, *, example_id: int | None = None, answe
     target = round(math.exp(rng.uniform(math.log(min_doc_tokens), math.log(max_doc_tokens + 1)))) - 1
     target = max(min_doc_tokens, min(max_doc_tokens, target))
     answer_at = target * (rng.uniform(0.9, 1.0) if rng.random() < NEAR_END else rng.random())
-    title = [rng.choice(_CAPITALIZED)] + rng.choices(_CAPITALIZED, k=rng.randint(0, 2))
+    title = [rng.choice(_CAPITALIZED), *rng.choices(_CAPITALIZED, k=rng.randint(0, 2))]
     if rng.random() < 0.1:
         title.append(rng.choice(UNICODE_WORDS[:10]))
     doc.tokens.extend([*title, "-", "Wikipedia", "<H1>", *title, "</H1>"])
@@ -452,11 +459,11 @@ def generate_example(rng: random.Random, *, example_id: int | None = None, answe
         nonlocal long_answer
         if is_answer:
             long_answer = len(doc.candidates)
-            position = doc.block(kind, answer_fact)
+            position = doc.block(kind, answer_fact, target - len(doc.tokens))
             short_answers.extend({"start_token": position + s, "end_token": position + e} for s, e in spans)
         else:
             fact = _distractor(rng, entity, form, topic, answerable) if rng.random() < DISTRACTOR_RATE else None
-            doc.block(kind, fact)
+            doc.block(kind, fact, target - len(doc.tokens))
 
     kinds, weights = list(ANSWER_BLOCK_WEIGHTS), list(ANSWER_BLOCK_WEIGHTS.values())
     emit("P", answerable and answer_at <= len(doc.tokens))
@@ -505,14 +512,13 @@ def iter_examples(n: int, *, seed: int = 0, start: int = 0, long_docs: int = 0, 
     """Examples ``start .. start+n-1`` of the stream ``seed``.
 
     ``long_docs`` of them (spread evenly, the first at ``n // (2 * long_docs)``) are long documents of
-    ``[max_doc_tokens, long_doc_tokens]`` tokens instead; other keywords go to :func:`generate_example`.
+    ``[long_doc_tokens // 2, long_doc_tokens]`` tokens instead; other keywords go to :func:`generate_example`.
     """
     long_at = {n * (2 * k + 1) // (2 * long_docs) for k in range(long_docs)} if long_docs else set()
     for i in range(start, start + n):
         if i - start in long_at:
-            low = kwargs.get("max_doc_tokens", 1500)
-            yield make_example(seed, i, **{**kwargs, "min_doc_tokens": low,
-                                           "max_doc_tokens": max(low, long_doc_tokens)})
+            yield make_example(seed, i, **{**kwargs, "min_doc_tokens": max(1, long_doc_tokens // 2),
+                                           "max_doc_tokens": max(1, long_doc_tokens)})
         else:
             yield make_example(seed, i, **kwargs)
 
@@ -592,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="longest document; lengths are log-uniform in [min, max]")
     parser.add_argument("--long-docs", type=int, default=0,
                         help="this many of the examples (spread evenly) get a document of "
-                             "[max-doc-tokens, long-doc-tokens] tokens instead")
+                             "[long-doc-tokens / 2, long-doc-tokens] tokens instead")
     parser.add_argument("--long-doc-tokens", type=int, default=12000, help="upper length of the --long-docs")
     parser.add_argument("--answer-mix", type=parse_answer_mix, default=DEFAULT_ANSWER_MIX,
                         help="answer-type weights, e.g. unknown=0.35,short=0.35,long=0.15,yes=0.075,no=0.075 "
