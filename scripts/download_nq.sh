@@ -7,7 +7,7 @@
 #
 #   --dir DIR        where the files go (default: data/nq, ignored by git)
 #   --env-file FILE  read KAGGLE_USERNAME / KAGGLE_KEY from FILE (default: .env at the repository root)
-#   --keep-zip       keep the downloaded zip (about 5 GB) after unzipping
+#   --keep-zip       keep the downloaded zip (a few GB) after unzipping
 #
 # Before the first download:
 #   1. pip install kaggle                (the CLI; not in requirements.txt, this is a one-time step)
@@ -16,7 +16,7 @@
 #      (or $KAGGLE_CONFIG_DIR/kaggle.json), chmod 600
 #   3. accept the competition rules, with the same account, at
 #      https://www.kaggle.com/competitions/tensorflow2-question-answering/rules
-# Disk: about 5 GB for the zip plus about 17 GB unzipped (simplified-nq-train.jsonl is about 16 GB).
+# Disk: a few GB for the zip plus about 17 GB unzipped (simplified-nq-train.jsonl is about 16 GB).
 # Result: DIR/simplified-nq-train.jsonl, DIR/simplified-nq-test.jsonl, DIR/sample_submission.csv.
 # Environment variables win over the env file. Exit status: 0 on success, 2 for usage errors, 1 otherwise.
 set -euo pipefail

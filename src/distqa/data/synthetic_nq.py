@@ -168,6 +168,10 @@ PUNCTUATION = (",", ",", ",", ",", ",", ",", ":", ";", "(", ")", "'", "%", "$", 
 # The text population: words, about 7% full stops (sentences of ~14 tokens), 6% other punctuation, 1%
 # Unicode and 1% odd tokens (list repetition is much faster than weighted sampling).
 _POPULATION = FILLER * 3 + (".",) * 90 + PUNCTUATION * 5 + UNICODE_WORDS + ODD_WORDS
+# Text is cut from random offsets of one fixed stream drawn from the population: a slice costs far less
+# than drawing every token (the generator's hot path), and 2**17 offsets leave plenty of variety.
+_POOL = random.Random("synthetic-nq:pool").choices(_POPULATION, k=(1 << 17) + 512)
+_POOL_OFFSETS = 1 << 17
 _CAPITALIZED = tuple(w.capitalize() for w in FILLER)
 _TITLED_MODIFIERS = {m: m.capitalize() for m in MODIFIERS}
 _TITLED_NOUNS = {n: n.capitalize() for n in NOUNS}
@@ -232,7 +236,8 @@ class _Doc:
     def text(self, n_min: int, n_max: int, fact: list[str] | None = None) -> int:
         """Sentences of ``n_min..n_max`` tokens in all with the fact among them; returns the fact's position."""
         rng = self.rng
-        words = rng.choices(_POPULATION, k=rng.randint(n_min, n_max))
+        offset = int(rng.random() * _POOL_OFFSETS)
+        words = _POOL[offset:offset + n_min + int(rng.random() * (n_max - n_min + 1))]
         if words:
             words[0] = words[0].capitalize()
             words.append(".")
@@ -250,7 +255,8 @@ class _Doc:
         return position
 
     def cell(self, n_max: int) -> None:
-        words = self.rng.choices(_POPULATION, k=self.rng.randint(1, n_max))
+        offset = int(self.rng.random() * _POOL_OFFSETS)
+        words = _POOL[offset:offset + 1 + int(self.rng.random() * n_max)]
         words[0] = words[0].capitalize()
         self.tokens.extend(words)
 
