@@ -170,8 +170,20 @@ PUNCTUATION = (",", ",", ",", ",", ",", ",", ":", ";", "(", ")", "'", "%", "$", 
 _POPULATION = FILLER * 3 + (".",) * 90 + PUNCTUATION * 5 + UNICODE_WORDS + ODD_WORDS
 # Text is cut from random offsets of one fixed stream drawn from the population: a slice costs far less
 # than drawing every token (the generator's hot path), and 2**17 offsets leave plenty of variety.
-_POOL = random.Random("synthetic-nq:pool").choices(_POPULATION, k=(1 << 17) + 512)
+_PUNCTUATION_SET = frozenset((".", *PUNCTUATION))
 _POOL_OFFSETS = 1 << 17
+
+
+def _make_pool() -> list[str]:
+    rng = random.Random("synthetic-nq:pool")
+    pool = rng.choices(_POPULATION, k=_POOL_OFFSETS + 512)
+    for i in range(1, len(pool)):  # no ". ," or ". ." runs
+        if pool[i] in _PUNCTUATION_SET and pool[i - 1] in _PUNCTUATION_SET:
+            pool[i] = rng.choice(FILLER)
+    return pool
+
+
+_POOL = _make_pool()
 _CAPITALIZED = tuple(w.capitalize() for w in FILLER)
 _TITLED_MODIFIERS = {m: m.capitalize() for m in MODIFIERS}
 _TITLED_NOUNS = {n: n.capitalize() for n in NOUNS}
@@ -239,7 +251,7 @@ class _Doc:
         offset = int(rng.random() * _POOL_OFFSETS)
         words = _POOL[offset:offset + n_min + int(rng.random() * (n_max - n_min + 1))]
         if words:
-            words[0] = words[0].capitalize()
+            words[0] = rng.choice(_CAPITALIZED) if words[0] in _PUNCTUATION_SET else words[0].capitalize()
             words.append(".")
         if fact is None:
             self.tokens.extend(words)
@@ -257,7 +269,7 @@ class _Doc:
     def cell(self, n_max: int) -> None:
         offset = int(self.rng.random() * _POOL_OFFSETS)
         words = _POOL[offset:offset + 1 + int(self.rng.random() * n_max)]
-        words[0] = words[0].capitalize()
+        words[0] = self.rng.choice(_CAPITALIZED) if words[0] in _PUNCTUATION_SET else words[0].capitalize()
         self.tokens.extend(words)
 
     # Blocks. Each emits one top-level candidate (with nested ones inside) and returns the token
