@@ -241,6 +241,35 @@ def test_words_are_single_tokens_of_the_tiny_tokenizer() -> None:
     assert not reserved & set(FILLER)
 
 
+def entity_mentions(tokens: list[str]) -> list[tuple[str, str]]:
+    modifiers, nouns = {m.capitalize() for m in MODIFIERS}, {n.capitalize() for n in NOUNS}
+    return [(a.lower(), b.lower()) for a, b in zip(tokens, tokens[1:], strict=False) if a in modifiers and b in nouns]
+
+
+def test_distractors_follow_the_difficulty_rates() -> None:
+    for example in iter_examples(100, seed=6, distractor_rate=0.0, **SMALL):
+        mentions = entity_mentions(example["document_text"].split(" "))
+        check_example(example)
+        assert len(mentions) == (answer_type_of(example) != AnswerType.UNKNOWN)
+
+    same = hard = other = 0
+    for example in iter_examples(300, seed=6, answer_mix={"short": 1}, **SMALL):
+        question = example["question_text"].split(" ")
+        entity = (question[-2], question[-1])
+        for mention in entity_mentions(example["document_text"].split(" ")):
+            if mention == entity:
+                same += 1
+            elif mention[0] == entity[0] or mention[1] == entity[1]:
+                hard += 1
+            else:
+                other += 1
+    distractors = same - 300 + hard + other  # one mention per example is the answer's fact
+    assert 0.12 < (same - 300) / distractors < 0.28
+    assert 0.18 < hard / (hard + other) < 0.42
+    with pytest.raises(ValueError, match="distractor_rate"):
+        make_example(0, 0, distractor_rate=1.5)
+
+
 def test_long_documents(tmp_path: Path) -> None:
     example = make_example(0, 0, min_doc_tokens=12_000, max_doc_tokens=12_000, answer_type=AnswerType.SHORT)
     check_example(example)
@@ -254,7 +283,7 @@ def test_long_documents(tmp_path: Path) -> None:
 def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = str(tmp_path / "x.jsonl")
     for args in (["--min-doc-tokens", "10", "--max-doc-tokens", "5"], ["--answer-mix", "huh=1"],
-                 ["--long-docs", "5"]):
+                 ["--long-docs", "5"], ["--hard-negative-rate", "2"]):
         with pytest.raises(SystemExit) as exc:
             main(["--output", out, "--examples", "2", *args])
         assert exc.value.code == 2

@@ -13,7 +13,8 @@ Write a training file (one annotation per line) or a test file (no ``annotations
 Python API (all deterministic; nothing global is touched)::
 
     generate_example(rng, *, example_id=None, answer_type=None, answer_mix=DEFAULT_ANSWER_MIX,
-                     min_doc_tokens=200, max_doc_tokens=1500, test=False) -> dict
+                     min_doc_tokens=200, max_doc_tokens=1500, test=False, distractor_rate=0.3,
+                     same_entity_rate=0.2, hard_negative_rate=0.3) -> dict
     make_example(seed, index, **same keywords) -> dict          # example ``index`` of the stream ``seed``
     iter_examples(n, *, seed=0, start=0, long_docs=0, long_doc_tokens=12000, **same keywords) -> Iterator[dict]
     write_jsonl(path, n, *, seed=0, **same keywords as iter_examples) -> GenerationStats
@@ -75,11 +76,13 @@ The synthetic task (learnable from the local context of one window of >= 128 tok
       UNKNOWN  any of the three question forms, about an entity that appears nowhere in the document;
                long answer all -1, no short answer, yes_no_answer NONE
 
-* Distractors: about 30% of the other top-level blocks hold a fact of a random form about another
-  entity (which shares its modifier or noun with the question's entity 30% of the time), with any
-  attribute or property (often the question's own); in answerable examples 20% of distractor facts are
-  about the question's entity with a different attribute/property. A model must therefore match the
-  question's entity and attribute, not just spot the phrasing.
+* Distractors: 30% (``distractor_rate``) of the other top-level blocks hold a fact of a random form
+  about another entity (which shares its modifier or noun with the question's entity 30% of the time,
+  ``hard_negative_rate``), with any attribute or property (half the time the question's own when the
+  kinds agree); in answerable examples 20% (``same_entity_rate``) of distractor facts are about the
+  question's entity with a different attribute/property. A model must therefore match the question's
+  entity and attribute, not just spot the phrasing. Lower rates make the task easier; 0 leaves the
+  answer's fact alone in the document.
 * The answer's block is placed at a uniformly random point of the document (15% of the time in its
   last tenth), so it is often far beyond the first window. Answer blocks are top-level and kept short
   (a paragraph of at most ~90 tokens, a table or list of at most ~100) so one fits in a window:
@@ -190,9 +193,10 @@ _TITLED_NOUNS = {n: n.capitalize() for n in NOUNS}
 
 ANSWER_BLOCK_WEIGHTS = {"P": 0.70, "Ul": 0.12, "Table": 0.10, "Dl": 0.08}
 _OTHER_BLOCKS = ("P",) * 8 + ("Table", "Ul", "Dl")  # blocks without the answer: 73% paragraphs
-DISTRACTOR_RATE = 0.30        # share of other top-level blocks that hold a distractor fact
-SAME_ENTITY_DISTRACTOR = 0.20  # share of distractor facts about the question's entity (answerable only)
-HARD_NEGATIVE = 0.30          # share of other-entity distractors sharing a word with the question's entity
+# Defaults of the difficulty keywords of generate_example (lower = easier):
+DISTRACTOR_RATE = 0.30     # share of other top-level blocks that hold a distractor fact
+SAME_ENTITY_RATE = 0.20    # share of distractor facts about the question's entity (answerable examples only)
+HARD_NEGATIVE_RATE = 0.30  # share of other-entity distractors sharing a word with the question's entity
 TWO_SHORT_ANSWERS = 0.20      # share of SHORT examples whose answer is "<a> and <b>"
 NEAR_END = 0.15               # share of answers placed in the last tenth of the document
 
@@ -390,12 +394,12 @@ def _fact(rng: random.Random, form: AnswerType, entity: tuple[str, str], topic: 
     return [*head, "is", *value, "."], [(len(head) + 1, len(head) + 1 + len(value))]
 
 
-def _other_entity(rng: random.Random, avoid: tuple[str, str]) -> tuple[str, str]:
+def _other_entity(rng: random.Random, avoid: tuple[str, str], hard_negative_rate: float) -> tuple[str, str]:
     while True:
         r = rng.random()
-        if r < HARD_NEGATIVE / 2:
+        if r < hard_negative_rate / 2:
             entity = (avoid[0], rng.choice(NOUNS))
-        elif r < HARD_NEGATIVE:
+        elif r < hard_negative_rate:
             entity = (rng.choice(MODIFIERS), avoid[1])
         else:
             entity = (rng.choice(MODIFIERS), rng.choice(NOUNS))
@@ -403,13 +407,13 @@ def _other_entity(rng: random.Random, avoid: tuple[str, str]) -> tuple[str, str]
             return entity
 
 
-def _distractor(rng: random.Random, entity: tuple[str, str], form: AnswerType, topic: str,
-                answerable: bool) -> list[str]:
+def _distractor(rng: random.Random, entity: tuple[str, str], form: AnswerType, topic: str, answerable: bool,
+                same_entity_rate: float, hard_negative_rate: float) -> list[str]:
     """A fact that does not answer the question (``form``, ``entity``, ``topic``)."""
     kind = rng.choice((AnswerType.SHORT, AnswerType.SHORT, AnswerType.LONG, AnswerType.YES, AnswerType.NO))
     is_property = kind in (AnswerType.YES, AnswerType.NO)
     pool = PROPERTIES if is_property else ATTRIBUTES
-    if answerable and rng.random() < SAME_ENTITY_DISTRACTOR:
+    if answerable and rng.random() < same_entity_rate:
         # The question's own entity with a different attribute or property than the question's.
         other_topic = rng.choice(pool)
         while other_topic == topic:
@@ -417,7 +421,7 @@ def _distractor(rng: random.Random, entity: tuple[str, str], form: AnswerType, t
         return _fact(rng, kind, entity, other_topic, two_values=rng.random() < TWO_SHORT_ANSWERS)[0]
     same_kind = is_property == (form in (AnswerType.YES, AnswerType.NO))
     other_topic = topic if same_kind and rng.random() < 0.5 else rng.choice(pool)
-    return _fact(rng, kind, _other_entity(rng, entity), other_topic,
+    return _fact(rng, kind, _other_entity(rng, entity, hard_negative_rate), other_topic,
                  two_values=rng.random() < TWO_SHORT_ANSWERS)[0]
 
 
@@ -432,12 +436,22 @@ def _question(form: AnswerType, entity: tuple[str, str], topic: str) -> str:
 
 def generate_example(rng: random.Random, *, example_id: int | None = None, answer_type: AnswerType | None = None,
                      answer_mix: Mapping[str, float] = DEFAULT_ANSWER_MIX, min_doc_tokens: int = 200,
-                     max_doc_tokens: int = 1500, test: bool = False) -> dict[str, Any]:
+                     max_doc_tokens: int = 1500, test: bool = False, distractor_rate: float = DISTRACTOR_RATE,
+                     same_entity_rate: float = SAME_ENTITY_RATE,
+                     hard_negative_rate: float = HARD_NEGATIVE_RATE) -> dict[str, Any]:
     """One NQ example drawn from ``rng`` (see the module docstring for the task).
 
     ``answer_type`` forces the class (else drawn from ``answer_mix``); ``example_id`` defaults to a random
-    signed 64-bit id; ``test`` leaves out ``annotations`` (the example is otherwise the same).
+    signed 64-bit id; ``test`` leaves out ``annotations`` (the example is otherwise the same). The
+    difficulty: ``distractor_rate`` is the share of non-answer top-level blocks holding a distractor fact,
+    ``same_entity_rate`` the share of those about the question's entity (with another attribute or
+    property; answerable examples only), ``hard_negative_rate`` the share of the others whose entity shares
+    a word with the question's. All 0 leaves the answer's fact alone in the document.
     """
+    for name, rate in (("distractor_rate", distractor_rate), ("same_entity_rate", same_entity_rate),
+                       ("hard_negative_rate", hard_negative_rate)):
+        if not 0 <= rate <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {rate}")
     if not 1 <= min_doc_tokens <= max_doc_tokens:
         raise ValueError(f"need 1 <= min_doc_tokens ({min_doc_tokens}) <= max_doc_tokens ({max_doc_tokens})")
     if answer_type is None:
@@ -480,7 +494,8 @@ def generate_example(rng: random.Random, *, example_id: int | None = None, answe
             position = doc.block(kind, answer_fact, target - len(doc.tokens))
             short_answers.extend({"start_token": position + s, "end_token": position + e} for s, e in spans)
         else:
-            fact = _distractor(rng, entity, form, topic, answerable) if rng.random() < DISTRACTOR_RATE else None
+            fact = (_distractor(rng, entity, form, topic, answerable, same_entity_rate, hard_negative_rate)
+                    if rng.random() < distractor_rate else None)
             doc.block(kind, fact, target - len(doc.tokens))
 
     kinds, weights = list(ANSWER_BLOCK_WEIGHTS), list(ANSWER_BLOCK_WEIGHTS.values())
@@ -622,15 +637,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-mix", type=parse_answer_mix, default=DEFAULT_ANSWER_MIX,
                         help="answer-type weights, e.g. unknown=0.35,short=0.35,long=0.15,yes=0.075,no=0.075 "
                              "(the default; left-out types get 0)")
+    parser.add_argument("--distractor-rate", type=float, default=DISTRACTOR_RATE,
+                        help="share of non-answer blocks holding a fact about another entity or attribute")
+    parser.add_argument("--same-entity-rate", type=float, default=SAME_ENTITY_RATE,
+                        help="share of distractor facts about the question's entity (another attribute)")
+    parser.add_argument("--hard-negative-rate", type=float, default=HARD_NEGATIVE_RATE,
+                        help="share of other-entity distractors sharing a word with the question's entity")
     parser.add_argument("--quiet", action="store_true", help="print no summary")
     args = parser.parse_args(argv)
     if args.examples < 0 or not 0 <= args.long_docs <= args.examples:
         parser.error("need --examples >= 0 and 0 <= --long-docs <= --examples")
     if not 1 <= args.min_doc_tokens <= args.max_doc_tokens:
         parser.error("need 1 <= --min-doc-tokens <= --max-doc-tokens")
+    for name in ("distractor_rate", "same_entity_rate", "hard_negative_rate"):
+        if not 0 <= getattr(args, name) <= 1:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1]")
     stats = write_jsonl(args.output, args.examples, seed=args.seed, test=args.test,
                         min_doc_tokens=args.min_doc_tokens, max_doc_tokens=args.max_doc_tokens,
-                        long_docs=args.long_docs, long_doc_tokens=args.long_doc_tokens, answer_mix=args.answer_mix)
+                        long_docs=args.long_docs, long_doc_tokens=args.long_doc_tokens, answer_mix=args.answer_mix,
+                        distractor_rate=args.distractor_rate, same_entity_rate=args.same_entity_rate,
+                        hard_negative_rate=args.hard_negative_rate)
     if not args.quiet:
         print(f"{args.output}: {stats.summary()}", file=sys.stderr)
     return 0
