@@ -10,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +244,7 @@ def test_words_are_single_tokens_of_the_tiny_tokenizer() -> None:
 
 def entity_mentions(tokens: list[str]) -> list[tuple[str, str]]:
     modifiers, nouns = {m.capitalize() for m in MODIFIERS}, {n.capitalize() for n in NOUNS}
-    return [(a.lower(), b.lower()) for a, b in zip(tokens, tokens[1:], strict=False) if a in modifiers and b in nouns]
+    return [(a.lower(), b.lower()) for a, b in pairwise(tokens) if a in modifiers and b in nouns]
 
 
 def test_distractors_follow_the_difficulty_rates() -> None:
