@@ -174,7 +174,7 @@ _POPULATION = FILLER * 3 + (".",) * 90 + PUNCTUATION * 5 + UNICODE_WORDS + ODD_W
 # Text is cut from random offsets of one fixed stream drawn from the population: a slice costs far less
 # than drawing every token (the generator's hot path), and 2**17 offsets leave plenty of variety.
 _PUNCTUATION_SET = frozenset((".", *PUNCTUATION))
-_POOL_OFFSETS = 1 << 17
+_POOL_OFFSETS = 1 << 17  # slices start below this and are at most 512 tokens long (paragraphs: <= 150)
 
 
 def _make_pool() -> list[str]:
@@ -197,8 +197,8 @@ _OTHER_BLOCKS = ("P",) * 8 + ("Table", "Ul", "Dl")  # blocks without the answer:
 DISTRACTOR_RATE = 0.30     # share of other top-level blocks that hold a distractor fact
 SAME_ENTITY_RATE = 0.20    # share of distractor facts about the question's entity (answerable examples only)
 HARD_NEGATIVE_RATE = 0.30  # share of other-entity distractors sharing a word with the question's entity
-TWO_SHORT_ANSWERS = 0.20      # share of SHORT examples whose answer is "<a> and <b>"
-NEAR_END = 0.15               # share of answers placed in the last tenth of the document
+TWO_SHORT_ANSWERS = 0.20   # share of SHORT examples whose answer is "<a> and <b>"
+NEAR_END = 0.15            # share of answers placed in the last tenth of the document
 
 _TYPES_BY_NAME = {t.name.lower(): t for t in AnswerType}
 _QUESTION_FORMS = (AnswerType.SHORT, AnswerType.LONG, AnswerType.YES)  # YES and NO share one question form
