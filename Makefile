@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train test test-fast lint tiny-model env-example tensorboard clean
+.PHONY: help setup run train test test-fast lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,12 @@ lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts
 
 tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/tokenizer-corpus.txt + config)
 	$(PYTHON) -m distqa.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
+
+nq-sample: $(INSTALLED) ## Regenerate the committed synthetic NQ sample in data/nq-sample (byte-identical)
+	PYTHON=$(PYTHON) scripts/make_nq_sample.sh data/nq-sample
+
+download-nq: ## Download the real NQ data (Kaggle CLI, ~17 GB unzipped) into data/nq (ARGS="--dir DIR")
+	scripts/download_nq.sh $(ARGS)
 
 env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
 	$(PYTHON) -m distqa.config > .env.example

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Regenerate the committed synthetic Natural Questions sample (byte-identical on every machine).
+#
+# Usage:
+#   scripts/make_nq_sample.sh [DIR]        # default DIR: data/nq-sample (what `make nq-sample` runs)
+#
+# Writes DIR/simplified-nq-train.jsonl (200 examples, seed 0, documents of 80-500 whitespace tokens,
+# two long ones of 1250-2500) and DIR/simplified-nq-test.jsonl (40 examples, seed 1, test form: no
+# annotations). tests/test_synthetic_nq.py checks that this reproduces the committed files.
+# Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present, else python3).
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+esac
+dir="${1:-$repo_root/data/nq-sample}"
+
+"$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-train.jsonl" --examples 200 --seed 0 \
+    --min-doc-tokens 80 --max-doc-tokens 500 --long-docs 2 --long-doc-tokens 2500
+"$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-test.jsonl" --examples 40 --seed 1 --test \
+    --min-doc-tokens 80 --max-doc-tokens 500
