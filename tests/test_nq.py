@@ -24,16 +24,20 @@ from distqa.data.windows import (
     window_span_to_tokens,
 )
 
-from nq_examples import WORDS, document, line, random_record, write_jsonl
+from nq_examples import UNICODE_WORDS, WORDS, document, line, random_record, write_jsonl
 
 TOKENIZER = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
 # Small windows: a few dozen tokens give many window boundaries per document.
 SMALL = WindowSettings(max_seq_len=32, max_question_len=8, doc_stride=7, negative_keep_rate=1.0, seed=0)
 
 
-def featurizer(settings: WindowSettings = SMALL) -> Featurizer:
-    return Featurizer(TOKENIZER.backend_tokenizer, TOKENIZER.cls_token_id, TOKENIZER.sep_token_id,
+def featurizer(settings: WindowSettings = SMALL, by_word: bool = True) -> Featurizer:
+    """The tiny BERT's featurizer; ``by_word=False`` forces the whole-document path."""
+    made = Featurizer(TOKENIZER.backend_tokenizer, TOKENIZER.cls_token_id, TOKENIZER.sep_token_id,
                       TOKENIZER.pad_token_id, settings)
+    assert made.by_word  # WordPiece behind the BERT pre-tokenizer: each word tokenises alone
+    made.by_word = by_word
+    return made
 
 
 def parse(record: dict, labelled: bool = True):
@@ -49,10 +53,11 @@ def decoded_spans(features, row: int, window: int) -> Span:
 
 # --- windows: labels survive the round trip ------------------------------------------------------
 
-def test_gold_spans_survive_the_round_trip_at_window_boundaries_with_tags_inside() -> None:
+@pytest.mark.parametrize("by_word", [True, False], ids=["word-cache", "whole-document"])
+def test_gold_spans_survive_the_round_trip_at_window_boundaries_with_tags_inside(by_word: bool) -> None:
     rng = random.Random(7)
     examples = [parse(random_record(rng, i)) for i in range(150)]
-    features = featurizer().featurize(examples, keep_all=True)
+    features = featurizer(by_word=by_word).featurize(examples, keep_all=True)
     positives = 0
     for window in range(len(features.windows["input_ids"])):
         row = int(features.windows["example_index"][window])
@@ -104,6 +109,45 @@ def test_every_wordpiece_keeps_the_index_of_its_whitespace_token() -> None:
         for index, token in enumerate(example.document.split(" ")):
             expected = [] if token.startswith("<") else TOKENIZER.encode(token, add_special_tokens=False)
             assert pieces[piece_to_token == index].tolist() == expected, token
+
+
+def test_word_cache_and_whole_document_paths_give_identical_features() -> None:
+    rng = random.Random(13)
+    examples = [parse(random_record(rng, i)) for i in range(60)]
+    by_word = featurizer(by_word=True)
+    first = by_word.featurize(examples[:30])
+    again = by_word.featurize(examples)  # the second batch is served partly from the cache
+    whole = featurizer(by_word=False).featurize(examples)
+    for name in again.windows:
+        assert np.array_equal(again.windows[name], whole.windows[name]), name
+    for mine, theirs in zip(again.examples["piece_to_token"], whole.examples["piece_to_token"], strict=True):
+        assert np.array_equal(mine, theirs)
+    assert len(first.examples["example_id"]) == 30
+
+
+def test_byte_level_bpe_tokenizers_map_pieces_to_their_words() -> None:
+    """Tokenizers whose pieces carry the preceding space take the whole-document path; blanked
+    tags and the spaces between words never become pieces, and every piece maps to its word."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator([" ".join(WORDS + UNICODE_WORDS)] * 20, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    made = Featurizer(bpe, cls_id=0, sep_id=1, pad_id=2, settings=WindowSettings(512, 16, 100, 1.0, 0))
+    assert not made.by_word
+    rng = random.Random(17)
+    examples = [parse(random_record(rng, i)) for i in range(20)]
+    features = made.featurize(examples, keep_all=True)
+    for row, example in enumerate(examples):
+        window = int(np.flatnonzero(features.windows["example_index"] == row)[0])
+        q, length = features.windows["question_len"][window], features.windows["length"][window]
+        pieces = features.windows["input_ids"][window][q + 2:length - 1]
+        piece_to_token = features.examples["piece_to_token"][row]
+        for index, token in enumerate(example.document.split(" ")):
+            text = bpe.decode(pieces[piece_to_token == index].tolist())
+            assert text.strip() == ("" if token.startswith("<") else token), (index, token, text)
 
 
 def test_windows_cover_the_document_with_the_stride() -> None:

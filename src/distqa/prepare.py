@@ -6,7 +6,7 @@ The committed sample with the default (tiny-cpu) settings::
 
 The real data, 16 processes (the platform's ``prepare`` job runs this)::
 
-    python -m distqa.prepare --preset bert-base-nq --nq-train-file data/simplified-nq-train.jsonl \\
+    python -m distqa.prepare --preset bert-base-nq --nq-train-file data/nq/simplified-nq-train.jsonl \\
         --nq-cache-dir /data/nq-cache --num-proc 16
 
 It takes the same settings as ``python -m distqa.train`` (preset, .env, DISTQA_*, flags), so the

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -241,7 +240,7 @@ def _featurize_task(task: _Task) -> tuple[int, dict[str, WindowStats]]:
                 features.examples["byte_offset"] = task.offsets[batch][members]
                 writers[split].write(features)
                 stats[split] += features.stats
-        for split, writer in writers.items():
+        for writer in writers.values():
             if not writer.writers:  # no example of this split here: empty parts keep the join simple
                 features = _featurizer.featurize([])
                 features.examples["line"] = features.examples["byte_offset"] = np.empty(0, dtype=np.int64)

@@ -10,10 +10,16 @@ the index of the whitespace token it came from (``piece_to_token``), so a predic
 back to document tokens; a long-answer span maps back to the words inside the candidate, and
 :func:`containing_candidate` recovers the candidate (tags included).
 
-Speed: the whole batch of documents goes through the fast tokenizer in one ``encode_batch`` call.
-Tags are blanked with spaces of the same length rather than removed, so the tokenizer's character
+Speed. With BERT-style tokenizers (WordPiece behind a whitespace/punctuation pre-tokenizer and a
+per-character normaliser: ``bert-*``, ``distilbert``, ``electra``, …) a whitespace token's pieces do
+not depend on its neighbours, so each *distinct* token is tokenised once, in one ``encode_batch``
+call per batch, and remembered (a bounded cache per process): on Wikipedia text most tokens are
+repeats, and this is several times faster than tokenising whole documents. Other tokenizers
+(byte-level BPE, SentencePiece), whose pieces carry the preceding space, tokenise whole documents
+in one ``encode_batch`` call: tags are blanked with spaces of the same length, so the character
 offsets still index the original text, and a piece's whitespace token is a ``searchsorted`` over
-the token start offsets; no Python loop runs per word.
+the token start offsets. Both paths give identical features where both apply (tested), and
+neither runs the tokenizer once per word.
 
 Labels: a window is positive when one target span lies wholly inside its document part: the first
 such short span for SHORT examples, the long answer for LONG, YES and NO ones. Its start/end are
@@ -25,9 +31,11 @@ any number of processes.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,25 +116,49 @@ class Featurizer:
         self.settings = settings
         vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.id_dtype = np.uint16 if vocab_size <= 2**16 else np.int32
+        self.by_word = tokenizes_words_independently(self.tokenizer)
+        self.word_pieces: dict[str, tuple[int, ...]] = {}
 
     def featurize(self, examples: Sequence[NQExample], keep_all: bool = False) -> Features:
         """All windows of every example, negatives downsampled unless ``keep_all``."""
         settings, stats = self.settings, WindowStats()
         questions = self.tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
-        blanked = [blank_tags(e.document) for e in examples]
-        documents = self.tokenizer.encode_batch(blanked, add_special_tokens=False)
+        documents = self._pieces_by_word(examples) if self.by_word else self._pieces_by_document(examples)
         windows: dict[str, list[np.ndarray]] = {name: [] for name in WINDOW_COLUMNS}
         rows: dict[str, list] = {name: [] for name in EXAMPLE_COLUMNS}
-        for index, (example, question, text, document) in enumerate(
-                zip(examples, questions, blanked, documents, strict=True)):
+        for index, (example, question, (piece_ids, piece_to_token)) in enumerate(
+                zip(examples, questions, documents, strict=True)):
             question_ids = np.asarray(question.ids[:settings.max_question_len], dtype=self.id_dtype)
-            piece_ids, piece_to_token = pieces_of(example.document, text, document.ids, document.offsets)
             stats += self._windows(index, example, question_ids, piece_ids, piece_to_token, keep_all, windows)
             _add_example_row(rows, example, len(question_ids), piece_to_token)
         empty = {name: np.empty(0, dtype=dtype) for name, dtype in WINDOW_COLUMNS.items() if dtype}
         empty["input_ids"] = np.empty((0, settings.max_seq_len), dtype=self.id_dtype)
         return Features({name: np.concatenate(parts) if parts else empty[name] for name, parts in windows.items()},
                         rows, stats)
+
+    def _pieces_by_word(self, examples: Sequence[NQExample]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(piece ids, token index per piece) of each document from the per-token cache."""
+        cache = self.word_pieces
+        documents = [example.document.split(" ") for example in examples]
+        missing = list({token for tokens in documents for token in tokens if token not in cache})
+        if len(cache) + len(missing) > WORD_CACHE_SIZE:
+            cache.clear()  # bounded memory; the next batches refill it with the frequent words
+            missing = list({token for tokens in documents for token in tokens})
+        for token, encoding in zip(missing, self.tokenizer.encode_batch(missing, add_special_tokens=False),
+                                   strict=True):
+            cache[token] = () if TAG_TOKEN.fullmatch(token) else tuple(encoding.ids)
+        for tokens in documents:
+            pieces = [cache[token] for token in tokens]
+            counts = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+            piece_ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=int(counts.sum()))
+            yield piece_ids, np.repeat(np.arange(len(tokens), dtype=np.int32), counts)
+
+    def _pieces_by_document(self, examples: Sequence[NQExample]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(piece ids, token index per piece) of each document, tokenised whole with tags blanked."""
+        blanked = [blank_tags(example.document) for example in examples]
+        encodings = self.tokenizer.encode_batch(blanked, add_special_tokens=False)
+        for example, text, encoding in zip(examples, blanked, encodings, strict=True):
+            yield pieces_of(example.document, text, encoding.ids, encoding.offsets)
 
     def _windows(self, index: int, example: NQExample, question_ids: np.ndarray, piece_ids: np.ndarray,
                  piece_to_token: np.ndarray, keep_all: bool, out: dict[str, list[np.ndarray]]) -> WindowStats:
@@ -218,6 +250,31 @@ def _add_example_row(rows: dict[str, list], example: NQExample, question_len: in
 
 
 # --- pieces <-> whitespace tokens ---------------------------------------------------------------
+
+WORD_CACHE_SIZE = 200_000
+"""Distinct whitespace tokens whose pieces a featurising process remembers (~30 MB)."""
+_PER_CHARACTER_NORMALIZERS = {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents"}
+_WORD_SPLITTING_PRE_TOKENIZERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits"}
+
+
+def tokenizes_words_independently(tokenizer: Tokenizer) -> bool:
+    """Whether a space-separated token always gets the same pieces, whatever surrounds it: true
+    for WordPiece behind whitespace-splitting pre-tokenizers and per-character normalisers (the
+    BERT family); false for byte-level BPE and SentencePiece, whose pieces mark a preceding space."""
+    config = json.loads(tokenizer.to_str())
+
+    def parts(component: dict | None) -> list[str]:
+        if component is None:
+            return []
+        nested = component.get("normalizers") or component.get("pretokenizers")
+        return [kind for part in nested for kind in parts(part)] if nested is not None else [component["type"]]
+
+    normalizers, pre_tokenizers = parts(config.get("normalizer")), parts(config.get("pre_tokenizer"))
+    return (config["model"]["type"] == "WordPiece"
+            and set(normalizers) <= _PER_CHARACTER_NORMALIZERS
+            and bool(pre_tokenizers) and set(pre_tokenizers) <= _WORD_SPLITTING_PRE_TOKENIZERS
+            and any(p in ("BertPreTokenizer", "Whitespace", "WhitespaceSplit") for p in pre_tokenizers))
+
 
 def blank_tags(document: str) -> str:
     """The document with every HTML tag token replaced by spaces of the same length."""
