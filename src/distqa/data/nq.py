@@ -147,6 +147,20 @@ def _span(record: Any, where: str, num_tokens: int) -> Span:
 
 
 def _candidates(records: list[Any], num_tokens: int) -> np.ndarray:
+    """int32 (n, 3) start, end, top_level; checked in bulk (documents have hundreds of candidates),
+    and one by one only to name the first bad candidate."""
+    try:
+        rows = [(r["start_token"], r["end_token"], r.get("top_level", True)) for r in records]
+        if all(type(start) is int and type(end) is int and type(top) is bool for start, end, top in rows):
+            array = np.array(rows, dtype=np.int64).reshape(-1, 3)
+            if ((array[:, 0] >= 0) & (array[:, 0] < array[:, 1]) & (array[:, 1] <= num_tokens)).all():
+                return array.astype(np.int32)
+    except (TypeError, KeyError, AttributeError, OverflowError):
+        pass
+    return _checked_candidates(records, num_tokens)
+
+
+def _checked_candidates(records: list[Any], num_tokens: int) -> np.ndarray:
     rows = np.empty((len(records), 3), dtype=np.int32)
     for i, record in enumerate(records):
         where = f"long_answer_candidates[{i}]"
