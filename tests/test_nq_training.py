@@ -54,3 +54,15 @@ def test_a_missing_cache_under_ddp_fails_fast_with_the_command_to_run(tmp_path: 
 def test_one_process_builds_the_missing_cache_itself(tmp_path: Path) -> None:
     result = run_training([*nq_args(tmp_path), "--max-steps", "2"])
     assert "NQ feature cache ready" in result.stderr and "training finished" in result.stderr
+
+
+def test_a_checkpoint_of_other_data_is_not_resumed(tmp_path: Path) -> None:
+    """Same run name, other dataset: --resume auto refuses instead of continuing the wrong run."""
+    args = nq_args(tmp_path)
+    dummy = list(args)
+    dummy[dummy.index("--dataset") + 1] = "dummy"
+    run_training([*dummy, "--max-steps", "1"])
+    result = subprocess.run([sys.executable, "-m", "distqa.train", *args, "--max-steps", "1"], cwd=REPO_ROOT,
+                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "belongs to a run with other settings (dataset 'dummy' -> 'nq')" in result.stderr

@@ -50,6 +50,11 @@ from distqa.rundir import versions
 
 log = logging.getLogger(__name__)
 
+# Settings that define what a checkpoint was trained on; the rest (steps, lr, world size, …) may change.
+RUN_DEFINING = ("dataset", "model_name_or_path", "max_seq_len", "max_question_len")
+RUN_DEFINING_DATA = {"dummy": ("dummy_size",),
+                     "nq": ("nq_train_file", "doc_stride", "negative_keep_rate", "validation_fraction", "nq_seed")}
+
 
 @dataclass
 class Progress:
@@ -97,6 +102,7 @@ class Trainer:
             return
         try:
             state = load_checkpoint(Path(chosen))
+            self._check_same_run(state.get("config", {}), chosen)
             self.model.load_state_dict(state["model"])
         except (ValueError, RuntimeError) as err:
             raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
@@ -113,6 +119,15 @@ class Trainer:
             seed_everything(self.config.seed + 1000 * self.runtime.rank + self.progress.step)
         log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen,
                  self.progress.step, self.progress.epoch, self.progress.samples_in_epoch)
+
+    def _check_same_run(self, saved: dict[str, Any], path: str) -> None:
+        """A checkpoint of other data or another model would "resume" into a different run: refuse."""
+        current = self.config.to_dict()
+        names = RUN_DEFINING + RUN_DEFINING_DATA.get(current["dataset"], ())
+        changed = [f"{n} {saved[n]!r} -> {current[n]!r}" for n in names if n in saved and saved[n] != current[n]]
+        if changed:
+            raise ConfigError(f"the checkpoint {path} belongs to a run with other settings ({'; '.join(changed)}). "
+                              "Use another --run-name for the new run, or --resume none to start this one over.")
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self) -> Progress:
