@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from distqa.data.synthetic_nq import write_jsonl as write_synthetic
 
 from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, run_training
 from nq_examples import random_record, write_jsonl
@@ -66,3 +69,29 @@ def test_a_checkpoint_of_other_data_is_not_resumed(tmp_path: Path) -> None:
                             env=clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "belongs to a run with other settings (dataset 'dummy' -> 'nq')" in result.stderr
+
+
+def test_committed_sample_prepares_cleanly(tmp_path: Path) -> None:
+    """The README's NQ example: the sample featurises with no bad line and every answer type."""
+    built = prepare(["--progress-bar", "false", "--nq-cache-dir", str(tmp_path / "cache")])
+    manifest = json.loads((Path(built.stdout.strip()) / "manifest.json").read_text())
+    assert (manifest["examples"], manifest["bad_lines"]) == (200, 0)
+    train = manifest["splits"]["train"]
+    assert all(count > 0 for count in train["by_type"].values()) and train["positive"] > 100
+
+
+def test_large_generated_file_with_long_documents(tmp_path: Path) -> None:
+    """Documents past 10k tokens, several processes, then training from the cache."""
+    source = tmp_path / "big.jsonl"
+    stats = write_synthetic(source, 120, seed=3, min_doc_tokens=500, max_doc_tokens=3000, long_docs=6,
+                            long_doc_tokens=24000)
+    assert stats.max_tokens > 10_000
+    args = [*FAST_ARGS, "--dataset", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
+            "--doc-stride", "24", "--negative-keep-rate", "0.05", "--num-proc", "2",
+            "--output-dir", str(tmp_path / "results")]
+    manifest = json.loads((Path(prepare(args).stdout.strip()) / "manifest.json").read_text())
+    assert manifest["examples"] == 120
+    assert manifest["splits"]["validation"]["windows"] > 100 * manifest["splits"]["validation"]["examples"] / 10
+    result = run_training([*args, "--max-steps", "3"])
+    assert "NQ windows from" in result.stderr and "featurising" not in result.stderr  # the prepared cache
+    assert "training finished" in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from enum import IntEnum
 from pathlib import Path
@@ -39,7 +40,9 @@ def build_dataset(config: Config, tokenizer: PreTrainedTokenizerBase) -> Dataset
         if directory is None:
             raise FileNotFoundError(f"no NQ feature cache for {config.nq_train_path} in {config.nq_cache_path}; "
                                     "build it with `python -m distqa.prepare` (same settings)")
-        return NQWindows(directory, "train")
+        windows = NQWindows(directory, "train")
+        logging.getLogger(__name__).info("training on %d NQ windows from %s", len(windows), directory)
+        return windows
     raise ValueError(f"unknown dataset {config.dataset!r}")
 
 
