@@ -167,3 +167,12 @@ def test_shipped_presets_and_env_example_are_valid(tmp_path: Path) -> None:
     documented = {line.lstrip("# ").split("=")[0] for line in example.splitlines()
                   if line.lstrip("# ").startswith("DISTQA_")}
     assert documented == {"DISTQA_" + name.upper() for name in FIELDS}
+
+
+def test_doc_stride_must_fit_the_window_for_nq_only(tmp_path: Path) -> None:
+    small = ["--max-seq-len", "64", "--max-question-len", "16", "--doc-stride", "64"]
+    load(small)  # the DummyDataset has no stride
+    source = tmp_path / "nq.jsonl"
+    source.touch()
+    with pytest.raises(ConfigError, match=r"doc_stride \(64\) must be between 1 and .* = 45"):
+        load([*small, "--dataset", "nq", "--nq-train-file", str(source)])

@@ -168,11 +168,8 @@ class Config:
             raise ConfigError(
                 f"max_question_len ({self.max_question_len}) leaves no room for the document in "
                 f"max_seq_len ({self.max_seq_len}); use max_question_len <= max_seq_len - 4.")
-        room = self.max_seq_len - self.max_question_len - 3
-        if not 1 <= self.doc_stride <= room:
-            raise ConfigError(
-                f"doc_stride ({self.doc_stride}) must be between 1 and the document part of a window, "
-                f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
+        if self.dataset == "nq":  # prepare checks it too, whatever the dataset (distqa.data.nq_request)
+            self.check_doc_stride()
         for name in ("negative_keep_rate", "max_bad_line_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}.")
@@ -195,6 +192,13 @@ class Config:
         if self.resume not in ("auto", "none"):
             self._require_local(Path(self.resume), "resume", hint="use 'auto', 'none' or a "
                                 "checkpoint file written by an earlier run")
+
+    def check_doc_stride(self) -> None:
+        room = self.max_seq_len - self.max_question_len - 3
+        if not 1 <= self.doc_stride <= room:
+            raise ConfigError(
+                f"doc_stride ({self.doc_stride}) must be between 1 and the document part of a window, "
+                f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
 
     # --- derived values ---------------------------------------------------------------------
     @property

@@ -52,6 +52,7 @@ def nq_request(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path 
     from distqa.data.cache import CacheRequest
     from distqa.data.windows import WindowSettings
 
+    config.check_doc_stride()
     settings = WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
                               config.negative_keep_rate, config.nq_seed)
     return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, settings, labelled,
