@@ -31,10 +31,11 @@ dotenv_value() {
     echo "$value"
 }
 
-# setting NAME DEFAULT: $NAME from the environment, else from .env in the repository, else DEFAULT.
+# setting NAME DEFAULT: $NAME from the environment, else from the .env file (the repository's, or
+# $ENV_FILE), else DEFAULT.
 setting() {
     local name="$1" default="$2" value
     value="${!name:-}"
-    [[ -n "$value" ]] || value="$(dotenv_value "$name" "${repo_root:?}/.env")"
+    [[ -n "$value" ]] || value="$(dotenv_value "$name" "${ENV_FILE:-${repo_root:?}/.env}")"
     echo "${value:-$default}"
 }

@@ -26,6 +26,7 @@ Subcommands: run, status, logs, kill (JOB [SUFFIX] or ALL), ps, mkvolumes, uploa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -47,6 +48,7 @@ from yarl import URL
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_ROOT = "/project"
 TERMINAL = {"succeeded", "failed", "cancelled"}
+PR_SET_CHILD_SUBREAPER = 36  # prctl option: orphaned descendants are reparented to this process
 
 
 def state_dir() -> Path:
@@ -194,7 +196,7 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
               "hostname": hostname, "image": job.image, "preset": job.preset, "tags": sorted(job.tags),
               "life_span": job.life_span, "command": command, "env": env, "params": params,
               "workdir": rewrite(job.workdir or IMAGE_ROOT, mounts), "log": str(state_dir() / "jobs" / f"{key}.log"),
-              "cli": Path(sys.argv[0]).name}
+              "cli": os.environ.get("STANDIN_CLI_NAME", "")}
     if dry_run:
         click.echo(shlex.join(command))
         return
@@ -212,7 +214,6 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
 @click.argument("key")
 def supervise(key: str) -> None:
     """Run one job: wait out the pending time, start the command, record how it ended."""
-    PR_SET_CHILD_SUBREAPER = 36
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     record = read_record(key)
     assert record is not None
@@ -272,10 +273,8 @@ def _stop_tree() -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             try:
