@@ -227,6 +227,21 @@ def test_a_master_that_never_runs_times_out_with_a_clear_error(platform: dict[st
     assert [j["status"] for j in jobs(platform).values()] == ["cancelled"]
 
 
+@pytest.mark.distributed
+def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> None:
+    for rank in range(2):  # a run whose launcher is gone: the master waits for a third node forever
+        subprocess.run(["neuro-flow", "run", "distributed_training", "--suffix", f"k-{rank}", "--param", "nodes", "3",
+                        "--param", "node_rank", str(rank), "--param", "master_addr", "127.0.0.10", "--param",
+                        "run_id", "k", "--param", "master_port", str(free_port())],
+                       env=platform, check=True, capture_output=True, timeout=60)
+    wait_for(lambda: {j["status"] for j in jobs(platform).values()} == {"running"}, timeout=60)
+    killed = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "kill_distributed.sh"), "--run-id", "k",
+                             "--nodes", "3"], env=platform, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
+    wait_for(lambda: not run_processes("k"), timeout=30)
+
+
 def wait_for(condition, timeout: float):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -340,8 +340,13 @@ def _follow(key: str) -> None:
 @click.argument("suffix", required=False)
 def kill(job_id: str, suffix: str | None) -> None:
     """Kill JOB [SUFFIX], or every job with ALL; waits until the job has stopped."""
-    records = [r for r in all_records() if r["status"] not in TERMINAL] if job_id == "ALL" else \
-        [_find(job_id, suffix)]
+    if job_id == "ALL":
+        records = [r for r in all_records() if r["status"] not in TERMINAL]
+    else:
+        found = read_record(key_of(job_id, suffix))
+        records = [found] if found else []
+        if not found:
+            click.echo(f"Job {key_of(job_id, suffix)} is not running")
     for record in records:
         if record["status"] in TERMINAL:
             click.echo(f"Job {record['key']} is not running")
