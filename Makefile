@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train test test-fast lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -29,15 +29,20 @@ run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, tiny model, Du
 train: $(INSTALLED) ## One process, no launcher (ARGS="--preset none --max-steps 20")
 	$(PYTHON) -m distqa.train $(ARGS)
 
-test: lint ## Linters, then the whole test suite (CPU only, no network)
+test: lint ## Linters, the whole test suite (CPU only, no network), then test-docker
 	$(PYTHON) -m pytest $(ARGS)
+	$(MAKE) test-docker
+
+test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
+	PYTHON=$(PYTHON) tests/docker/run.sh
 
 test-fast: $(INSTALLED) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
 
-lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts
+lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
 	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/shellcheck scripts/*.sh .ci/run
+	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch tests/docker/*.sh .ci/run
+	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
 tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/tokenizer-corpus.txt + config)
 	$(PYTHON) -m distqa.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
@@ -54,6 +59,6 @@ env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all
 
-clean: ## Remove results/ and caches (keeps .venv)
-	rm -rf results .pytest_cache .ruff_cache
+clean: ## Remove results/, build/ and caches (keeps .venv and the Docker images)
+	rm -rf results build .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

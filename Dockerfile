@@ -1,0 +1,46 @@
+# The training image: the official PyTorch CUDA runtime plus the pinned requirements and this
+# repository (installed editable at /project, so the code and config volumes of .neuro/live.yml
+# mounted over /project/src and /project/configs take effect without a rebuild).
+#
+#   neuro-flow build myimage                                  # on the platform (.neuro/live.yml)
+#   docker build -t distqa .                                  # locally
+#   docker build --build-arg BASE_IMAGE=my/torch:tag -t distqa .   # another base with torch==2.13.0
+#
+# The base must already hold the torch of requirements.txt (pip then keeps it instead of fetching
+# another build) and python >= 3.11 with pip on PATH. No credentials or keys belong in this image:
+# the platform mounts storage and passes secrets to jobs at run time.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+# Jupyter for the `jupyter` job; empty to leave it out (the test image does).
+ARG JUPYTER_REQUIREMENT=jupyterlab==4.6.6
+ARG USER_UID=1000
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/project/cache/huggingface \
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /project
+
+COPY requirements.txt ./
+RUN python -m pip install --no-cache-dir -r requirements.txt ${JUPYTER_REQUIREMENT} \
+    && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY configs ./configs
+COPY scripts ./scripts
+COPY data/tiny-bert ./data/tiny-bert
+# A non-root user owns the writable places (run directories, caches); the platform can still run
+# the image as another user. PyTorch and the pinned requirements stay root-owned.
+RUN python -m pip install --no-cache-dir --no-deps -e . \
+    && useradd --create-home --uid "${USER_UID}" --shell /bin/bash distqa \
+    && mkdir -p results cache/huggingface \
+    && chown -R distqa /project
+
+USER ${USER_UID}
+# Jobs name their own command (.neuro/live.yml); alone, the image prints how to start a node.
+CMD ["bash", "scripts/worker.sh", "--help"]

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The in-job entry point: one torchrun agent for this node, joining the run's c10d rendezvous.
+# Every node of a run executes it (a platform job per node, a container, a Slurm task); the node
+# with --node-rank 0 is the master and hosts the rendezvous store on --master-port.
+#
+# Usage:
+#   scripts/worker.sh [--nnodes N] [--node-rank I] [--master-addr HOST] [--master-port P]
+#                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--dry-run]
+#                     [--] [TRAINER ARGS...]
+#
+#   scripts/worker.sh --nnodes 1 -- --preset bert-base                    # one node, all its GPUs
+#   scripts/worker.sh --nnodes 2 --node-rank 0 --run-id r1                # the master
+#   scripts/worker.sh --nnodes 2 --node-rank 1 --master-addr job-1234.platform-jobs --run-id r1
+#
+# Arguments after -- go to `python -m distqa.train` unchanged; --run-name is set to the run id, so
+# all nodes write one run directory (put it on shared storage: DISTQA_OUTPUT_DIR) and a restart with
+# the same run id resumes from its newest checkpoint.
+#
+# Options:
+#   --nnodes N          nodes in the run (default 1: `torchrun --standalone`, no master needed)
+#   --node-rank I       index of this node, 0..N-1; node 0 hosts the rendezvous (torchrun's
+#                       is_host) and needs no --master-addr
+#   --master-addr HOST  address of node 0 as the other nodes reach it (platform: its internal
+#                       hostname); required on nodes 1..N-1
+#   --master-port P     TCP port of the rendezvous on node 0 (default 29400)
+#   --run-id ID         rendezvous id and run directory name, the same on every node (default distqa)
+#   --max-restarts R    torchrun restarts of every worker after one fails (default 0)
+#   --nproc-per-node M  training processes here (default: the number of GPUs, or 1 without GPUs)
+#   --dry-run           print the torchrun command instead of running it
+#
+# Environment:
+#   PYTHON              interpreter with distqa installed (default: python3, else python)
+#   NODE_ADDR           the address other nodes reach this node at (default: this host's name
+#                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
+#   RDZV_JOIN_TIMEOUT   seconds node 0 waits for the others to join (default 900)
+#   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
+#   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
+#   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
+#   NCCL_IB_DISABLE=1 forces TCP where InfiniBand is advertised but not usable. On the platform set
+#   them in `defaults.env` of .neuro/live.yml (a local .env is not part of the image).
+set -euo pipefail
+
+script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo_root="$(cd "$script_dir/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+    if command -v python3 >/dev/null; then PYTHON=python3; else PYTHON=python; fi
+fi
+nnodes=1
+node_rank=0
+master_addr=""
+master_port=29400
+run_id=distqa
+max_restarts="${MAX_RESTARTS:-0}"
+nproc_per_node="${NPROC_PER_NODE:-}"
+dry_run=0
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() { echo "worker.sh: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"; }
+
+trainer_args=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --nnodes) need_value "$@"; nnodes="$2"; shift 2 ;;
+        --node-rank) need_value "$@"; node_rank="$2"; shift 2 ;;
+        --master-addr) need_value "$@"; master_addr="$2"; shift 2 ;;
+        --master-port) need_value "$@"; master_port="$2"; shift 2 ;;
+        --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
+        --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
+        --nproc-per-node) need_value "$@"; nproc_per_node="$2"; shift 2 ;;
+        --dry-run) dry_run=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; trainer_args+=("$@"); break ;;
+        *) die "unknown option '$1'; trainer flags go after -- (see --help)" ;;
+    esac
+done
+
+for name in nnodes node_rank master_port max_restarts; do
+    [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
+done
+(( nnodes >= 1 )) || die "--nnodes must be at least 1"
+(( node_rank < nnodes )) || die "--node-rank $node_rank is outside 0..$(( nnodes - 1 )) for --nnodes $nnodes"
+(( master_port >= 1024 && master_port <= 65535 )) || die "--master-port must be in 1024..65535, got $master_port"
+[[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only, got '$run_id'"
+if (( node_rank > 0 )) && [[ -z "$master_addr" ]]; then
+    die "--master-addr is required on node $node_rank: the address of node 0 (its internal hostname on the platform)"
+fi
+
+cd "$repo_root"
+"$PYTHON" -c "import distqa" 2>/dev/null \
+    || die "$PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python"
+if [[ -z "$nproc_per_node" ]]; then
+    gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+    nproc_per_node=$(( gpus > 0 ? gpus : 1 ))
+fi
+[[ "$nproc_per_node" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive whole number, got '$nproc_per_node'"
+
+# Workers get a fresh TCP store each rendezvous round instead of sharing the agent's: with the
+# shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+export PYTHONUNBUFFERED=1
+if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+    cores=$(nproc 2>/dev/null || echo 1)
+    export OMP_NUM_THREADS=$(( cores / nproc_per_node > 1 ? cores / nproc_per_node : 1 ))
+fi
+
+launcher=("$PYTHON" -m torch.distributed.run --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
+if (( nnodes == 1 )); then
+    launcher+=(--standalone)
+    where="1 node (standalone)"
+else
+    # The address this node is reached at: torchrun publishes it to the others, and the node that
+    # gets group rank 0 also serves the workers' process-group store (MASTER_ADDR) there.
+    node_addr="${NODE_ADDR:-$("$PYTHON" -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')}"
+    if [[ "$node_addr" == 127.* && -z "${NODE_ADDR:-}" ]]; then
+        echo "worker.sh: warning: this host's name resolves to $node_addr; other nodes cannot reach that." \
+             "Set NODE_ADDR to this node's address." >&2
+    fi
+    is_host=$(( node_rank == 0 ? 1 : 0 ))
+    endpoint_host="${master_addr:-$node_addr}"
+    launcher+=(--nnodes "$nnodes" --rdzv-backend c10d --rdzv-endpoint "$endpoint_host:$master_port"
+               --rdzv-id "$run_id" --rdzv-conf "is_host=$is_host,join_timeout=${RDZV_JOIN_TIMEOUT:-900}"
+               --local-addr "$node_addr")
+    where="node $node_rank of $nnodes at $node_addr, rendezvous $endpoint_host:$master_port (hosted by node 0)"
+fi
+command=("${launcher[@]}" -m distqa.train --run-name "$run_id" "${trainer_args[@]}")
+
+echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restarts $max_restarts" >&2
+if (( dry_run )); then
+    printf '%q ' "${command[@]}"; echo
+    exit 0
+fi
+exec "${command[@]}"

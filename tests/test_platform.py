@@ -1,0 +1,251 @@
+"""The platform recipe without the platform: live.yml through neuro-flow's own parser, and
+scripts/run_distributed_on_platform.sh driving a stand-in neuro-flow that runs each job's rendered
+command as a local process with its own loopback address (tests/standin/platform_cli.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+
+STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
+LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
+JOBS = {"train", "prepare", "distributed_training", "jupyter", "tensorboard", "filebrowser", "remote_debug"}
+TRAIN_ARGS = [*FAST_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
+              "--per-rank-batch-size", "4"]
+
+
+# --- live.yml ----------------------------------------------------------------------------------
+
+def test_live_yml_parses_with_neuro_flow_and_has_the_jobs() -> None:
+    from apolo_flow.parser import parse_live
+
+    flow = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
+    assert set(flow.jobs) == JOBS
+    assert set(flow.images) == {"myimage"} and flow.images["myimage"].build_preset is not None
+    assert set(flow.volumes) == {"data", "code", "config", "results", "notebooks", "cache"}
+
+
+def test_every_job_renders_with_its_defaults_and_mounts_data_read_only() -> None:
+    """Rendering each job with neuro-flow's own evaluator fails on any undefined volume, image or
+    param reference (and on contexts used where neuro-flow does not allow them)."""
+    sys.path.insert(0, str(STANDIN.parent))
+    import platform_cli
+
+    flow = platform_cli._flow()
+    assert set(flow.job_ids) == JOBS
+    for job_id in JOBS:
+        multi = asyncio.run(flow.is_multi(job_id))
+        job = platform_cli.render(job_id, "s-0" if multi else None, {})
+        assert job.cmd, job_id
+        assert job.life_span and job.life_span <= 2 * 86400, f"{job_id}: every job needs a bounded life span"
+        mounts = {v.rsplit(":", 2)[1]: v.rsplit(":", 2)[2] for v in job.volumes}
+        if job_id in ("train", "prepare", "distributed_training"):
+            assert mounts["/data"] == "ro" and mounts["/project/results"] == "rw", job_id
+            assert job.image.endswith("distqa:v1")
+    training = platform_cli.render("distributed_training", "r-1", {"node_rank": "1", "master_addr": "m.x",
+                                                                   "run_id": "r", "args": "--lr '1e-3'"})
+    words = shlex.split(training.cmd)
+    assert words[-3:] == ["--", "--lr", "1e-3"]
+    assert words[words.index("--master-addr") + 1] == "m.x" and words[words.index("--node-rank") + 1] == "1"
+    assert "run:r" in training.tags and training.detach
+
+
+def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
+    from apolo_flow.parser import parse_live
+
+    result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "3", "--run-id", "t1", "--preset", "gpu-xl",
+                             "--", "--max-steps", "5", "--lr", "1e-4"],
+                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    runs = [shlex.split(line) for line in result.stdout.splitlines() if " run " in line]
+    assert len(runs) == 3
+    defined = set(parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml").jobs["distributed_training"].params)
+    for rank, words in enumerate(runs):
+        assert words[1:3] == ["run", "distributed_training"]
+        assert words[words.index("--suffix") + 1] == f"t1-{rank}"
+        params = {words[i + 1]: words[i + 2] for i, w in enumerate(words) if w == "--param"}
+        assert set(params) <= defined, f"params the job does not define: {set(params) - defined}"
+        assert params["node_rank"] == str(rank) and params["nodes"] == "3" and params["run_id"] == "t1"
+        assert params["preset"] == "gpu-xl" and shlex.split(params["args"]) == ["--max-steps", "5", "--lr", "1e-4"]
+        assert (params["master_addr"] == "") == (rank == 0)
+    assert "logs distributed_training t1-0" in result.stdout
+
+
+def test_nodes_come_from_flag_then_environment_then_dotenv(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("# comment\nNODES=3  # three nodes\nDISTQA_LR=1e-4\n")
+
+    def nodes(*flags: str, **env: str) -> int:
+        result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "t2", *flags],
+                                env=clean_env(ENV_FILE=str(env_file), **env), capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.count(" run distributed_training ")
+
+    assert nodes() == 3
+    assert nodes(NODES="4") == 4
+    assert nodes("--nodes", "5", NODES="4") == 5
+    bad = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "two"], env=clean_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "nodes must be a whole number, got 'two'" in bad.stderr
+
+
+# --- the launcher against the stand-in platform -------------------------------------------------
+
+@pytest.fixture
+def platform(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """PATH with stand-in neuro-flow / apolo-flow first, volumes created and uploaded as a user would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("neuro-flow", "apolo-flow"):
+        wrapper = bin_dir / name
+        wrapper.write_text(f"#!/bin/sh\nSTANDIN_CLI_NAME={name} exec {shlex.quote(sys.executable)} "
+                           f"{shlex.quote(str(STANDIN))} \"$@\"\n")
+        wrapper.chmod(0o755)
+    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", STANDIN_PLATFORM_DIR=str(tmp_path / "platform"),
+                    STANDIN_PENDING_S="1")
+    for command in (["mkvolumes"], ["upload", "ALL"]):
+        subprocess.run(["neuro-flow", *command], env=env, check=True, capture_output=True, timeout=120)
+    yield env
+    subprocess.run(["neuro-flow", "kill", "ALL"], env=env, capture_output=True, timeout=120)
+
+
+def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2) -> subprocess.Popen[str]:
+    return subprocess.Popen(["bash", str(LAUNCH), "--nodes", str(nodes), "--run-id", run_id, "--port", str(free_port()),
+                             "--poll", "0.5", *extra],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(launcher: subprocess.Popen[str], timeout: float) -> str:
+    try:
+        output, _ = launcher.communicate(timeout=timeout)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    return output
+
+
+def jobs(env: dict[str, str]) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (Path(env["STANDIN_PLATFORM_DIR"]) / "jobs").glob("*.json")}
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes (agents or workers) of the run, found by torchrun's run id in their environment."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"distqa.train" in cmdline and (f"TORCHELASTIC_RUN_ID={run_id}".encode() in environ
+                                           or f"--rdzv-id\0{run_id}\0".encode() in cmdline):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.distributed
+def test_launcher_runs_two_nodes_to_a_checkpoint_on_the_results_volume(platform: dict[str, str]) -> None:
+    launcher = launch(platform, "e2e", "--", *TRAIN_ARGS, "--tensorboard", "true")
+    output = finish(launcher, timeout=300)
+    assert launcher.returncode == 0, output
+    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / "distqa" / "results" / "e2e"
+    checkpoint = torch.load(results / "checkpoints" / "step-00000004.pt", weights_only=True)
+    assert checkpoint["world_size"] == 2 and checkpoint["saved_by_rank"] == 0
+    assert checkpoint["config"]["run_name"] == "e2e" and checkpoint["config"]["max_steps"] == 4
+    run = json.loads((results / "run.json").read_text())
+    assert (run["world_size"], run["nodes"], run["backend"]) == (2, 2, "gloo")
+    assert sorted(p.name for p in (results / "logs").iterdir()) == ["rank-0.log", "rank-1.log"]
+    assert len(list((results / "tensorboard").iterdir())) == 1
+    started = jobs(platform)
+    assert {k: j["status"] for k, j in started.items()} == {"distributed_training-e2e-0": "succeeded",
+                                                            "distributed_training-e2e-1": "succeeded"}
+    master, worker = started["distributed_training-e2e-0"], started["distributed_training-e2e-1"]
+    assert master["hostname"] != worker["hostname"]
+    assert worker["params"]["master_addr"] == master["hostname"]  # read from the master's status
+    assert worker["params"]["run_id"] == master["params"]["run_id"] == "e2e"
+    assert master["cli"] == "apolo-flow", "apolo-flow is preferred when both names are installed"
+    assert "master distributed_training e2e-0 is running at" in output
+    assert "training finished at step 4" in output, "the master's logs are streamed"
+    assert "node 0 of 2" in output and "finished on all 2 nodes" in output
+
+
+@pytest.mark.distributed
+def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[str, str]) -> None:
+    env = {**platform, "FLOW_CLI": "neuro-flow"}
+    launcher = launch(env, "fail", "--", *FAST_ARGS, "--max-steps", "100000", "--checkpoint-every", "0")
+    try:
+        master = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs" / "distributed_training-fail-0.log"
+        wait_for(lambda: master.exists() and "step 2/" in master.read_text(), timeout=240)  # training
+        agent = jobs(platform)["distributed_training-fail-1"]["pid"]
+        os.kill(agent, signal.SIGKILL)  # node 1 dies: its job fails
+    finally:
+        output = finish(launcher, timeout=180)
+    assert launcher.returncode == 1, output
+    assert "node 1 (distributed_training fail-1) failed" in output
+    assert "stopping every job of run 'fail'" in output
+    statuses = {k: j["status"] for k, j in jobs(platform).items()}
+    assert statuses == {"distributed_training-fail-0": "cancelled", "distributed_training-fail-1": "failed"}
+    assert {j["cli"] for j in jobs(platform).values()} == {"neuro-flow"}
+    wait_for(lambda: not run_processes("fail"), timeout=30)
+
+
+@pytest.mark.distributed
+def test_ctrl_c_kills_every_job(platform: dict[str, str]) -> None:
+    launcher = launch(platform, "intr", "--", *FAST_ARGS, "--max-steps", "100000")
+    try:
+        wait_for(lambda: len(jobs(platform)) == 2 and all(j["status"] == "running" for j in jobs(platform).values()),
+                 timeout=120)
+        os.kill(launcher.pid, signal.SIGINT)
+    finally:
+        output = finish(launcher, timeout=120)
+    assert launcher.returncode == 130, output
+    assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
+    wait_for(lambda: not run_processes("intr"), timeout=30)
+
+
+def test_a_master_that_never_runs_times_out_with_a_clear_error(platform: dict[str, str]) -> None:
+    launcher = launch({**platform, "STANDIN_PENDING_S": "600"}, "slow", "--timeout", "2")
+    output = finish(launcher, timeout=120)
+    assert launcher.returncode == 1, output
+    assert "the master job is not running after 2 s (last status: pending)" in output
+    assert [j["status"] for j in jobs(platform).values()] == ["cancelled"]
+
+
+@pytest.mark.distributed
+def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> None:
+    for rank in range(2):  # a run whose launcher is gone: the master waits for a third node forever
+        subprocess.run(["neuro-flow", "run", "distributed_training", "--suffix", f"k-{rank}", "--param", "nodes", "3",
+                        "--param", "node_rank", str(rank), "--param", "master_addr", "127.0.0.10", "--param",
+                        "run_id", "k", "--param", "master_port", str(free_port())],
+                       env=platform, check=True, capture_output=True, timeout=60)
+    wait_for(lambda: {j["status"] for j in jobs(platform).values()} == {"running"}, timeout=60)
+    killed = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "kill_distributed.sh"), "--run-id", "k",
+                             "--nodes", "3"], env=platform, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
+    wait_for(lambda: not run_processes("k"), timeout=30)
+
+
+def wait_for(condition, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
