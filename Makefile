@@ -40,7 +40,7 @@ test-fast: $(INSTALLED) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch tests/docker/*.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
