@@ -6,12 +6,16 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 # A configuration small enough for a 2-core machine: a few seconds per run, every code path real.
 FAST_ARGS = [
@@ -47,6 +51,16 @@ def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
+    """Poll ``condition`` every 0.2 s until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

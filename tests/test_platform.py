@@ -11,14 +11,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port, wait_for
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
@@ -242,10 +241,3 @@ def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> N
     wait_for(lambda: not run_processes("k"), timeout=30)
 
 
-def wait_for(condition, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {condition}")

@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference, run_training
+from conftest import (
+    FAST_ARGS,
+    REPO_ROOT,
+    clean_env,
+    final_weights,
+    free_port,
+    max_difference,
+    run_training,
+    wait_for,
+)
 
 pytestmark = pytest.mark.distributed
 STEPS = 3
@@ -114,7 +123,7 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path: Path, si
                                cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / "local" / "checkpoints"
     try:
-        _wait_for((checkpoints / "step-00000005.pt").exists, timeout=120)
+        wait_for((checkpoints / "step-00000005.pt").exists, timeout=120)
         trainer.send_signal(signal_number)
         assert trainer.wait(timeout=30) == -signal_number
     finally:
@@ -194,7 +203,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
     launcher = launch_locally(tmp_path, *args, max_restarts=1)
     checkpoint_5 = tmp_path / "launcher-test" / "checkpoints" / "step-00000005.pt"
     try:
-        _kill_rank_1_once(lambda: _wait_for(checkpoint_5.exists, timeout=120))
+        _kill_rank_1_once(lambda: wait_for(checkpoint_5.exists, timeout=120))
         output, _ = launcher.communicate(timeout=300)
     finally:
         if launcher.poll() is None:
@@ -207,18 +216,9 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
 
 
 def _kill_rank_1_once(wait_before_kill) -> None:
-    victim = _wait_for(lambda: _training_process_with_rank(1), timeout=180)
+    victim = wait_for(lambda: _training_process_with_rank(1), timeout=180)
     wait_before_kill()
     os.kill(victim, signal.SIGKILL)
-
-
-def _wait_for(condition, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
 
 
 def _training_process_with_rank(rank: int) -> int | None:
