@@ -24,6 +24,7 @@ temporary name, then renamed), so an interrupted build leaves nothing that looks
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -127,31 +128,32 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
         log.info("reusing the NQ feature cache %s\n%s", final, format_summary(load_manifest(final)))
         return final
     started = time.perf_counter()
-    log.info("scanning %s", request.source)
-    scanned = scan(request.source, request.labelled, on_bad_line, max_bad_line_fraction)
-    splits = assign_splits(scanned, request.validation_fraction, request.settings.seed) if request.labelled \
-        else np.zeros(len(scanned), dtype=np.int8)
-    scan_seconds = time.perf_counter() - started
-
-    building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    try:
-        (building / "parts").mkdir(parents=True)
-        tasks = list(_tasks(request, scanned, splits, building / "parts", num_proc))
-        log.info("featurising %d examples with %d process(es) in %d tasks", len(scanned), num_proc, len(tasks))
-        stats = _run(tasks, request, num_proc, progress, total=len(scanned))
-        for split in request.splits:
-            _join_parts(building, split, len(tasks))
-        shutil.rmtree(building / "parts")
-        summary = _summary(request, scanned, stats, scan_seconds, time.perf_counter() - started)
-        (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
-        try:
-            building.rename(final)
-        except OSError:
-            if not (final / MANIFEST).is_file():  # another process finished the same cache first: fine
-                raise
-    finally:
+    # The featurising processes start first: they load while this process scans the file.
+    with _featurising_pool(request, num_proc) as pool:
+        log.info("scanning %s", request.source)
+        scanned = scan(request.source, request.labelled, on_bad_line, max_bad_line_fraction)
+        splits = assign_splits(scanned, request.validation_fraction, request.settings.seed) if request.labelled \
+            else np.zeros(len(scanned), dtype=np.int8)
+        scan_seconds = time.perf_counter() - started
+        building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
+        try:
+            (building / "parts").mkdir(parents=True)
+            tasks = list(_tasks(request, scanned, splits, building / "parts", num_proc))
+            log.info("featurising %d examples with %d process(es) in %d tasks", len(scanned), num_proc, len(tasks))
+            stats = _run(tasks, pool, request, num_proc, progress, total=len(scanned))
+            for split in request.splits:
+                _join_parts(building, split, len(tasks))
+            shutil.rmtree(building / "parts")
+            summary = _summary(request, scanned, stats, scan_seconds, time.perf_counter() - started)
+            (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
+            try:
+                building.rename(final)
+            except OSError:
+                if not (final / MANIFEST).is_file():  # another process finished the same cache first: fine
+                    raise
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
     log.info("NQ feature cache ready: %s\n%s", final, format_summary(summary))
     return final
 
@@ -262,8 +264,23 @@ def _batches(lengths: np.ndarray, max_bytes: int) -> Iterator[slice]:
         yield slice(start, len(lengths))
 
 
-def _run(tasks: list[_Task], request: CacheRequest, num_proc: int, progress: bool,
-         total: int) -> dict[str, WindowStats]:
+@contextlib.contextmanager
+def _featurising_pool(request: CacheRequest, num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
+    """``num_proc`` started worker processes, or None (featurise in this process) for one."""
+    if num_proc <= 1:
+        _init_worker(request, parallel_tokenizer=True)
+        yield None
+        return
+    # spawn: a fresh interpreter per worker, with no inherited tokenizer thread pool or locks.
+    with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(request, False)) as pool:
+        for _ in range(num_proc):  # start them now (they start lazily, on demand, otherwise)
+            pool.submit(os.getpid)
+        yield pool
+
+
+def _run(tasks: list[_Task], pool: ProcessPoolExecutor | None, request: CacheRequest, num_proc: int,
+         progress: bool, total: int) -> dict[str, WindowStats]:
     stats = {split: WindowStats() for split in request.splits}
     bar = tqdm(total=total, unit="example", desc="featurising", disable=None if progress else True)
 
@@ -274,24 +291,19 @@ def _run(tasks: list[_Task], request: CacheRequest, num_proc: int, progress: boo
         bar.update(done)
 
     with bar:
-        if num_proc <= 1:
-            _init_worker(request, parallel_tokenizer=True)
+        if pool is None:
             for task in tasks:
                 collect(_featurize_task(task))
             return stats
-        # spawn: a fresh interpreter per worker, with no inherited tokenizer thread pool or locks.
-        with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(request, False)) as pool:
-            pending: set[Future] = set()
-            queue = iter(tasks)
-            for task in queue:
-                pending.add(pool.submit(_featurize_task, task))
-                if len(pending) >= 2 * num_proc:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        collect(future.result())
-            for future in pending:
-                collect(future.result())
+        pending: set[Future] = set()
+        for task in tasks:  # at most two tasks per process in flight: memory stays flat
+            pending.add(pool.submit(_featurize_task, task))
+            if len(pending) >= 2 * num_proc:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    collect(future.result())
+        for future in pending:
+            collect(future.result())
     return stats
 
 
