@@ -1,0 +1,62 @@
+"""scripts/train_slurm.sbatch with stand-ins for `srun` and `scontrol`: a real 2-node run on loopback."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port
+
+pytestmark = pytest.mark.distributed
+
+# `srun --kill-on-bad-exit=1 --ntasks-per-node=1 CMD...`: one task per node, as Slurm would start
+# them (SLURM_NODEID set per task); when one task fails the others are killed, like --kill-on-bad-exit.
+FAKE_SRUN = """#!/usr/bin/env bash
+set -euo pipefail
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for (( node = 0; node < SLURM_JOB_NUM_NODES; node++ )); do
+    SLURM_NODEID=$node "$@" &
+    pids+=("$!")
+done
+status=0
+for pid in "${pids[@]}"; do
+    wait -n || { status=$?; kill "${pids[@]}" 2>/dev/null || true; }
+done
+exit "$status"
+"""
+FAKE_SCONTROL = """#!/usr/bin/env bash
+[[ "$1 $2" == "show hostnames" ]] || { echo "fake scontrol: unsupported: $*" >&2; exit 1; }
+echo 127.0.0.1
+echo 127.0.0.2
+"""
+
+
+def standins(directory: Path) -> Path:
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        path = directory / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return directory
+
+
+def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
+    bin_dir = standins(tmp_path)
+    env = clean_env(
+        PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="2",
+        MASTER_PORT=str(free_port()), NODE_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+        PYTHON=sys.executable)
+    result = subprocess.run(
+        ["bash", "scripts/train_slurm.sbatch", "--", *FAST_ARGS, "--max-steps", "3",
+         "--output-dir", str(tmp_path / "results")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "master 127.0.0.1:" in result.stderr and "run id slurm-4242" in result.stderr
+    assert final_weights(tmp_path / "results" / "slurm-4242")
+    assert "rank 1 of 2" in (tmp_path / "results" / "slurm-4242" / "logs" / "rank-1.log").read_text()
