@@ -228,7 +228,7 @@ class Trainer:
         return DistributedDataParallel(
             self.model, device_ids=device_ids,
             find_unused_parameters=False,  # every parameter is used in every step: no graph search
-            broadcast_buffers=False,  # the encoder's buffers (position ids) are constants
+            forward_sync_buffers=False,  # the encoder's buffers (position ids) are constants: no per-step sync
             gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy, less memory
         )
 
