@@ -428,3 +428,23 @@ def test_rank_shards_are_disjoint_and_cover_the_set(size: int, world_size: int) 
         assert len(shards[-1]) == len(sampler) >= sampler.min_samples_per_rank == size // world_size
     flat = [i for shard in shards for i in shard]
     assert sorted(flat) == list(range(size))
+
+
+def test_unlabelled_files_keep_every_window_in_a_test_split(tmp_path: Path) -> None:
+    """The Kaggle test file (no annotations): one "test" split, every window, no labels."""
+    rng = random.Random(2)
+    records = [random_record(rng, i) for i in range(40)]
+    for record in records:
+        del record["annotations"]
+    source = write_jsonl(tmp_path / "test.jsonl", records)
+    settings = WindowSettings(**{**vars(SMALL), "negative_keep_rate": 0.1})
+    unlabelled = CacheRequest.from_tokenizer(source, TOKENIZER, settings, labelled=False, validation_fraction=0.25)
+    assert unlabelled.splits == ("test",)
+    directory = build_cache(unlabelled, tmp_path / "cache", num_proc=1, progress=False)
+    summary = load_manifest(directory)
+    assert summary["splits"]["test"]["examples"] == 40
+    assert summary["splits"]["test"]["kept"] == summary["splits"]["test"]["windows"]  # none dropped
+    windows = NQWindows(directory, "test")
+    assert all(windows[i]["start_positions"] == 0 for i in range(len(windows)))
+    examples = datasets.Dataset.from_file(str(directory / "test" / "examples.arrow"))
+    assert set(examples["answer_type"]) == {-1} and examples["example_id"] == list(range(40))
