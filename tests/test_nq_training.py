@@ -12,7 +12,7 @@ import pytest
 
 from distqa.data.synthetic_nq import write_jsonl as write_synthetic
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, run_training
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
 from nq_examples import random_record, write_jsonl
 
 pytestmark = pytest.mark.distributed
@@ -95,3 +95,13 @@ def test_large_generated_file_with_long_documents(tmp_path: Path) -> None:
     result = run_training([*args, "--max-steps", "3"])
     assert "NQ windows from" in result.stderr and "featurising" not in result.stderr  # the prepared cache
     assert "training finished" in result.stderr
+
+
+def test_local_launcher_prepares_the_cache_before_starting_the_nodes(tmp_path: Path) -> None:
+    launcher = ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--",
+                *nq_args(tmp_path), "--max-steps", "2"]
+    result = subprocess.run(launcher, cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr.index("NQ feature cache ready") < result.stderr.index("launching 2 node(s)")
+    assert final_weights(tmp_path / "results" / "local")
