@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train prepare test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, tiny model, Du
 
 train: $(INSTALLED) ## One process, no launcher (ARGS="--preset none --max-steps 20")
 	$(PYTHON) -m distqa.train $(ARGS)
+
+prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="--preset bert-base-nq --num-proc 16")
+	$(PYTHON) -m distqa.prepare $(ARGS)
 
 test: lint ## Linters, the whole test suite (CPU only, no network), then test-docker
 	$(PYTHON) -m pytest $(ARGS)
