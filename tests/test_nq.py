@@ -448,3 +448,16 @@ def test_unlabelled_files_keep_every_window_in_a_test_split(tmp_path: Path) -> N
     assert all(windows[i]["start_positions"] == 0 for i in range(len(windows)))
     examples = datasets.Dataset.from_file(str(directory / "test" / "examples.arrow"))
     assert set(examples["answer_type"]) == {-1} and examples["example_id"] == list(range(40))
+
+
+def test_progress_is_logged_when_there_is_no_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Platform jobs log to files, where tqdm stays off: the build reports progress in the log."""
+    import distqa.data.cache
+
+    monkeypatch.setattr(distqa.data.cache, "PROGRESS_LOG_SECONDS", 0)
+    monkeypatch.setattr(distqa.data.cache, "BATCH_BYTES", 4096)
+    caplog.set_level("INFO", logger="distqa.data.cache")
+    build_cache(request(sample_file(tmp_path, count=40)), tmp_path / "cache", num_proc=1, progress=False)
+    reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("featurised")]
+    assert reports and reports[-1].startswith("featurised 40 of 40 examples")

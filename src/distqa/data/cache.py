@@ -54,6 +54,7 @@ FORMAT_VERSION = 1
 """Bump when the features change meaning, so old caches are not reused."""
 MANIFEST = "manifest.json"
 SAMPLE_BLOCKS, SAMPLE_BLOCK_BYTES = 16, 1 << 16
+PROGRESS_LOG_SECONDS = 60
 MAX_TASK_BYTES = 64 << 20
 BATCH_BYTES = 2 << 20
 """Input bytes per tokenizer call: bounds the memory of a featurising process (the fast tokenizer
@@ -283,12 +284,21 @@ def _run(tasks: list[_Task], pool: ProcessPoolExecutor | None, request: CacheReq
          progress: bool, total: int) -> dict[str, WindowStats]:
     stats = {split: WindowStats() for split in request.splits}
     bar = tqdm(total=total, unit="example", desc="featurising", disable=None if progress else True)
+    # Without a terminal (a platform job's log) the bar is off: log the progress now and then instead.
+    started = last_report = time.monotonic()
 
     def collect(result: tuple[int, dict[str, WindowStats]]) -> None:
+        nonlocal last_report
         done, task_stats = result
         for split, split_stats in task_stats.items():
             stats[split] += split_stats
         bar.update(done)
+        if bar.disable and time.monotonic() - last_report >= PROGRESS_LOG_SECONDS:
+            last_report = time.monotonic()
+            finished = sum(s.examples for s in stats.values())
+            rate = finished / (last_report - started)
+            log.info("featurised %d of %d examples (%.0f/s, about %.0f min left)", finished, total, rate,
+                     (total - finished) / max(rate, 1e-9) / 60)
 
     with bar:
         if pool is None:
