@@ -461,3 +461,16 @@ def test_progress_is_logged_when_there_is_no_terminal(tmp_path: Path, monkeypatc
     build_cache(request(sample_file(tmp_path, count=40)), tmp_path / "cache", num_proc=1, progress=False)
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("featurised")]
     assert reports and reports[-1].startswith("featurised 40 of 40 examples")
+
+
+def test_an_interrupted_build_leaves_no_cache_and_its_leftovers_are_removed(tmp_path: Path) -> None:
+    import socket
+
+    source = sample_file(tmp_path, count=30)
+    final = request(source).directory(tmp_path / "cache")
+    # Left by a killed process of this host (pids on Linux stay below 2**22, so this one is not running).
+    abandoned = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{2**22 + 7}")
+    (abandoned / "parts").mkdir(parents=True)
+    assert cached(request(source), tmp_path / "cache") is None  # a partial build is not a cache
+    build_cache(request(source), tmp_path / "cache", num_proc=1, progress=False)
+    assert not abandoned.exists() and (final / "manifest.json").is_file()

@@ -136,6 +136,7 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
         splits = assign_splits(scanned, request.validation_fraction, request.settings.seed) if request.labelled \
             else np.zeros(len(scanned), dtype=np.int8)
         scan_seconds = time.perf_counter() - started
+        _remove_abandoned_builds(final)
         building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
         try:
@@ -157,6 +158,26 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
             shutil.rmtree(building, ignore_errors=True)
     log.info("NQ feature cache ready: %s\n%s", final, format_summary(summary))
     return final
+
+
+def _remove_abandoned_builds(final: Path) -> None:
+    """Delete partial builds of this cache left by killed processes of this host (they can be GBs)."""
+    host = socket.gethostname()
+    for partial in final.parent.glob(f"{final.name}.tmp-{host}-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            log.info("removing %s, left by an interrupted build", partial)
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def assign_splits(scanned: ScanResult, validation_fraction: float, seed: int) -> np.ndarray:
