@@ -297,6 +297,8 @@ def test_repeated_example_ids_and_empty_or_missing_files(tmp_path: Path) -> None
         scan(write_jsonl(tmp_path / "empty.jsonl", []), labelled=True)
     with pytest.raises(DataError, match=r"(?s)no such file.*download_nq.sh"):
         scan(tmp_path / "missing.jsonl", labelled=True)
+    with pytest.raises(DataError, match=r"missing.jsonl: no such file"):
+        request(tmp_path / "missing.jsonl")
 
 
 def test_test_files_need_no_annotations(tmp_path: Path) -> None:

@@ -105,3 +105,18 @@ def test_local_launcher_prepares_the_cache_before_starting_the_nodes(tmp_path: P
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr.index("NQ feature cache ready") < result.stderr.index("launching 2 node(s)")
     assert final_weights(tmp_path / "results" / "local")
+
+
+def test_prepare_errors_are_one_line_messages(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--progress-bar", "false", *args],
+                              cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+
+    missing = run("--nq-train-file", str(tmp_path / "missing.jsonl"))
+    assert missing.returncode == 2 and "missing.jsonl: no such file" in missing.stderr
+    blocked = tmp_path / "a-file"
+    blocked.touch()
+    unwritable = run("--nq-cache-dir", str(blocked / "cache"))
+    assert unwritable.returncode == 1 and "check nq_cache_dir" in unwritable.stderr
+    for result in (missing, unwritable):
+        assert "Traceback" not in result.stderr

@@ -49,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError) as err:
         print(f"distqa.prepare: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the cache directory is not writable, the disk is full, …
+        print(f"distqa.prepare: error: {err}; check nq_cache_dir and the free space there.", file=sys.stderr)
+        return 1
     print(directory)
     return 0
 

@@ -45,7 +45,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from distqa.data import AnswerType
-from distqa.data.nq import BadLinePolicy, ScanResult, parse_example, read_lines, scan
+from distqa.data.nq import BadLinePolicy, DataError, ScanResult, parse_example, read_lines, require_file, scan
 from distqa.data.windows import EXAMPLE_COLUMNS, Features, Featurizer, WindowSettings, WindowStats
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,9 @@ class CacheRequest:
                        validation_fraction: float = 0.0) -> CacheRequest:
         """``tokenizer``: a ``transformers`` fast tokenizer."""
         if not getattr(tokenizer, "is_fast", False):
-            raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; NQ featurisation needs one "
-                             "(every BERT-family model on the hub has a tokenizer.json)")
-        return cls(Path(source), labelled, settings, validation_fraction if labelled else 0.0,
+            raise DataError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; NQ featurisation "
+                            "needs one (a tokenizer.json; every BERT-family model on the hub has one)")
+        return cls(require_file(source), labelled, settings, validation_fraction if labelled else 0.0,
                    tokenizer.backend_tokenizer.to_str(), tokenizer.cls_token_id, tokenizer.sep_token_id,
                    tokenizer.pad_token_id)
 

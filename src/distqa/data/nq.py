@@ -233,6 +233,14 @@ class ScanResult:
         return len(self.lines)
 
 
+def require_file(path: Path | str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file. Generate a sample with `python -m distqa.data.synthetic_nq` "
+                        "or download the real data (scripts/download_nq.sh, see data/README.md).")
+    return path
+
+
 def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
          max_bad_line_fraction: float = 0.01) -> ScanResult:
     """Check every line of ``path`` without keeping any; return where the good ones are.
@@ -241,10 +249,7 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
     the first one raises. Past ``max_bad_line_fraction`` bad lines the file is refused: a file
     that is mostly broken is the wrong file, not noise.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file. Generate a sample with `python -m distqa.data.synthetic_nq` "
-                        "or download the real data (scripts/download_nq.sh, see data/README.md).")
+    path = require_file(path)
     lines, offsets, lengths, ids, types = (_Column(np.int64) for _ in range(5))
     total = bad = 0
     reports: list[str] = []
