@@ -345,18 +345,3 @@ def read_lines(path: Path, offsets: np.ndarray, lengths: np.ndarray) -> Iterator
         for offset, length in zip(offsets.tolist(), lengths.tolist(), strict=True):
             file.seek(offset)
             yield file.read(length)
-
-
-def iter_examples(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip") -> Iterator[NQExample]:
-    """Stream the examples of a file one at a time (for notebooks and inspection), skipping or
-    failing on bad lines as :func:`scan` does; bad lines are logged as they are met."""
-    with Path(path).open("rb") as file:
-        for number, raw in enumerate(file, start=1):
-            if not raw.strip():
-                continue
-            try:
-                yield parse_example(raw, labelled)
-            except BadLine as err:
-                if on_bad_line == "fail":
-                    raise DataError(f"{path}:{number}: {err}") from None
-                log.warning("%s:%d: skipped: %s", path, number, err)
