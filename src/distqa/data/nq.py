@@ -15,8 +15,8 @@ under the skip-and-count or fail-fast policy. Nothing here holds more than one l
 
 Targets follow the Kaggle competition: the answer type is YES/NO when ``yes_no_answer`` says so,
 else SHORT when there are short spans (all of them are kept, not only the first), else LONG when
-there is a long answer, else UNKNOWN. Only the first annotation is used (the Kaggle train file has
-exactly one per example).
+there is a long answer, else UNKNOWN. Training uses only the first annotation (the Kaggle train file has
+exactly one per example); :func:`parse_annotations` reads all of them, for scoring (NQ dev has five).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Span:
 
 @dataclass(frozen=True)
 class Targets:
-    """What the first annotation says. ``long`` is None when there is no long answer."""
+    """What one annotation says (training uses the first). ``long`` is None when there is no long answer."""
 
     answer_type: AnswerType
     long: Span | None = None
@@ -86,13 +86,7 @@ class NQExample:
 
 def parse_example(raw: bytes | str, labelled: bool) -> NQExample:
     """Decode and check one line; raises :class:`BadLine` naming the first field that is wrong."""
-    try:
-        # Without its newline, a truncated line reads as "unterminated string", not "control character".
-        record = json.loads(raw.rstrip(b"\r\n" if isinstance(raw, bytes) else "\r\n"))
-    except json.JSONDecodeError as err:
-        raise BadLine(f"not valid JSON: {err.msg} (column {err.colno}); is the line truncated?") from None
-    if not isinstance(record, dict):
-        raise BadLine(f"expected a JSON object, got {type(record).__name__}")
+    record = _decode(raw)
     example_id = _example_id(record)
     question = _get(record, "question_text", str)
     document = _get(record, "document_text", str)
@@ -106,6 +100,37 @@ def parse_example(raw: bytes | str, labelled: bool) -> NQExample:
                           "(the test file has none: use the train file)")
         targets = _targets(annotations[0], candidates, num_tokens)
     return NQExample(example_id, question, document, num_tokens, candidates, targets)
+
+
+def parse_annotations(raw: bytes | str) -> tuple[int, list[Targets]]:
+    """The example_id and the targets of *every* annotation of one train-format line (for scoring).
+
+    The fields the answers depend on (example_id, document_text for its length, long_answer_candidates,
+    annotations) get the same checks as in :func:`parse_example`; the document is not kept. Raises
+    :class:`BadLine` naming the field at fault, e.g. ``annotations[3].short_answers[0]``."""
+    record = _decode(raw)
+    example_id = _example_id(record)
+    num_tokens = _get(record, "document_text", str).count(" ") + 1
+    candidates = _candidates(_get(record, "long_answer_candidates", list), num_tokens)
+    if "annotations" not in record:
+        raise BadLine("field 'annotations' is missing; this looks like the test file, which has no answers: "
+                      "a gold file must be in the train format (the same examples with their annotations)")
+    annotations = _get(record, "annotations", list)
+    if not annotations:
+        raise BadLine("field 'annotations' is empty; every example needs at least one annotation "
+                      "(an unanswered one has long_answer.candidate_index -1)")
+    return example_id, [_targets(a, candidates, num_tokens, i) for i, a in enumerate(annotations)]
+
+
+def _decode(raw: bytes | str) -> dict[str, Any]:
+    try:
+        # Without its newline, a truncated line reads as "unterminated string", not "control character".
+        record = json.loads(raw.rstrip(b"\r\n" if isinstance(raw, bytes) else "\r\n"))
+    except json.JSONDecodeError as err:
+        raise BadLine(f"not valid JSON: {err.msg} (column {err.colno}); is the line truncated?") from None
+    if not isinstance(record, dict):
+        raise BadLine(f"expected a JSON object, got {type(record).__name__}")
+    return record
 
 
 # --- field checks ------------------------------------------------------------------------------
@@ -172,10 +197,11 @@ def _checked_candidates(records: list[Any], num_tokens: int) -> np.ndarray:
     return rows
 
 
-def _targets(annotation: Any, candidates: np.ndarray, num_tokens: int) -> Targets:
+def _targets(annotation: Any, candidates: np.ndarray, num_tokens: int, index: int = 0) -> Targets:
+    """The targets of ``annotations[index]`` (``index`` only names the field in messages)."""
     if not isinstance(annotation, dict):
-        raise BadLine(f"field 'annotations[0]' should be an object, got {type(annotation).__name__}")
-    where = "annotations[0]."
+        raise BadLine(f"field 'annotations[{index}]' should be an object, got {type(annotation).__name__}")
+    where = f"annotations[{index}]."
     yes_no = _get(annotation, "yes_no_answer", str, where)
     if yes_no not in ("NONE", "YES", "NO"):
         raise BadLine(f"field '{where}yes_no_answer' should be NONE, YES or NO, got {yes_no!r:.40}")
