@@ -5,8 +5,10 @@
 #   scripts/make_nq_sample.sh [DIR]        # default DIR: data/nq-sample (what `make nq-sample` runs)
 #
 # Writes DIR/simplified-nq-train.jsonl (200 examples, seed 0, documents of 80-500 whitespace tokens,
-# two long ones of 1250-2500) and DIR/simplified-nq-test.jsonl (40 examples, seed 1, test form: no
-# annotations). tests/test_synthetic_nq.py checks that this reproduces the committed files.
+# two long ones of 1250-2500), DIR/simplified-nq-test.jsonl (40 examples, seed 1, test form: no
+# annotations) and DIR/simplified-nq-test-gold.jsonl (the same 40 examples with their annotations: the
+# gold for `python -m distqa.score`). tests/test_synthetic_nq.py checks that this reproduces the
+# committed files.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present, else python3).
 set -euo pipefail
 
@@ -22,4 +24,6 @@ dir="${1:-$repo_root/data/nq-sample}"
 "$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-train.jsonl" --examples 200 --seed 0 \
     --min-doc-tokens 80 --max-doc-tokens 500 --long-docs 2 --long-doc-tokens 2500
 "$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-test.jsonl" --examples 40 --seed 1 --test \
+    --min-doc-tokens 80 --max-doc-tokens 500
+"$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-test-gold.jsonl" --examples 40 --seed 1 \
     --min-doc-tokens 80 --max-doc-tokens 500

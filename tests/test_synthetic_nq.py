@@ -297,18 +297,23 @@ def test_committed_sample_is_valid_and_regenerates_byte_identically(tmp_path: Pa
     script = REPO_ROOT / "scripts" / "make_nq_sample.sh"
     subprocess.run([str(script), str(tmp_path)], check=True, capture_output=True, text=True,
                    env={**os.environ, "PYTHON": sys.executable})
-    for name in ("simplified-nq-train.jsonl", "simplified-nq-test.jsonl"):
+    names = ["simplified-nq-train.jsonl", "simplified-nq-test.jsonl", "simplified-nq-test-gold.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+    for name in names:
         committed = SAMPLE_DIR / name
         assert (tmp_path / name).read_bytes() == committed.read_bytes(), (
             f"{committed} differs from what scripts/make_nq_sample.sh writes: run `make nq-sample` and commit")
     train = read_jsonl(SAMPLE_DIR / "simplified-nq-train.jsonl")
     test = read_jsonl(SAMPLE_DIR / "simplified-nq-test.jsonl")
-    for example in train:
+    gold = read_jsonl(SAMPLE_DIR / "simplified-nq-test-gold.jsonl")
+    for example in train + gold:
         check_example(example)
     for example in test:
         check_example(example, test=True)
     assert {answer_type_of(e) for e in train} == set(AnswerType)
-    assert sum(f.stat().st_size for f in SAMPLE_DIR.glob("*.jsonl")) < 600_000
+    # The gold is the test file plus annotations: same examples, same order.
+    assert [{k: v for k, v in e.items() if k != "annotations"} for e in gold] == test
+    assert sum(f.stat().st_size for f in SAMPLE_DIR.glob("*.jsonl")) < 700_000
 
 
 # ---- scripts/download_nq.sh with a stand-in `kaggle` on PATH -------------------------------------------
