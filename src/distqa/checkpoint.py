@@ -3,7 +3,9 @@
 A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt`` holding plain
 tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
 It is written to a temporary name, flushed to disk and renamed: a job killed mid-write leaves the
-previous checkpoint intact and never a truncated file under a real name.
+previous checkpoint intact and never a truncated file under a real name. Step checkpoints hold the
+whole training state; ``best.pt`` only the model with the best validation micro-F1 so far, its
+config and its decoding thresholds (what ``predict`` needs).
 """
 
 from __future__ import annotations
@@ -72,14 +74,28 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     return stale
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+TRAINING_STATE = ("model", "optimizer", "scheduler", "progress", "config")
+"""What resuming needs; ``best.pt`` and inference need only the model and its config."""
+MODEL_STATE = ("model", "config")
+
+
+def best_checkpoint_path(run_dir: Path) -> Path:
+    """The model with the best validation micro-F1 so far, with its decoding thresholds."""
+    return checkpoint_dir(run_dir) / "best.pt"
+
+
+def load_checkpoint(path: Path, required: tuple[str, ...] = TRAINING_STATE) -> dict[str, Any]:
     """Load on the CPU; raises ValueError naming the file when it is not a checkpoint of this recipe."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
                          "pass another file or --resume none.") from err
-    missing = {"model", "optimizer", "scheduler", "progress", "config"} - set(state)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a checkpoint of distqa.train.")
+    missing = set(required) - set(state)
     if missing:
-        raise ValueError(f"{path} is missing {sorted(missing)}; it was not written by distqa.train.")
+        written_by = ("it holds no training state (best.pt does not: resume from a step-*.pt)"
+                      if set(MODEL_STATE) <= set(state) else "it was not written by distqa.train")
+        raise ValueError(f"{path} is missing {sorted(missing)}; {written_by}.")
     return state

@@ -128,6 +128,18 @@ class Config:
         "auto", "Mixed precision: auto = bf16 on GPUs that support it, fp16 with loss scaling on "
         "older GPUs, fp32 on CPU. bf16 can be forced on CPU; fp16 needs a GPU.")
 
+    # --- evaluation and decoding ------------------------------------------------------------
+    eval_every: int = setting(
+        0, "Evaluate on the NQ validation split every N optimizer steps, and always at the end "
+        "(0 = at the end only). All ranks share the work; the DummyDataset has no validation split.")
+    eval_batch_size: int = setting(64, "Windows per forward pass on one rank in evaluation and predict.")
+    max_answer_len: int = setting(30, "Longest answer span the decoder considers, in wordpieces.")
+    long_threshold: float | None = setting(
+        None, "Give a long answer when its score (best span minus the [CLS] null score) exceeds this; "
+        "none = tuned for micro-F1 on the validation split at every evaluation (stored in checkpoints).")
+    short_threshold: float | None = setting(
+        None, "The same for the short answer (span, YES or NO); none = tuned like long_threshold.")
+
     # --- distributed ------------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = setting(
         "auto", "auto = CUDA + NCCL when GPUs are present, else CPU + gloo. LOCAL_RANK picks the GPU.")
@@ -150,12 +162,12 @@ class Config:
     def __post_init__(self) -> None:
         positive = ("max_seq_len", "max_question_len", "dummy_size", "global_batch_size",
                     "per_rank_batch_size", "epochs", "dist_timeout_s", "keep_checkpoints",
-                    "log_every")
+                    "log_every", "eval_batch_size", "max_answer_len")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
         not_negative = ("num_workers", "warmup_steps", "max_steps", "checkpoint_every",
-                        "stop_at_step", "weight_decay", "max_grad_norm", "num_proc", "nq_seed")
+                        "stop_at_step", "weight_decay", "max_grad_norm", "num_proc", "nq_seed", "eval_every")
         for name in not_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")

@@ -17,6 +17,12 @@ Two emulated nodes on this machine, through the same c10d rendezvous::
 
     scripts/run_distributed_locally.sh
 
+With ``--dataset nq`` the run scores the validation split every ``--eval-every`` steps and at the
+end (Kaggle micro-F1, on all ranks) and keeps the best model in ``checkpoints/best.pt``; then::
+
+    python -m distqa.predict --checkpoint results/local/checkpoints/best.pt \
+        --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
+
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
 variables or flags; see ``distqa.config``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
@@ -32,13 +38,14 @@ from pathlib import Path
 import torch
 from dotenv import load_dotenv
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distqa.config import Config, ConfigError, load_config
-from distqa.data import build_dataset, require_nq_features
+from distqa.data import build_dataset, nq_features, require_nq_features
 from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.distributed import Runtime, distributed_runtime, read_torchrun_env, setup_logging
+from distqa.evaluate import Evaluator
 from distqa.model import build_model
 from distqa.optim import build_optimizer
 from distqa.rundir import prepare_run_dir
@@ -94,9 +101,29 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
              sum(p.numel() for p in model.parameters()) / 1e6)
 
     optimizer = build_optimizer(model, config, runtime.device)
-    trainer = Trainer(config, runtime, run_dir, model, optimizer, loader)
+    trainer = Trainer(config, runtime, run_dir, model, optimizer, loader, build_evaluator(config, runtime, tokenizer))
     trainer.resume_if_requested()
     return trainer.fit()
+
+
+def build_evaluator(config: Config, runtime: Runtime, tokenizer: PreTrainedTokenizerBase) -> Evaluator | None:
+    """The validation split of an NQ run; none for the DummyDataset (nothing to decode answers from)."""
+    if config.dataset != "nq":
+        log.info("no evaluation: the %s dataset has no validation split", config.dataset)
+        return None
+    if config.validation_fraction == 0:
+        log.warning("no evaluation: validation_fraction is 0, so there is no validation split and no best.pt")
+        return None
+    directory = nq_features(config, tokenizer)
+    if not (directory / "validation").is_dir():
+        log.warning("no evaluation: the validation split of %s is empty (too few examples for "
+                    "validation_fraction %s)", directory, config.validation_fraction)
+        return None
+    evaluator = Evaluator(directory, runtime, config.eval_batch_size, config.max_answer_len,
+                          config.long_threshold, config.short_threshold)
+    log.info("evaluating on %d validation examples (%d windows) every %s", len(evaluator),
+             len(evaluator.windows), f"{config.eval_every} steps and at the end" if config.eval_every else "run's end")
+    return evaluator
 
 
 if __name__ == "__main__":

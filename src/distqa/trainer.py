@@ -1,10 +1,16 @@
-"""The training loop: accumulate (no_sync) → step → schedule → log (rank 0) → checkpoint (rank 0, atomic).
+"""The training loop: accumulate (no_sync) → step → schedule → log (rank 0) → evaluate (all ranks)
+→ checkpoint (rank 0, atomic).
 
 The job consumes one global batch per optimizer step whatever its world size: every rank runs
 ``accumulation`` micro-batches of ``per_rank_batch_size`` and DDP averages the gradients once, on the
 last micro-batch. Progress is counted in optimizer steps and in examples consumed by the whole job
 in the current epoch, which together with the RNG states makes a resumed run continue exactly where
 the interrupted one stopped.
+
+With an :class:`~distqa.evaluate.Evaluator` (NQ runs), the model is scored on the validation split
+every ``eval_every`` steps and at the end, by all ranks together. Each evaluation's tuned decoding
+thresholds go into the following checkpoints, and the model with the best micro-F1 so far is kept in
+``checkpoints/best.pt``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from distqa.checkpoint import (
+    best_checkpoint_path,
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
@@ -44,6 +51,7 @@ from distqa.distributed import (
     broadcast_object,
     is_main_process,
 )
+from distqa.evaluate import Evaluation, Evaluator, Thresholds
 from distqa.model import qa_loss
 from distqa.optim import Precision, build_scheduler
 from distqa.rundir import versions
@@ -64,11 +72,13 @@ class Progress:
     """Current pass over the data (0-based)."""
     samples_in_epoch: int = 0
     """Examples the whole job consumed in the current epoch (a multiple of the global batch)."""
+    best_micro_f1: float = -1.0
+    """Best validation micro-F1 so far (that of checkpoints/best.pt); -1 before any evaluation."""
 
 
 class Trainer:
     def __init__(self, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
+                 optimizer: torch.optim.Optimizer, loader: DataLoader, evaluator: Evaluator | None = None) -> None:
         if not isinstance(loader.sampler, ResumableDistributedSampler):
             raise TypeError("the loader needs a ResumableDistributedSampler for exact resumption")
         self.config, self.runtime, self.run_dir = config, runtime, run_dir
@@ -85,6 +95,9 @@ class Trainer:
         self.precision = Precision.choose(config.precision, runtime.device)
         self.progress = Progress()
         self.ddp_model: nn.Module = model
+        self.evaluator = evaluator
+        self.thresholds: Thresholds | None = None
+        """Decoding thresholds of the latest evaluation, saved with the checkpoints."""
 
     # --- resuming ----------------------------------------------------------------------------
     def resume_if_requested(self) -> None:
@@ -111,6 +124,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
+        if state.get("decoding"):
+            self.thresholds = Thresholds(state["decoding"]["long_threshold"], state["decoding"]["short_threshold"])
         if len(state["rng"]) == self.runtime.world_size:
             restore_rng_state(state["rng"][self.runtime.rank])
         else:  # the data order still resumes exactly; only dropout draws differ
@@ -156,6 +171,9 @@ class Trainer:
                     last = progress.step == self.total_steps
                     if progress.step % config.log_every == 0 or last:
                         self._log_metrics(metrics.flush(), bar, tensorboard)
+                    every = config.eval_every
+                    if self.evaluator is not None and (last or (every and progress.step % every == 0)):
+                        self.evaluate(tensorboard)
                     stopping = progress.step == config.stop_at_step
                     every = config.checkpoint_every
                     if last or stopping or (every and progress.step % every == 0):
@@ -208,6 +226,7 @@ class Trainer:
                 "rng": rng_states,
                 "progress": asdict(self.progress),
                 "config": self.config.to_dict(),
+                "decoding": self.decoding(),
                 "world_size": self.runtime.world_size,
                 "saved_by_rank": self.runtime.rank,
                 "versions": versions(),
@@ -219,6 +238,43 @@ class Trainer:
         # step can always resume from it.
         barrier()
         return path
+
+    def decoding(self) -> dict[str, Any] | None:
+        """What predict needs besides the weights: the thresholds (once evaluated) and span limit."""
+        if self.thresholds is None:
+            return None
+        return {"long_threshold": self.thresholds.long, "short_threshold": self.thresholds.short,
+                "max_answer_len": self.config.max_answer_len}
+
+    # --- evaluation --------------------------------------------------------------------------
+    def evaluate(self, tensorboard: Any = None) -> Evaluation:
+        """Score the validation split on all ranks; rank 0 logs it and keeps the best model."""
+        assert self.evaluator is not None
+        started = time.perf_counter()
+        evaluation = self.evaluator.evaluate(self.model, self.precision)
+        self.thresholds = evaluation.thresholds
+        metrics, step = evaluation.metrics, self.progress.step
+        improved = metrics["micro_f1"] > self.progress.best_micro_f1
+        if improved:
+            self.progress.best_micro_f1 = float(metrics["micro_f1"])
+        if is_main_process():
+            log.info("eval at step %d: micro-F1 %.4f (long %.4f, short %.4f; P %.4f R %.4f) on %d examples, "
+                     "thresholds long %.3f short %.3f, %.1f s%s", step, metrics["micro_f1"], metrics["long_f1"],
+                     metrics["short_f1"], metrics["precision"], metrics["recall"], metrics["examples"],
+                     self.thresholds.long, self.thresholds.short, time.perf_counter() - started,
+                     " (best so far)" if improved else "")
+            if tensorboard is not None:
+                for name in ("micro_f1", "long_f1", "short_f1", "precision", "recall"):
+                    tensorboard.add_scalar(f"eval/{name}", metrics[name], step)
+            if improved:
+                save_checkpoint({"model": self.model.state_dict(), "config": self.config.to_dict(),
+                                 "decoding": self.decoding(), "evaluation": {"step": step, **metrics},
+                                 "progress": asdict(self.progress), "versions": versions()},
+                                best_checkpoint_path(self.run_dir))
+                log.info("saved %s (micro-F1 %.4f at step %d)", best_checkpoint_path(self.run_dir),
+                         metrics["micro_f1"], step)
+        barrier()
+        return evaluation
 
     # --- helpers -----------------------------------------------------------------------------
     def _wrap_ddp(self) -> nn.Module:

@@ -34,16 +34,24 @@ def build_dataset(config: Config, tokenizer: PreTrainedTokenizerBase) -> Dataset
         return DummyDataset.for_tokenizer(tokenizer, size=config.dummy_size, max_seq_len=config.max_seq_len,
                                           max_question_len=config.max_question_len, seed=config.seed)
     if config.dataset == "nq":
-        from distqa.data.cache import NQWindows, cached
+        from distqa.data.cache import NQWindows
 
-        directory = cached(nq_request(config, tokenizer), config.nq_cache_path)
-        if directory is None:
-            raise FileNotFoundError(f"no NQ feature cache for {config.nq_train_path} in {config.nq_cache_path}; "
-                                    "build it with `python -m distqa.prepare` (same settings)")
+        directory = nq_features(config, tokenizer)
         windows = NQWindows(directory, "train")
         logging.getLogger(__name__).info("training on %d NQ windows from %s", len(windows), directory)
         return windows
     raise ValueError(f"unknown dataset {config.dataset!r}")
+
+
+def nq_features(config: Config, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """The directory of the NQ feature cache of ``config``, which must exist."""
+    from distqa.data.cache import cached
+
+    directory = cached(nq_request(config, tokenizer), config.nq_cache_path)
+    if directory is None:
+        raise FileNotFoundError(f"no NQ feature cache for {config.nq_train_path} in {config.nq_cache_path}; "
+                                "build it with `python -m distqa.prepare` (same settings)")
+    return directory
 
 
 def nq_request(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
@@ -59,16 +67,18 @@ def nq_request(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path 
                                        config.validation_fraction)
 
 
-def prepare_nq(config: Config, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any) -> Path:
-    """Build (or find) the NQ feature cache of ``config``; returns its directory."""
+def prepare_nq(config: Config, tokenizer: PreTrainedTokenizerBase | None = None, source: Path | None = None,
+               labelled: bool = True, **kwargs: Any) -> Path:
+    """Build (or find) the NQ feature cache of ``source`` (default: ``config.nq_train_file``) with
+    the settings of ``config``; returns its directory. ``kwargs`` override build_cache's arguments."""
     from transformers import AutoTokenizer
 
     from distqa.data.cache import build_cache
 
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(config.tokenizer_source)
-    return build_cache(nq_request(config, tokenizer), config.nq_cache_path,
-                       num_proc=config.num_proc or os.cpu_count() or 1, on_bad_line=config.on_bad_line,
-                       max_bad_line_fraction=config.max_bad_line_fraction, **kwargs)
+    options = {"num_proc": config.num_proc or os.cpu_count() or 1, "on_bad_line": config.on_bad_line,
+               "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
+    return build_cache(nq_request(config, tokenizer, source, labelled), config.nq_cache_path, **options)
 
 
 def require_nq_features(config: Config, world_size: int) -> Path:

@@ -518,3 +518,12 @@ class NQWindows:
             "end_positions": self.columns["end_position"][index],
             "answer_type": self.columns["answer_type"][index],
         }
+
+
+def open_examples(directory: Path, split: str) -> pa.Table:
+    """The example rows of one split (ids, questions, wordpiece → token maps, candidates, gold spans),
+    memory-mapped."""
+    path = Path(directory) / split / "examples.arrow"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {directory} a complete NQ feature cache?")
+    return _read_table(path)
