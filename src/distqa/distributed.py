@@ -112,6 +112,13 @@ def distributed_runtime(device: str = "auto", timeout_s: int = 600,
             dist.destroy_process_group()
 
 
+def local_runtime(device: str = "auto") -> Runtime:
+    """This process alone, with no process group: for notebooks and single-process tools."""
+    torch_device, backend = choose_device(device, local_rank=0)
+    return Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device=torch_device,
+                   backend=backend)
+
+
 def is_main_process() -> bool:
     """True on global rank 0, the only rank that writes shared files (also before/without a group)."""
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))

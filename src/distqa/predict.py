@@ -25,6 +25,7 @@ say otherwise. The CSV has the header ``example_id,PredictionString`` and rows `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -58,7 +59,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from distqa.checkpoint import MODEL_STATE, load_checkpoint
     from distqa.distributed import distributed_runtime, is_main_process, read_torchrun_env, setup_logging
     from distqa.score import write_submission
 
@@ -67,15 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         setup_logging(read_torchrun_env()["RANK"])
         require_file(args.input)
-        try:
-            state = load_checkpoint(args.checkpoint, required=MODEL_STATE)
-        except FileNotFoundError:
-            raise ConfigError(f"--checkpoint {args.checkpoint} does not exist") from None
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        config = inference_config(state["config"], args)
-        with distributed_runtime(args.device, config.dist_timeout_s) as runtime:
-            answers = predict(state, config, args, runtime)
+        overrides = {"nq_cache_dir": args.nq_cache_dir, "num_proc": args.num_proc, "eval_batch_size": args.batch_size}
+        with distributed_runtime(args.device) as runtime:
+            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, args.long_threshold,
+                                                  args.short_threshold, **overrides)
+            answers = predictor.answers(predictor.predict_file(args.input))
             if is_main_process():
                 write_submission(args.output, answers)
                 log.info("wrote %s: %d examples, %d long and %d short answers", args.output, len(answers),
@@ -86,8 +82,97 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def inference_config(saved: dict[str, Any], args: argparse.Namespace) -> Config:
-    """The training config of the checkpoint, made independent of the training data.
+class Predictor:
+    """A trained model with its tokenizer, window settings and decoding thresholds.
+
+    In a notebook (one process)::
+
+        predictor = Predictor.from_checkpoint("results/nq-sample/checkpoints/best.pt", local_runtime("cpu"))
+        predictions = predictor.predict_file("data/nq-sample/simplified-nq-test.jsonl")
+        predictor.answers(predictions)   # {example_id: Answer(long="start:end", short="start:end"|"YES"|"NO"|"")}
+
+    Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
+    """
+
+    def __init__(self, model: Any, config: Config, runtime: Any, thresholds: Any, max_answer_len: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.model, self.config, self.runtime = model, config, runtime
+        self.thresholds, self.max_answer_len = thresholds, max_answer_len
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
+
+    @classmethod
+    def from_checkpoint(cls, path: Path | str, runtime: Any, long_threshold: float | None = None,
+                        short_threshold: float | None = None, **overrides: Any) -> Predictor:
+        """Load ``best.pt`` or a ``step-*.pt``; ``overrides`` replace config values (None = keep)."""
+        from distqa.checkpoint import MODEL_STATE, load_checkpoint
+        from distqa.evaluate import Thresholds
+        from distqa.model import build_model
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"checkpoint {path} does not exist; train first (see the README) or pass "
+                              "results/<run>/checkpoints/best.pt")
+        try:
+            state = load_checkpoint(path, required=MODEL_STATE)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        config = inference_config(state["config"], device=runtime.device.type,
+                                  **{k: v for k, v in overrides.items() if v is not None})
+        model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
+        model.load_state_dict(state["model"])
+        model.to(runtime.device).eval()
+        decoding = state.get("decoding") or {}
+        if not decoding and (long_threshold is None or short_threshold is None):
+            log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0: "
+                        "answer when the best span beats [CLS]'s null score", path)
+        thresholds = Thresholds(
+            long_threshold if long_threshold is not None else decoding.get("long_threshold", 0.0),
+            short_threshold if short_threshold is not None else decoding.get("short_threshold", 0.0))
+        max_answer_len = decoding.get("max_answer_len", config.max_answer_len)
+        log.info("loaded %s: thresholds long %.3f short %.3f, max answer length %d", path, thresholds.long,
+                 thresholds.short, max_answer_len)
+        return cls(model, config, runtime, thresholds, max_answer_len)
+
+    def featurize(self, source: Path | str) -> Path:
+        """The feature cache of ``source`` (unlabelled windows, every line checked); rank 0 builds it
+        while the others wait, so there is one writer per cache."""
+        from distqa.data import nq_request, prepare_nq
+        from distqa.data.cache import cached
+        from distqa.distributed import barrier, is_main_process
+
+        source = Path(source)
+        if is_main_process():
+            prepare_nq(self.config, self.tokenizer, source=source, labelled=False, on_bad_line="fail",
+                       progress=self.config.progress_bar)
+        barrier()
+        directory = cached(nq_request(self.config, self.tokenizer, source, labelled=False), self.config.nq_cache_path)
+        assert directory is not None, "rank 0 built the cache before the barrier"
+        return directory
+
+    def predict_file(self, source: Path | str) -> list[Any]:
+        """One :class:`~distqa.evaluate.Prediction` per example of ``source``, in file order."""
+        import torch
+
+        from distqa.data.cache import NQWindows, open_examples
+        from distqa.evaluate import ExampleColumns, WindowLayout, decode, score_windows
+        from distqa.optim import Precision
+
+        directory = self.featurize(source)
+        windows = NQWindows(directory, "test")
+        precision = Precision.choose(self.config.precision, self.runtime.device)
+        with torch.inference_mode():
+            spans = score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
+                                  self.max_answer_len)
+        return decode(spans, WindowLayout.of(windows), ExampleColumns.of(open_examples(directory, "test")))
+
+    def answers(self, predictions: list[Any]) -> dict[int, Any]:
+        """The submission rows of ``predictions`` under this predictor's thresholds."""
+        return {p.example_id: p.answer(self.thresholds) for p in predictions}
+
+
+def inference_config(saved: dict[str, Any], **overrides: Any) -> Config:
+    """The training config of a checkpoint, made independent of the training data.
 
     Prediction needs the model, tokenizer and window settings, not the training file, which need
     not exist where predict runs: the dataset is set to "dummy" so that it is not looked for.
@@ -96,64 +181,7 @@ def inference_config(saved: dict[str, Any], args: argparse.Namespace) -> Config:
     if unknown:
         log.warning("ignoring settings this version does not know: %s", ", ".join(unknown))
     values = {name: value for name, value in saved.items() if name in FIELDS}
-    values |= {"dataset": "dummy", "resume": "none", "device": args.device}
-    if args.nq_cache_dir:
-        values["nq_cache_dir"] = args.nq_cache_dir
-    if args.num_proc is not None:
-        values["num_proc"] = args.num_proc
-    if args.batch_size is not None:
-        values["eval_batch_size"] = args.batch_size
-    return Config(**values)
-
-
-def predict(state: dict[str, Any], config: Config, args: argparse.Namespace, runtime: Any) -> dict[int, Any]:
-    """The answers to every example of ``args.input``, computed over all ranks (the same on each)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from distqa.data import nq_request, prepare_nq
-    from distqa.data.cache import NQWindows, cached, open_examples
-    from distqa.distributed import barrier, is_main_process
-    from distqa.evaluate import ExampleColumns, Thresholds, WindowLayout, decode, score_windows
-    from distqa.model import build_model
-    from distqa.optim import Precision
-
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
-    # Rank 0 featurises while the others wait (one writer per cache), then everyone opens the cache.
-    if is_main_process():
-        prepare_nq(config, tokenizer, source=args.input, labelled=False, on_bad_line="fail",
-                   progress=config.progress_bar)
-    barrier()
-    directory = cached(nq_request(config, tokenizer, args.input, labelled=False), config.nq_cache_path)
-    assert directory is not None, "rank 0 built the cache before the barrier"
-
-    model = build_model(config_without_weights(config))
-    model.load_state_dict(state["model"])
-    model.to(runtime.device)
-    decoding = state.get("decoding") or {}
-    if not decoding and (args.long_threshold is None or args.short_threshold is None):
-        log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0 "
-                    "(answer when a span beats [CLS]'s null score)", args.checkpoint)
-    thresholds = Thresholds(
-        args.long_threshold if args.long_threshold is not None else decoding.get("long_threshold", 0.0),
-        args.short_threshold if args.short_threshold is not None else decoding.get("short_threshold", 0.0))
-    max_answer_len = decoding.get("max_answer_len", config.max_answer_len)
-    log.info("predicting %s with %s: thresholds long %.3f short %.3f, max answer length %d", args.input,
-             args.checkpoint, thresholds.long, thresholds.short, max_answer_len)
-
-    windows = NQWindows(directory, "test")
-    precision = Precision.choose(config.precision, runtime.device)
-    with torch.inference_mode():
-        spans = score_windows(model, windows, runtime, precision, config.eval_batch_size, max_answer_len)
-    predictions = decode(spans, WindowLayout.of(windows), ExampleColumns.of(open_examples(directory, "test")))
-    return {p.example_id: p.answer(thresholds) for p in predictions}
-
-
-def config_without_weights(config: Config) -> Config:
-    """The same model built from its config alone: the checkpoint's weights replace the pretrained ones."""
-    import dataclasses
-
-    return dataclasses.replace(config, from_scratch=True)
+    return Config(**values | {"dataset": "dummy", "resume": "none"} | overrides)
 
 
 if __name__ == "__main__":
