@@ -373,3 +373,72 @@ class Evaluator:
         thresholds = tune_thresholds(predictions, self.golds, self.long_threshold, self.short_threshold)
         answers = {p.example_id: p.answer(thresholds) for p in predictions}
         return Evaluation(score_answers(self.golds, answers), thresholds, predictions)
+
+
+# --- command line --------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON.
+
+    One process, or all ranks of a torchrun job (they share the windows)::
+
+        python -m distqa.evaluate --checkpoint results/nq-sample/checkpoints/best.pt
+        torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output answers.csv
+
+    The thresholds are tuned again on the split unless both ``--long-threshold`` and
+    ``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV.
+    """
+    import argparse
+    import json
+    import sys
+
+    from dotenv import load_dotenv
+
+    from distqa.config import ConfigError
+    from distqa.data import nq_request
+    from distqa.data.cache import cached
+    from distqa.data.nq import DataError
+    from distqa.distributed import distributed_runtime, is_main_process, read_torchrun_env, setup_logging
+    from distqa.predict import Predictor
+    from distqa.score import write_submission
+
+    parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=main.__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
+    parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
+    parser.add_argument("--nq-cache-dir", help="feature cache directory (default: the checkpoint's)")
+    parser.add_argument("--nq-train-file", help="the training file (default: the checkpoint's)")
+    parser.add_argument("--long-threshold", type=float)
+    parser.add_argument("--short-threshold", type=float)
+    parser.add_argument("--batch-size", type=int, help="windows per forward pass (default: eval_batch_size)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0)")
+    args = parser.parse_args(argv)
+    load_dotenv(".env", override=False)
+    try:
+        setup_logging(read_torchrun_env()["RANK"])
+        with distributed_runtime(args.device) as runtime:
+            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, nq_cache_dir=args.nq_cache_dir,
+                                                  nq_train_file=args.nq_train_file, eval_batch_size=args.batch_size)
+            config = predictor.config
+            directory = cached(nq_request(config, predictor.tokenizer), config.nq_cache_path)
+            if directory is None:
+                raise DataError(f"no NQ feature cache of {config.nq_train_path} with the checkpoint's settings in "
+                                f"{config.nq_cache_path}; build it with `python -m distqa.prepare` and the "
+                                "training's preset and flags, or pass --nq-cache-dir")
+            evaluator = Evaluator(directory, runtime, config.eval_batch_size, predictor.max_answer_len,
+                                  args.long_threshold, args.short_threshold, split=args.split)
+            evaluation = evaluator.evaluate(predictor.model, Precision.choose(config.precision, runtime.device))
+            if is_main_process():
+                print(json.dumps({**evaluation.metrics, "long_threshold": evaluation.thresholds.long,
+                                  "short_threshold": evaluation.thresholds.short}))
+                if args.output:
+                    write_submission(args.output, {p.example_id: p.answer(evaluation.thresholds)
+                                                   for p in evaluation.predictions})
+    except (ConfigError, DataError, FileNotFoundError) as err:
+        print(f"distqa.evaluate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

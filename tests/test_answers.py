@@ -1,0 +1,127 @@
+"""Answers end to end on the committed sample: DDP training with evaluation on every rank and best.pt,
+then predict → submission → score, and distributed evaluation/prediction equal to one process."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distqa.score import read_gold, read_submission
+
+from conftest import REPO_ROOT, clean_env, run_training
+
+pytestmark = pytest.mark.distributed
+
+SAMPLE = REPO_ROOT / "data" / "nq-sample"
+EVAL_LINE = re.compile(r"eval at step (\d+): micro-F1 ([0-9.]+)")
+
+
+def run_module(module: str, args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    launcher = [sys.executable, "-m", module]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                    "-m", module]
+    result = subprocess.run(launcher + args, cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{module} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """2 ranks train the tiny model on the sample for 20 steps, evaluating every 5 (and at the end)."""
+    root = tmp_path_factory.mktemp("answers")
+    args = ["--dataset", "nq", "--run-name", "sample", "--output-dir", str(root / "results"),
+            "--nq-cache-dir", str(root / "cache"), "--epochs", "4", "--eval-every", "5", "--eval-batch-size", "8",
+            "--progress-bar", "false", "--log-every", "5"]
+    run_module("distqa.prepare", args)
+    return root, run_training(args, nproc=2).stderr
+
+
+def test_training_evaluates_on_every_rank_and_keeps_the_best_model(trained: tuple[Path, str]) -> None:
+    root, log = trained
+    run_dir = root / "results" / "sample"
+    evals = [(int(step), float(f1)) for step, f1 in EVAL_LINE.findall(log)]
+    assert [step for step, _ in evals] == [5, 10, 15, 20]
+    # Both ranks scored windows (the sampler deals them out); only rank 0 logs the result.
+    assert "[rank 1]" in log and "[rank 1] INFO distqa.trainer: eval" not in log
+
+    best = torch.load(run_dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+    best_step, best_f1 = max(evals, key=lambda e: (e[1], -e[0]))  # the first evaluation that reached the max
+    assert best["evaluation"]["step"] == best_step
+    assert best["evaluation"]["micro_f1"] == pytest.approx(best_f1, abs=1e-4)
+    assert set(best["decoding"]) == {"long_threshold", "short_threshold", "max_answer_len"}
+    assert "optimizer" not in best  # inference only
+
+    final = torch.load(run_dir / "checkpoints" / "step-00000020.pt", map_location="cpu", weights_only=True)
+    assert final["decoding"]["max_answer_len"] == 30
+    assert final["progress"]["best_micro_f1"] == pytest.approx(best_f1, abs=1e-4)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/micro_f1")] == [5, 10, 15, 20]
+
+
+def test_evaluation_over_two_ranks_equals_one_process(trained: tuple[Path, str], tmp_path: Path) -> None:
+    root, log = trained
+    checkpoint = root / "results" / "sample" / "checkpoints" / "step-00000020.pt"
+    common = ["--checkpoint", str(checkpoint), "--nq-cache-dir", str(root / "cache"), "--batch-size", "4"]
+    one = run_module("distqa.evaluate", [*common, "--output", str(tmp_path / "one.csv")])
+    two = run_module("distqa.evaluate", [*common, "--output", str(tmp_path / "two.csv")], nproc=2)
+    metrics_one, metrics_two = json.loads(one.stdout), json.loads(two.stdout)
+    # 61 windows over 2 ranks: the sampler repeats one window to even out the shares; it is dropped.
+    assert metrics_one["examples"] == metrics_two["examples"] == 19
+    for key in ("micro_f1", "long_f1", "short_f1", "tp", "fp", "fn"):
+        assert metrics_one[key] == metrics_two[key], key
+    for key in ("long_threshold", "short_threshold"):
+        assert metrics_one[key] == pytest.approx(metrics_two[key], rel=1e-5)
+    assert (tmp_path / "one.csv").read_text() == (tmp_path / "two.csv").read_text()
+    # The same weights scored during training (2 ranks, other batches) gave the same micro-F1.
+    assert metrics_one["micro_f1"] == pytest.approx(float(EVAL_LINE.findall(log)[-1][1]), abs=1e-4)
+
+
+def test_predict_then_score_the_sample_test_file(trained: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = trained
+    checkpoint = root / "results" / "sample" / "checkpoints" / "best.pt"
+    common = ["--checkpoint", str(checkpoint), "--input", str(SAMPLE / "simplified-nq-test.jsonl"),
+              "--nq-cache-dir", str(root / "cache")]
+    run_module("distqa.predict", [*common, "--output", str(tmp_path / "one.csv")])
+    run_module("distqa.predict", [*common, "--output", str(tmp_path / "two.csv")], nproc=2)
+    assert (tmp_path / "one.csv").read_text() == (tmp_path / "two.csv").read_text()
+
+    gold = read_gold(SAMPLE / "simplified-nq-test-gold.jsonl")
+    answers = read_submission(tmp_path / "one.csv", expected_ids=gold)
+    assert list(answers) == list(gold)  # every example, in input order
+    scored = run_module("distqa.score", ["--gold", str(SAMPLE / "simplified-nq-test-gold.jsonl"),
+                                         "--submission", str(tmp_path / "one.csv")])
+    result = json.loads(scored.stdout)
+    assert result["examples"] == 40 and 0 <= result["micro_f1"] <= 1
+    assert result["tp"] + result["fn"] > 0
+
+
+def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = trained
+    checkpoint = root / "results" / "sample" / "checkpoints" / "best.pt"
+    broken = tmp_path / "broken.jsonl"
+    lines = (SAMPLE / "simplified-nq-test.jsonl").read_text().splitlines()
+    broken.write_text("\n".join([lines[0], lines[1][: len(lines[1]) // 2], *lines[2:4]]) + "\n")
+    cases = {
+        "missing checkpoint": (["--checkpoint", str(tmp_path / "nope.pt"), "--input", str(broken)], "nope.pt"),
+        "missing input": (["--checkpoint", str(checkpoint), "--input", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
+        "truncated line": (["--checkpoint", str(checkpoint), "--input", str(broken)], "broken.jsonl:2"),
+    }
+    for name, (args, expected) in cases.items():
+        result = subprocess.run([sys.executable, "-m", "distqa.predict", *args, "--output", str(tmp_path / "s.csv"),
+                                 "--nq-cache-dir", str(tmp_path / "cache")], cwd=REPO_ROOT, env=clean_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, name
+        assert "Traceback" not in result.stderr and expected in result.stderr, (name, result.stderr)
+        assert not (tmp_path / "s.csv").exists(), name
