@@ -458,6 +458,10 @@ def format_summary(summary: dict[str, Any]) -> str:
              f"({summary['examples_per_second']} examples/s)"]
     lines += [f"    {line}" for line in summary["bad_line_reports"][:5]]
     for split, s in summary["splits"].items():
+        if not summary["labelled"]:  # no answers to count
+            lines.append(f"  {split}: {s['examples']} unlabelled examples; {s['windows']} windows "
+                         f"({s['windows_per_example']} per example)")
+            continue
         types = ", ".join(f"{name.lower()} {count}" for name, count in s["by_type"].items())
         lines.append(f"  {split}: {s['examples']} examples ({types}); {s['windows']} windows "
                      f"({s['windows_per_example']} per example), {s['kept']} kept = {s['positive']} with an "
