@@ -91,7 +91,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     run_training([*common, "--run-name", "straight"], nproc=2)
     run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
-    assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48}
+    assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_micro_f1": -1.0}
     assert len(stopped["rng"]) == 2
     assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
     again = run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
@@ -103,7 +103,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "interrupted"))
     assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
     ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
-    assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32}
+    assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_micro_f1": -1.0}
 
 
 def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path) -> None:

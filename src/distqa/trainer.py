@@ -171,12 +171,11 @@ class Trainer:
                     last = progress.step == self.total_steps
                     if progress.step % config.log_every == 0 or last:
                         self._log_metrics(metrics.flush(), bar, tensorboard)
-                    every = config.eval_every
-                    if self.evaluator is not None and (last or (every and progress.step % every == 0)):
-                        self.evaluate(tensorboard)
+                    if self.evaluator is not None and (last or _due(config.eval_every, progress.step)):
+                        with metrics.paused():  # samples/s and ms/step measure training alone
+                            self.evaluate(tensorboard)
                     stopping = progress.step == config.stop_at_step
-                    every = config.checkpoint_every
-                    if last or stopping or (every and progress.step % every == 0):
+                    if last or stopping or _due(config.checkpoint_every, progress.step):
                         self.save_checkpoint()
                     if stopping:
                         log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
@@ -348,6 +347,15 @@ class MetricsWindow:
         self.sums += torch.stack([loss.float(), grad_norm.float()])
         self.steps += 1
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent in the block out of the window."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.started += time.perf_counter() - started
+
     def flush(self) -> dict[str, float]:
         """Means over the window and over all ranks (a collective: every rank must call it)."""
         loss, grad_norm = (all_reduce_mean(self.sums) / max(self.steps, 1)).tolist()
@@ -355,6 +363,11 @@ class MetricsWindow:
                   "seconds": max(time.perf_counter() - self.started, 1e-9)}
         self._reset()
         return window
+
+
+def _due(every: int, step: int) -> bool:
+    """Whether a task scheduled every ``every`` steps (0 = never) runs after ``step``."""
+    return every > 0 and step % every == 0
 
 
 def seed_everything(seed: int) -> None:
