@@ -93,7 +93,7 @@ def test_a_missing_checkpoint_fails_in_the_setup_cell_with_the_command_to_make_i
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert code[0].outputs[-1].output_type == "error" and all(not cell.outputs for cell in code[1:])
     assert "missing.pt" in raised.value.evalue
-    assert 'make run ARGS="--run-name nq-sample --dataset nq --epochs 20 --eval-every 20"' in raised.value.evalue
+    assert 'make run ARGS="--run-id nq-sample --dataset nq --epochs 20 --eval-every 20"' in raised.value.evalue
 
 
 def test_the_committed_notebook_is_valid_and_has_no_outputs() -> None:

@@ -110,7 +110,7 @@ class Config:
         "fingerprint.")
     num_proc: int = setting(
         0, "Processes that featurise NQ (prepare, or a single-process train that finds no cache); "
-        "0 = one per CPU core. Not part of the fingerprint.")
+        "0 = one per CPU core (one per 16 MB for smaller files). Not part of the fingerprint.")
 
     # --- optimisation -----------------------------------------------------------------------
     global_batch_size: int = setting(

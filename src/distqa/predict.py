@@ -94,11 +94,14 @@ class Predictor:
     Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
     """
 
-    def __init__(self, model: Any, config: Config, runtime: Any, thresholds: Any, max_answer_len: int) -> None:
+    def __init__(self, model: Any, config: Config, runtime: Any, thresholds: Any, max_answer_len: int,
+                 evaluation: dict[str, Any] | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.model, self.config, self.runtime = model, config, runtime
         self.thresholds, self.max_answer_len = thresholds, max_answer_len
+        self.evaluation = evaluation
+        """The validation metrics stored with the checkpoint (its step included); None if it has none."""
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
 
     @classmethod
@@ -132,7 +135,7 @@ class Predictor:
         max_answer_len = decoding.get("max_answer_len", config.max_answer_len)
         log.info("loaded %s: thresholds long %.3f short %.3f, max answer length %d", path, thresholds.long,
                  thresholds.short, max_answer_len)
-        return cls(model, config, runtime, thresholds, max_answer_len)
+        return cls(model, config, runtime, thresholds, max_answer_len, state.get("evaluation"))
 
     def featurize(self, source: Path | str) -> Path:
         """The feature cache of ``source`` (unlabelled windows, every line checked); rank 0 builds it

@@ -98,6 +98,8 @@ class Trainer:
         self.evaluator = evaluator
         self.thresholds: Thresholds | None = None
         """Decoding thresholds of the latest evaluation, saved with the checkpoints."""
+        self.evaluation: dict[str, Any] | None = None
+        """Step and metrics of the latest evaluation, saved with the checkpoints."""
 
     # --- resuming ----------------------------------------------------------------------------
     def resume_if_requested(self) -> None:
@@ -124,6 +126,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
+        self.evaluation = state.get("evaluation")
         if state.get("decoding"):
             self.thresholds = Thresholds(state["decoding"]["long_threshold"], state["decoding"]["short_threshold"])
         if len(state["rng"]) == self.runtime.world_size:
@@ -226,6 +229,7 @@ class Trainer:
                 "progress": asdict(self.progress),
                 "config": self.config.to_dict(),
                 "decoding": self.decoding(),
+                "evaluation": self.evaluation,
                 "world_size": self.runtime.world_size,
                 "saved_by_rank": self.runtime.rank,
                 "versions": versions(),
@@ -253,6 +257,7 @@ class Trainer:
         evaluation = self.evaluator.evaluate(self.model, self.precision)
         self.thresholds = evaluation.thresholds
         metrics, step = evaluation.metrics, self.progress.step
+        self.evaluation = {"step": step, **metrics}
         improved = metrics["micro_f1"] > self.progress.best_micro_f1
         if improved:
             self.progress.best_micro_f1 = float(metrics["micro_f1"])
@@ -267,7 +272,7 @@ class Trainer:
                     tensorboard.add_scalar(f"eval/{name}", metrics[name], step)
             if improved:
                 save_checkpoint({"model": self.model.state_dict(), "config": self.config.to_dict(),
-                                 "decoding": self.decoding(), "evaluation": {"step": step, **metrics},
+                                 "decoding": self.decoding(), "evaluation": self.evaluation,
                                  "progress": asdict(self.progress), "versions": versions()},
                                 best_checkpoint_path(self.run_dir))
                 log.info("saved %s (micro-F1 %.4f at step %d)", best_checkpoint_path(self.run_dir),

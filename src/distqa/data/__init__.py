@@ -76,9 +76,20 @@ def prepare_nq(config: Config, tokenizer: PreTrainedTokenizerBase | None = None,
     from distqa.data.cache import build_cache
 
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(config.tokenizer_source)
-    options = {"num_proc": config.num_proc or os.cpu_count() or 1, "on_bad_line": config.on_bad_line,
+    source = source or config.nq_train_path
+    num_proc = config.num_proc or auto_num_proc(source.stat().st_size if source.is_file() else 0)
+    options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
                "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
     return build_cache(nq_request(config, tokenizer, source, labelled), config.nq_cache_path, **options)
+
+
+AUTO_BYTES_PER_PROCESS = 16 * 2**20
+"""With ``num_proc`` 0, one featurising process per this much input, at most one per core: a process
+takes about a second to start, which featurising a few MB never wins back."""
+
+
+def auto_num_proc(source_bytes: int) -> int:
+    return max(1, min(os.cpu_count() or 1, -(-source_bytes // AUTO_BYTES_PER_PROCESS)))
 
 
 def require_nq_features(config: Config, world_size: int) -> Path:

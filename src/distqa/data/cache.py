@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: a notebook needs no widget for a cache build
 
 from distqa.data import AnswerType
 from distqa.data.nq import BadLinePolicy, DataError, ScanResult, parse_example, read_lines, require_file, scan
