@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,12 +19,16 @@ from distqa.evaluate import (
     Thresholds,
     WindowLayout,
     WindowSpans,
+    _merge,
     decode,
     document_mask,
+    golds_of,
     top_spans,
     tune_thresholds,
 )
-from distqa.score import Answer, Gold, score_answers
+from distqa.score import Answer, Gold, read_gold, score_answers
+
+from conftest import REPO_ROOT
 
 # A window of 12 positions: [CLS] q q [SEP] d d d d d d d [SEP]  (question_len 2, document at 4..10)
 LENGTH, QUESTION_LEN = 12, 2
@@ -224,3 +229,47 @@ def test_tuned_thresholds_sit_between_scores() -> None:
     tuned = tune_thresholds(predictions, golds)
     scores = {p.score for p in predictions}
     assert tuned.long not in scores and tuned.short not in scores
+
+
+# --- gathering and gold -----------------------------------------------------------------------------
+
+def rank_part(windows: list[int]) -> tuple[np.ndarray, WindowSpans]:
+    index = np.array(windows)
+    column = index[:, None].astype(np.float32)
+    return index, WindowSpans(column, column.astype(np.int64), column.astype(np.int64), np.tile(column, (1, 5)))
+
+
+def test_merging_drops_the_samplers_repeats_and_restores_window_order() -> None:
+    # DistributedSampler over 5 windows and 2 ranks: rank 0 gets 0, 2, 4; rank 1 gets 1, 3 and 0 again.
+    merged = _merge([[rank_part([0, 2]), rank_part([4])], [rank_part([1, 3]), rank_part([0])]], num_windows=5)
+    assert merged.score[:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert merged.type_logits.shape == (5, 5)
+
+
+def test_merging_refuses_a_missing_window() -> None:
+    with pytest.raises(RuntimeError, match="covered 4 of 5 windows"):
+        _merge([[rank_part([0, 2, 4])], [rank_part([1, 0])]], num_windows=5)
+
+
+def test_the_gold_of_the_cache_is_the_gold_the_scorer_reads(tmp_path: Path) -> None:
+    """Evaluation in training scores against the cache's example rows; `score` reads the jsonl: the same."""
+    from transformers import AutoTokenizer
+
+    from distqa.config import TINY_MODEL_DIR
+    from distqa.data.cache import CacheRequest, build_cache, open_examples
+    from distqa.data.windows import WindowSettings
+
+    source = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-train.jsonl"
+    request = CacheRequest.from_tokenizer(source, AutoTokenizer.from_pretrained(TINY_MODEL_DIR),
+                                          WindowSettings(128, 32, 64, 0.1, 0), validation_fraction=0.5)
+    directory = build_cache(request, tmp_path, num_proc=1, progress=False)
+    from_file = read_gold(source)
+    for split in ("train", "validation"):
+        table = open_examples(directory, split)
+        from_cache = golds_of(table)
+        assert from_cache == {example_id: from_file[example_id] for example_id in from_cache}
+        columns = ExampleColumns.of(table)
+        rows = table.to_pylist()
+        assert [c.tolist() for c in columns.piece_to_token] == [r["piece_to_token"] for r in rows]
+        assert [c[:, 0].tolist() for c in columns.candidates] == [r["candidate_start"] for r in rows]
+        assert [c[:, 2].astype(bool).tolist() for c in columns.candidates] == [r["candidate_top_level"] for r in rows]
