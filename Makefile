@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train prepare test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train prepare synthetic-nq test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ train: $(INSTALLED) ## One process, no launcher (ARGS="--preset none --max-steps
 prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="--preset bert-base-nq --num-proc 16")
 	$(PYTHON) -m distqa.prepare $(ARGS)
 
+synthetic-nq: $(INSTALLED) ## Learnable synthetic NQ end to end: generate, train 2 nodes, predict, score (~4 min)
+	PYTHON=$(PYTHON) scripts/train_synthetic_nq.sh $(ARGS)
+
 test: lint ## Linters, the whole test suite (CPU only, no network), then test-docker
 	$(PYTHON) -m pytest $(ARGS)
 	$(MAKE) test-docker
@@ -43,7 +46,7 @@ test-fast: $(INSTALLED) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench notebooks
 	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch tests/docker/*.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
