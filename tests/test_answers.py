@@ -125,3 +125,23 @@ def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_pa
         assert result.returncode == 2, name
         assert "Traceback" not in result.stderr and expected in result.stderr, (name, result.stderr)
         assert not (tmp_path / "s.csv").exists(), name
+
+
+def test_thresholds_given_to_predict_override_the_tuned_ones(trained: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = trained
+    run_module("distqa.predict", ["--checkpoint", str(root / "results" / "sample" / "checkpoints" / "best.pt"),
+                                  "--input", str(SAMPLE / "simplified-nq-test.jsonl"), "--output",
+                                  str(tmp_path / "blank.csv"), "--nq-cache-dir", str(root / "cache"),
+                                  "--long-threshold", "1e9", "--short-threshold", "1e9"])
+    answers = read_submission(tmp_path / "blank.csv")
+    assert len(answers) == 40 and not any(a.long or a.short for a in answers.values())
+
+
+def test_a_run_without_validation_split_trains_without_evaluating(tmp_path: Path) -> None:
+    result = run_training(["--dataset", "nq", "--run-name", "noval", "--output-dir", str(tmp_path / "results"),
+                           "--nq-cache-dir", str(tmp_path / "cache"), "--validation-fraction", "0",
+                           "--max-steps", "2", "--progress-bar", "false", "--tensorboard", "false"])
+    assert "no evaluation: validation_fraction is 0" in result.stderr and "eval at step" not in result.stderr
+    assert not (tmp_path / "results" / "noval" / "checkpoints" / "best.pt").exists()
+    final = torch.load(tmp_path / "results" / "noval" / "checkpoints" / "step-00000002.pt", weights_only=True)
+    assert final["decoding"] is None and final["evaluation"] is None
