@@ -21,7 +21,7 @@ from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port, wait_for
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
-JOBS = {"train", "prepare", "distributed_training", "jupyter", "tensorboard", "filebrowser", "remote_debug"}
+JOBS = {"train", "prepare", "predict", "distributed_training", "jupyter", "tensorboard", "filebrowser", "remote_debug"}
 TRAIN_ARGS = [*FAST_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
               "--per-rank-batch-size", "4"]
 
@@ -51,7 +51,7 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only() -> None
         assert job.cmd, job_id
         assert job.life_span and job.life_span <= 2 * 86400, f"{job_id}: every job needs a bounded life span"
         mounts = {v.rsplit(":", 2)[1]: v.rsplit(":", 2)[2] for v in job.volumes}
-        if job_id in ("train", "prepare", "distributed_training"):
+        if job_id in ("train", "prepare", "predict", "distributed_training"):
             assert mounts["/data"] == "ro" and mounts["/project/results"] == "rw", job_id
             assert job.image.endswith("distqa:v1")
     training = platform_cli.render("distributed_training", "r-1", {"node_rank": "1", "master_addr": "m.x",
@@ -60,6 +60,10 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only() -> None
     assert words[-3:] == ["--", "--lr", "1e-3"]
     assert words[words.index("--master-addr") + 1] == "m.x" and words[words.index("--node-rank") + 1] == "1"
     assert "run:r" in training.tags and training.detach
+    predict = shlex.split(platform_cli.render("predict", None, {"run_id": "r"}).cmd)
+    assert predict[:3] == ["python", "-m", "distqa.predict"]
+    assert predict[predict.index("--checkpoint") + 1] == "/project/results/r/checkpoints/best.pt"
+    assert predict[predict.index("--output") + 1] == "/project/results/r/submission.csv"
 
 
 def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
