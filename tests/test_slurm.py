@@ -30,9 +30,13 @@ for pid in "${pids[@]}"; do
 done
 exit "$status"
 """
+# The pause between hosts is what a long node list does to a reader that stops after the first
+# line: under pipefail, `scontrol ... | head -n 1` then dies of SIGPIPE (exit 141) every time.
 FAKE_SCONTROL = """#!/usr/bin/env bash
 [[ "$1 $2" == "show hostnames" ]] || { echo "fake scontrol: unsupported: $*" >&2; exit 1; }
+[[ "$3" == "none" ]] && exit 0
 echo 127.0.0.1
+sleep 0.3
 echo 127.0.0.2
 """
 
@@ -60,3 +64,12 @@ def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
     assert "master 127.0.0.1:" in result.stderr and "run id slurm-4242" in result.stderr
     assert final_weights(tmp_path / "results" / "slurm-4242")
     assert "rank 1 of 2" in (tmp_path / "results" / "slurm-4242" / "logs" / "rank-1.log").read_text()
+
+
+def test_sbatch_script_without_hosts_says_so(tmp_path: Path) -> None:
+    env = clean_env(PATH=f"{standins(tmp_path)}:{os.environ['PATH']}",
+                    SLURM_JOB_NODELIST="none", SLURM_JOB_ID="1", SLURM_JOB_NUM_NODES="2")
+    result = subprocess.run(["bash", "scripts/train_slurm.sbatch"], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "scontrol listed no hosts for SLURM_JOB_NODELIST='none'" in result.stderr
