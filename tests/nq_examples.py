@@ -73,9 +73,25 @@ def random_record(rng: random.Random, example_id: int, max_blocks: int = 8) -> d
     return line(example_id, tokens, candidates, question, answer, candidate, short)
 
 
-def write_jsonl(path: Path, records: list[dict[str, Any] | str]) -> Path:
-    """Records as JSON lines; strings are written verbatim (for malformed lines)."""
-    with path.open("w") as file:
+def write_jsonl(path: Path, records: list[dict[str, Any] | str | bytes]) -> Path:
+    """Records as UTF-8 JSON lines; strings and bytes are written verbatim (for malformed lines)."""
+    with path.open("wb") as file:
         for record in records:
-            file.write((record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)) + "\n")
+            if isinstance(record, dict):
+                record = json.dumps(record, ensure_ascii=False)
+            file.write((record if isinstance(record, bytes) else record.encode()) + b"\n")
     return path
+
+
+# Lines no UTF-8 JSON reader can take, each a bad line like any other (never a traceback).
+UNDECODABLE_LINES: dict[str, bytes] = {
+    # json.loads guesses UTF-16 from a leading NUL and raised UnicodeDecodeError on this one.
+    "NUL-led": b"\x00\x01\x02 garbage",
+    # A whole valid record, saved as UTF-16 (with its BOM) by an editor: json.loads would accept it.
+    "UTF-16": json.dumps({"example_id": 7, "question_text": "q"}).encode("utf-16"),
+    "Latin-1": '{"example_id": 7, "question_text": "café"}'.encode("latin-1"),
+    "random bytes": bytes(random.Random(0).getrandbits(8) for _ in range(200)).replace(b"\n", b"\xff"),
+}
+UNDECODABLE_REASONS = {"NUL-led": "holds a NUL byte at column 1", "UTF-16": "not UTF-8 text: byte 0xff at column 1",
+                       "Latin-1": "not UTF-8 text: byte 0xe9 at column 40", "random bytes": "not UTF-8 text"}
+"""What the reader says of each line of UNDECODABLE_LINES."""

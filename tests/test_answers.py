@@ -15,6 +15,7 @@ import torch
 from distqa.score import read_gold, read_submission
 
 from conftest import REPO_ROOT, clean_env, run_training
+from nq_examples import UNDECODABLE_LINES
 
 pytestmark = pytest.mark.distributed
 
@@ -113,7 +114,15 @@ def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_pa
     broken = tmp_path / "broken.jsonl"
     lines = (SAMPLE / "simplified-nq-test.jsonl").read_text().splitlines()
     broken.write_text("\n".join([lines[0], lines[1][: len(lines[1]) // 2], *lines[2:4]]) + "\n")
+
+    def undecodable(case: str, raw: bytes) -> Path:
+        path = tmp_path / f"{case.replace(' ', '-')}.jsonl"
+        path.write_bytes(b"".join(line.encode() + b"\n" for line in lines[:2]) + raw + b"\n")
+        return path
+
     cases = {
+        **{f"{case} line": (["--checkpoint", str(checkpoint), "--input", str(undecodable(case, raw))],
+                            f"{case.replace(' ', '-')}.jsonl:3") for case, raw in UNDECODABLE_LINES.items()},
         "missing checkpoint": (["--checkpoint", str(tmp_path / "nope.pt"), "--input", str(broken)], "nope.pt"),
         "missing input": (["--checkpoint", str(checkpoint), "--input", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
         "truncated line": (["--checkpoint", str(checkpoint), "--input", str(broken)], "broken.jsonl:2"),

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distqa.config import ConfigError, load_config
+from distqa.config import TINY_MODEL_DIR, ConfigError, load_config
 from distqa.data import AnswerType, build_dataset
 from distqa.model import QAModel, build_model, qa_loss
 from distqa.optim import Precision, build_optimizer
+from distqa.pretrained import check_sources
+
+from conftest import REPO_ROOT, clean_env
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -145,3 +153,52 @@ def test_any_bert_family_encoder_trains_every_parameter(family: str, tmp_path, b
     assert model.uses_token_types == (family in ("bert", "electra"))
     qa_loss(model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]), batch).backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def weightless_copy(tmp_path: Path) -> Path:
+    """The tiny model's directory as a pretrained model would be, but without its weights."""
+    directory = tmp_path / "no-weights"
+    shutil.copytree(TINY_MODEL_DIR, directory)
+    return directory
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("no weights", r"holds a config but no weights \(model.safetensors or pytorch_model.bin\).*--from-scratch true"),
+    ("no config.json", r"cannot load an encoder config from .*no-weights.*config.json"),
+    ("broken tokenizer", r"tokenizer_name_or_path=.*cannot load a tokenizer from .*tokenizer.json"),
+])
+def test_a_model_or_tokenizer_that_cannot_load_is_a_configuration_error(case: str, message: str,
+                                                                        tmp_path: Path) -> None:
+    directory = weightless_copy(tmp_path)
+    args = ["--model-name-or-path", str(directory), "--from-scratch", "false"]
+    if case == "no config.json":
+        (directory / "config.json").unlink()
+    if case == "broken tokenizer":
+        (directory / "model.safetensors").write_bytes(b"")  # only its presence is checked before loading
+        (directory / "tokenizer.json").write_text("{not json")
+        args += ["--tokenizer-name-or-path", str(directory)]
+    config = load_config(args, environ={}, dotenv_path="/nonexistent")
+    with pytest.raises(ConfigError, match=message) as err:
+        check_sources(config)
+    assert "\n" not in str(err.value)
+    # from scratch, a weightless directory is what it needs
+    if case == "no weights":
+        check_sources(dataclasses.replace(config, from_scratch=True))
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_train_on_a_weightless_model_stops_before_any_process_group(nproc: int, tmp_path: Path) -> None:
+    """The issue's command: the bert-base preset pointed at the tiny model's directory (no weights)."""
+    launcher = [sys.executable, "-m", "distqa.train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                    "-m", "distqa.train"]
+    result = subprocess.run([*launcher, "--preset", "bert-base", "--model-name-or-path", "data/tiny-bert",
+                             "--output-dir", str(tmp_path)], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "configuration error" in line]
+    assert len(errors) == nproc, result.stderr
+    assert "data/tiny-bert" in errors[0] and "--from-scratch true" in errors[0]
+    assert "Traceback" not in result.stderr or nproc > 1  # torchrun prints its own summary of failed ranks
+    assert not any(tmp_path.iterdir())  # no run directory: it stopped before the runtime started

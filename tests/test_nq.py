@@ -24,7 +24,16 @@ from distqa.data.windows import (
     window_span_to_tokens,
 )
 
-from nq_examples import UNICODE_WORDS, WORDS, document, line, random_record, write_jsonl
+from nq_examples import (
+    UNDECODABLE_LINES,
+    UNDECODABLE_REASONS,
+    UNICODE_WORDS,
+    WORDS,
+    document,
+    line,
+    random_record,
+    write_jsonl,
+)
 
 TOKENIZER = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
 # Small windows: a few dozen tokens give many window boundaries per document.
@@ -279,6 +288,24 @@ def test_each_malformed_line_is_reported_with_file_line_and_field(case: str, tmp
     assert result.bad_reports[0].startswith(f"{path}:151: ")
     with pytest.raises(DataError, match=f"(?s){path}:151: .*--on-bad-line skip"):
         scan(path, labelled=True, on_bad_line="fail")
+
+
+@pytest.mark.parametrize("case", list(UNDECODABLE_LINES))
+def test_an_undecodable_line_is_a_bad_line_like_any_other(case: str, tmp_path: Path) -> None:
+    bad = UNDECODABLE_LINES[case]
+    with pytest.raises(BadLine, match=UNDECODABLE_REASONS[case]):
+        parse_example(bad, labelled=True)
+    records: list[dict | bytes] = [good(example_id=i) for i in range(1, 300)]
+    path = write_jsonl(tmp_path / "train.jsonl", [*records[:150], bad, *records[150:]])
+    result = scan(path, labelled=True)
+    assert (len(result), result.bad_lines) == (299, 1)
+    assert result.bad_reports[0].startswith(f"{path}:151: ")
+    with pytest.raises(DataError, match=f"(?s){path}:151: .*--on-bad-line skip"):
+        scan(path, labelled=True, on_bad_line="fail")
+
+
+def test_a_utf8_byte_order_mark_before_the_first_line_is_read() -> None:
+    assert parse_example(b"\xef\xbb\xbf" + json.dumps(good(example_id=5)).encode(), labelled=True).example_id == 5
 
 
 def test_a_file_past_the_bad_line_fraction_is_refused(tmp_path: Path) -> None:

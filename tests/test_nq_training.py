@@ -13,7 +13,7 @@ import pytest
 from distqa.data.synthetic_nq import write_jsonl as write_synthetic
 
 from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
-from nq_examples import random_record, write_jsonl
+from nq_examples import UNDECODABLE_LINES, random_record, write_jsonl
 
 pytestmark = pytest.mark.distributed
 
@@ -120,3 +120,24 @@ def test_prepare_errors_are_one_line_messages(tmp_path: Path) -> None:
     assert unwritable.returncode == 1 and "check nq_cache_dir" in unwritable.stderr
     for result in (missing, unwritable):
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("case", ["NUL-led", "Latin-1"])
+def test_prepare_skips_or_refuses_an_undecodable_line_without_a_traceback(case: str, tmp_path: Path) -> None:
+    rng = random.Random(0)
+    records: list[dict | bytes] = [random_record(rng, i) for i in range(160)]
+    source = write_jsonl(tmp_path / "nq.jsonl", [*records[:80], UNDECODABLE_LINES[case], *records[80:]])
+    args = [sys.executable, "-m", "distqa.prepare", "--progress-bar", "false", "--nq-train-file", str(source),
+            "--nq-cache-dir", str(tmp_path / "cache")]
+
+    def run(policy: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*args, "--on-bad-line", policy], cwd=REPO_ROOT, env=clean_env(),
+                              capture_output=True, text=True, timeout=300)
+
+    skipped = run("skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "160 examples from 161 lines (1 malformed, skipped)" in skipped.stderr
+    assert f"{source}:81: " in skipped.stderr
+    refused = run("fail")
+    assert refused.returncode == 2 and f"{source}:81: " in refused.stderr
+    assert "Traceback" not in skipped.stderr + refused.stderr

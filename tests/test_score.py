@@ -27,7 +27,7 @@ from distqa.score import (
 )
 
 from conftest import REPO_ROOT, clean_env
-from nq_examples import document, line, write_jsonl
+from nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl
 
 SAMPLE_GOLD = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
 SAMPLE_TEST = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test.jsonl"
@@ -228,11 +228,22 @@ def test_empty_missing_and_unreadable_submissions(tmp_path: Path) -> None:
         read_submission(tmp_path / "nope.csv")
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"example_id,PredictionString\n1_long,\xff\n")
-    with pytest.raises(SubmissionError, match="not UTF-8"):
+    with pytest.raises(SubmissionError, match=f"{binary}:2: not UTF-8"):
         read_submission(binary)
     quoted = csv_file(tmp_path, [*GOOD_ROWS, '3_long,"6:11'])
     with pytest.raises(SubmissionError, match="not readable as CSV"):
         read_submission(quoted)
+
+
+@pytest.mark.parametrize("case", list(UNDECODABLE_LINES))
+def test_an_undecodable_submission_line_names_file_and_line(case: str, tmp_path: Path) -> None:
+    path = tmp_path / "submission.csv"
+    path.write_bytes(b"".join(row.encode() + b"\n" for row in GOOD_ROWS[:3]) + UNDECODABLE_LINES[case] + b"\n")
+    with pytest.raises(SubmissionError) as err:
+        read_submission(path, IDS)
+    text = str(err.value)
+    assert text.startswith(f"{path}:4") and "\n" not in text, text
+    assert "not UTF-8" in text or "field(s)" in text or "not readable as CSV" in text, text
 
 
 def test_write_then_read_gives_the_same_answers(tmp_path: Path) -> None:
@@ -266,6 +277,7 @@ BAD_GOLD = {
                          "looks like the test file, which has no answers: a gold file must be in the train format"),
     "no annotations": (record(2) | {"annotations": []}, "field 'annotations' is empty"),
     "repeated example_id": (record(1), "example_id 1 repeats line 1"),
+    **{f"{case} line": (raw, UNDECODABLE_REASONS[case]) for case, raw in UNDECODABLE_LINES.items()},
 }
 
 

@@ -8,10 +8,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedModel
+from transformers import PreTrainedModel
 
-from distqa.config import Config, ConfigError
+from distqa.config import Config
 from distqa.data import AnswerType
+from distqa.pretrained import load_encoder, load_encoder_config
 
 # Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
 # use the first two, DistilBERT the last two).
@@ -78,16 +79,9 @@ def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def build_model(config: Config) -> QAModel:
     """Encoder from any BERT-family name or directory (randomly initialised with ``from_scratch``)."""
-    encoder_config = AutoConfig.from_pretrained(config.model_source)
+    encoder_config = load_encoder_config(config)
     if config.dropout is not None:
         for name in DROPOUT_ATTRIBUTES:
             if hasattr(encoder_config, name):
                 setattr(encoder_config, name, config.dropout)
-    if config.max_seq_len > encoder_config.max_position_embeddings:
-        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the encoder's "
-                         f"max_position_embeddings ({encoder_config.max_position_embeddings}); lower max_seq_len.")
-    if config.from_scratch:
-        encoder = AutoModel.from_config(encoder_config)
-    else:
-        encoder = AutoModel.from_pretrained(config.model_source, config=encoder_config)
-    return QAModel(encoder)
+    return QAModel(load_encoder(config, encoder_config))

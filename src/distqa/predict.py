@@ -96,13 +96,13 @@ class Predictor:
 
     def __init__(self, model: Any, config: Config, runtime: Any, thresholds: Any, max_answer_len: int,
                  evaluation: dict[str, Any] | None = None) -> None:
-        from transformers import AutoTokenizer
+        from distqa.pretrained import load_tokenizer
 
         self.model, self.config, self.runtime = model, config, runtime
         self.thresholds, self.max_answer_len = thresholds, max_answer_len
         self.evaluation = evaluation
         """The validation metrics stored with the checkpoint (its step included); None if it has none."""
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
+        self.tokenizer = load_tokenizer(config)
 
     @classmethod
     def from_checkpoint(cls, path: Path | str, runtime: Any, long_threshold: float | None = None,

@@ -35,6 +35,7 @@ Python API: :class:`Answer`, :class:`Gold`, :class:`Counts`, :func:`judge`, :fun
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import io
 import json
@@ -196,8 +197,9 @@ def read_submission(path: Path | str, expected_ids: Collection[int] | None = Non
     expected = None if expected_ids is None else set(expected_ids)
     predictions: dict[int, dict[str, str]] = {}
     lines: dict[str, int] = {}
+    text = _utf8_text(path)
     try:
-        with path.open(newline="", encoding="utf-8-sig") as file:
+        with io.StringIO(text, newline="") as file:
             reader = csv.reader(file, strict=True)
             header = next(reader, None)
             if header is None:
@@ -229,10 +231,19 @@ def read_submission(path: Path | str, expected_ids: Collection[int] | None = Non
                 predictions.setdefault(example_id, {})[kind] = _prediction(value, kind, where)
     except csv.Error as err:
         raise SubmissionError(f"{path}:{reader.line_num}: not readable as CSV ({err})") from None
-    except UnicodeDecodeError as err:
-        raise SubmissionError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     _check_complete(path, predictions, expected_ids)
     return {i: Answer(p["long"], p["short"]) for i, p in predictions.items()}
+
+
+def _utf8_text(path: Path) -> str:
+    """The whole file as text (a submission is a few MB); SubmissionError naming the line that is not UTF-8."""
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise SubmissionError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}: {err.reason}); "
+                              "save the submission as a UTF-8 CSV") from None
 
 
 def _prediction(value: str, kind: str, where: str) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from dotenv import load_dotenv
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from distqa.config import Config, ConfigError, load_config
 from distqa.data import build_dataset, nq_features, require_nq_features
@@ -48,6 +48,7 @@ from distqa.distributed import Runtime, distributed_runtime, read_torchrun_env, 
 from distqa.evaluate import Evaluator
 from distqa.model import build_model
 from distqa.optim import build_optimizer
+from distqa.pretrained import check_sources, load_tokenizer
 from distqa.rundir import prepare_run_dir
 from distqa.trainer import Progress, Trainer, seed_everything
 
@@ -60,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
     try:
         config = load_config(argv)
+        check_sources(config)  # a model that cannot load fails here, not in every rank of a process group
         if config.dataset == "nq":  # before any process group: no rank waits in a collective meanwhile
             ranks = read_torchrun_env()
             setup_logging(ranks["RANK"])
@@ -82,7 +84,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
              run_dir)
 
     # Data: every rank reads a disjoint share of each epoch's permutation.
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
+    tokenizer = load_tokenizer(config)
     dataset = build_dataset(config, tokenizer)
     sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
                                           shuffle=True, seed=config.seed)

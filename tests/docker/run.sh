@@ -3,8 +3,9 @@
 #
 # Usage: tests/docker/run.sh [--keep-dockerd] [PYTEST ARGS...]
 #
-# 1. installs docker.io and debootstrap with apt-get when missing (needs root), starts dockerd when
-#    none answers (and stops it again at the end unless --keep-dockerd);
+# 1. installs docker.io and debootstrap with apt-get when missing (needs root; a `docker` client without
+#    a daemon counts as missing, see tests/docker/tools.sh), starts dockerd when none answers (and stops
+#    it again at the end unless --keep-dockerd);
 # 2. builds a stand-in base image, since no image registry is reachable here: Debian bookworm from
 #    debootstrap + the CPU build of requirements.txt's torch (from a wheelhouse made by this
 #    machine's pip), tagged by a hash of its inputs so later runs reuse it;
@@ -32,14 +33,11 @@ die() { echo "tests/docker/run.sh: $*" >&2; exit 1; }
 mkdir -p "$work"
 
 # --- 1. tools and daemon --------------------------------------------------------------------
-missing=()
-command -v docker >/dev/null || missing+=(docker.io)
-command -v debootstrap >/dev/null || missing+=(debootstrap)
-if (( ${#missing[@]} )); then
-    (( EUID == 0 )) || die "${missing[*]} missing; install them (apt-get install ${missing[*]}) or run as root"
-    log "installing ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# dockerd and debootstrap live in /usr/sbin, which a non-login root shell may not have on PATH.
+case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH="$PATH:/usr/sbin:/sbin" ;; esac
+# shellcheck source=tests/docker/tools.sh
+source tests/docker/tools.sh
+install_docker_tier_tools || exit 1
 dockerd_pid=""
 stop_dockerd() {
     [[ -n "$dockerd_pid" ]] || return 0

@@ -71,11 +71,10 @@ def prepare_nq(config: Config, tokenizer: PreTrainedTokenizerBase | None = None,
                labelled: bool = True, **kwargs: Any) -> Path:
     """Build (or find) the NQ feature cache of ``source`` (default: ``config.nq_train_file``) with
     the settings of ``config``; returns its directory. ``kwargs`` override build_cache's arguments."""
-    from transformers import AutoTokenizer
-
     from distqa.data.cache import build_cache
+    from distqa.pretrained import load_tokenizer
 
-    tokenizer = tokenizer or AutoTokenizer.from_pretrained(config.tokenizer_source)
+    tokenizer = tokenizer or load_tokenizer(config)
     source = source or config.nq_train_path
     num_proc = config.num_proc or auto_num_proc(source.stat().st_size if source.is_file() else 0)
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
@@ -98,12 +97,11 @@ def require_nq_features(config: Config, world_size: int) -> Path:
     With several ranks it must exist before launch (``python -m distqa.prepare``): featurising
     inside the run would leave every other rank waiting in a collective until the timeout.
     """
-    from transformers import AutoTokenizer
-
     from distqa.data.cache import cached
     from distqa.data.nq import DataError
+    from distqa.pretrained import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_source)
+    tokenizer = load_tokenizer(config)
     directory = cached(nq_request(config, tokenizer), config.nq_cache_path)
     if directory is not None:
         return directory

@@ -123,9 +123,21 @@ def parse_annotations(raw: bytes | str) -> tuple[int, list[Targets]]:
 
 
 def _decode(raw: bytes | str) -> dict[str, Any]:
+    if isinstance(raw, bytes):
+        # Decoded here rather than by json.loads, which guesses UTF-16/32 from leading NULs and then
+        # either raises UnicodeDecodeError or, worse, accepts a line that is not in NQ's encoding.
+        try:
+            raw = raw.decode("utf-8-sig")  # -sig: a BOM that an editor put before the first line
+        except UnicodeDecodeError as err:
+            raise BadLine(f"not UTF-8 text: byte 0x{raw[err.start]:02x} at column {err.start + 1} "
+                          f"({err.reason}); NQ files are UTF-8 JSON lines: is the file in another encoding, "
+                          "or corrupted?") from None
+    if "\x00" in raw:  # JSON text never holds a raw NUL; a line of binary junk would read as "not valid JSON"
+        raise BadLine(f"holds a NUL byte at column {raw.index(chr(0)) + 1}: not a line of JSON text; is the file "
+                      "corrupted, or not an NQ jsonl?")
     try:
         # Without its newline, a truncated line reads as "unterminated string", not "control character".
-        record = json.loads(raw.rstrip(b"\r\n" if isinstance(raw, bytes) else "\r\n"))
+        record = json.loads(raw.rstrip("\r\n"))
     except json.JSONDecodeError as err:
         raise BadLine(f"not valid JSON: {err.msg} (column {err.colno}); is the line truncated?") from None
     if not isinstance(record, dict):
