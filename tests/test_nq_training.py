@@ -127,12 +127,11 @@ def test_prepare_skips_or_refuses_an_undecodable_line_without_a_traceback(case: 
     rng = random.Random(0)
     records: list[dict | bytes] = [random_record(rng, i) for i in range(160)]
     source = write_jsonl(tmp_path / "nq.jsonl", [*records[:80], UNDECODABLE_LINES[case], *records[80:]])
-    args = [sys.executable, "-m", "distqa.prepare", "--progress-bar", "false", "--nq-train-file", str(source),
-            "--nq-cache-dir", str(tmp_path / "cache")]
 
-    def run(policy: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*args, "--on-bad-line", policy], cwd=REPO_ROOT, env=clean_env(),
-                              capture_output=True, text=True, timeout=300)
+    def run(policy: str) -> subprocess.CompletedProcess[str]:  # a cache each: a built one would be reused
+        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--progress-bar", "false", "--nq-train-file",
+                               str(source), "--nq-cache-dir", str(tmp_path / policy), "--on-bad-line", policy],
+                              cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
 
     skipped = run("skip")
     assert skipped.returncode == 0, skipped.stderr
