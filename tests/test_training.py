@@ -183,14 +183,14 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, seconds_b
     the run may survive the launcher."""
     launcher = launch_locally(tmp_path, "--max-steps", "100000", "--checkpoint-every", "0")
     try:
-        _kill_rank_1_once(lambda: time.sleep(seconds_before_kill))
+        _kill_rank_1_once(tmp_path, lambda: time.sleep(seconds_before_kill))
         output, _ = launcher.communicate(timeout=180)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
     assert launcher.returncode != 0
     assert "stopping the others" in output
-    assert _training_process_with_rank(0) is None and _training_process_with_rank(1) is None
+    assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
     assert launcher.returncode is not None
 
 
@@ -203,7 +203,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
     launcher = launch_locally(tmp_path, *args, max_restarts=1)
     checkpoint_5 = tmp_path / "launcher-test" / "checkpoints" / "step-00000005.pt"
     try:
-        _kill_rank_1_once(lambda: wait_for(checkpoint_5.exists, timeout=120))
+        _kill_rank_1_once(tmp_path, lambda: wait_for(checkpoint_5.exists, timeout=120))
         output, _ = launcher.communicate(timeout=300)
     finally:
         if launcher.poll() is None:
@@ -215,14 +215,15 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
 
 
-def _kill_rank_1_once(wait_before_kill) -> None:
-    victim = wait_for(lambda: _training_process_with_rank(1), timeout=180)
+def _kill_rank_1_once(output_dir: Path, wait_before_kill) -> None:
+    victim = wait_for(lambda: _training_process_with_rank(1, output_dir), timeout=180)
     wait_before_kill()
     os.kill(victim, signal.SIGKILL)
 
 
-def _training_process_with_rank(rank: int) -> int | None:
-    """PID of a live `distqa.train` worker with RANK=rank started by the launcher test."""
+def _training_process_with_rank(rank: int, output_dir: Path) -> int | None:
+    """PID of a live `distqa.train` worker with RANK=rank started by this test (its --output-dir is
+    ``output_dir``: another test run on the same machine must never be the one killed)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -232,6 +233,7 @@ def _training_process_with_rank(rank: int) -> int | None:
         except OSError:
             continue
         if b"distqa.train" in cmdline and b"torch.distributed.run" not in b" ".join(cmdline) \
-                and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ:
+                and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ \
+                and str(output_dir).encode() in cmdline:
             return int(proc.name)
     return None
