@@ -32,6 +32,7 @@ done
 [[ "$nodes" =~ ^[0-9]+$ ]] || die "--nodes must be a whole number, got '$nodes'"
 (( all )) || [[ -n "$run_id" ]] || die "name the run with --run-id ID (the launcher printed it), or pass --all"
 flow="$(find_flow_cli)" || exit 2
+cd "$repo_root"  # the flow CLI finds .neuro/live.yml from its working directory up
 
 if (( all )); then
     exec "$flow" kill ALL

@@ -1,0 +1,327 @@
+"""The platform recipe read against the real CLI's own code (no platform, no processes started):
+every documented command exists in the installed click trees, a build uploads only what the
+Dockerfile copies, job names pass the platform's rule, the launcher reads --life-span as neuro-flow
+does, and the Dockerfile starts from a published PyTorch image."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+
+from conftest import REPO_ROOT, clean_env
+
+STANDIN_DIR = REPO_ROOT / "tests" / "standin"
+LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
+sys.path.insert(0, str(STANDIN_DIR))
+import platform_cli  # noqa: E402  (tests/standin is not a package)
+
+# --- 6. every documented command line exists in the installed CLI ------------------------------
+
+CLI_NAMES = ("neuro-flow", "apolo-flow", "apolo", "neuro")
+DOCUMENTS = ["README.md", ".neuro/README.md", ".neuro/live.yml", ".neuro/project.yml",
+             *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "scripts").iterdir()),
+             *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").rglob("*") if p.is_file())]
+
+
+def click_trees() -> dict[str, click.Group]:
+    """The command groups behind the installed console scripts (see .venv/bin/neuro-flow, apolo)."""
+    from apolo_cli.main import cli as apolo_cli
+    from apolo_flow.cli.main import cli as flow_cli
+
+    return {"neuro-flow": flow_cli, "apolo-flow": flow_cli, "apolo": apolo_cli, "neuro": apolo_cli}
+
+
+def documented_command_lines() -> list[tuple[str, str]]:
+    """(file, command line) for every line or code span of the documents that starts with a CLI name
+    followed by a subcommand word; comment markers are dropped and `;`, `&&`, `|` split commands."""
+    found = []
+    for name in DOCUMENTS:
+        text = (REPO_ROOT / name).read_text()
+        if not name.endswith(".md"):  # comments of scripts and YAML: drop the markers, keep the text
+            text = "\n".join(re.sub(r"^\s*#+ ?", "", line) for line in text.splitlines())
+        pieces = [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", text)]
+        pieces += [line for line in text.splitlines()]
+        for piece in pieces:
+            for segment in re.split(r";|&&|\|\||\||`|: ", piece):
+                segment = re.sub(r"\s#.*", "", segment).strip().removeprefix("$ ").rstrip(".,")
+                first, _, rest = segment.partition(" ")
+                if first in CLI_NAMES and re.match(r"[a-z][a-z-]*( |$)", rest):
+                    found.append((name, segment))
+    return found
+
+
+def check_command_line(line: str, trees: dict[str, click.Group], live: object) -> str | None:
+    """None if LINE names a command of the installed CLI with options it has, else what is wrong."""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        words = line.split()
+    command: click.Command = trees[words[0]]
+    path = [words[0]]
+    rest = words[1:]
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        sub = command.get_command(click.Context(command), rest[0])
+        if sub is None:
+            return f"'{' '.join(path)} {rest[0]}' is not a command (it has: {', '.join(sorted(command.commands))})"
+        command, path, rest = sub, [*path, rest[0]], rest[1:]
+    if isinstance(command, click.Group):
+        return f"'{' '.join(path)}' is a group: name one of its commands"
+    options = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+    positional = []
+    words_left = iter(rest)
+    for word in words_left:
+        if word == "--":
+            break
+        if word.startswith("-") and len(word) > 1:
+            option = word.split("=", 1)[0]
+            if option not in options and option not in ("-h", "--help"):
+                return f"'{' '.join(path)}' has no option {option} (it has: {', '.join(sorted(options))})"
+            param = next((p for p in command.params if option in (*p.opts, *p.secondary_opts)), None)
+            if param is not None and not getattr(param, "is_flag", False) and "=" not in word:
+                for _ in range(param.nargs if param.nargs > 0 else 1):
+                    next(words_left, None)
+        else:
+            positional.append(word)
+    placeholder = positional and (positional[0].startswith("<") or (re.fullmatch(r"[A-Z_]+", positional[0])
+                                  and positional[0] != "ALL"))
+    if path[0].endswith("-flow") and positional and not placeholder:
+        known = {"run": live.jobs, "status": live.jobs, "logs": live.jobs, "kill": live.jobs,
+                 "upload": live.volumes, "download": live.volumes, "build": live.images}.get(path[1])
+        if known is not None and positional[0] not in {*known, "ALL"}:
+            return f"'{' '.join(path)}' names {positional[0]!r}, which .neuro/live.yml does not define"
+    return None
+
+
+def test_every_documented_command_exists_in_the_installed_cli_with_its_options() -> None:
+    from apolo_flow.parser import parse_live
+
+    live = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
+    trees = click_trees()
+    lines = documented_command_lines()
+    commands = {line.split()[1] for _, line in lines}
+    assert {"build", "mkvolumes", "upload", "run", "logs", "login"} <= commands, "the extractor finds the README's"
+    wrong = [f"{name}: {line}\n    {problem}" for name, line in lines
+             if (problem := check_command_line(line, trees, live))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_refuses_commands_and_options_the_cli_lacks() -> None:
+    from apolo_flow.parser import parse_live
+
+    live = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
+    trees = click_trees()
+    assert "is not a command" in check_command_line("neuro-flow exec remote_debug bash", trees, live)
+    assert "is not a command" in check_command_line("neuro-flow port-forward remote_debug 5678:5678", trees, live)
+    assert "has no option --tag" in check_command_line("neuro-flow build --tag x myimage", trees, live)
+    assert "does not define" in check_command_line("neuro-flow run nosuchjob", trees, live)
+    assert check_command_line("apolo exec distqa-remote-debug -- bash", trees, live) is None
+    assert check_command_line("neuro-flow build -F myimage", trees, live) is None
+    assert check_command_line('neuro-flow run train --param args "--max-steps 5"', trees, live) is None
+
+
+# --- 2. a build uploads only what the Dockerfile copies ----------------------------------------
+
+def dockerfile_sources() -> list[str]:
+    """The local paths of the Dockerfile's COPY instructions."""
+    sources = []
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            sources += line.split()[1:-1]
+    return sources
+
+
+def test_a_build_uploads_only_what_the_dockerfile_copies(tmp_path: Path) -> None:
+    """`neuro-flow build myimage` copies the context with `apolo cp --recursive`: its ignore-file logic
+    (apolo_sdk) decides what goes. A checkout with a 100 MB NQ file, a .venv, .git, .env and results
+    must upload a few hundred kB, the Dockerfile and all it copies included; `upload data` still
+    sends the NQ file."""
+    checkout = tmp_path / "checkout"
+    tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z"], capture_output=True, check=True)
+    for relative in [*tracked.stdout.decode().split("\0"), ".neuroignore"]:
+        source = REPO_ROOT / relative
+        if relative and source.is_file():
+            (checkout / relative).parent.mkdir(parents=True, exist_ok=True)
+            (checkout / relative).write_bytes(source.read_bytes())
+    for big in ("data/nq/simplified-nq-train.jsonl", "data/simplified-nq-train.jsonl", ".venv/lib/torch.so",
+                "results/run/checkpoints/step-1.pt", "build/lib/x.bin", ".git/objects/pack/p.pack"):
+        (checkout / big).parent.mkdir(parents=True, exist_ok=True)
+        with open(checkout / big, "wb") as f:
+            f.truncate(100 * 2**20)  # sparse: 100 MB of size, no disk
+    (checkout / ".env").write_text("KAGGLE_KEY=secret\n")
+    (checkout / "src" / "distqa" / "__pycache__").mkdir()
+    (checkout / "src" / "distqa" / "__pycache__" / "x.pyc").write_bytes(b"0" * 1000)
+
+    sent = platform_cli.upload_plan(checkout)
+    total = sum(sent.values())
+    assert total < 2 * 2**20, f"a build uploads {total / 2**20:.1f} MB: {sorted(sent, key=sent.get)[-5:]}"
+    for source in [*dockerfile_sources(), "Dockerfile"]:
+        assert any(p == source or p.startswith(source.rstrip("/") + "/") for p in sent), f"{source} is not uploaded"
+    assert not [p for p in sent if p.startswith((".env", ".venv/", ".git/", "data/nq", "results/", "build/"))
+                or "__pycache__" in p]
+    assert not [p for p in sent if p.startswith("data/") and not p.startswith("data/tiny-bert/")]
+
+    data = platform_cli.upload_plan(checkout / "data" / "nq")  # what `neuro-flow upload data` sends
+    assert data == {"simplified-nq-train.jsonl": 100 * 2**20}
+    src = platform_cli.upload_plan(checkout / "src")  # `upload code`: the package, no byte code
+    assert "distqa/train.py" in src and not [p for p in src if "__pycache__" in p]
+
+
+def test_the_data_volume_is_the_folder_the_download_script_fills() -> None:
+    from apolo_flow.parser import parse_live
+
+    live = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
+    assert "local: data/nq" in (REPO_ROOT / ".neuro" / "live.yml").read_text()
+    assert 'dir="$repo_root/data/nq"' in (REPO_ROOT / "scripts" / "download_nq.sh").read_text()
+    assert live.volumes["data"].local is not None
+
+
+# --- 5. job names --------------------------------------------------------------------------------
+
+def launcher_accepts(nodes: int, run_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", str(nodes), "--run-id", run_id],
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("nodes", [2, 11, 101])
+def test_the_launcher_accepts_a_run_id_exactly_when_every_nodes_job_name_is_valid(nodes: int) -> None:
+    from apolo_cli.click_types import JOB_NAME
+
+    def valid(name: str) -> bool:
+        try:
+            JOB_NAME.convert(name, None, None)
+            return True
+        except ValueError:
+            return False
+
+    for length in range(12, 19):
+        run_id = ("dq-" + "a1b2c3d4e5f6g7h8")[:length]
+        names = [platform_cli.job_name("distqa", "distributed_training", f"{run_id}-{rank}") for rank in range(nodes)]
+        result = launcher_accepts(nodes, run_id)
+        assert (result.returncode == 0) == all(valid(n) for n in names), (run_id, result.stderr)
+        if result.returncode != 0:
+            assert result.returncode == 2 and "is not a valid platform job name" in result.stderr
+            assert f"node {nodes - 1}'s job name" in result.stderr and "use a --run-id of at most" in result.stderr
+
+
+def test_the_standin_refuses_a_job_name_the_platform_refuses(tmp_path: Path) -> None:
+    env = clean_env(STANDIN_PLATFORM_DIR=str(tmp_path))
+    long = subprocess.run([sys.executable, str(STANDIN_DIR / "platform_cli.py"), "run", "distributed_training",
+                           "--suffix", "dq-1122-1153000-10", "--param", "node_rank", "10"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert long.returncode == 2 and "Invalid job name" in long.stderr
+    assert not list((tmp_path / "jobs").glob("*.json")), "nothing starts"
+
+
+# --- 9. --life-span as neuro-flow reads it -------------------------------------------------------
+
+def test_the_launcher_accepts_exactly_the_life_spans_neuro_flow_accepts() -> None:
+    """neuro-flow converts a job's life_span with apolo_flow.expr.OptTimeDeltaExpr and passes
+    `--life-span=<int seconds>s` to `apolo run`."""
+    from apolo_flow.expr import OptTimeDeltaExpr
+
+    def flow_accepts(value: str) -> bool:
+        try:
+            seconds = OptTimeDeltaExpr.convert(OptTimeDeltaExpr.__new__(OptTimeDeltaExpr), value)
+            return value != "" and int(seconds) >= 0
+        except (ValueError, OverflowError):
+            return False
+
+    samples = ["1d", "6h", "1d12h", "90m", "45s", "1d2h3m4s", "3600", "1.5", "0", "1h1d", "1d1d", "1w", "6 h",
+               "1D", "h", "-5", "2h30", "12h0m", "100000"]
+    for value in samples:
+        result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "ls", "--life-span", value],
+                                env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert (result.returncode == 0) == flow_accepts(value), (value, result.stderr)
+        if result.returncode:
+            assert "--life-span must be" in result.stderr
+
+
+def test_the_launcher_works_from_any_directory(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "anywhere"], cwd=tmp_path,
+                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+# --- 3. storage the job cannot write stops it at start ---------------------------------------------
+
+@pytest.fixture
+def unwritable_mount() -> Iterator[tuple[Path, list[str]]]:
+    """A mount like the ones `neuro-flow mkvolumes` makes: root-owned, mode 755, and the command prefix
+    that runs a script as the image's former user (uid 1000). Not root: an own folder of mode 555."""
+    base = Path(tempfile.mkdtemp(prefix="distqa-mount-", dir="/tmp"))
+    base.chmod(0o755)  # traversable by uid 1000 (pytest's own tmp folders are 700)
+    mount = base / "results"
+    mount.mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        prefix = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"]
+    else:
+        mount.chmod(0o555)
+        prefix = []
+    try:
+        yield mount, prefix
+    finally:
+        mount.chmod(0o755)
+        shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("script", [["scripts/worker.sh", "--dry-run", "--nproc-per-node", "1"],
+                                    ["scripts/in_job.sh", "true"]])
+def test_a_job_that_cannot_write_its_storage_stops_at_start_naming_the_folder(
+        unwritable_mount: tuple[Path, list[str]], script: list[str]) -> None:
+    mount, prefix = unwritable_mount
+    env = clean_env(DISTQA_OUTPUT_DIR=str(mount), HF_HOME=str(mount.parent / "cache"), PYTHON=sys.executable)
+    result = subprocess.run([*prefix, "bash", str(REPO_ROOT / script[0]), *script[1:]], cwd="/", env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert f"cannot write to {mount} ({mount} is owned by uid {mount.stat().st_uid}, mode" in line
+    assert f"this job runs as uid {os.geteuid() if not prefix else 1000}" in line and "Fix:" in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the image runs as root; only root writes a root-owned 755 mount")
+def test_the_image_user_root_writes_a_root_owned_mount(unwritable_mount: tuple[Path, list[str]]) -> None:
+    mount, _ = unwritable_mount
+    cache = mount.parent / "cache" / "huggingface"
+    env = clean_env(DISTQA_OUTPUT_DIR=str(mount), HF_HOME=str(cache), PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "in_job.sh"), "true"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert cache.is_dir() and not list(mount.iterdir()), "created the missing cache folder, left no probe"
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
+    assert users in ([], ["root"], ["0"]), f"the image must run as root on the platform, not as {users[-1]}"
+
+
+# --- 1. the base image ---------------------------------------------------------------------------
+
+# The pytorch/pytorch tags published for torch 2.13.0 (Docker Hub and ghcr.io/pytorch/pytorch): public
+# Dockerfiles pull pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime (one pins its digest
+# sha256:6acf597eeb8e...), 2.13.0-cuda13.0-cudnn9-runtime and 2.13.0-cuda13.2-cudnn9-runtime/-devel;
+# no public file names a cuda12.8 build of 2.13.0.
+PUBLISHED_TORCH_IMAGES = {"2.13.0": {"cuda12.6", "cuda13.0", "cuda13.2"}}
+
+
+def test_the_dockerfile_starts_from_a_published_pytorch_image_with_the_pinned_torch() -> None:
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M)
+    assert base, "the Dockerfile names its base in ARG BASE_IMAGE"
+    match = re.fullmatch(r"pytorch/pytorch:(?P<torch>[\d.]+)-(?P<cuda>cuda[\d.]+)-cudnn\d+-runtime", base.group(1))
+    assert match, f"{base.group(1)} is not an official pytorch/pytorch runtime tag"
+    torch_pin = re.search(r"^torch==(\S+)$", (REPO_ROOT / "requirements.txt").read_text(), re.M)
+    assert torch_pin and match["torch"] == torch_pin.group(1), "the base must carry the torch of requirements.txt"
+    assert match["cuda"] in PUBLISHED_TORCH_IMAGES.get(match["torch"], set()), f"{base.group(1)} is not published"
+    assert re.search(r"NVIDIA driver", dockerfile), "the Dockerfile says which NVIDIA driver the image needs"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(os.linesep.join(f"{n}: {line}" for n, line in documented_command_lines()))
