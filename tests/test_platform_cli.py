@@ -5,6 +5,7 @@ does, and the Dockerfile starts from a published PyTorch image."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -250,6 +251,74 @@ def test_the_launcher_works_from_any_directory(tmp_path: Path) -> None:
     result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "anywhere"], cwd=tmp_path,
                             env=clean_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+# --- 10. neuro-flow 24.12 and its successor apolo-flow 26.7 -------------------------------------
+
+FLOW26_PYTHON = REPO_ROOT / ".venv-apolo-flow26" / "bin" / "python"
+RENDER_ALL = """
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[1])
+import platform_cli
+flow = platform_cli._flow()
+jobs = {}
+for job_id in flow.job_ids:
+    multi = asyncio.run(flow.is_multi(job_id))
+    params = {"node_rank": "1", "master_addr": "m", "schedule_timeout": "120", "args": "--lr '1e-3'"} if multi else {}
+    job = platform_cli.render(job_id, "r-1" if multi else None, params)
+    jobs[job_id] = {"cmd": job.cmd, "volumes": sorted(job.volumes), "env": dict(job.env), "image": job.image,
+                    "life_span": job.life_span, "schedule_timeout": job.schedule_timeout, "tags": sorted(job.tags),
+                    "preset": job.preset, "detach": job.detach}
+print(json.dumps({"jobs": jobs}, sort_keys=True))
+"""
+
+
+def flow26() -> Path:
+    assert FLOW26_PYTHON.exists(), ("apolo-flow 26 is not installed: `make setup` puts it into .venv-apolo-flow26 "
+                                    "(requirements-apolo-flow.txt)")
+    return FLOW26_PYTHON
+
+
+def render_all(python: Path | str) -> dict:
+    result = subprocess.run([str(python), "-c", RENDER_ALL, str(STANDIN_DIR)], cwd=REPO_ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_live_yml_and_the_standin_render_every_job_alike_under_neuro_flow_24_and_apolo_flow_26() -> None:
+    """apolo-flow 26.7 changed get_multi_job (no args) and dropped multi.args; live.yml uses neither,
+    so every job renders the same, and the stand-in runs under both."""
+    old, new = render_all(sys.executable), render_all(flow26())
+    assert version_of(sys.executable, "neuro-flow").startswith("24.12.")
+    assert version_of(flow26(), "apolo-flow").startswith("26.7.")
+    assert old["jobs"] == new["jobs"]
+    training = new["jobs"]["distributed_training"]
+    assert training["schedule_timeout"] == 120 and shlex.split(training["cmd"])[-3:] == ["--", "--lr", "1e-3"]
+
+
+def version_of(python: Path | str, distribution: str) -> str:
+    code = f"from importlib.metadata import version; print(version({distribution!r}))"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True).stdout.strip()
+
+
+def test_the_launcher_drives_apolo_flow_26_like_neuro_flow_24(tmp_path: Path) -> None:
+    """The launcher against the stand-in running on apolo-flow 26.7: job names are checked, `run` waits
+    while pending and a master the platform cannot place fails after --timeout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apolo-flow").write_text(f"#!/bin/sh\nexec {shlex.quote(str(flow26()))} "
+                                        f"{shlex.quote(str(STANDIN_DIR / 'platform_cli.py'))} \"$@\"\n")
+    (bin_dir / "apolo-flow").chmod(0o755)
+    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", STANDIN_PLATFORM_DIR=str(tmp_path / "platform"),
+                    STANDIN_PENDING_S="600", FLOW_CLI="apolo-flow")
+    result = subprocess.run(["bash", str(LAUNCH), "--nodes", "2", "--run-id", "v26", "--timeout", "2", "--poll", "0.5"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the master job (distributed_training v26-0) was not started within 2 s" in result.stderr
+    record = json.loads((tmp_path / "platform" / "jobs" / "distributed_training-v26-0.json").read_text())
+    assert (record["status"], record["schedule_timeout"], record["cli"]) == ("failed", 2, "")
 
 
 # --- 3. storage the job cannot write stops it at start ---------------------------------------------

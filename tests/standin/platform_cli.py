@@ -3,8 +3,9 @@
 The tests put wrappers named ``neuro-flow`` and ``apolo-flow`` that exec this file first on ``PATH``;
 ``scripts/run_distributed_on_platform.sh`` then drives it exactly as it drives the real CLI.
 
-What is real, and which function of the real CLI each behaviour follows (neuro-flow 24.12 =
-``apolo_flow``, the platform client = ``apolo_cli`` / ``apolo_sdk``):
+What is real, and which function of the real CLI each behaviour follows (neuro-flow 24.12 and
+apolo-flow 26.7 both ship the package ``apolo_flow``; the platform client is ``apolo_cli`` /
+``apolo_sdk``). The stand-in runs under either: it uses whichever ``apolo_flow`` its interpreter has.
 
 * the workspace is found from the working directory upwards, ``.apolo/`` before ``.neuro/``
   (``apolo_flow.parser.find_workspace``, as ``apolo_flow.cli.main`` calls it): run from outside a
@@ -54,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import inspect
 import json
 import os
 import re
@@ -159,7 +161,11 @@ def render(job_id: str, suffix: str | None, params: dict[str, str]) -> Any:
         if await flow.is_multi(job_id):
             if suffix is None:
                 raise click.ClickException(f"{job_id} is a multi-job: pass --suffix")
-            return await flow.get_multi_job(job_id, suffix, None, params)
+            # neuro-flow 24.12: get_multi_job(job_id, suffix, args, params) (the `run JOB -- ARGS` of
+            # multi.args); apolo-flow 26.7 dropped both: get_multi_job(job_id, suffix, params).
+            if "args" in inspect.signature(flow.get_multi_job).parameters:
+                return await flow.get_multi_job(job_id, suffix, None, params)
+            return await flow.get_multi_job(job_id, suffix, params)
         return await flow.get_job(job_id, params)
 
     return asyncio.run(get())
