@@ -25,8 +25,7 @@ ARG USER_UID=1000
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HOME=/project/cache/huggingface \
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    HF_HOME=/project/cache/huggingface
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /project

@@ -12,8 +12,8 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/platform_common.sh
-source "$repo_root/scripts/platform_common.sh"
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "kill_distributed.sh: $*" >&2; exit 2; }

@@ -47,8 +47,8 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/platform_common.sh
-source "$repo_root/scripts/platform_common.sh"
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
 
 job=distributed_training
 nodes="$(setting NODES 2)"

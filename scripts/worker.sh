@@ -32,7 +32,10 @@
 #   --dry-run           print the torchrun command instead of running it
 #
 # Environment:
-#   PYTHON              interpreter with distqa installed (default: python3, else python)
+#   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
+#                       if there is one, else python3, else python)
+#   NODE_CORES          CPU cores this node's processes share (default: all, `nproc`); each process
+#                       gets NODE_CORES / processes OpenMP threads unless OMP_NUM_THREADS is set
 #   NODE_ADDR           the address other nodes reach this node at (default: this host's name
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
@@ -47,9 +50,7 @@ script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd "$script_dir/.." && pwd)"
 # shellcheck source=scripts/common.sh
 source "$script_dir/common.sh"
-if [[ -z "${PYTHON:-}" ]]; then
-    if command -v python3 >/dev/null; then PYTHON=python3; else PYTHON=python; fi
-fi
+find_python "$repo_root"
 nnodes=1
 node_rank=0
 master_addr=""
@@ -93,10 +94,9 @@ if (( node_rank > 0 )) && [[ -z "$master_addr" ]]; then
     die "--master-addr is required on node $node_rank: the address of node 0 (its internal hostname on the platform)"
 fi
 
-cd "$repo_root"
-# Run directories (DISTQA_OUTPUT_DIR, else results/) and the hub cache (HF_HOME) must take files
-# whoever owns their mounts: say so now, not as a traceback on some rank after minutes.
-require_writable worker.sh "${DISTQA_OUTPUT_DIR:-$repo_root/results}" "${HF_HOME:-}"
+# The run directories (DISTQA_OUTPUT_DIR; the platform's results volume) and the hub cache (HF_HOME)
+# must take files whoever owns their mounts: say so now, not as a traceback on some rank later.
+require_writable worker.sh "${DISTQA_OUTPUT_DIR:-}" "${HF_HOME:-}"
 "$PYTHON" -c "import distqa" 2>/dev/null \
     || die "$PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python"
 if [[ -z "$nproc_per_node" ]]; then
@@ -109,8 +109,10 @@ fi
 # shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 export PYTHONUNBUFFERED=1
+# Each process gets its share of the node's cores instead of a thread per core (oversubscribed CPU
+# runs are several times slower); emulated nodes on one machine pass their share as NODE_CORES.
 if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
-    cores=$(nproc 2>/dev/null || echo 1)
+    cores="${NODE_CORES:-$(nproc 2>/dev/null || echo 1)}"
     export OMP_NUM_THREADS=$(( cores / nproc_per_node > 1 ? cores / nproc_per_node : 1 ))
 fi
 
