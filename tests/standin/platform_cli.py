@@ -472,7 +472,11 @@ def ps() -> None:
 
 @cli.command()
 def mkvolumes() -> None:
+    """Create the storage folder of every volume that has a local folder, and only those
+    (apolo_flow.live_runner.LiveExecutor.mkvolumes skips volumes without `local`)."""
     for volume in _flow().volumes.values():
+        if volume.local is None:
+            continue
         storage_path(str(volume.remote)).mkdir(parents=True, exist_ok=True)
         click.echo(f"Created {volume.remote}")
 
