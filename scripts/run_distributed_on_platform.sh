@@ -93,9 +93,11 @@ done
 (( timeout_s >= 1 )) || die "--timeout must be at least 1 second, got $timeout_s"
 [[ "$run_id" =~ ^[a-z0-9]+(-[a-z0-9]+)*$ ]] \
     || die "--run-id must be lowercase letters and digits in groups joined by single '-' (it becomes part of job names), got '$run_id'"
-# The flow CLI reads a job's life_span as a number of seconds or as d/h/m/s parts in that order
-# (apolo_flow.expr.OptTimeDeltaExpr); anything else fails there after some nodes have started.
-[[ "$life_span" =~ ^[0-9]+(\.[0-9]*)?$ || ( "$life_span" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && -n "$life_span" ) ]] \
+# The flow CLI reads a job's life_span as a number of seconds (Python's float, then int) or as
+# d/h/m/s parts in that order (apolo_flow.expr.OptTimeDeltaExpr); anything else fails there after
+# some nodes have started. (Of float's rarer spellings - blanks, '_', 3-digit exponents - none is taken.)
+[[ "$life_span" =~ ^\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?$ \
+   || ( "$life_span" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && -n "$life_span" ) ]] \
     || die "--life-span must be [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m) or seconds (3600), got '$life_span'"
 join_timeout_s=$(( timeout_s + join_margin_s ))
 

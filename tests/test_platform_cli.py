@@ -238,7 +238,7 @@ def test_the_launcher_accepts_exactly_the_life_spans_neuro_flow_accepts() -> Non
             return False
 
     samples = ["1d", "6h", "1d12h", "90m", "45s", "1d2h3m4s", "3600", "1.5", "0", "1h1d", "1d1d", "1w", "6 h",
-               "1D", "h", "-5", "2h30", "12h0m", "100000"]
+               "1D", "h", "-5", "2h30", "12h0m", "100000", "1e3", "+60", ".5", "7.", "inf", "nan", "1e400", "d"]
     for value in samples:
         result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "ls", "--life-span", value],
                                 env=clean_env(), capture_output=True, text=True, timeout=60)

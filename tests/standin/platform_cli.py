@@ -32,6 +32,12 @@ apolo-flow 26.7 both ship the package ``apolo_flow``; the platform client is ``a
   the ignore files ``.apoloignore`` / ``.neuroignore`` of ``apolo_cli.storage.calc_ignore_file_names``);
 * ``upload VOLUME`` copies with the same ignore-file logic (``LiveExecutor.upload`` runs
   ``apolo cp --recursive --update``).
+* ``mkvolumes`` creates only the volumes that have a local folder (``LiveExecutor.mkvolumes``);
+* ``status`` prints the rows scripts read from ``apolo status`` (``apolo_cli.formatters.jobs.
+  JobStatusFormatter``: ``Status``, and ``Internal Hostname`` once the job has one), reached through
+  ``LiveExecutor.status``; ``logs`` follows the output to the end (``LiveExecutor.logs`` ->
+  ``apolo logs``); ``kill JOB [SUFFIX]`` / ``kill ALL`` (``LiveExecutor.kill`` / ``kill_all``)
+  cancel and wait until the job has stopped.
 
 What stands in for the platform:
 
