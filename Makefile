@@ -73,6 +73,7 @@ env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all
 
-clean: ## Remove results/, build/ and caches (keeps .venv and the Docker images)
-	rm -rf results build .pytest_cache .ruff_cache
+clean: ## Remove the run directories in results/, build/ and caches (keeps .venv and the Docker images)
+	find results -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} + 2>/dev/null || true
+	rm -rf build .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

@@ -104,18 +104,27 @@ def test_a_build_uploads_only_what_the_dockerfile_copies(tmp_path: Path) -> None
     assert not [p for p in sent if p.startswith("data/") and not p.startswith("data/tiny-bert/")]
 
     data = platform_cli.upload_plan(checkout / "data" / "nq")  # what `neuro-flow upload data` sends
-    assert data == {"simplified-nq-train.jsonl": 100 * 2**20}
+    assert data == {"README.md": (REPO_ROOT / "data" / "nq" / "README.md").stat().st_size,
+                    "simplified-nq-train.jsonl": 100 * 2**20}
     src = platform_cli.upload_plan(checkout / "src")  # `upload code`: the package, no byte code
     assert "distqa/train.py" in src and not [p for p in src if "__pycache__" in p]
+    assert platform_cli.upload_plan(checkout / "results") == {}, "local checkpoints never go up"
 
 
-def test_the_data_volume_is_the_folder_the_download_script_fills() -> None:
+def test_every_volume_uploads_from_a_fresh_clone_and_data_is_where_the_download_puts_it() -> None:
+    """`neuro-flow upload ALL` fails at the first volume whose local folder is missing (apolo cp), so
+    each one must exist in a clone; the data volume is the folder scripts/download_nq.sh fills."""
     from apolo_flow.parser import parse_live
 
     live = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
+    tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files"], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    for volume in live.volumes.values():
+        local = volume.local.pattern if volume.local is not None else None
+        if local is not None:
+            assert any(path.startswith(local.rstrip("/") + "/") for path in tracked), f"{local} is not in a clone"
     assert "local: data/nq" in (REPO_ROOT / ".neuro" / "live.yml").read_text()
     assert 'dir="$repo_root/data/nq"' in (REPO_ROOT / "scripts" / "download_nq.sh").read_text()
-    assert live.volumes["data"].local is not None
 
 
 # --- 5. job names --------------------------------------------------------------------------------

@@ -541,8 +541,10 @@ def upload(volume: str) -> None:
     chosen = [v for v in volumes.values() if v.local is not None] if volume == "ALL" else [volumes[volume]]
     for v in chosen:
         if v.full_local_path is None or not v.full_local_path.is_dir():
-            click.echo(f"Skipped {v.id}: no local folder {v.local}")
-            continue
+            # apolo_sdk.Storage.upload_dir: FileNotFoundError "No such file"; `apolo cp` fails, and with
+            # it LiveExecutor.upload_all, before the volumes after this one.
+            click.echo(f"ERROR: No such file: {v.full_local_path} (the local folder of volume {v.id})", err=True)
+            sys.exit(1)
         target = storage_path(str(v.remote))
         if target.exists():
             shutil.rmtree(target)
