@@ -9,7 +9,13 @@
 # The base must already hold the torch of requirements.txt (pip then keeps it instead of fetching
 # another build) and python >= 3.11 with pip on PATH. No credentials or keys belong in this image:
 # the platform mounts storage and passes secrets to jobs at run time.
-ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+#
+# torch 2.13.0 images are published as pytorch/pytorch:2.13.0-cuda{12.6,13.0,13.2}-cudnn9-runtime
+# (Docker Hub, also ghcr.io/pytorch/pytorch); no public Dockerfile uses a cuda12.8 one.
+# CUDA 12.6 needs an NVIDIA driver of the CUDA 12 series on the GPU nodes: >= 525.60.13 through
+# CUDA's minor-version compatibility, >= 560.28.03 for every 12.6 feature (`nvidia-smi` shows the
+# node's driver). For nodes with a CUDA 13 driver (>= 580) the cuda13.0 tag works the same way.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
 # Jupyter for the `jupyter` job; empty to leave it out (the test image does).
@@ -19,8 +25,7 @@ ARG USER_UID=1000
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HOME=/project/cache/huggingface \
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    HF_HOME=/project/cache/huggingface
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /project
@@ -34,13 +39,14 @@ COPY src ./src
 COPY configs ./configs
 COPY scripts ./scripts
 COPY data/tiny-bert ./data/tiny-bert
-# A non-root user owns the writable places (run directories, caches); the platform can still run
-# the image as another user. PyTorch and the pinned requirements stay root-owned.
+# The image runs as root: on the platform, results/ and cache/ are storage folders mounted with the
+# owner the storage service gives them (root, mode 755, in practice) and `apolo run` cannot choose
+# the user, so a uid-1000 job could not write its checkpoints. scripts/worker.sh and in_job.sh stop
+# at start, naming the folder, when one is not writable. For local runs as a plain user, the
+# `distqa` user (uid USER_UID) owns /project's writable places: `docker run --user 1000 ...`.
 RUN python -m pip install --no-cache-dir --no-deps -e . \
     && useradd --create-home --uid "${USER_UID}" --shell /bin/bash distqa \
     && mkdir -p results cache/huggingface \
     && chown -R distqa /project
-
-USER ${USER_UID}
 # Jobs name their own command (.neuro/live.yml); alone, the image prints how to start a node.
 CMD ["bash", "scripts/worker.sh", "--help"]

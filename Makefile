@@ -5,6 +5,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+# apolo-flow 26 (neuro-flow's successor) in an environment of its own: both ship `apolo_flow`.
+FLOW26_VENV ?= .venv-apolo-flow26
+FLOW26 := $(FLOW26_VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -13,7 +16,12 @@ ARGS ?=
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: $(INSTALLED) ## Create .venv with the pinned runtime + dev dependencies and the package (editable)
+setup: $(INSTALLED) $(FLOW26) ## Create .venv (pinned runtime + dev deps, the package) and .venv-apolo-flow26
+
+$(FLOW26): requirements-apolo-flow.txt
+	python3 -m venv $(FLOW26_VENV)
+	$(FLOW26_VENV)/bin/python -m pip install --quiet -r requirements-apolo-flow.txt
+	touch $@
 
 $(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
 	@command -v python3 >/dev/null || { echo "python3 (>= 3.11) is required" >&2; exit 1; }
@@ -35,14 +43,14 @@ prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="
 synthetic-nq: $(INSTALLED) ## Learnable synthetic NQ end to end: generate, train 2 nodes, predict, score (~4 min)
 	PYTHON=$(PYTHON) scripts/train_synthetic_nq.sh $(ARGS)
 
-test: lint ## Linters, the whole test suite (CPU only, no network), then test-docker
+test: lint $(FLOW26) ## Linters, the whole test suite (CPU only, no network), then test-docker
 	$(PYTHON) -m pytest $(ARGS)
 	$(MAKE) test-docker
 
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) tests/docker/run.sh
 
-test-fast: $(INSTALLED) ## The tests that start no multi-process runs
+test-fast: $(INSTALLED) $(FLOW26) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
@@ -65,6 +73,7 @@ env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all
 
-clean: ## Remove results/, build/ and caches (keeps .venv and the Docker images)
-	rm -rf results build .pytest_cache .ruff_cache
+clean: ## Remove the run directories in results/, build/ and caches (keeps .venv and the Docker images)
+	find results -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} + 2>/dev/null || true
+	rm -rf build .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

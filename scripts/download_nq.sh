@@ -22,6 +22,8 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
 competition=tensorflow2-question-answering
 rules_url="https://www.kaggle.com/competitions/$competition/rules"
 dir="$repo_root/data/nq"
@@ -48,20 +50,10 @@ command -v kaggle >/dev/null 2>&1 \
     || die "the Kaggle CLI is not installed (or not on PATH): run 'pip install kaggle' (in this .venv: .venv/bin/pip install kaggle) and try again"
 
 # KAGGLE_USERNAME / KAGGLE_KEY from the env file, unless already in the environment. The file is read,
-# not sourced: only these two lines are taken, optional quotes removed.
-env_value() {
-    local name="$1" line value
-    line="$(grep -E "^[[:space:]]*(export[[:space:]]+)?${name}[[:space:]]*=" "$env_file" | tail -n 1)" || return 0
-    value="${line#*=}"
-    value="${value#"${value%%[![:space:]]*}"}"
-    value="${value%"${value##*[![:space:]]}"}"
-    value="${value#[\"\']}"
-    value="${value%[\"\']}"
-    printf '%s' "$value"
-}
+# not sourced (scripts/common.sh: dotenv_value): only these two settings are taken.
 if [[ -f "$env_file" ]]; then
-    [[ -n "${KAGGLE_USERNAME:-}" ]] || KAGGLE_USERNAME="$(env_value KAGGLE_USERNAME)"
-    [[ -n "${KAGGLE_KEY:-}" ]] || KAGGLE_KEY="$(env_value KAGGLE_KEY)"
+    [[ -n "${KAGGLE_USERNAME:-}" ]] || KAGGLE_USERNAME="$(dotenv_value KAGGLE_USERNAME "$env_file")"
+    [[ -n "${KAGGLE_KEY:-}" ]] || KAGGLE_KEY="$(dotenv_value KAGGLE_KEY "$env_file")"
 fi
 if [[ -n "${KAGGLE_USERNAME:-}" && -n "${KAGGLE_KEY:-}" ]]; then
     export KAGGLE_USERNAME KAGGLE_KEY

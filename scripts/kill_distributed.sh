@@ -12,8 +12,8 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/platform_common.sh
-source "$repo_root/scripts/platform_common.sh"
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "kill_distributed.sh: $*" >&2; exit 2; }
@@ -32,6 +32,7 @@ done
 [[ "$nodes" =~ ^[0-9]+$ ]] || die "--nodes must be a whole number, got '$nodes'"
 (( all )) || [[ -n "$run_id" ]] || die "name the run with --run-id ID (the launcher printed it), or pass --all"
 flow="$(find_flow_cli)" || exit 2
+cd "$repo_root"  # the flow CLI finds .neuro/live.yml from its working directory up
 
 if (( all )); then
     exec "$flow" kill ALL

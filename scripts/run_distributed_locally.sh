@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Emulate a multi-node DDP run on this machine: one torchrun agent per "node", all joining one c10d
-# rendezvous on 127.0.0.1 — the same path a real multi-node job takes, only without the network.
+# Emulate a multi-node DDP run on this machine: one scripts/worker.sh per "node" (NODE_ADDR=127.0.0.1),
+# all joining one c10d rendezvous on 127.0.0.1 — the exact command each platform job, Slurm task and
+# container runs, only without the network.
 #
 # Usage:
 #   scripts/run_distributed_locally.sh [--nodes N] [--procs-per-node M] [--port P] [--run-id ID]
@@ -22,9 +23,10 @@ set -euo pipefail
     || { echo "run_distributed_locally.sh: needs bash >= 5.1 (wait -n -p)" >&2; exit 2; }
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; else PYTHON=python3; fi
-fi
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
+find_python "$repo_root"
+export PYTHON  # worker.sh uses the same interpreter
 nodes="${NODES:-2}"
 procs_per_node="${PROCS_PER_NODE:-1}"
 port="${RDZV_PORT:-29400}"
@@ -58,15 +60,10 @@ done
 
 # Gloo binds to the interface of the machine's hostname unless told otherwise; keep it on loopback.
 if [[ -z "${GLOO_SOCKET_IFNAME:-}" && -d /sys/class/net/lo ]]; then export GLOO_SOCKET_IFNAME=lo; fi
-# Workers get a fresh TCP store each rendezvous round instead of sharing the agent's: with the
-# shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
-# All emulated nodes share this machine's cores: give each process its share instead of letting
-# every one start a thread per core (oversubscribed CPU runs are several times slower).
-if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
-    cores=$(nproc 2>/dev/null || echo 1)
-    export OMP_NUM_THREADS=$(( cores / (nodes * procs_per_node) > 1 ? cores / (nodes * procs_per_node) : 1 ))
-fi
+# All emulated nodes share this machine's cores: each node gets its share (worker.sh splits it
+# over its processes).
+cores=$(nproc 2>/dev/null || echo 1)
+export NODE_CORES=$(( cores / nodes > 1 ? cores / nodes : 1 ))
 
 # NQ features are built here, once, before any rank starts: a rank featurising inside the run would
 # leave the others waiting in a collective. Also fails fast on a configuration error.
@@ -94,14 +91,11 @@ trap 'echo "interrupted: stopping all nodes" >&2; stop_agents; exit 130' INT TER
 
 echo "launching $nodes node(s) × $procs_per_node process(es), rendezvous 127.0.0.1:$port, run id '$run_id'" >&2
 for (( node = 0; node < nodes; node++ )); do
-    # Node 0 hosts the rendezvous store, as the master job does on the platform.
-    is_host=$(( node == 0 ? 1 : 0 ))
-    "$PYTHON" -m torch.distributed.run \
-        --nnodes "$nodes" --nproc-per-node "$procs_per_node" \
-        --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "$run_id" \
-        --rdzv-conf "is_host=$is_host" --local-addr 127.0.0.1 \
-        --max-restarts "$max_restarts" \
-        -m distqa.train --run-name "$run_id" "${trainer_args[@]}" \
+    # Node 0 hosts the rendezvous store, as the master job does on the platform; worker.sh execs
+    # the torchrun agent, so the pid is the agent's.
+    NODE_ADDR=127.0.0.1 bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --node-rank "$node" \
+        --master-addr 127.0.0.1 --master-port "$port" --run-id "$run_id" --max-restarts "$max_restarts" \
+        --nproc-per-node "$procs_per_node" -- "${trainer_args[@]}" \
         > >(sed -u "s/^/[node $node] /") 2> >(sed -u "s/^/[node $node] /" >&2) &
     agents+=("$!")
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One command, N-node DDP training on the Apolo (ex-Neu.ro) platform: starts the master job, waits
-# until it runs and reads its internal hostname, starts N-1 worker jobs pointed at it (all jobs of
-# .neuro/live.yml's `distributed_training`, sharing one run id), streams the master's logs, and
-# kills every job of the run as soon as one fails or you press Ctrl-C.
+# One command, N-node DDP training on the Apolo (ex-Neu.ro) platform: checks the platform job name of
+# every node, starts the master job, waits until it runs and reads its internal hostname, starts the
+# N-1 worker jobs pointed at it all at once (all jobs of .neuro/live.yml's `distributed_training`,
+# sharing one run id), streams the master's logs, and kills every job of the run as soon as one
+# fails or you press Ctrl-C. Works from any directory (the flow CLI runs in the repository).
 #
 # Usage:
 #   scripts/run_distributed_on_platform.sh [--nodes N] [--preset NAME] [--run-id ID] [--port P]
@@ -21,26 +22,33 @@
 #   --nodes N          jobs (nodes) in the run; default: $NODES, else NODES= in .env, else 2
 #   --preset NAME      resource preset of every node; default: $PLATFORM_PRESET, .env, else gpu-small
 #   --run-id ID        job suffix, rendezvous id and run directory (results/ID); the same id
-#                      resumes that run. Default: dq-<UTC date-time>. Lowercase letters, digits, '-'.
+#                      resumes that run. Default: dq-<UTC date-time>. Lowercase letters and digits
+#                      in groups joined by single '-'; short enough that every node's platform job
+#                      name (<project id>-distributed-training-<ID>-<node>, cut as neuro-flow cuts
+#                      it) fits the platform's 40 characters: at most 15 characters below 10 nodes.
 #   --port P           rendezvous port on the master (default 29400)
 #   --max-restarts R   torchrun restarts after a worker failure, inside the jobs (default 0)
-#   --life-span SPAN   each job is killed by the platform after SPAN (default 1d): a safety net
-#   --timeout S        seconds to wait for the master to run (default 900; scheduling a GPU node
-#                      can take minutes)
+#   --life-span SPAN   each job is killed by the platform after SPAN (default 1d): a safety net.
+#                      As neuro-flow reads it: [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m)
+#                      or a number of seconds (3600)
+#   --timeout S        seconds the platform may take to start each node (default 900: autoscaled
+#                      GPU nodes can take minutes); a node not started by then fails (the job's
+#                      schedule_timeout) and the run stops. The master's rendezvous waits S + 300 s
+#                      for the others to join, so a worker queued up to S still makes it.
 #   --poll S           seconds between status checks of the jobs (default 15)
 #   --dry-run          print the commands instead of running them
 # Arguments after -- go to the trainer (python -m distqa.train) on every node.
 #
 # Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
-# first), NODES, PLATFORM_PRESET, RUN_ID, MASTER_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
+# first), NODES, PLATFORM_PRESET, RUN_ID, SCHEDULE_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
 # in the repository: NODES= and PLATFORM_PRESET= are read from it).
 # Exit status: 0 when every node succeeded; 1 when a job failed or never started (all jobs of the
 # run are killed first); 2 for a usage error; 130 after Ctrl-C (all jobs killed).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/platform_common.sh
-source "$repo_root/scripts/platform_common.sh"
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
 
 job=distributed_training
 nodes="$(setting NODES 2)"
@@ -49,7 +57,8 @@ run_id="${RUN_ID:-dq-$(date -u +%m%d-%H%M%S)}"
 port=29400
 max_restarts=0
 life_span=1d
-timeout_s="${MASTER_TIMEOUT:-900}"
+timeout_s="${SCHEDULE_TIMEOUT:-900}"
+join_margin_s=300  # after a worker is scheduled: image pull, container start, python imports
 poll_s="${POLL_INTERVAL:-15}"
 dry_run=0
 
@@ -81,9 +90,51 @@ done
 [[ "$poll_s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--poll must be a number of seconds, got '$poll_s'"
 (( nodes >= 1 )) || die "--nodes must be at least 1, got $nodes"
 (( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
-[[ "$run_id" =~ ^[a-z0-9][a-z0-9-]{0,19}$ ]] \
-    || die "--run-id must be 1-20 lowercase letters, digits or '-' (it becomes part of job names), got '$run_id'"
-[[ "$life_span" =~ ^([0-9]+[dhms])+$ ]] || die "--life-span looks like 1d, 6h or 1d12h, got '$life_span'"
+(( timeout_s >= 1 )) || die "--timeout must be at least 1 second, got $timeout_s"
+[[ "$run_id" =~ ^[a-z0-9]+(-[a-z0-9]+)*$ ]] \
+    || die "--run-id must be lowercase letters and digits in groups joined by single '-' (it becomes part of job names), got '$run_id'"
+# The flow CLI reads a job's life_span as a number of seconds (Python's float, then int) or as
+# d/h/m/s parts in that order (apolo_flow.expr.OptTimeDeltaExpr); anything else fails there after
+# some nodes have started. (Of float's rarer spellings - blanks, '_', 3-digit exponents - none is taken.)
+[[ "$life_span" =~ ^\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?$ \
+   || ( "$life_span" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && -n "$life_span" ) ]] \
+    || die "--life-span must be [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m) or seconds (3600), got '$life_span'"
+join_timeout_s=$(( timeout_s + join_margin_s ))
+
+# The platform job name of each node, built as neuro-flow builds it (apolo_flow.live_runner.
+# LiveExecutor.run): project id, '-', then job id and suffix with '_' as '-', the project id cut so
+# the whole is at most 40 characters. `apolo run` refuses a name that is not
+# ^[a-z][a-z0-9]*(-[a-z0-9]+)*$ of 3..40 characters (apolo_cli.click_types.JOB_NAME), so check every
+# node's name before starting any: otherwise nodes 0..9 start and node 10 is refused.
+config_dir=.neuro
+[[ -d "$repo_root/.apolo" ]] && config_dir=.apolo  # neuro-flow looks for .apolo/ first
+project_id="$(sed -n -e 's/^id:[[:space:]]*\([A-Za-z0-9_-]*\).*/\1/p' "$repo_root/$config_dir/project.yml" 2>/dev/null | head -n 1)"
+[[ -n "$project_id" ]] || die "no 'id:' in $repo_root/$config_dir/project.yml: the project id names the jobs"
+collapse() {  # collapse TEXT: '_' -> '-', no leading/trailing '-', no '--' (as LiveExecutor.run)
+    local text="${1//_/-}"
+    while [[ "$text" == -* ]]; do text="${text#-}"; done
+    while [[ "$text" == *- ]]; do text="${text%-}"; done
+    while [[ "$text" == *--* ]]; do text="${text//--/-}"; done
+    echo "$text"
+}
+job_name() {  # job_name SUFFIX: the platform name of the job `run distributed_training --suffix SUFFIX`
+    local first second keep name
+    first="$(collapse "$project_id")"
+    second="$(collapse "$job-$1")"
+    keep=$(( 40 - ${#second} - 1 ))  # Python's first[:keep]: a negative keep counts from the end
+    if (( keep < 0 )); then keep=$(( ${#first} + keep > 0 ? ${#first} + keep : 0 )); fi
+    name="${first:0:keep}-$second"
+    while [[ "$name" == *--* ]]; do name="${name//--/-}"; done
+    echo "$name"
+}
+for (( rank = nodes - 1; rank >= 0; rank-- )); do  # the longest suffix first
+    name="$(job_name "$run_id-$rank")"
+    if (( ${#name} < 3 || ${#name} > 40 )) || ! [[ "$name" =~ ^[a-z][a-z0-9]*(-[a-z0-9]+)*$ ]]; then
+        longest=$(( 38 - ${#job} - 1 - ${#rank} - 1 ))
+        die "node $rank's job name '$name' is not a valid platform job name (at most 40 characters," \
+            "^[a-z][a-z0-9]*(-[a-z0-9]+)*\$); with $nodes nodes use a --run-id of at most $longest characters"
+    fi
+done
 
 # The trainer flags travel as one param and are split again like a shell would (neuro-flow splits
 # the job's command with shlex), so quote each one.
@@ -107,15 +158,20 @@ run_command() {  # run_command NODE_RANK MASTER_ADDR: the command that starts on
     printf '%s\n' "$flow" run "$job" --suffix "$(suffix_of "$rank")" \
         --param nodes "$nodes" --param node_rank "$rank" --param master_addr "$master" \
         --param master_port "$port" --param run_id "$run_id" --param max_restarts "$max_restarts" \
-        --param preset "$preset" --param life_span "$life_span" --param args "$args_param"
+        --param preset "$preset" --param life_span "$life_span" --param schedule_timeout "$timeout_s" \
+        --param join_timeout "$join_timeout_s" --param args "$args_param"
 }
 
+# The flow CLI finds .neuro/live.yml from its working directory up (apolo_flow.parser.find_workspace).
+cd "$repo_root"
 if (( dry_run )); then
     for (( rank = 0; rank < nodes; rank++ )); do
         mapfile -t cmd < <(run_command "$rank" "$( (( rank == 0 )) || echo '<master-internal-hostname>')")
-        quote "${cmd[@]}"
         if (( rank == 0 )); then
+            echo "$(quote "${cmd[@]}") &"
             echo "$flow status $job $(suffix_of 0)   # until running; read its Internal Hostname"
+        else
+            echo "$(quote "${cmd[@]}") &   # nodes 1..N-1 all at once"
         fi
     done
     echo "$flow logs $job $(suffix_of 0)"
@@ -124,11 +180,14 @@ if (( dry_run )); then
 fi
 
 started=()      # suffixes of the jobs started so far (killed on failure or interrupt)
+submitting=()   # pids of `<flow> run` commands still waiting for their job to start
 logs_pid=""
 kill_run() {
-    local suffix
+    local suffix pid
     trap '' INT TERM  # finish the clean-up even if Ctrl-C is pressed again
-    if [[ -n "$logs_pid" ]]; then kill "$logs_pid" 2>/dev/null || true; fi
+    for pid in "$logs_pid" "${submitting[@]}"; do
+        if [[ -n "$pid" ]]; then kill "$pid" 2>/dev/null || true; fi
+    done
     for suffix in "${started[@]}"; do
         log "killing $job $suffix"
         "$flow" kill "$job" "$suffix" >/dev/null 2>&1 || log "could not kill $job $suffix: run '$flow kill $job $suffix'"
@@ -147,36 +206,66 @@ job_status() {
     echo "${state:-unknown} ${host:--}"
 }
 
-start_node() {  # start_node NODE_RANK MASTER_ADDR
+# `<flow> run` returns only once its job has started (apolo run waits while the job is pending), so
+# each one runs in the background: the master is watched against --timeout, the workers start together.
+start_node() {  # start_node NODE_RANK MASTER_ADDR: submits in the background; the pid is in $!
     local cmd
     mapfile -t cmd < <(run_command "$1" "$2")
     started+=("$(suffix_of "$1")")
-    "${cmd[@]}" >&2 || fail "could not start node $1: '${cmd[*]}' exited with status $?"
+    "${cmd[@]}" >&2 &
+    submitting+=("$!")
+}
+not_scheduled() {  # not_scheduled WHAT
+    fail "$1 was not started within ${timeout_s} s; is preset '$preset' available ('apolo config show')?" \
+         "Raise --timeout to wait longer for a node."
 }
 
 log "run '$run_id': $nodes node(s), preset $preset, via $flow; results in results/$run_id on storage"
 start_node 0 ""
+master_run=$!
 
-# Wait for the master to run and to have an internal hostname; the others connect to it.
-deadline=$(( SECONDS + timeout_s ))
+# Wait for the master to run and to have an internal hostname; the others connect to it. The
+# platform fails a job still pending after its schedule_timeout (= --timeout); the launcher's own
+# deadline, a little later, covers a CLI that hangs.
+deadline=$(( SECONDS + timeout_s + 60 ))
 master_host=""
 while :; do
     read -r state host < <(job_status "$(suffix_of 0)")
     case "$state" in
         running) if [[ "$host" != "-" ]]; then master_host="$host"; break; fi ;;
-        succeeded|failed|cancelled)
+        succeeded|cancelled)
             fail "the master job ended ($state) before the workers started; see '$flow logs $job $(suffix_of 0)'" ;;
+        failed)
+            if kill -0 "$master_run" 2>/dev/null || ! wait "$master_run"; then
+                not_scheduled "the master job ($job $(suffix_of 0))"
+            fi
+            fail "the master job failed before the workers started; see '$flow logs $job $(suffix_of 0)'" ;;
     esac
-    if (( SECONDS >= deadline )); then
-        fail "the master job is not running after ${timeout_s} s (last status: $state); is preset '$preset'" \
-             "available ('apolo config show')? Raise --timeout to wait longer for a node."
+    if ! kill -0 "$master_run" 2>/dev/null && ! wait "$master_run"; then
+        read -r state _ < <(job_status "$(suffix_of 0)")
+        [[ "$state" == failed ]] && not_scheduled "the master job ($job $(suffix_of 0))"
+        fail "could not start the master job: '$flow run $job --suffix $(suffix_of 0) ...' failed (see above)"
     fi
+    (( SECONDS < deadline )) || not_scheduled "the master job (last status: $state)"
     sleep "$poll_s"
 done
+wait "$master_run" 2>/dev/null || true
+submitting=()
 log "master $job $(suffix_of 0) is running at $master_host"
+workers=()
 for (( rank = 1; rank < nodes; rank++ )); do
     start_node "$rank" "$master_host"
+    workers+=("$!")
 done
+for (( rank = 1; rank < nodes; rank++ )); do
+    if ! wait "${workers[rank - 1]}"; then
+        read -r state _ < <(job_status "$(suffix_of "$rank")")
+        [[ "$state" == failed ]] && not_scheduled "node $rank ($job $(suffix_of "$rank"))"
+        fail "could not start node $rank ($job $(suffix_of "$rank")), status $state (see above)"
+    fi
+done
+submitting=()
+(( nodes == 1 )) || log "all $nodes nodes are running"
 
 "$flow" logs "$job" "$(suffix_of 0)" &
 logs_pid=$!

@@ -17,9 +17,9 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; else PYTHON=python3; fi
-fi
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
+find_python "$repo_root"
 export PYTHON
 data_dir="$repo_root/data/nq-synthetic"
 run_id="synthetic-nq"

@@ -5,7 +5,7 @@
 #
 # Usage:
 #   scripts/worker.sh [--nnodes N] [--node-rank I] [--master-addr HOST] [--master-port P]
-#                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--dry-run]
+#                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--dry-run]
 #                     [--] [TRAINER ARGS...]
 #
 #   scripts/worker.sh --nnodes 1 -- --preset bert-base                    # one node, all its GPUs
@@ -26,13 +26,19 @@
 #   --run-id ID         rendezvous id and run directory name, the same on every node (default distqa)
 #   --max-restarts R    torchrun restarts of every worker after one fails (default 0)
 #   --nproc-per-node M  training processes here (default: the number of GPUs, or 1 without GPUs)
+#   --join-timeout S    seconds the rendezvous waits for every node to join (default
+#                       $RDZV_JOIN_TIMEOUT, else 900); on the platform the launcher passes the
+#                       schedule timeout + 300, so a node that was queued that long still joins
 #   --dry-run           print the torchrun command instead of running it
 #
 # Environment:
-#   PYTHON              interpreter with distqa installed (default: python3, else python)
+#   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
+#                       if there is one, else python3, else python)
+#   NODE_CORES          CPU cores this node's processes share (default: all, `nproc`); each process
+#                       gets NODE_CORES / processes OpenMP threads unless OMP_NUM_THREADS is set
 #   NODE_ADDR           the address other nodes reach this node at (default: this host's name
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
-#   RDZV_JOIN_TIMEOUT   seconds node 0 waits for the others to join (default 900)
+#   RDZV_JOIN_TIMEOUT   default of --join-timeout
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
 #   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
@@ -42,9 +48,9 @@ set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd "$script_dir/.." && pwd)"
-if [[ -z "${PYTHON:-}" ]]; then
-    if command -v python3 >/dev/null; then PYTHON=python3; else PYTHON=python; fi
-fi
+# shellcheck source=scripts/common.sh
+source "$script_dir/common.sh"
+find_python "$repo_root"
 nnodes=1
 node_rank=0
 master_addr=""
@@ -52,6 +58,7 @@ master_port=29400
 run_id=distqa
 max_restarts="${MAX_RESTARTS:-0}"
 nproc_per_node="${NPROC_PER_NODE:-}"
+join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
 dry_run=0
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -68,6 +75,7 @@ while [[ $# -gt 0 ]]; do
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --nproc-per-node) need_value "$@"; nproc_per_node="$2"; shift 2 ;;
+        --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
@@ -75,7 +83,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-for name in nnodes node_rank master_port max_restarts; do
+for name in nnodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
 (( nnodes >= 1 )) || die "--nnodes must be at least 1"
@@ -86,7 +94,9 @@ if (( node_rank > 0 )) && [[ -z "$master_addr" ]]; then
     die "--master-addr is required on node $node_rank: the address of node 0 (its internal hostname on the platform)"
 fi
 
-cd "$repo_root"
+# The run directories (DISTQA_OUTPUT_DIR; the platform's results volume) and the hub cache (HF_HOME)
+# must take files whoever owns their mounts: say so now, not as a traceback on some rank later.
+require_writable worker.sh "${DISTQA_OUTPUT_DIR:-}" "${HF_HOME:-}"
 "$PYTHON" -c "import distqa" 2>/dev/null \
     || die "$PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python"
 if [[ -z "$nproc_per_node" ]]; then
@@ -99,8 +109,10 @@ fi
 # shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 export PYTHONUNBUFFERED=1
+# Each process gets its share of the node's cores instead of a thread per core (oversubscribed CPU
+# runs are several times slower); emulated nodes on one machine pass their share as NODE_CORES.
 if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
-    cores=$(nproc 2>/dev/null || echo 1)
+    cores="${NODE_CORES:-$(nproc 2>/dev/null || echo 1)}"
     export OMP_NUM_THREADS=$(( cores / nproc_per_node > 1 ? cores / nproc_per_node : 1 ))
 fi
 
@@ -119,7 +131,7 @@ else
     is_host=$(( node_rank == 0 ? 1 : 0 ))
     endpoint_host="${master_addr:-$node_addr}"
     launcher+=(--nnodes "$nnodes" --rdzv-backend c10d --rdzv-endpoint "$endpoint_host:$master_port"
-               --rdzv-id "$run_id" --rdzv-conf "is_host=$is_host,join_timeout=${RDZV_JOIN_TIMEOUT:-900}"
+               --rdzv-id "$run_id" --rdzv-conf "is_host=$is_host,join_timeout=$join_timeout"
                --local-addr "$node_addr")
     where="node $node_rank of $nnodes at $node_addr, rendezvous $endpoint_host:$master_port (hosted by node 0)"
 fi

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,9 +39,10 @@ def test_live_yml_parses_with_neuro_flow_and_has_the_jobs() -> None:
     assert set(flow.volumes) == {"data", "code", "config", "results", "notebooks", "cache"}
 
 
-def test_every_job_renders_with_its_defaults_and_mounts_data_read_only() -> None:
+def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rendering each job with neuro-flow's own evaluator fails on any undefined volume, image or
     param reference (and on contexts used where neuro-flow does not allow them)."""
+    monkeypatch.chdir(REPO_ROOT)  # the CLI (and the stand-in) finds .neuro/ from the working directory
     sys.path.insert(0, str(STANDIN.parent))
     import platform_cli
 
@@ -61,7 +64,7 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only() -> None
     assert words[words.index("--master-addr") + 1] == "m.x" and words[words.index("--node-rank") + 1] == "1"
     assert "run:r" in training.tags and training.detach
     predict = shlex.split(platform_cli.render("predict", None, {"run_id": "r"}).cmd)
-    assert predict[:3] == ["python", "-m", "distqa.predict"]
+    assert predict[:5] == ["bash", "/project/scripts/in_job.sh", "python", "-m", "distqa.predict"]
     assert predict[predict.index("--checkpoint") + 1] == "/project/results/r/checkpoints/best.pt"
     assert predict[predict.index("--output") + 1] == "/project/results/r/submission.csv"
 
@@ -121,15 +124,16 @@ def platform(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", STANDIN_PLATFORM_DIR=str(tmp_path / "platform"),
                     STANDIN_PENDING_S="1")
     for command in (["mkvolumes"], ["upload", "ALL"]):
-        subprocess.run(["neuro-flow", *command], env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(["neuro-flow", *command], cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=120)
     yield env
-    subprocess.run(["neuro-flow", "kill", "ALL"], env=env, capture_output=True, timeout=120)
+    subprocess.run(["neuro-flow", "kill", "ALL"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=120)
 
 
-def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2) -> subprocess.Popen[str]:
+def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2,
+           cwd: Path = REPO_ROOT) -> subprocess.Popen[str]:
     return subprocess.Popen(["bash", str(LAUNCH), "--nodes", str(nodes), "--run-id", run_id, "--port", str(free_port()),
                              "--poll", "0.5", *extra],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
@@ -222,12 +226,64 @@ def test_ctrl_c_kills_every_job(platform: dict[str, str]) -> None:
     wait_for(lambda: not run_processes("intr"), timeout=30)
 
 
-def test_a_master_that_never_runs_times_out_with_a_clear_error(platform: dict[str, str]) -> None:
-    launcher = launch({**platform, "STANDIN_PENDING_S": "600"}, "slow", "--timeout", "2")
+def test_a_master_that_is_never_scheduled_fails_after_the_timeout_from_any_directory(
+        platform: dict[str, str], tmp_path: Path) -> None:
+    """`neuro-flow run` waits while its job is pending (the stand-in too); --timeout becomes the job's
+    schedule_timeout, so the platform fails a job it could not place, and the launcher stops within
+    the timeout. Started from another directory: the launcher runs the flow CLI in the repository."""
+    started = time.monotonic()
+    launcher = launch({**platform, "STANDIN_PENDING_S": "600"}, "slow", "--timeout", "2", cwd=tmp_path)
     output = finish(launcher, timeout=120)
     assert launcher.returncode == 1, output
-    assert "the master job is not running after 2 s (last status: pending)" in output
-    assert [j["status"] for j in jobs(platform).values()] == ["cancelled"]
+    assert time.monotonic() - started < 30, "the launcher is bounded by --timeout, not by the CLI's wait"
+    assert "the master job (distributed_training slow-0) was not started within 2 s" in output
+    assert [(j["status"], j["schedule_timeout"]) for j in jobs(platform).values()] == [("failed", 2)]
+
+
+@pytest.mark.distributed
+def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(platform: dict[str, str]) -> None:
+    """Each `run` returns only when its job has started (STANDIN_PENDING_S = 2 s of scheduling): the
+    workers are submitted together, not one scheduling delay after another; the master's rendezvous
+    join timeout is the schedule timeout plus a margin."""
+    env = {**platform, "STANDIN_PENDING_S": "2"}
+    launcher = launch(env, "par", "--timeout", "40", "--", *FAST_ARGS, "--max-steps", "100000", nodes=3)
+    try:
+        wait_for(lambda: len(jobs(platform)) == 3 and all(j["status"] == "running" for j in jobs(platform).values()),
+                 timeout=120)
+        os.kill(launcher.pid, signal.SIGINT)
+    finally:
+        output = finish(launcher, timeout=120)
+    assert launcher.returncode == 130, output
+    started = jobs(platform)
+    workers = [started[f"distributed_training-par-{rank}"]["submitted"] for rank in (1, 2)]
+    assert abs(workers[0] - workers[1]) < 1.5, f"workers submitted {abs(workers[0] - workers[1]):.1f} s apart"
+    master = started["distributed_training-par-0"]
+    assert master["schedule_timeout"] == 40
+    command = master["command"]
+    assert command[command.index("--join-timeout") + 1] == "340"
+    wait_for(lambda: not run_processes("par"), timeout=30)
+
+
+def test_rebuilding_after_a_change_replaces_the_image(platform: dict[str, str], tmp_path: Path) -> None:
+    """The builder refuses an existing tag without -F (apolo_extras); live.yml's force_rebuild makes
+    the documented `neuro-flow build myimage` work a second time. Without it the stand-in refuses."""
+    for _ in range(2):
+        built = subprocess.run(["neuro-flow", "build", "myimage"], cwd=REPO_ROOT, env=platform, capture_output=True,
+                               text=True, timeout=120)
+        assert built.returncode == 0, built.stdout + built.stderr
+    assert re.search(r"Successfully built \S+ \(\d+ files, \d+ bytes", built.stdout)
+    copy = tmp_path / "copy"
+    (copy / ".neuro").mkdir(parents=True)
+    (copy / "Dockerfile").write_text("FROM scratch\n")
+    (copy / ".neuro" / "project.yml").write_text("id: distqa\n")
+    live = (REPO_ROOT / ".neuro" / "live.yml").read_text()
+    (copy / ".neuro" / "live.yml").write_text(live.replace("force_rebuild: true", "force_rebuild: false"))
+    again = subprocess.run(["neuro-flow", "build", "myimage"], cwd=copy, env=platform, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 1 and "exists. Use -F/--force-overwrite" in again.stderr
+    forced = subprocess.run(["neuro-flow", "build", "-F", "myimage"], cwd=copy, env=platform, capture_output=True,
+                            text=True, timeout=120)
+    assert forced.returncode == 0, forced.stderr
 
 
 @pytest.mark.distributed

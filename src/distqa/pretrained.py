@@ -5,11 +5,18 @@ or a hub name. transformers reports a source it cannot load with a long ``OSErro
 a rank that may already wait in a process group. :func:`check_sources` runs on every rank before any
 process group exists and turns each case into one :class:`~distqa.config.ConfigError` that names the
 path and the fix; the loaders below translate what is left (a hub name that does not exist).
+
+A hub name is downloaded once per run into ``HF_HOME`` (shared storage on the platform):
+:func:`fetch_once` lets global rank 0 fetch it while the others wait at a barrier, after which every
+rank loads from the cache without asking the hub again.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformers import (
     AutoConfig,
@@ -26,12 +33,64 @@ from distqa.config import Config, ConfigError
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 """The files ``AutoModel.from_pretrained`` reads PyTorch weights from, in a model directory."""
 
+HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "pytorch_model*.bin"]
+"""What :func:`fetch_once` downloads of a hub repository: configs, tokenizer files and PyTorch weights,
+not the TensorFlow, Flax, ONNX or Core ML copies many repositories also hold."""
+
+log = logging.getLogger(__name__)
+_cached: set[str] = set()  # hub names fetch_once has put into HF_HOME: loaded with local_files_only
+
+
+def hub_names(config: Config) -> list[str]:
+    """The model and tokenizer sources of ``config`` that are hub names, not local directories."""
+    names = [config.model_source, config.tokenizer_source]
+    return [name for i, name in enumerate(names) if not Path(name).is_dir() and name not in names[:i]]
+
+
+def fetch_once(config: Config, rank: int, barrier: Callable[[], None]) -> None:
+    """Download the hub sources of ``config`` into HF_HOME on global rank 0 only, then release the others.
+
+    Call it on every rank, inside the process group (``barrier`` waits for all ranks), before any
+    loader. Without it every rank of every node would download the same files into the shared
+    HF_HOME at once. Afterwards the loaders read the cache only (``local_files_only``); a rank whose
+    HF_HOME is not the one rank 0 filled (a node-local disk) falls back to a download of its own.
+    """
+    from huggingface_hub import snapshot_download
+
+    names = hub_names(config)
+    if not names:
+        return
+    if rank == 0:
+        for name in names:
+            try:
+                snapshot_download(name, allow_patterns=HUB_FILES)
+            except Exception as err:  # hub errors come in many types; the loaders report them clearly
+                log.warning("could not download %s once for every rank (%s); each rank will try itself",
+                            name, _first_line(err))
+                barrier()
+                return
+            log.info("downloaded %s into the hub cache for every rank", name)
+    barrier()
+    _cached.update(names)
+
+
+def _from_pretrained(load: Callable[..., Any], source: str, **kwargs: Any) -> Any:
+    """``load(source)``, from the cache alone when fetch_once put the source there."""
+    if source in _cached:
+        try:
+            return load(source, local_files_only=True, **kwargs)
+        except OSError:
+            log.warning("%s is not in this rank's HF_HOME; downloading it here", source)
+    return load(source, **kwargs)
+
 
 def check_sources(config: Config) -> None:
     """Raise ConfigError unless the encoder config, the weights (unless ``from_scratch``) and the
-    tokenizer of ``config`` load. Local sources are checked whole; a hub name is checked when loaded."""
-    load_encoder_config(config)
+    tokenizer of ``config`` load. Local sources are checked whole; a hub name is checked when loaded,
+    after :func:`fetch_once` (asking the hub here would be one request per rank)."""
     model_dir = Path(config.model_source)
+    if model_dir.is_dir():
+        load_encoder_config(config)
     if not config.from_scratch and model_dir.is_dir() and not any((model_dir / f).is_file() for f in WEIGHT_FILES):
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: {model_dir} holds a config but no weights "
@@ -45,7 +104,7 @@ def check_sources(config: Config) -> None:
 def load_encoder_config(config: Config) -> PretrainedConfig:
     """The encoder's config, checked against the window length of ``config``."""
     try:
-        encoder_config = AutoConfig.from_pretrained(config.model_source)
+        encoder_config = _from_pretrained(AutoConfig.from_pretrained, config.model_source)
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: cannot load an encoder config from "
@@ -62,7 +121,7 @@ def load_encoder(config: Config, encoder_config: PretrainedConfig) -> PreTrained
     if config.from_scratch:
         return AutoModel.from_config(encoder_config)
     try:
-        return AutoModel.from_pretrained(config.model_source, config=encoder_config)
+        return _from_pretrained(AutoModel.from_pretrained, config.model_source, config=encoder_config)
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: cannot load pretrained weights from "
@@ -73,7 +132,7 @@ def load_encoder(config: Config, encoder_config: PretrainedConfig) -> PreTrained
 def load_tokenizer(config: Config) -> PreTrainedTokenizerBase:
     name = "tokenizer_name_or_path" if config.tokenizer_name_or_path else "model_name_or_path"
     try:
-        return AutoTokenizer.from_pretrained(config.tokenizer_source)
+        return _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source)
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(
             f"{name}={getattr(config, name)!r}: cannot load a tokenizer from {config.tokenizer_source} "

@@ -44,11 +44,11 @@ from distqa.config import Config, ConfigError, load_config
 from distqa.data import build_dataset, nq_features, require_nq_features
 from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import Runtime, distributed_runtime, read_torchrun_env, setup_logging
+from distqa.distributed import Runtime, barrier, distributed_runtime, read_torchrun_env, setup_logging
 from distqa.evaluate import Evaluator
 from distqa.model import build_model
 from distqa.optim import build_optimizer
-from distqa.pretrained import check_sources, load_tokenizer
+from distqa.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.rundir import prepare_run_dir
 from distqa.trainer import Progress, Trainer, seed_everything
 
@@ -82,6 +82,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
     log.info("rank %d of %d (node %d, local rank %d) on %s with %s; run directory %s", runtime.rank,
              runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
              run_dir)
+    fetch_once(config, runtime.rank, barrier)  # hub weights: rank 0 downloads, the others wait, then all read the cache
 
     # Data: every rank reads a disjoint share of each epoch's permutation.
     tokenizer = load_tokenizer(config)

@@ -13,13 +13,15 @@
 # 4. runs tests/docker/test_image.py: two containers on a user-defined network, one torchrun agent
 #    each, train to a checkpoint.
 #
-# Environment: PYTHON (default .venv/bin/python), DEBIAN_MIRROR (default http://deb.debian.org/debian),
+# Environment: PYTHON (default .venv/bin/python, else python3), DEBIAN_MIRROR (default http://deb.debian.org/debian),
 # DISTQA_TEST_IMAGE (tag of the project image, default distqa:test).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo_root"
-PYTHON="${PYTHON:-$repo_root/.venv/bin/python}"
+# shellcheck source=scripts/common.sh
+source "$repo_root/scripts/common.sh"
+find_python "$repo_root"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 image="${DISTQA_TEST_IMAGE:-distqa:test}"
 debian_image=distqa-standin-debian:bookworm

@@ -3,10 +3,41 @@
 The tests put wrappers named ``neuro-flow`` and ``apolo-flow`` that exec this file first on ``PATH``;
 ``scripts/run_distributed_on_platform.sh`` then drives it exactly as it drives the real CLI.
 
-What is real: each job is rendered from ``.neuro/live.yml`` by neuro-flow's own code
-(``apolo_flow.context.RunningLiveFlow``: params with their defaults, env, volumes, the command), the
-command line is parsed with the real option syntax (click: ``run JOB --suffix S --param K V``), and
-the command is split with ``shlex`` as ``neuro-flow run`` does before handing it to the platform.
+What is real, and which function of the real CLI each behaviour follows (neuro-flow 24.12 and
+apolo-flow 26.7 both ship the package ``apolo_flow``; the platform client is ``apolo_cli`` /
+``apolo_sdk``). The stand-in runs under either: it uses whichever ``apolo_flow`` its interpreter has.
+
+* the workspace is found from the working directory upwards, ``.apolo/`` before ``.neuro/``
+  (``apolo_flow.parser.find_workspace``, as ``apolo_flow.cli.main`` calls it): run from outside a
+  checkout, the stand-in fails as the real CLI does;
+* each job is rendered from ``live.yml`` by neuro-flow's own code (``apolo_flow.context.RunningLiveFlow``:
+  params with their defaults, env, volumes, schedule timeout, the command), the command line is
+  parsed with the real option syntax (click: ``run JOB --suffix S --param K V``), and the command
+  is split with ``shlex`` as ``apolo_flow.live_runner.LiveExecutor.run`` does before handing it to
+  ``apolo run``;
+* the job name is built as ``LiveExecutor.run`` builds it (project id, ``-``, job id and suffix with
+  ``_`` turned into ``-``, the project id cut so the whole fits 40 characters) and checked with the
+  real ``apolo_cli.click_types.JOB_NAME`` (``^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$``, 3..40 characters):
+  a name the platform would refuse is refused here, before anything starts;
+* ``run`` waits while the job is pending, polling its status, as ``apolo_cli.job.run_job`` does
+  (``--wait-start`` is the default and neuro-flow never turns it off), and exits with the job's
+  exit code, or 125 (``apolo_cli.const.EX_PLATFORMERROR``), when the job failed before running;
+  a non-detached job is then followed to its end (``apolo attach`` with logs);
+* a job still pending after its ``schedule_timeout`` fails, as the platform fails a job it could
+  not schedule in time (``apolo run --schedule-timeout``, which ``LiveExecutor.run`` passes);
+* ``build IMAGE`` refuses to overwrite an existing image tag without ``-F/--force-overwrite`` or
+  ``force_rebuild: true`` in live.yml (``apolo_flow.live_runner.LiveExecutor.build`` passes
+  ``--force-overwrite`` for either; ``apolo_extras.image._build_image`` refuses otherwise), and
+  uploads its context the way ``apolo cp --recursive`` does (``apolo_sdk.Storage.upload_dir`` with
+  the ignore files ``.apoloignore`` / ``.neuroignore`` of ``apolo_cli.storage.calc_ignore_file_names``);
+* ``upload VOLUME`` copies with the same ignore-file logic (``LiveExecutor.upload`` runs
+  ``apolo cp --recursive --update``).
+* ``mkvolumes`` creates only the volumes that have a local folder (``LiveExecutor.mkvolumes``);
+* ``status`` prints the rows scripts read from ``apolo status`` (``apolo_cli.formatters.jobs.
+  JobStatusFormatter``: ``Status``, and ``Internal Hostname`` once the job has one), reached through
+  ``LiveExecutor.status``; ``logs`` follows the output to the end (``LiveExecutor.logs`` ->
+  ``apolo logs``); ``kill JOB [SUFFIX]`` / ``kill ALL`` (``LiveExecutor.kill`` / ``kill_all``)
+  cancel and wait until the job has stopped.
 
 What stands in for the platform:
 
@@ -17,10 +48,12 @@ What stands in for the platform:
 * container paths are rewritten to local ones: each volume's mount path to its storage folder
   ``$STANDIN_PLATFORM_DIR/storage/<path of the storage: URI>``, and ``/project`` (the image's copy of
   the repository) to this checkout; ``python`` is the interpreter running this file;
-* a job is ``pending`` for ``$STANDIN_PENDING_S`` seconds (default 1) before it starts, then
-  ``running``, then ``succeeded``, ``failed`` or ``cancelled``.
+* a job is ``pending`` for ``$STANDIN_PENDING_S`` seconds (default 1: the time the platform takes
+  to find a node) before it starts, then ``running``, then ``succeeded``, ``failed`` or ``cancelled``;
+* images are records in ``$STANDIN_PLATFORM_DIR/images``; a build runs no Dockerfile.
 
-Subcommands: run, status, logs, kill (JOB [SUFFIX] or ALL), ps, mkvolumes, upload (VOLUME or ALL).
+Subcommands: run, status, logs, kill (JOB [SUFFIX] or ALL), ps, mkvolumes, upload (VOLUME or ALL),
+build IMAGE.
 """
 
 from __future__ import annotations
@@ -28,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import inspect
 import json
 import os
 import re
@@ -45,9 +79,9 @@ from typing import Any
 import click
 from yarl import URL
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_ROOT = "/project"
 TERMINAL = {"succeeded", "failed", "cancelled"}
+EX_PLATFORMERROR = 125  # apolo_cli.const.EX_PLATFORMERROR: `apolo run` exits with it when a job fails to start
 PR_SET_CHILD_SUBREAPER = 36  # prctl option: orphaned descendants are reparented to this process
 
 
@@ -76,13 +110,52 @@ class _Client:
     parse = _Parse()
 
 
+def workspace() -> Any:
+    """The checkout the CLI works on: found from the working directory up (apolo_flow.parser.find_workspace)."""
+    from apolo_flow.parser import find_workspace
+
+    try:
+        return find_workspace(None)
+    except ValueError as error:  # apolo_flow.cli.main turns this into a usage error too
+        raise click.UsageError(str(error)) from None
+
+
+def repo_root() -> Path:
+    return Path(workspace().workspace)
+
+
 def _flow() -> Any:
     from apolo_flow.config_loader import LiveLocalCL
     from apolo_flow.context import RunningLiveFlow
-    from apolo_flow.parser import ConfigDir
 
-    loader = LiveLocalCL(ConfigDir(REPO_ROOT, REPO_ROOT / ".neuro"), _Client())  # type: ignore[arg-type]
+    loader = LiveLocalCL(workspace(), _Client())  # type: ignore[arg-type]
     return asyncio.run(RunningLiveFlow.create(loader, "live"))
+
+
+def job_name(project_id: str, job_id: str, suffix: str | None) -> str:
+    """The platform job name neuro-flow gives a live job (apolo_flow.live_runner.LiveExecutor.run)."""
+    first_part = project_id.replace("_", "-").strip("-")
+    while "--" in first_part:
+        first_part = first_part.replace("--", "-")
+    second_part = job_id if suffix is None else f"{job_id}-{suffix}"
+    second_part = second_part.replace("_", "-").strip("-")
+    while "--" in second_part:
+        second_part = second_part.replace("--", "-")
+    first_part = first_part[: 40 - len(second_part) - 1]
+    name = first_part + "-" + second_part
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
+
+
+def check_job_name(name: str) -> None:
+    """`apolo run --name` converts the name with apolo_cli.click_types.JOB_NAME; refuse what it refuses."""
+    from apolo_cli.click_types import JOB_NAME
+
+    try:
+        JOB_NAME.convert(name, None, None)
+    except ValueError as error:
+        raise click.UsageError(f"Invalid value for '-n' / '--name': {error}") from None
 
 
 def render(job_id: str, suffix: str | None, params: dict[str, str]) -> Any:
@@ -94,7 +167,11 @@ def render(job_id: str, suffix: str | None, params: dict[str, str]) -> Any:
         if await flow.is_multi(job_id):
             if suffix is None:
                 raise click.ClickException(f"{job_id} is a multi-job: pass --suffix")
-            return await flow.get_multi_job(job_id, suffix, None, params)
+            # neuro-flow 24.12: get_multi_job(job_id, suffix, args, params) (the `run JOB -- ARGS` of
+            # multi.args); apolo-flow 26.7 dropped both: get_multi_job(job_id, suffix, params).
+            if "args" in inspect.signature(flow.get_multi_job).parameters:
+                return await flow.get_multi_job(job_id, suffix, None, params)
+            return await flow.get_multi_job(job_id, suffix, params)
         return await flow.get_job(job_id, params)
 
     return asyncio.run(get())
@@ -118,7 +195,7 @@ def mounts_of(volumes: list[str]) -> dict[str, Path]:
 
 def rewrite(value: str, mounts: dict[str, Path]) -> str:
     """Container paths → local paths, longest mount first; /project (the image) → the checkout."""
-    table = {**{m: str(p) for m, p in mounts.items()}, IMAGE_ROOT: str(REPO_ROOT)}
+    table = {**{m: str(p) for m, p in mounts.items()}, IMAGE_ROOT: str(repo_root())}
     for mount in sorted(table, key=len, reverse=True):
         value = re.sub(rf"(?<![\w/.-]){re.escape(mount)}(?=/|$|[^\w.-])", lambda _m, t=table[mount]: t, value)
     return value
@@ -181,6 +258,7 @@ def cli() -> None:
 def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: bool, args: tuple[str, ...]) -> None:
     params = dict(param)
     job = render(job_id, suffix, params)
+    check_job_name(job_name(_flow().project.id, job_id, suffix))
     key = key_of(job_id, suffix)
     existing = read_record(key)
     if existing and existing["status"] not in TERMINAL:
@@ -194,7 +272,8 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
     env |= {"NODE_ADDR": hostname, "GLOO_SOCKET_IFNAME": "lo"}
     record = {"key": key, "job": job_id, "suffix": suffix, "id": f"job-{uuid.uuid4()}", "status": "pending",
               "hostname": hostname, "image": job.image, "preset": job.preset, "tags": sorted(job.tags),
-              "life_span": job.life_span, "command": command, "env": env, "params": params,
+              "life_span": job.life_span, "schedule_timeout": job.schedule_timeout, "submitted": time.time(),
+              "command": command, "env": env, "params": params,
               "workdir": rewrite(job.workdir or IMAGE_ROOT, mounts), "log": str(state_dir() / "jobs" / f"{key}.log"),
               "cli": os.environ.get("STANDIN_CLI_NAME", "")}
     if dry_run:
@@ -205,6 +284,13 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      env={**os.environ})
     click.echo(f"Job {record['id']} ({key}) submitted, preset {job.preset}")
+    # apolo_cli.job.run_job: `while wait_start and job.status.is_pending: sleep(0.2); status`.
+    while (read_record(key) or {}).get("status") == "pending":
+        time.sleep(0.2)
+    started = read_record(key) or {}
+    if started.get("status") == "failed":  # "the job has failed to start (most common reason - no resources)"
+        click.echo(f"Job {record['id']} ({key}) failed: {started.get('reason', '')}", err=True)
+        sys.exit(started.get("exit_code") or EX_PLATFORMERROR)
     if not job.detach:
         _follow(key)
         sys.exit(0 if (read_record(key) or {}).get("status") == "succeeded" else 1)
@@ -223,11 +309,19 @@ def supervise(key: str) -> None:
         stop["requested"] = True
 
     signal.signal(signal.SIGTERM, on_term)
-    deadline = time.monotonic() + float(os.environ.get("STANDIN_PENDING_S", "1"))
+    pending_s = float(os.environ.get("STANDIN_PENDING_S", "1"))
+    schedule_timeout = record.get("schedule_timeout")
+    deadline = time.monotonic() + pending_s
+    if schedule_timeout is not None:  # the platform gives up on a job it cannot schedule in time
+        deadline = time.monotonic() + min(pending_s, float(schedule_timeout))
     while time.monotonic() < deadline and not stop["requested"]:
         time.sleep(0.05)
     if stop["requested"]:
         update_record(key, status="cancelled")
+        return
+    if schedule_timeout is not None and pending_s > float(schedule_timeout):
+        update_record(key, status="failed", exit_code=EX_PLATFORMERROR,
+                      reason=f"not scheduled within the schedule timeout ({schedule_timeout:g} s)")
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTQA_", "STANDIN_"))}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
@@ -384,26 +478,111 @@ def ps() -> None:
 
 @cli.command()
 def mkvolumes() -> None:
+    """Create the storage folder of every volume that has a local folder, and only those
+    (apolo_flow.live_runner.LiveExecutor.mkvolumes skips volumes without `local`)."""
     for volume in _flow().volumes.values():
+        if volume.local is None:
+            continue
         storage_path(str(volume.remote)).mkdir(parents=True, exist_ok=True)
         click.echo(f"Created {volume.remote}")
+
+
+def upload_plan(local: Path) -> dict[str, int]:
+    """What `apolo cp --recursive LOCAL storage:...` would send: {path relative to LOCAL: size in bytes}.
+
+    Runs the real traversal, apolo_sdk.Storage.upload_dir (parent folders' ignore files through
+    apolo_sdk._storage.load_parent_ignore_files, each folder's own in Storage._upload_dir), with the
+    ignore file names `apolo cp` uses by default (apolo_cli.storage.calc_ignore_file_names:
+    .apoloignore and .neuroignore); only the storage calls are replaced by a record of the files.
+    """
+    from apolo_cli.storage import APOLOIGNORE_FILENAME, NEUROIGNORE_FILENAME
+    from apolo_sdk._storage import Storage
+
+    sent: dict[str, int] = {}
+    root = URL("storage://standin/upload")
+
+    class Recorder(Storage):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._file_sem = asyncio.BoundedSemaphore(16)
+
+        def _normalize_uri(self, uri: URL) -> URL:
+            return uri
+
+        async def mkdir(self, uri: URL, *, parents: bool = False, exist_ok: bool = False) -> None:
+            return None
+
+        async def _upload_file(self, src_path: Path, dst: URL, offset: int, *, progress: Any) -> None:
+            sent[dst.path[len(root.path) + 1:]] = src_path.stat().st_size
+
+    recorder = Recorder.__new__(Recorder)
+    recorder.__init__()
+    asyncio.run(recorder.upload_dir(URL(local.resolve().as_uri()), root,
+                                    ignore_file_names=frozenset({APOLOIGNORE_FILENAME, NEUROIGNORE_FILENAME})))
+    return sent
+
+
+def copy_planned(local: Path, target: Path) -> dict[str, int]:
+    plan = upload_plan(local)
+    for relative in plan:
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local / relative, target / relative)
+    return plan
 
 
 @cli.command()
 @click.argument("volume")
 def upload(volume: str) -> None:
-    """Copy a volume's local folder (ALL: every volume with one) to its storage folder."""
+    """Copy a volume's local folder (ALL: every volume with one) to its storage folder, honouring the
+    ignore files as `apolo cp --recursive --update` does (LiveExecutor.upload)."""
     volumes = _flow().volumes
+    if volume != "ALL" and volume not in volumes:
+        click.echo(f"Unknown volume {volume}; existing volumes: {','.join(sorted(volumes))}", err=True)
+        sys.exit(1)
     chosen = [v for v in volumes.values() if v.local is not None] if volume == "ALL" else [volumes[volume]]
     for v in chosen:
         if v.full_local_path is None or not v.full_local_path.is_dir():
-            click.echo(f"Skipped {v.id}: no local folder {v.local}")
-            continue
+            # apolo_sdk.Storage.upload_dir: FileNotFoundError "No such file"; `apolo cp` fails, and with
+            # it LiveExecutor.upload_all, before the volumes after this one.
+            click.echo(f"ERROR: No such file: {v.full_local_path} (the local folder of volume {v.id})", err=True)
+            sys.exit(1)
         target = storage_path(str(v.remote))
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(v.full_local_path, target, ignore=shutil.ignore_patterns("__pycache__"))
+        target.mkdir(parents=True)
+        copy_planned(v.full_local_path, target)
         click.echo(f"Uploaded {v.local} to {v.remote}")
+
+
+@cli.command()
+@click.option("-F", "--force-overwrite", is_flag=True, default=False,
+              help="Build even if the destination image already exists.")
+@click.argument("image")
+def build(force_overwrite: bool, image: str) -> None:
+    """Build IMAGE of live.yml: upload its context to storage:.builds/<uuid> (apolo_extras ImageBuilder)
+    and record the image; refuse an existing tag without -F (apolo_extras.image._build_image)."""
+    flow = _flow()
+    if image not in flow.images:
+        click.echo(f"Unknown image {image}; existing images: {','.join(sorted(flow.images))}", err=True)
+        sys.exit(1)
+    ctx = flow.images[image]
+    if ctx.context is None or ctx.dockerfile is None:
+        click.echo("Image's context or dockerfile part is not set", err=True)
+        sys.exit(2)
+    record = state_dir() / "images" / (str(ctx.ref).replace("/", "_").replace(":", "_") + ".json")
+    if record.exists() and not (force_overwrite or ctx.force_rebuild):
+        raise click.ClickException(f"Target image '{ctx.ref}' exists. Use -F/--force-overwrite flag to enforce "
+                                   "overwriting.")
+    if not isinstance(ctx.context, Path):
+        raise click.ClickException(f"the stand-in builds local contexts only, not {ctx.context}")
+    context = ctx.context
+    upload_to = state_dir() / "storage" / "standin" / ".builds" / str(uuid.uuid4())
+    plan = copy_planned(context, upload_to)
+    if Path(str(ctx.dockerfile_rel)).as_posix() not in plan:  # kaniko reads --file from the uploaded context
+        raise click.ClickException(f"the uploaded build context lacks the Dockerfile {ctx.dockerfile_rel}")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"ref": str(ctx.ref), "context": str(upload_to), "files": len(plan),
+                                  "bytes": sum(plan.values())}))
+    click.echo(f"Successfully built {ctx.ref} ({len(plan)} files, {sum(plan.values())} bytes of context)")
 
 
 if __name__ == "__main__":

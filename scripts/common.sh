@@ -1,0 +1,83 @@
+# Helpers shared by the scripts (sourced, not run): the Python to use, settings from .env, the flow
+# CLI, and the check that a job can write its storage. Each exists here once.
+# shellcheck shell=bash
+
+# find_python REPO_ROOT: sets PYTHON unless it is set already: the repository's .venv/bin/python
+# (what `make setup` creates), else python3, else python (inside the image: the base's interpreter).
+find_python() {
+    if [[ -n "${PYTHON:-}" ]]; then return 0; fi
+    if [[ -x "$1/.venv/bin/python" ]]; then PYTHON="$1/.venv/bin/python"
+    elif command -v python3 >/dev/null; then PYTHON=python3
+    else PYTHON=python; fi
+}
+
+# require_writable WHO DIR...: stop (exit 2) unless this process can create files in every DIR
+# (created first when missing). The platform mounts storage folders with an owner and mode it
+# chooses (`neuro-flow mkvolumes` creates them through the storage service) and `apolo run` cannot
+# pick the user, so say which folder fails, whose it is and how to fix it, before anything runs.
+require_writable() {
+    local who="$1" dir probe owner mode me
+    shift
+    for dir in "$@"; do
+        [[ -n "$dir" ]] || continue
+        # A real file, not access(2): network storage (root_squash, ACLs) can answer W_OK falsely.
+        if mkdir -p "$dir" 2>/dev/null && probe="$(mktemp -p "$dir" .write-test.XXXXXX 2>/dev/null)"; then
+            rm -f "$probe"
+            continue
+        fi
+        me="$(id -u)"
+        local existing="$dir"
+        while [[ ! -e "$existing" && "$existing" != / ]]; do existing="$(dirname "$existing")"; done
+        owner="$(stat -c %u "$existing" 2>/dev/null || echo '?')"
+        mode="$(stat -c %a "$existing" 2>/dev/null || echo '?')"
+        echo "$who: cannot write to $dir ($existing is owned by uid $owner, mode $mode; this job runs as uid $me)." \
+             "Fix: run as root or as uid $owner (the image runs as root; 'docker run --user $owner'), or let" \
+             "uid $me write there ('chmod a+rwx $existing' as its owner)." >&2
+        exit 2
+    done
+}
+
+# The flow CLI: $FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old
+# name). Both read .neuro/live.yml and accept the same subcommands.
+find_flow_cli() {
+    if [[ -n "${FLOW_CLI:-}" ]]; then
+        command -v "$FLOW_CLI" >/dev/null || { echo "FLOW_CLI=$FLOW_CLI is not on PATH" >&2; return 1; }
+        echo "$FLOW_CLI"
+    elif command -v apolo-flow >/dev/null; then
+        echo apolo-flow
+    elif command -v neuro-flow >/dev/null; then
+        echo neuro-flow
+    else
+        echo "neither apolo-flow nor neuro-flow is on PATH: 'make setup' installs it into .venv" \
+             "(then 'source .venv/bin/activate'), or 'pip install neuro-flow'; log in with 'apolo login'" >&2
+        return 1
+    fi
+}
+
+# dotenv_value KEY FILE: the value of KEY=... in a .env file, read as python-dotenv (the trainer's
+# reader) reads it, without sourcing the file: the last such line wins, `export ` and blanks around
+# `=` are allowed; a quoted value is taken whole ('#' included), an unquoted one ends at ` #`.
+dotenv_value() {
+    local key="$1" file="$2" line value
+    [[ -f "$file" ]] || return 0
+    line=$(grep -E "^[[:space:]]*(export[[:space:]]+)?${key}[[:space:]]*=" "$file" | tail -n 1 || true)
+    [[ -n "$line" ]] || return 0
+    value="${line#*=}"
+    value="${value#"${value%%[![:space:]]*}"}"
+    if [[ "$value" =~ ^\"([^\"]*)\" || "$value" =~ ^\'([^\']*)\' ]]; then
+        value="${BASH_REMATCH[1]}"
+    else
+        value="${value%%[[:space:]]#*}"
+        value="${value%"${value##*[![:space:]]}"}"
+    fi
+    printf '%s\n' "$value"
+}
+
+# setting NAME DEFAULT: $NAME from the environment, else from the .env file (the repository's, or
+# $ENV_FILE), else DEFAULT.
+setting() {
+    local name="$1" default="$2" value
+    value="${!name:-}"
+    [[ -n "$value" ]] || value="$(dotenv_value "$name" "${ENV_FILE:-${repo_root:?}/.env}")"
+    echo "${value:-$default}"
+}

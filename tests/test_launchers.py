@@ -1,0 +1,90 @@
+"""One way to start a node: every launcher (local emulation, Docker test, Slurm, platform) runs
+scripts/worker.sh; the torchrun command line, the thread settings and the rendezvous environment live
+there alone, and finding PYTHON and reading .env live in one sourced helper (scripts/common.sh)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+
+SHELL_FILES = sorted([*(REPO_ROOT / "scripts").iterdir(), *(REPO_ROOT / "tests" / "docker").glob("*.sh"),
+                      REPO_ROOT / ".ci" / "run", REPO_ROOT / "Makefile", REPO_ROOT / "Dockerfile",
+                      REPO_ROOT / ".neuro" / "live.yml"])
+
+
+def code_lines(path: Path) -> list[str]:
+    """The lines of a script that are not comments."""
+    return [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize(("what", "pattern", "home"), [
+    ("the torchrun command line", r"torch\.distributed\.run|(^\s*|exec\s+|[;&|]\s*)torchrun\s", "scripts/worker.sh"),
+    ("the thread settings", r"OMP_NUM_THREADS=", "scripts/worker.sh"),
+    ("the rendezvous environment", r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE|rdzv", "scripts/worker.sh"),
+    ("finding PYTHON", r"PYTHON=\"?\$\S*\.venv/bin/python|PYTHON=python|PYTHON=\"\$\{PYTHON:-", "scripts/common.sh"),
+    ("reading .env", r"grep .*=\"? \"?\$|\$\{line#\*=\}", "scripts/common.sh"),
+])
+def test_each_piece_of_starting_a_node_exists_once(what: str, pattern: str, home: str) -> None:
+    found = sorted({str(path.relative_to(REPO_ROOT)) for path in SHELL_FILES
+                    for line in code_lines(path) if re.search(pattern, line)})
+    assert found == [home], f"{what} is written in {found}; it belongs in {home} alone"
+
+
+def test_every_launcher_starts_its_nodes_through_worker_sh() -> None:
+    for launcher in ("scripts/run_distributed_locally.sh", "scripts/train_slurm.sbatch", ".neuro/live.yml",
+                     "tests/docker/test_image.py"):
+        assert "scripts/worker.sh" in "\n".join(code_lines(REPO_ROOT / launcher)), launcher
+
+
+def test_dotenv_values_are_read_as_the_trainer_reads_them(tmp_path: Path) -> None:
+    """scripts/common.sh's dotenv_value agrees with python-dotenv (what distqa.train loads .env with)."""
+    from dotenv import dotenv_values
+
+    env_file = tmp_path / ".env"
+    env_file.write_text("# a comment\nNODES=3  # three nodes\nexport PRESET=\"gpu # large\"  # quoted\n"
+                        "KEY = 'abc'\nHASH=abc#def\nEMPTY=\nNODES_2=4 # later\nNODES=5\n")
+    script = 'source scripts/common.sh; for k in "$@"; do printf "%s=%s\\n" "$k" "$(dotenv_value "$k" "$F")"; done'
+    keys = ["NODES", "PRESET", "KEY", "HASH", "EMPTY", "NODES_2", "MISSING"]
+    result = subprocess.run(["bash", "-c", script, "bash", *keys], cwd=REPO_ROOT,
+                            env=clean_env(F=str(env_file)), capture_output=True, text=True, timeout=60, check=True)
+    values = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    expected = {k: (v or "") for k, v in dotenv_values(env_file).items()}
+    assert values == {k: expected.get(k, "") for k in keys}
+
+
+def test_the_kaggle_download_reads_env_comments_like_everyone_else(tmp_path: Path) -> None:
+    """download_nq.sh had its own .env reader that kept trailing comments in KAGGLE_KEY."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "seen"
+    kaggle = bin_dir / "kaggle"  # a stand-in that records the credentials it was given, then fails
+    kaggle.write_text(f'#!/bin/sh\necho "$KAGGLE_USERNAME:$KAGGLE_KEY" > {seen}\nexit 1\n')
+    kaggle.chmod(0o755)
+    env_file = tmp_path / ".env"
+    env_file.write_text("KAGGLE_USERNAME=someone   # the account\nKAGGLE_KEY=0123abcd  # from kaggle.com/settings\n")
+    env = clean_env(PATH=f"{bin_dir}:/usr/bin:/bin")
+    env.pop("KAGGLE_USERNAME", None)
+    env.pop("KAGGLE_KEY", None)
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "download_nq.sh"), "--dir", str(tmp_path / "nq"),
+                    "--env-file", str(env_file)], env=env, capture_output=True, text=True, timeout=60)
+    assert seen.read_text().strip() == "someone:0123abcd"
+
+
+@pytest.mark.distributed
+def test_the_local_launcher_runs_worker_sh_per_node_on_loopback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", "2", "--port",
+         str(free_port()), "--run-id", "via-worker", "--", *FAST_ARGS, "--max-steps", "2", "--output-dir",
+         str(tmp_path)],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in (0, 1):
+        assert (f"[node {node}] worker.sh: run 'via-worker': node {node} of 2 at 127.0.0.1, rendezvous "
+                "127.0.0.1:") in result.stderr
+    assert (tmp_path / "via-worker" / "checkpoints").is_dir()
