@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from distqa.checkpoint import (
-    atomic_write,
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
@@ -16,6 +15,7 @@ from distqa.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from distqa.files import atomic_write
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from distqa.answers import AnswerType, Span
 from distqa.config import TINY_MODEL_DIR
-from distqa.data import AnswerType
 from distqa.data.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
-from distqa.data.nq import BadLine, DataError, Span, parse_example, scan
+from distqa.data.nq import BadLine, DataError, parse_example, scan
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.data.windows import (
     Featurizer,

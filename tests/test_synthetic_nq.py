@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
 from distqa.data.synthetic_nq import (
     ATTRIBUTES,
     CANDIDATE_TAGS,

@@ -41,9 +41,13 @@ class ConfigError(ValueError):
     """A setting is unknown, malformed or inconsistent; the message names it and the fix."""
 
 
-def setting(default: Any, help: str) -> Any:
-    """A config field with its documentation (shown by ``--help`` and in .env.example)."""
-    return field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, defines_run: str = "") -> Any:
+    """A config field with its documentation (shown by ``--help`` and in .env.example).
+
+    ``defines_run`` marks the settings that define what a checkpoint was trained on ("any", or the
+    dataset they belong to): a run does not resume from a checkpoint with other values of them.
+    """
+    return field(default=default, metadata={"help": help, "defines_run": defines_run})
 
 
 @dataclass
@@ -65,7 +69,7 @@ class Config:
     model_name_or_path: str = setting(
         str(TINY_MODEL_DIR.relative_to(REPO_ROOT)),
         "transformers encoder: a local directory or a hub name such as bert-base-uncased "
-        "(hub names need network on first use). Relative paths are relative to the repository.")
+        "(hub names need network on first use). Relative paths are relative to the repository.", defines_run="any")
     from_scratch: bool = setting(
         True, "Initialise the encoder randomly from the model's config instead of loading its "
         "weights (the offline tiny model has no weights).")
@@ -74,34 +78,34 @@ class Config:
     dropout: float | None = setting(
         None, "Override the encoder's hidden and attention dropout (0 <= p < 1); none keeps the "
         "model's own.")
-    max_seq_len: int = setting(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.")
-    max_question_len: int = setting(32, "Most question tokens kept in a window.")
+    max_seq_len: int = setting(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.", defines_run="any")
+    max_question_len: int = setting(32, "Most question tokens kept in a window.", defines_run="any")
 
     # --- data -------------------------------------------------------------------------------
     dataset: Literal["dummy", "nq"] = setting(
         "dummy", "Training data: 'dummy' is the offline synthetic DummyDataset; 'nq' the Natural Questions "
-        "features of nq_train_file, built once by `python -m distqa.prepare`.")
-    dummy_size: int = setting(4096, "Number of examples in the DummyDataset.")
+        "features of nq_train_file, built once by `python -m distqa.prepare`.", defines_run="any")
+    dummy_size: int = setting(4096, "Number of examples in the DummyDataset.", defines_run="dummy")
     num_workers: int = setting(0, "DataLoader worker processes per rank (0 = load in the trainer).")
 
     # --- Natural Questions features (part of the cache fingerprint unless noted) --------------
     nq_train_file: str = setting(
         "data/nq-sample/simplified-nq-train.jsonl", "Natural Questions train file in the Kaggle "
-        "'simplified' jsonl format; the committed synthetic sample by default (data/README.md).")
+        "'simplified' jsonl format; the committed synthetic sample by default (data/README.md).", defines_run="nq")
     nq_cache_dir: str = setting(
         "data/nq-cache", "Where NQ feature caches live, one subdirectory per fingerprint of input "
         "file + tokenizer + window settings (not part of it). Shared storage on multi-node runs.")
     doc_stride: int = setting(
         64, "Document wordpieces between the starts of consecutive windows of one document; at most "
-        "max_seq_len - max_question_len - 3.")
+        "max_seq_len - max_question_len - 3.", defines_run="nq")
     negative_keep_rate: float = setting(
         0.1, "Fraction of training windows without an answer that are kept (0..1, deterministic by "
-        "nq_seed); 1 keeps every window. Validation always keeps every window.")
+        "nq_seed); 1 keeps every window. Validation always keeps every window.", defines_run="nq")
     validation_fraction: float = setting(
-        0.1, "Fraction of NQ examples held out for validation, by example and per answer type.")
+        0.1, "Fraction of NQ examples held out for validation, by example and per answer type.", defines_run="nq")
     nq_seed: int = setting(
         0, "Seed of the validation split and the negative-window sampling; apart from seed, so that a "
-        "new training seed reuses the cache.")
+        "new training seed reuses the cache.", defines_run="nq")
     on_bad_line: Literal["skip", "fail"] = setting(
         "skip", "A malformed NQ line is skipped and counted (reported at the end), or fails at once. "
         "Not part of the fingerprint.")
@@ -250,6 +254,10 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def run_defining(self) -> tuple[str, ...]:
+        """The settings a checkpoint must share with this config to be resumed (``defines_run`` fields)."""
+        return tuple(f.name for f in dataclasses.fields(self) if f.metadata["defines_run"] in ("any", self.dataset))
 
     @staticmethod
     def _require_local(path: Path, name: str, hint: str = "") -> None:

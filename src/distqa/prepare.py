@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError, load_config
-from distqa.data import prepare_nq
+from distqa.data.features import prepare_nq
 from distqa.data.nq import DataError
 
 
@@ -45,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(argv, prog="python -m distqa.prepare")
         if only_if_nq and config.dataset != "nq":
             return 0
-        directory = prepare_nq(config, progress=config.progress_bar)
+        # Here, not at the top: transformers imports torch, and each featurising process re-imports this
+        # module (multiprocessing's spawn); they need only the tokenizers library.
+        from distqa.pretrained import load_tokenizer
+
+        directory = prepare_nq(config, load_tokenizer(config), progress=config.progress_bar)
     except (ConfigError, DataError) as err:
         print(f"distqa.prepare: error: {err}", file=sys.stderr)
         return 2

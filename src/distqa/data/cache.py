@@ -44,7 +44,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 from tqdm import tqdm  # not tqdm.auto: a notebook needs no widget for a cache build
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
 from distqa.data.nq import BadLinePolicy, DataError, ScanResult, parse_example, read_lines, require_file, scan
 from distqa.data.windows import EXAMPLE_COLUMNS, Features, Featurizer, WindowSettings, WindowStats
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
 
 # Roughly the NQ mix per window: most windows hold no answer.
 ANSWER_TYPE_WEIGHTS = {AnswerType.UNKNOWN: 0.45, AnswerType.YES: 0.05, AnswerType.NO: 0.05,

@@ -105,10 +105,11 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
+from distqa.files import atomic_write
 
 CANDIDATE_TAGS = ("P", "Table", "Tr", "Ul", "Ol", "Li", "Dl", "Dt", "Dd")
 """HTML elements that are long-answer candidates (as in the simplified NQ data)."""
@@ -559,13 +560,8 @@ def iter_examples(n: int, *, seed: int = 0, start: int = 0, long_docs: int = 0, 
 def answer_type_of(example: Mapping[str, Any]) -> AnswerType:
     """The answer class of a train line's first annotation."""
     annotation = example["annotations"][0]
-    if annotation["yes_no_answer"] in ("YES", "NO"):
-        return AnswerType.YES if annotation["yes_no_answer"] == "YES" else AnswerType.NO
-    if annotation["short_answers"]:
-        return AnswerType.SHORT
-    if annotation["long_answer"]["candidate_index"] >= 0:
-        return AnswerType.LONG
-    return AnswerType.UNKNOWN
+    return AnswerType.of_annotation(annotation["yes_no_answer"], has_short=bool(annotation["short_answers"]),
+                                    has_long=annotation["long_answer"]["candidate_index"] >= 0)
 
 
 @dataclass
@@ -591,29 +587,25 @@ class GenerationStats:
 def write_jsonl(path: str | os.PathLike[str], n: int, **kwargs: Any) -> GenerationStats:
     """Write ``n`` examples (see :func:`iter_examples` for the keywords) to ``path``, streaming.
 
-    The file appears complete or not at all (written to ``path.tmp``, then renamed); memory use does not
+    The file appears complete or not at all (:func:`distqa.files.atomic_write`); memory use does not
     grow with ``n``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     stats = GenerationStats()
     began = time.perf_counter()
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            for example in iter_examples(n, **kwargs):
-                line = json.dumps(example, ensure_ascii=False, separators=(",", ":")) + "\n"
-                f.write(line)
-                stats.examples += 1
-                stats.bytes += len(line.encode("utf-8"))
-                tokens = example["document_text"].count(" ") + 1
-                stats.tokens += tokens
-                stats.max_tokens = max(stats.max_tokens, tokens)
-                if "annotations" in example:
-                    stats.answer_types[answer_type_of(example).name.lower()] += 1
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    def write(f: IO[bytes]) -> None:
+        for example in iter_examples(n, **kwargs):
+            line = (json.dumps(example, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+            f.write(line)
+            stats.examples += 1
+            stats.bytes += len(line)
+            tokens = example["document_text"].count(" ") + 1
+            stats.tokens += tokens
+            stats.max_tokens = max(stats.max_tokens, tokens)
+            if "annotations" in example:
+                stats.answer_types[answer_type_of(example).name.lower()] += 1
+
+    atomic_write(Path(path), write)
     stats.seconds = time.perf_counter() - began
     return stats
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
-from distqa.data import AnswerType
-from distqa.data.nq import NQExample, Span
+from distqa.answers import AnswerType, Span
+from distqa.data.nq import NQExample
 
 TAG_TOKEN = re.compile(r"(?<![^ ])</?[A-Za-z][A-Za-z0-9]*>(?![^ ])")
 """An HTML tag that is a whole whitespace token, as in NQ's document_text."""
@@ -319,12 +319,10 @@ def window_span_to_tokens(piece_to_token: np.ndarray, doc_start: int, question_l
     return Span(int(piece_to_token[start_position + offset]), int(piece_to_token[end_position + offset]) + 1)
 
 
-def containing_candidate(candidates: np.ndarray, span: Span, top_level_only: bool = True) -> int:
-    """Index of the innermost (top-level, by default) candidate that contains ``span``; -1 if none."""
+def containing_candidate(candidates: np.ndarray, span: Span) -> int:
+    """Index of the innermost top-level candidate that contains ``span``; -1 if none."""
     starts, ends = candidates[:, 0].astype(np.int64), candidates[:, 1].astype(np.int64)
-    inside = (starts <= span.start) & (span.end <= ends)
-    if top_level_only:
-        inside &= candidates[:, 2].astype(bool)
+    inside = (starts <= span.start) & (span.end <= ends) & candidates[:, 2].astype(bool)
     if not inside.any():
         return -1
     return int(np.argmin(np.where(inside, ends - starts, np.iinfo(np.int64).max)))
