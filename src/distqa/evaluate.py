@@ -27,19 +27,19 @@ from distqa.distributed import distributed_runtime, read_torchrun_env, setup_log
 from distqa.inference import Evaluator, Predictor
 from distqa.metric import write_submission
 from distqa.optim import Precision
+from distqa.settings import add_setting_flags, coerce_flag
+
+SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
+"""The settings evaluate takes from its flags; the others come from the checkpoint."""
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
-    parser.add_argument("--nq-cache-dir", help="feature cache directory (default: the checkpoint's)")
-    parser.add_argument("--nq-train-file", help="the training file (default: the checkpoint's)")
-    parser.add_argument("--long-threshold", type=float)
-    parser.add_argument("--short-threshold", type=float)
-    parser.add_argument("--batch-size", type=int, help="windows per forward pass (default: eval_batch_size)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0)")
+    overrides = parser.add_argument_group("settings (default: the checkpoint's; thresholds left out are tuned)")
+    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"})
     return parser
 
 
@@ -48,13 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv(".env", override=False)
     try:
         setup_logging(read_torchrun_env()["RANK"])
-        with distributed_runtime(args.device) as runtime:
-            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, nq_cache_dir=args.nq_cache_dir,
-                                                  nq_train_file=args.nq_train_file, eval_batch_size=args.batch_size)
+        overrides = {name: coerce_flag(name, raw) for name, raw in vars(args).items() if name in SETTINGS}
+        long_threshold, short_threshold = overrides.pop("long_threshold", None), overrides.pop("short_threshold", None)
+        with distributed_runtime(overrides.pop("device", "auto")) as runtime:
+            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, **overrides)
             config = predictor.config
             directory = find_features(config, predictor.tokenizer, hint=" (the training's), or pass --nq-cache-dir")
             evaluator = Evaluator(directory, runtime, config.eval_batch_size, predictor.max_answer_len,
-                                  args.long_threshold, args.short_threshold, split=args.split)
+                                  long_threshold, short_threshold, split=args.split)
             evaluation = evaluator.evaluate(predictor.model, Precision.choose(config.precision, runtime.device))
             if runtime.is_main_process:
                 print(json.dumps({**evaluation.metrics, "long_threshold": evaluation.thresholds.long,

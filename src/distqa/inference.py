@@ -207,13 +207,13 @@ class Predictor:
 
 
 def inference_config(saved: dict[str, Any], **overrides: Any) -> Config:
-    """The training config of a checkpoint, made independent of the training data.
+    """The training config of a checkpoint, with ``overrides``.
 
-    Prediction needs the model, tokenizer and window settings, not the training file, which need
-    not exist where predict runs: the dataset is set to "dummy" so that it is not looked for.
+    Its values are checked, but not against this machine: prediction needs the model, tokenizer and
+    window settings, not the training file or the checkpoint to resume, which need not exist here.
     """
     unknown = sorted(set(saved) - set(FIELDS))
     if unknown:
         log.warning("ignoring settings this version does not know: %s", ", ".join(unknown))
     values = {name: value for name, value in saved.items() if name in FIELDS}
-    return Config(**values | {"dataset": "dummy", "resume": "none"} | overrides)
+    return Config(**values | overrides)

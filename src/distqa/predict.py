@@ -35,8 +35,12 @@ from dotenv import load_dotenv
 from distqa.config import ConfigError
 from distqa.data.nq import DataError, require_file
 from distqa.metric import write_submission
+from distqa.settings import add_setting_flags, coerce_flag
 
 log = logging.getLogger("distqa.predict")
+
+SETTINGS = ("long_threshold", "short_threshold", "eval_batch_size", "device", "nq_cache_dir", "num_proc")
+"""The settings predict takes from its flags; the others come from the checkpoint."""
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -45,12 +49,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="best.pt or a step-*.pt written by distqa.train")
     parser.add_argument("--input", required=True, type=Path, help="NQ jsonl: the test file or a train-format file")
     parser.add_argument("--output", required=True, type=Path, help="submission CSV to write (rank 0)")
-    parser.add_argument("--long-threshold", type=float, help="override the checkpoint's tuned long threshold")
-    parser.add_argument("--short-threshold", type=float, help="override the checkpoint's tuned short threshold")
-    parser.add_argument("--batch-size", type=int, help="windows per forward pass (default: eval_batch_size)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--nq-cache-dir", help="feature cache directory (default: the checkpoint's nq_cache_dir)")
-    parser.add_argument("--num-proc", type=int, help="featurising processes (default: one per core)")
+    overrides = parser.add_argument_group("settings (default: the checkpoint's; the thresholds: its tuned ones)")
+    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"})
     return parser
 
 
@@ -65,10 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         setup_logging(read_torchrun_env()["RANK"])
         require_file(args.input)
-        overrides = {"nq_cache_dir": args.nq_cache_dir, "num_proc": args.num_proc, "eval_batch_size": args.batch_size}
-        with distributed_runtime(args.device) as runtime:
-            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, args.long_threshold,
-                                                  args.short_threshold, **overrides)
+        overrides = {name: coerce_flag(name, raw) for name, raw in vars(args).items() if name in SETTINGS}
+        with distributed_runtime(overrides.pop("device", "auto")) as runtime:
+            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, overrides.pop("long_threshold", None),
+                                                  overrides.pop("short_threshold", None), **overrides)
             answers = predictor.answers(predictor.predict_file(args.input))
             if runtime.is_main_process:
                 write_submission(args.output, answers)

@@ -24,7 +24,7 @@ end (Kaggle micro-F1, on all ranks) and keeps the best model in ``checkpoints/be
         --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
 
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
-variables or flags; see ``distqa.config``. A restart with the same ``--run-name`` resumes from its
+variables or flags; see ``distqa.settings``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
 
 :func:`train` is the story of a run: data, model, optimizer and schedule, resume, the DDP wrap, the loop.
@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
 from distqa.checkpoint import Progress
-from distqa.config import Config, ConfigError, load_config
+from distqa.config import Config, ConfigError
 from distqa.data.cache import NQWindows
 from distqa.data.dummy import DummyDataset
 from distqa.data.features import find_features, require_nq_features
@@ -56,6 +56,7 @@ from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.pretrained import check_sources, load_tokenizer
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
+from distqa.settings import load_config
 from distqa.trainer import StepPlan, Trainer, resume, wrap_ddp
 
 log = logging.getLogger("distqa.train")
