@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from distqa.data.windows import check_window_shape
+
 ENV_PREFIX = "DISTQA_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESETS_DIR = REPO_ROOT / "configs"
@@ -198,13 +200,11 @@ class Config:
             raise ConfigError(f"lr must be > 0, got {self.lr}; typical values are 1e-5 .. 1e-3.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout must be in [0, 1) or none, got {self.dropout}.")
-        # [CLS] q [SEP] ... [SEP] must leave room for at least one document token.
-        if self.max_question_len + 4 > self.max_seq_len:
-            raise ConfigError(
-                f"max_question_len ({self.max_question_len}) leaves no room for the document in "
-                f"max_seq_len ({self.max_seq_len}); use max_question_len <= max_seq_len - 4.")
-        if self.dataset == "nq":  # prepare checks it too, whatever the dataset (distqa.data.nq_request)
-            self.check_doc_stride()
+        try:  # the stride only matters to NQ; prepare checks it whatever the dataset (WindowSettings)
+            check_window_shape(self.max_seq_len, self.max_question_len,
+                               self.doc_stride if self.dataset == "nq" else None)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         for name in ("negative_keep_rate", "max_bad_line_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}.")
@@ -216,13 +216,6 @@ class Config:
                 f"({self.global_batch_size}); lower it or raise global_batch_size.")
         if not self.run_name or "/" in self.run_name or self.run_name in (".", ".."):
             raise ConfigError(f"run_name must be a plain directory name, got {self.run_name!r}.")
-
-    def check_doc_stride(self) -> None:
-        room = self.max_seq_len - self.max_question_len - 3
-        if not 1 <= self.doc_stride <= room:
-            raise ConfigError(
-                f"doc_stride ({self.doc_stride}) must be between 1 and the document part of a window, "
-                f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
 
     # --- derived values ---------------------------------------------------------------------
     @property

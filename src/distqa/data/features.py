@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.config import Config
+from distqa.config import Config, ConfigError
 from distqa.data.cache import CacheRequest, build_cache, cached
 from distqa.data.nq import DataError
 from distqa.data.windows import WindowSettings
@@ -25,9 +25,11 @@ takes about a second to start, which featurising a few MB never wins back."""
 
 def window_settings(config: Config) -> WindowSettings:
     """The window settings of ``config`` (its run-defining NQ settings: see ``Config.run_defining``)."""
-    config.check_doc_stride()
-    return WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
-                          config.negative_keep_rate, config.nq_seed)
+    try:
+        return WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
+                              config.negative_keep_rate, config.nq_seed)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def nq_request(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,

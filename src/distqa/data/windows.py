@@ -50,6 +50,19 @@ TAG_TOKEN = re.compile(r"(?<![^ ])</?[A-Za-z][A-Za-z0-9]*>(?![^ ])")
 SPACE = ord(" ")
 
 
+def check_window_shape(max_seq_len: int, max_question_len: int, doc_stride: int | None = None) -> None:
+    """The rule of a window's shape, for every user of it: ``[CLS] question [SEP] document [SEP]`` leaves
+    room for at least one document token, and windows ``doc_stride`` pieces apart leave no piece of the
+    document out. A ValueError naming the setting and the bound otherwise."""
+    if max_question_len + 4 > max_seq_len:
+        raise ValueError(f"max_question_len ({max_question_len}) leaves no room for the document in "
+                         f"max_seq_len ({max_seq_len}); use max_question_len <= max_seq_len - 4.")
+    room = max_seq_len - max_question_len - 3
+    if doc_stride is not None and not 1 <= doc_stride <= room:
+        raise ValueError(f"doc_stride ({doc_stride}) must be between 1 and the document part of a window, "
+                         f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
+
+
 @dataclass(frozen=True)
 class WindowSettings:
     max_seq_len: int
@@ -59,13 +72,7 @@ class WindowSettings:
     seed: int
 
     def __post_init__(self) -> None:
-        room = self.max_seq_len - self.max_question_len - 3
-        if room < 1:
-            raise ValueError(f"max_seq_len {self.max_seq_len} leaves no room for the document after "
-                             f"max_question_len {self.max_question_len}")
-        if not 1 <= self.doc_stride <= room:
-            raise ValueError(f"doc_stride must be in [1, {room}] (the document part of a window) so every "
-                             f"piece lands in a window, got {self.doc_stride}")
+        check_window_shape(self.max_seq_len, self.max_question_len, self.doc_stride)
         if not 0 <= self.negative_keep_rate <= 1:
             raise ValueError(f"negative_keep_rate must be in [0, 1], got {self.negative_keep_rate}")
 
