@@ -73,7 +73,7 @@ def require_nq_features(config: Config, tokenizer: PreTrainedTokenizerBase, worl
     With several ranks it must exist before launch (``python -m distqa.prepare``): featurising
     inside the run would leave every other rank waiting in a collective until the timeout.
     """
-    if world_size == 1:
+    if world_size == 1 and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
         return prepare_nq(config, tokenizer, progress=config.progress_bar)
     return find_features(config, tokenizer, hint=", before launching a multi-process run (the launcher scripts "
                                                   "do this for you)")
