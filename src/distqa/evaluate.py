@@ -39,7 +39,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
     parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0)")
     overrides = parser.add_argument_group("settings (default: the checkpoint's; thresholds left out are tuned)")
-    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"})
+    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
     return parser
 
 

@@ -50,7 +50,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", required=True, type=Path, help="NQ jsonl: the test file or a train-format file")
     parser.add_argument("--output", required=True, type=Path, help="submission CSV to write (rank 0)")
     overrides = parser.add_argument_group("settings (default: the checkpoint's; the thresholds: its tuned ones)")
-    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"})
+    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
     return parser
 
 

@@ -123,14 +123,15 @@ def build_arg_parser(prog: str = "python -m distqa.train", sections: Sequence[Se
 
 
 def add_setting_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Iterable[str],
-                      aliases: Mapping[str, str] | None = None) -> None:
+                      aliases: Mapping[str, str] | None = None, show_defaults: bool = True) -> None:
     """``--field-name`` flags for the settings ``names`` (raw strings: :func:`coerce_flag` types them);
-    ``aliases`` adds another flag for a setting (name -> flag)."""
+    ``aliases`` adds another flag for a setting (name -> flag). ``show_defaults`` False leaves the
+    built-in defaults out of the help, where they are not what applies (predict: the checkpoint's)."""
     for name in names:
         f = FIELDS[name]
         flags = ["--" + name.replace("_", "-"), *([aliases[name]] if aliases and name in aliases else [])]
         parser.add_argument(*flags, dest=name, metavar=_metavar(name), default=argparse.SUPPRESS,
-                            help=f"{f.metadata['help']} (default: {f.default})")
+                            help=f"{f.metadata['help']}" + (f" (default: {f.default})" if show_defaults else ""))
 
 
 def coerce_flag(name: str, raw: Any) -> Any:
