@@ -68,7 +68,7 @@ download-nq: ## Download the real NQ data (Kaggle CLI, ~17 GB unzipped) into dat
 	scripts/download_nq.sh $(ARGS)
 
 env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
-	$(PYTHON) -m distqa.config > .env.example
+	$(PYTHON) -m distqa.settings > .env.example
 
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.score import read_gold, read_submission
+from distqa.metric import read_gold, read_submission
 
 from conftest import REPO_ROOT, clean_env, run_training
 from nq_examples import UNDECODABLE_LINES
@@ -41,7 +41,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     args = ["--dataset", "nq", "--run-name", "sample", "--output-dir", str(root / "results"),
             "--nq-cache-dir", str(root / "cache"), "--epochs", "4", "--eval-every", "5", "--eval-batch-size", "8",
             "--progress-bar", "false", "--log-every", "5"]
-    run_module("distqa.prepare", args)
+    run_module("distqa.prepare", ["--only-if-nq", *args])  # the trainer's command line: prepare what it reads
     return root, run_training(args, nproc=2).stderr
 
 

@@ -1,4 +1,5 @@
-"""Atomic checkpoint files: no partial file under a real name, newest found, old pruned, junk refused."""
+"""Atomic checkpoint files: no partial file under a real name, newest found, old pruned, junk refused; the
+schema: what a step checkpoint and best.pt hold, and a file of another format version refused by name."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import pytest
 import torch
 
 from distqa.checkpoint import (
-    atomic_write,
+    FORMAT_VERSION,
+    CheckpointError,
+    Decoding,
+    ModelCheckpoint,
+    Progress,
+    TrainingCheckpoint,
+    best_checkpoint_path,
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
@@ -16,6 +23,8 @@ from distqa.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from distqa.decode import Thresholds
+from distqa.files import atomic_write
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:
@@ -51,3 +60,53 @@ def test_loading_garbage_names_the_file(tmp_path: Path) -> None:
     torch.save({"model": {}}, junk)
     with pytest.raises(ValueError, match=r"missing .*'optimizer'"):
         load_checkpoint(junk)
+
+
+def a_model_checkpoint(**extra: object) -> dict[str, object]:
+    return {"model": {"w": torch.ones(2)}, "config": {"run_name": "r"}, "decoding": None, "evaluation": None,
+            "progress": {"step": 4, "epoch": 0, "samples_in_epoch": 32, "best_micro_f1": -1.0},
+            "versions": {"distqa": "0.1.0"}, **extra}
+
+
+def test_a_training_checkpoint_round_trips_through_its_schema(tmp_path: Path) -> None:
+    written = TrainingCheckpoint(
+        model={"w": torch.arange(3.0)}, config={"run_name": "r"},
+        decoding=Decoding(Thresholds(1.5, -0.5), max_answer_len=30), evaluation={"step": 4, "micro_f1": 0.5},
+        progress=Progress(step=4, epoch=1, samples_in_epoch=16, best_micro_f1=0.5), versions={"distqa": "x"},
+        optimizer={"state": {}}, scheduler={"last_epoch": 4}, scaler={}, rng=[{"python": 1}, {"python": 2}],
+        world_size=2, saved_by_rank=0)
+    path = checkpoint_path(tmp_path, 4)
+    written.save(path)
+    on_disk = torch.load(path, weights_only=True)
+    assert on_disk["format_version"] == FORMAT_VERSION
+    assert on_disk["decoding"] == {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30}
+    assert on_disk["progress"] == {"step": 4, "epoch": 1, "samples_in_epoch": 16, "best_micro_f1": 0.5}
+    read = load_checkpoint(path)
+    assert isinstance(read, TrainingCheckpoint)
+    assert torch.equal(read.model["w"], written.model["w"])
+    assert (read.decoding, read.progress, read.rng, read.world_size) == (written.decoding, written.progress,
+                                                                          written.rng, 2)
+    # What inference needs reads from a step checkpoint too.
+    assert load_checkpoint(path, ModelCheckpoint).decoding == written.decoding
+
+
+def test_best_pt_holds_no_training_state_and_says_so(tmp_path: Path) -> None:
+    path = best_checkpoint_path(tmp_path)
+    ModelCheckpoint.from_state(a_model_checkpoint()).save(path)
+    assert load_checkpoint(path, ModelCheckpoint).progress.step == 4
+    with pytest.raises(CheckpointError, match=r"missing \['optimizer', .*best.pt does not: resume from a step"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize(("version", "age"), [(None, "an older"), (1, "an older"), (FORMAT_VERSION + 1, "a newer")])
+def test_a_checkpoint_of_another_format_version_is_refused(version: int | None, age: str, tmp_path: Path) -> None:
+    """The unversioned files of the first releases (version 1) and files of later versions are refused by
+    name and version, with the fix, instead of failing somewhere in load_state_dict."""
+    path = tmp_path / "best.pt"
+    state = a_model_checkpoint() if version is None else a_model_checkpoint(format_version=version)
+    torch.save(state, path)
+    shown = 1 if version is None else version
+    with pytest.raises(CheckpointError, match=f"{path} has checkpoint format version {shown}, written by {age} "
+                                              rf"distqa \(0.1.0\); this one reads version {FORMAT_VERSION} only. "
+                                              r"Use the distqa version that wrote it, or train anew"):
+        load_checkpoint(path, ModelCheckpoint)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from distqa.config import DEFAULT_PRESET, FIELDS, Config, ConfigError, load_config
+from distqa.config import DEFAULT_PRESET, FIELDS, Config, ConfigError
+from distqa.settings import load_config
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -65,7 +66,7 @@ def test_values_are_typed_from_strings() -> None:
 
 
 def test_every_field_has_help_and_a_flag() -> None:
-    from distqa.config import build_arg_parser
+    from distqa.settings import build_arg_parser
 
     help_text = build_arg_parser().format_help()
     for name, field in FIELDS.items():

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
 from distqa.data.dummy import DummyDataset
 from distqa.data.sampler import ResumableDistributedSampler
 

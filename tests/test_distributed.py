@@ -14,7 +14,6 @@ from distqa.distributed import (
     all_reduce_mean,
     choose_device,
     distributed_runtime,
-    is_main_process,
     read_torchrun_env,
     setup_logging,
 )
@@ -27,7 +26,7 @@ def test_unlaunched_process_is_rank_0_of_1_without_a_group() -> None:
         assert (runtime.rank, runtime.world_size, runtime.local_rank, runtime.node_rank) == (0, 1, 0, 0)
         assert not runtime.is_distributed
         assert not dist.is_initialized()
-        assert is_main_process()
+        assert runtime.is_main_process
         assert all_gather_objects({"a": 1}) == [{"a": 1}]
     assert not dist.is_initialized()
 

@@ -10,23 +10,22 @@ import numpy as np
 import pytest
 import torch
 
-from distqa.data import AnswerType
-from distqa.data.nq import Span
-from distqa.evaluate import (
+from distqa.answers import Answer, AnswerType, Gold, Span
+from distqa.decode import (
     ANSWER_EVERYTHING,
     ExampleColumns,
     Prediction,
     Thresholds,
     WindowLayout,
     WindowSpans,
-    _merge,
     decode,
     document_mask,
     golds_of,
+    merge_gathered,
     top_spans,
     tune_thresholds,
 )
-from distqa.score import Answer, Gold, read_gold, score_answers
+from distqa.metric import read_gold, score_answers
 
 from conftest import REPO_ROOT
 
@@ -241,14 +240,14 @@ def rank_part(windows: list[int]) -> tuple[np.ndarray, WindowSpans]:
 
 def test_merging_drops_the_samplers_repeats_and_restores_window_order() -> None:
     # DistributedSampler over 5 windows and 2 ranks: rank 0 gets 0, 2, 4; rank 1 gets 1, 3 and 0 again.
-    merged = _merge([[rank_part([0, 2]), rank_part([4])], [rank_part([1, 3]), rank_part([0])]], num_windows=5)
+    merged = merge_gathered([[rank_part([0, 2]), rank_part([4])], [rank_part([1, 3]), rank_part([0])]], num_windows=5)
     assert merged.score[:, 0].tolist() == [0, 1, 2, 3, 4]
     assert merged.type_logits.shape == (5, 5)
 
 
 def test_merging_refuses_a_missing_window() -> None:
     with pytest.raises(RuntimeError, match="covered 4 of 5 windows"):
-        _merge([[rank_part([0, 2, 4])], [rank_part([1, 0])]], num_windows=5)
+        merge_gathered([[rank_part([0, 2, 4])], [rank_part([1, 0])]], num_windows=5)
 
 
 def test_the_gold_of_the_cache_is_the_gold_the_scorer_reads(tmp_path: Path) -> None:

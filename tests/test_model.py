@@ -13,11 +13,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distqa.config import TINY_MODEL_DIR, ConfigError, load_config
-from distqa.data import AnswerType, build_dataset
+from distqa.answers import AnswerType
+from distqa.config import TINY_MODEL_DIR, ConfigError
 from distqa.model import QAModel, build_model, qa_loss
 from distqa.optim import Precision, build_optimizer
 from distqa.pretrained import check_sources
+from distqa.settings import load_config
+from distqa.train import build_dataset
 
 from conftest import REPO_ROOT, clean_env
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from distqa.answers import AnswerType, Span
 from distqa.config import TINY_MODEL_DIR
-from distqa.data import AnswerType
 from distqa.data.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
-from distqa.data.nq import BadLine, DataError, Span, parse_example, scan
+from distqa.data.nq import BadLine, DataError, parse_example, scan
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.data.windows import (
     Featurizer,
@@ -482,11 +482,11 @@ def test_unlabelled_files_keep_every_window_in_a_test_split(tmp_path: Path) -> N
 def test_progress_is_logged_when_there_is_no_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """Platform jobs log to files, where tqdm stays off: the build reports progress in the log."""
-    import distqa.data.cache
+    import distqa.data.featurize
 
-    monkeypatch.setattr(distqa.data.cache, "PROGRESS_LOG_SECONDS", 0)
-    monkeypatch.setattr(distqa.data.cache, "BATCH_BYTES", 4096)
-    caplog.set_level("INFO", logger="distqa.data.cache")
+    monkeypatch.setattr(distqa.data.featurize, "PROGRESS_LOG_SECONDS", 0)
+    monkeypatch.setattr(distqa.data.featurize, "BATCH_BYTES", 4096)
+    caplog.set_level("INFO", logger="distqa.data.featurize")
     build_cache(request(sample_file(tmp_path, count=40)), tmp_path / "cache", num_proc=1, progress=False)
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("featurised")]
     assert reports and reports[-1].startswith("featurised 40 of 40 examples")

@@ -33,10 +33,10 @@ def prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 def test_prepare_then_two_ranks_train_from_the_cache(tmp_path: Path) -> None:
     args = nq_args(tmp_path)
-    built = prepare(args)
+    built = prepare(["--only-if-nq", *args])  # the trainer's command line: prepare what it reads
     cache = Path(built.stdout.strip())
     assert (cache / "manifest.json").is_file() and "with an answer" in built.stderr
-    again = prepare(args)  # unchanged settings: reused at once
+    again = prepare(["--only-if-nq", *args])  # unchanged settings: reused at once
     assert again.stdout == built.stdout and "reusing the NQ feature cache" in again.stderr
 
     result = run_training([*args, "--epochs", "2"], nproc=2)
@@ -89,7 +89,7 @@ def test_large_generated_file_with_long_documents(tmp_path: Path) -> None:
     args = [*FAST_ARGS, "--dataset", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
             "--doc-stride", "24", "--negative-keep-rate", "0.05", "--num-proc", "2",
             "--output-dir", str(tmp_path / "results")]
-    manifest = json.loads((Path(prepare(args).stdout.strip()) / "manifest.json").read_text())
+    manifest = json.loads((Path(prepare(["--only-if-nq", *args]).stdout.strip()) / "manifest.json").read_text())
     assert manifest["examples"] == 120
     assert manifest["splits"]["validation"]["windows"] > 100 * manifest["splits"]["validation"]["examples"] / 10
     result = run_training([*args, "--max-steps", "3"])

@@ -12,19 +12,18 @@ from typing import Any
 
 import pytest
 
+from distqa.answers import Answer, Gold
 from distqa.data.nq import DataError, parse_annotations
-from distqa.score import (
-    Answer,
+from distqa.metric import (
     Counts,
-    Gold,
     SubmissionError,
     judge,
-    main,
     read_gold,
     read_submission,
     score_answers,
     write_submission,
 )
+from distqa.score import main
 
 from conftest import REPO_ROOT, clean_env
 from nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl

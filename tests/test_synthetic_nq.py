@@ -16,15 +16,9 @@ from typing import Any
 
 import pytest
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
 from distqa.data.synthetic_nq import (
-    ATTRIBUTES,
-    CANDIDATE_TAGS,
     DEFAULT_ANSWER_MIX,
-    FILLER,
-    MODIFIERS,
-    NOUNS,
-    PROPERTIES,
     answer_type_of,
     generate_example,
     iter_examples,
@@ -33,6 +27,7 @@ from distqa.data.synthetic_nq import (
     parse_answer_mix,
     write_jsonl,
 )
+from distqa.data.synthetic_text import ATTRIBUTES, CANDIDATE_TAGS, FILLER, MODIFIERS, NOUNS, PROPERTIES
 
 from conftest import REPO_ROOT
 

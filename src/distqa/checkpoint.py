@@ -1,24 +1,123 @@
-"""Checkpoints: atomic save, find the newest, load, prune.
+"""Checkpoints: what they hold (one typed, versioned schema), atomic save, find the newest, load, prune.
 
 A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt`` holding plain
 tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
 It is written to a temporary name, flushed to disk and renamed: a job killed mid-write leaves the
-previous checkpoint intact and never a truncated file under a real name. Step checkpoints hold the
-whole training state; ``best.pt`` only the model with the best validation micro-F1 so far, its
-config and its decoding thresholds (what ``predict`` needs).
+previous checkpoint intact and never a truncated file under a real name.
+
+Two kinds, one schema: :class:`ModelCheckpoint` is ``best.pt`` (the model with the best validation
+micro-F1 so far, its config and its decoding thresholds: what ``predict`` needs), and
+:class:`TrainingCheckpoint` adds what resuming needs (optimizer, scheduler, scaler, every rank's RNG
+state). Both carry :data:`FORMAT_VERSION`; a file of another version is refused with a message that
+says so, instead of failing somewhere in ``load_state_dict``.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TypeVar
 
 import torch
 
+from distqa.decode import Thresholds
+from distqa.files import atomic_write
+
 CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
+
+
+FORMAT_VERSION = 2
+"""Version of the checkpoint layout below; raise it whenever a field is added, removed or changes meaning.
+1: the unversioned layout of the first releases (no ``format_version`` key)."""
+
+
+class CheckpointError(ValueError):
+    """A file is not a checkpoint this version can use; the message names the file and the fix."""
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    """Optimizer steps completed."""
+    epoch: int = 0
+    """Current pass over the data (0-based)."""
+    samples_in_epoch: int = 0
+    """Examples the whole job consumed in the current epoch (a multiple of the global batch)."""
+    best_micro_f1: float = -1.0
+    """Best validation micro-F1 so far (that of checkpoints/best.pt); -1 before any evaluation."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What ``predict`` needs besides the weights: the tuned thresholds and the span limit."""
+
+    thresholds: Thresholds
+    max_answer_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.thresholds.to_dict(), "max_answer_len": self.max_answer_len}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Decoding:
+        return cls(Thresholds.from_dict(values), int(values["max_answer_len"]))
+
+
+@dataclass(kw_only=True)
+class ModelCheckpoint:
+    """``best.pt``: a trained model and what inference needs to use it."""
+
+    model: dict[str, torch.Tensor]
+    """The QA model's ``state_dict`` (unwrapped: no DDP ``module.`` prefix)."""
+    config: dict[str, Any]
+    """The resolved training config (``Config.to_dict()``)."""
+    decoding: Decoding | None
+    """Thresholds tuned at the latest evaluation; None before any evaluation."""
+    evaluation: dict[str, Any] | None
+    """Step and validation metrics of the latest evaluation; None before any."""
+    progress: Progress
+    versions: dict[str, str | None]
+    """Library versions that wrote the file (``distqa.rundir.versions()``)."""
+
+    def to_state(self) -> dict[str, Any]:
+        """The plain dict that is saved (loads with ``weights_only=True``)."""
+        state: dict[str, Any] = {"format_version": FORMAT_VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Progress):
+                value = asdict(value)
+            elif isinstance(value, Decoding):
+                value = value.to_dict()
+            state[f.name] = value
+        return state
+
+    @classmethod
+    def from_state(cls: type[C], state: Mapping[str, Any]) -> C:
+        values = {f.name: state[f.name] for f in dataclasses.fields(cls)}
+        values["progress"] = Progress(**values["progress"])
+        values["decoding"] = Decoding.from_dict(values["decoding"]) if values["decoding"] else None
+        return cls(**values)
+
+    def save(self, path: Path) -> None:
+        save_checkpoint(self.to_state(), path)
+
+
+@dataclass(kw_only=True)
+class TrainingCheckpoint(ModelCheckpoint):
+    """``step-*.pt``: everything a resumed run needs to continue exactly."""
+
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+    rng: list[dict[str, Any]]
+    """Every rank's random generators, in rank order (``distqa.trainer.capture_rng_state``)."""
+    world_size: int
+    saved_by_rank: int
+
+
+C = TypeVar("C", bound=ModelCheckpoint)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -29,23 +128,10 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write through ``write(file)`` to a temporary sibling, fsync, then rename over ``path``: readers
-    see the old file or the complete new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    atomic_write(path, lambda f: torch.save(state, f))
+def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
+    """``torch.save`` through :func:`~distqa.files.atomic_write`; the schema's :meth:`ModelCheckpoint.save`
+    is the one caller in the package."""
+    atomic_write(path, lambda f: torch.save(dict(state), f))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -74,28 +160,32 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     return stale
 
 
-TRAINING_STATE = ("model", "optimizer", "scheduler", "progress", "config")
-"""What resuming needs; ``best.pt`` and inference need only the model and its config."""
-MODEL_STATE = ("model", "config")
-
-
 def best_checkpoint_path(run_dir: Path) -> Path:
     """The model with the best validation micro-F1 so far, with its decoding thresholds."""
     return checkpoint_dir(run_dir) / "best.pt"
 
 
-def load_checkpoint(path: Path, required: tuple[str, ...] = TRAINING_STATE) -> dict[str, Any]:
-    """Load on the CPU; raises ValueError naming the file when it is not a checkpoint of this recipe."""
+def load_checkpoint(path: Path, kind: type[C] = TrainingCheckpoint) -> C:  # type: ignore[assignment]
+    """Load on the CPU as ``kind`` (a step checkpoint also loads as a :class:`ModelCheckpoint`); raises
+    :class:`CheckpointError` naming the file when it is not a checkpoint of this recipe and version."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
-                         "pass another file or --resume none.") from err
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
+                              "pass another file or --resume none.") from err
     if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, not a checkpoint of distqa.train.")
-    missing = set(required) - set(state)
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint of distqa.train.")
+    missing = {f.name for f in dataclasses.fields(kind)} - set(state)
     if missing:
+        is_model = {f.name for f in dataclasses.fields(ModelCheckpoint)} <= set(state)
         written_by = ("it holds no training state (best.pt does not: resume from a step-*.pt)"
-                      if set(MODEL_STATE) <= set(state) else "it was not written by distqa.train")
-        raise ValueError(f"{path} is missing {sorted(missing)}; {written_by}.")
-    return state
+                      if is_model else "it was not written by distqa.train")
+        raise CheckpointError(f"{path} is missing {sorted(missing)}; {written_by}.")
+    version = state.get("format_version", 1)
+    if version != FORMAT_VERSION:
+        age = "an older" if isinstance(version, int) and version < FORMAT_VERSION else "a newer"
+        raise CheckpointError(
+            f"{path} has checkpoint format version {version}, written by {age} distqa "
+            f"({(state.get('versions') or {}).get('distqa', 'version unknown')}); this one reads version "
+            f"{FORMAT_VERSION} only. Use the distqa version that wrote it, or train anew (--resume none).")
+    return kind.from_state(state)

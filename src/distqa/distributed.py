@@ -32,7 +32,7 @@ class Runtime:
     """Where this process sits in the job and what it computes on."""
 
     rank: int
-    """Global rank over all nodes, 0 .. world_size-1. Rank 0 writes shared files (is_main_process())."""
+    """Global rank over all nodes, 0 .. world_size-1. Rank 0 writes shared files (:attr:`is_main_process`)."""
     local_rank: int
     """Rank within this node; picks the GPU."""
     world_size: int
@@ -48,6 +48,11 @@ class Runtime:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """Global rank 0: the only rank that writes shared files (checkpoints, TensorBoard, submission)."""
+        return self.rank == 0
 
 
 def read_torchrun_env(environ: Mapping[str, str] | None = None) -> dict[str, int]:
@@ -117,12 +122,6 @@ def local_runtime(device: str = "auto") -> Runtime:
     torch_device, backend = choose_device(device, local_rank=0)
     return Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device=torch_device,
                    backend=backend)
-
-
-def is_main_process() -> bool:
-    """True on global rank 0, the only rank that writes shared files (also before/without a group)."""
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    return rank == 0
 
 
 def barrier() -> None:

@@ -1,434 +1,63 @@
-"""From window logits to one answer per example, and the distributed evaluation that scores them.
+"""Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON.
 
-Decoding follows the BERT baseline for Natural Questions (Alberti et al., 2019):
+One process, or all ranks of a torchrun job (they share the windows)::
 
-1. **Per window** (:func:`top_spans`, on the device): the best spans ``(start, end)`` with
-   ``start <= end``, at most ``max_answer_len`` wordpieces, both inside the window's document part
-   (never the question, [CLS] or [SEP]). A span's score is ``start_logit[start] + end_logit[end]``
-   minus the null score ``start_logit[0] + end_logit[0]`` of [CLS]: above 0 the window prefers the
-   span to "no answer here". Only the ``TOP_K`` best starts and ends are paired, as in HF's
-   ``utils_qa``.
-2. **Per example** (:func:`decode`): the best-scoring span over all of the example's windows,
-   mapped back to whitespace-token indices of the original document. Overlapping windows see an
-   answer near one window's edge whole in the next one, so a span never needs to cross a boundary.
-   The long answer is the top-level candidate that contains that span, or, when none does (a span
-   across two paragraphs), the candidate of the best-scoring span that lies inside one. The answer
-   type comes from the answer-type head on the winning window, [CLS]'s UNKNOWN aside: YES and NO
-   become the short answer ``YES``/``NO``, SHORT gives the span, LONG gives no short answer.
-3. **Blank or not** (:class:`Thresholds`): the long answer is given when the example's score
-   exceeds ``long``, the short one when it exceeds ``short``. :func:`tune_thresholds` picks the
-   pair that maximises the Kaggle micro-F1 on the validation split; training stores it in every
-   checkpoint (``state["decoding"]``), and ``predict`` uses it.
+    python -m distqa.evaluate --checkpoint results/nq-sample/checkpoints/best.pt
+    torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output answers.csv
 
-Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
-``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
-per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
-all ranks run the same number of batches; those repeats are dropped by window index before
-decoding, and every window is checked to be present exactly once.
+The thresholds are tuned again on the split unless both ``--long-threshold`` and
+``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV. The
+evaluation itself is :class:`distqa.inference.Evaluator`, the one that training runs.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-from dataclasses import asdict, dataclass
+import argparse
+import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
 
-import numpy as np
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from dotenv import load_dotenv
 
-from distqa.data import AnswerType
-from distqa.data.cache import NQWindows, open_examples
-from distqa.data.nq import Span
-from distqa.data.windows import containing_candidate, window_span_to_tokens
-from distqa.distributed import Runtime, all_gather_objects
+from distqa.config import ConfigError
+from distqa.data.features import find_features
+from distqa.data.nq import DataError
+from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
+from distqa.inference import Evaluator, Predictor
+from distqa.metric import write_submission
 from distqa.optim import Precision
-from distqa.score import Answer, Gold, score_answers
+from distqa.settings import add_setting_flags, coerce_flag
 
-log = logging.getLogger(__name__)
+SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
+"""The settings evaluate takes from its flags; the others come from the checkpoint."""
 
-TOP_K = 20
-"""Best start and best end positions per window that are paired into candidate spans."""
-SPANS_PER_WINDOW = 5
-"""Candidate spans a window keeps (the best one, and fallbacks for the long answer)."""
-MAX_TUNING_THRESHOLDS = 512
-"""Candidate thresholds tried per row kind when tuning (quantiles of the scores beyond this)."""
 
-
-# --- per window --------------------------------------------------------------------------------
-
-class WindowSpans(NamedTuple):
-    """The best candidate spans of each window (numpy on the host, torch on the device)."""
-
-    score: Any
-    """(windows, spans) float32: span score minus the null score; -inf where there is no span."""
-    start: Any
-    """(windows, spans) window position of the first wordpiece."""
-    end: Any
-    """(windows, spans) window position of the last wordpiece (inclusive)."""
-    type_logits: Any
-    """(windows, 5) answer-type logits, in :class:`AnswerType` order."""
-
-
-def document_mask(attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-    """Positions of the document part: segment 1, minus the window's final [SEP]."""
-    length = attention_mask.sum(dim=1, keepdim=True)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    return token_type_ids.bool() & (positions < length - 1)
-
-
-def top_spans(start_logits: torch.Tensor, end_logits: torch.Tensor, doc_mask: torch.Tensor,
-              type_logits: torch.Tensor, max_answer_len: int, spans: int = SPANS_PER_WINDOW,
-              top_k: int = TOP_K) -> WindowSpans:
-    """The ``spans`` best ``(start, end)`` of each window of a batch, scored against [CLS]."""
-    start_logits, end_logits = start_logits.float(), end_logits.float()
-    null = start_logits[:, 0] + end_logits[:, 0]
-    minus_inf = torch.tensor(-math.inf, device=start_logits.device)
-    top_k = min(top_k, start_logits.shape[1])
-    start_score, start = torch.where(doc_mask, start_logits, minus_inf).topk(top_k, dim=1)
-    end_score, end = torch.where(doc_mask, end_logits, minus_inf).topk(top_k, dim=1)
-    # (batch, start candidate, end candidate)
-    length = end[:, None, :] - start[:, :, None] + 1
-    pair = start_score[:, :, None] + end_score[:, None, :]
-    valid = (length >= 1) & (length <= max_answer_len) & pair.isfinite()
-    pair = torch.where(valid, pair - null[:, None, None], minus_inf).flatten(1)
-    score, best = pair.topk(min(spans, pair.shape[1]), dim=1)
-    return WindowSpans(score, start.gather(1, best // top_k), end.gather(1, best % top_k), type_logits.float())
-
-
-# --- per example -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Scores above which the long and the short answer are given (blank otherwise)."""
-
-    long: float = 0.0
-    short: float = 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-ANSWER_EVERYTHING = Thresholds(-math.inf, -math.inf)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The decoded answer of one example, before the thresholds decide what is left blank."""
-
-    example_id: int
-    score: float
-    """Best span score minus the null score; -inf when no window had a span."""
-    answer_type: AnswerType
-    """YES, NO, SHORT or LONG, from the answer-type head on the winning window."""
-    short: Span | None
-    """The best span, in whitespace tokens of the document (end exclusive)."""
-    long: Span | None
-    """The top-level long-answer candidate holding ``short`` (or the best span inside one)."""
-
-    def answer(self, thresholds: Thresholds) -> Answer:
-        """The submission rows: ``start:end``, ``YES``/``NO`` or blank."""
-        long = f"{self.long.start}:{self.long.end}" if self.long and self.score > thresholds.long else ""
-        short = ""
-        if self.short is not None and self.score > thresholds.short:
-            if self.answer_type == AnswerType.SHORT:
-                short = f"{self.short.start}:{self.short.end}"
-            elif self.answer_type in (AnswerType.YES, AnswerType.NO):
-                short = self.answer_type.name
-        return Answer(long, short)
-
-
-class WindowLayout(NamedTuple):
-    """Where each window sits in its example (columns of the cache's windows.arrow)."""
-
-    example_index: np.ndarray
-    doc_start: np.ndarray
-    question_len: np.ndarray
-
-    @classmethod
-    def of(cls, windows: NQWindows) -> WindowLayout:
-        return cls(windows.columns["example_index"], windows.columns["doc_start"], windows.columns["question_len"])
-
-
-class ExampleColumns(NamedTuple):
-    """What decoding needs of each example (columns of the cache's examples.arrow)."""
-
-    example_id: np.ndarray
-    piece_to_token: list[np.ndarray]
-    candidates: list[np.ndarray]
-    """(n, 3) start_token, end_token, top_level per candidate."""
-
-    @classmethod
-    def of(cls, table: Any) -> ExampleColumns:
-        starts, ends, top_level = (_list_column(table, f"candidate_{name}") for name in ("start", "end", "top_level"))
-        candidates = [np.stack([s, e, t.astype(s.dtype)], axis=1)
-                      for s, e, t in zip(starts, ends, top_level, strict=True)]
-        return cls(table.column("example_id").to_numpy(), _list_column(table, "piece_to_token"), candidates)
-
-
-def _list_column(table: Any, name: str) -> list[np.ndarray]:
-    """Each row of an Arrow list column as a numpy array (one conversion per chunk, not per value)."""
-    rows: list[np.ndarray] = []
-    for chunk in table.column(name).chunks:
-        offsets = chunk.offsets.to_numpy()
-        values = chunk.flatten().to_numpy(zero_copy_only=False)
-        rows.extend(np.split(values, offsets[1:-1] - offsets[0]))
-    return rows
-
-
-def decode(spans: WindowSpans, layout: WindowLayout, examples: ExampleColumns) -> list[Prediction]:
-    """One :class:`Prediction` per example, in example order, from every window's candidate spans."""
-    order = np.argsort(layout.example_index, kind="stable")
-    bounds = np.searchsorted(layout.example_index[order], np.arange(len(examples.example_id) + 1))
-    predictions = []
-    for index, example_id in enumerate(examples.example_id.tolist()):
-        windows = order[bounds[index]:bounds[index + 1]]
-        predictions.append(_decode_example(int(example_id), windows, spans, layout,
-                                           examples.piece_to_token[index], examples.candidates[index]))
-    return predictions
-
-
-def _decode_example(example_id: int, windows: np.ndarray, spans: WindowSpans, layout: WindowLayout,
-                    piece_to_token: np.ndarray, candidates: np.ndarray) -> Prediction:
-    scores = spans.score[windows].reshape(-1)
-    ranked = [i for i in np.argsort(-scores, kind="stable").tolist() if np.isfinite(scores[i])]
-    if not ranked:
-        return Prediction(example_id, -math.inf, AnswerType.UNKNOWN, None, None)
-
-    def token_span(flat: int) -> tuple[int, Span]:
-        window, which = windows[flat // spans.score.shape[1]], flat % spans.score.shape[1]
-        return window, window_span_to_tokens(piece_to_token, int(layout.doc_start[window]),
-                                             int(layout.question_len[window]), int(spans.start[window, which]),
-                                             int(spans.end[window, which]))
-
-    best_window, best = token_span(ranked[0])
-    type_logits = spans.type_logits[best_window]
-    answer_type = AnswerType(1 + int(np.argmax(type_logits[1:])))  # [CLS]'s null score speaks for UNKNOWN
-    long = None
-    for flat in ranked:
-        span = best if flat == ranked[0] else token_span(flat)[1]
-        candidate = containing_candidate(candidates, span) if len(candidates) else -1
-        if candidate >= 0:
-            long = Span(int(candidates[candidate, 0]), int(candidates[candidate, 1]))
-            break
-    return Prediction(example_id, float(scores[ranked[0]]), answer_type, best, long)
-
-
-# --- thresholds --------------------------------------------------------------------------------
-
-def tune_thresholds(predictions: list[Prediction], golds: dict[int, Gold], long: float | None = None,
-                    short: float | None = None) -> Thresholds:
-    """The (long, short) thresholds with the highest micro-F1 over ``predictions``; a threshold
-    given here is kept as it is and the other tuned around it.
-
-    A tuned threshold is placed halfway between the highest score it leaves blank and the next
-    score: the widest margin on this split.
-    """
-    scores = np.array([p.score for p in predictions], dtype=np.float64)
-    everything = [p.answer(ANSWER_EVERYTHING) for p in predictions]
-    tables = []
-    for kind, fixed in (("long", long), ("short", short)):
-        given = np.array([getattr(a, kind) != "" for a in everything], dtype=bool)
-        right = given & np.array([getattr(a, kind) in getattr(golds[p.example_id], kind)
-                                  for p, a in zip(predictions, everything, strict=True)], dtype=bool)
-        has_gold = np.array([bool(getattr(golds[p.example_id], kind)) for p in predictions], dtype=bool)
-        candidates = _candidate_thresholds(scores[given]) if fixed is None else np.array([fixed])
-
-        def above(mask: np.ndarray, candidates: np.ndarray = candidates) -> np.ndarray:
-            """How many of the ``mask``ed examples score above each candidate threshold."""
-            return mask.sum() - np.searchsorted(np.sort(scores[mask]), candidates, side="right")
-
-        # TP: given and right; FP: given and wrong; FN: blank where a gold exists.
-        false_positives = above(given & ~right)
-        false_negatives = has_gold.sum() - above(given & has_gold)
-        tables.append((candidates, above(right), false_positives + false_negatives, fixed))
-    (long_t, long_tp, long_errors, long_fixed), (short_t, short_tp, short_errors, short_fixed) = tables
-    tp = long_tp[:, None] + short_tp[None, :]
-    errors = long_errors[:, None] + short_errors[None, :]
-    f1 = 2 * tp / np.maximum(2 * tp + errors, 1)
-    best_long, best_short = np.unravel_index(np.argmax(f1), f1.shape)
-    return Thresholds(long_fixed if long_fixed is not None else _halfway(long_t[best_long], scores),
-                      short_fixed if short_fixed is not None else _halfway(short_t[best_short], scores))
-
-
-def _candidate_thresholds(scores: np.ndarray) -> np.ndarray:
-    """-inf (answer all) and every distinct score (answer those above it), thinned to quantiles."""
-    distinct = np.unique(scores[np.isfinite(scores)])
-    if len(distinct) > MAX_TUNING_THRESHOLDS:
-        distinct = np.unique(np.quantile(distinct, np.linspace(0, 1, MAX_TUNING_THRESHOLDS)))
-    return np.concatenate([[-math.inf], distinct])
-
-
-def _halfway(threshold: float, scores: np.ndarray) -> float:
-    higher = scores[scores > threshold]
-    if not np.isfinite(threshold):
-        return float(higher.min() - 1.0) if len(higher) else 0.0
-    return float((threshold + higher.min()) / 2) if len(higher) else float(threshold)
-
-
-def golds_of(table: Any) -> dict[int, Gold]:
-    """The gold answers stored with a labelled split (its first annotation), by example id."""
-    golds = {}
-    columns = table.select(["example_id", "answer_type", "long_start", "long_end", "short_start",
-                            "short_end"]).to_pylist()
-    for row in columns:
-        long = frozenset([f"{row['long_start']}:{row['long_end']}"] if row["long_start"] >= 0 else [])
-        short = {f"{s}:{e}" for s, e in zip(row["short_start"], row["short_end"], strict=True)}
-        if row["answer_type"] in (AnswerType.YES, AnswerType.NO):
-            short.add(AnswerType(row["answer_type"]).name)
-        golds[row["example_id"]] = Gold(long=long, short=frozenset(short))
-    return golds
-
-
-# --- running the model over a split ------------------------------------------------------------
-
-class _IndexedWindows(Dataset):
-    """Windows with their index, so gathered results can be put back in order and deduplicated."""
-
-    def __init__(self, windows: Dataset) -> None:
-        self.windows = windows
-
-    def __len__(self) -> int:
-        return len(self.windows)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {**self.windows[index], "window": index}
-
-
-@torch.no_grad()
-def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
-                  batch_size: int, max_answer_len: int) -> WindowSpans:
-    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank."""
-    dataset = _IndexedWindows(windows)
-    sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                        pin_memory=runtime.device.type == "cuda")
-    was_training = model.training
-    model.eval()
-    parts: list[tuple[np.ndarray, WindowSpans]] = []
-    try:
-        for batch in loader:
-            inputs = {k: batch[k].to(runtime.device, non_blocking=True)
-                      for k in ("input_ids", "attention_mask", "token_type_ids")}
-            with precision.autocast():
-                output = model(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-            found = top_spans(output.start_logits, output.end_logits,
-                              document_mask(inputs["attention_mask"], inputs["token_type_ids"]),
-                              output.answer_type_logits, max_answer_len)
-            parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
-    finally:
-        model.train(was_training)
-    return _merge(all_gather_objects(parts), len(dataset))
-
-
-def _merge(per_rank: list[list[tuple[np.ndarray, WindowSpans]]], num_windows: int) -> WindowSpans:
-    """Every rank's results in window order, the sampler's padding repeats dropped."""
-    parts = [part for rank_parts in per_rank for part in rank_parts]
-    if not parts:
-        empty = np.empty((0, SPANS_PER_WINDOW), dtype=np.float32)
-        return WindowSpans(empty, empty.astype(np.int64), empty.astype(np.int64), np.empty((0, len(AnswerType))))
-    index = np.concatenate([window for window, _ in parts])
-    first, unique = np.unique(index, return_index=True)
-    if len(first) != num_windows or first[0] != 0 or first[-1] != num_windows - 1:
-        raise RuntimeError(f"evaluation covered {len(first)} of {num_windows} windows")
-    return WindowSpans(*(np.concatenate([getattr(spans, name) for _, spans in parts])[unique]
-                         for name in WindowSpans._fields))
-
-
-@dataclass
-class Evaluation:
-    metrics: dict[str, float | int]
-    """score_answers' keys: micro_f1, long_f1, short_f1, precision, recall, tp, fp, fn, examples."""
-    thresholds: Thresholds
-    predictions: list[Prediction]
-
-
-class Evaluator:
-    """Scores a model on one labelled split of an NQ feature cache (the validation split in training).
-
-    Every rank must call :meth:`evaluate` together (it gathers); all of them get the same result.
-    """
-
-    def __init__(self, directory: Path, runtime: Runtime, batch_size: int, max_answer_len: int,
-                 long_threshold: float | None = None, short_threshold: float | None = None,
-                 split: str = "validation") -> None:
-        self.windows = NQWindows(directory, split)
-        table = open_examples(directory, split)
-        self.layout = WindowLayout.of(self.windows)
-        self.examples = ExampleColumns.of(table)
-        self.golds = golds_of(table)
-        self.runtime, self.batch_size, self.max_answer_len = runtime, batch_size, max_answer_len
-        self.long_threshold, self.short_threshold = long_threshold, short_threshold
-        """Used as given when set; the ones left None are tuned at every evaluation."""
-
-    def __len__(self) -> int:
-        return len(self.examples.example_id)
-
-    def evaluate(self, model: nn.Module, precision: Precision) -> Evaluation:
-        spans = score_windows(model, self.windows, self.runtime, precision, self.batch_size, self.max_answer_len)
-        predictions = decode(spans, self.layout, self.examples)
-        thresholds = tune_thresholds(predictions, self.golds, self.long_threshold, self.short_threshold)
-        answers = {p.example_id: p.answer(thresholds) for p in predictions}
-        return Evaluation(score_answers(self.golds, answers), thresholds, predictions)
-
-
-# --- command line --------------------------------------------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    """Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON.
-
-    One process, or all ranks of a torchrun job (they share the windows)::
-
-        python -m distqa.evaluate --checkpoint results/nq-sample/checkpoints/best.pt
-        torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output answers.csv
-
-    The thresholds are tuned again on the split unless both ``--long-threshold`` and
-    ``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV.
-    """
-    import argparse
-    import json
-    import sys
-
-    from dotenv import load_dotenv
-
-    from distqa.config import ConfigError
-    from distqa.data import nq_request
-    from distqa.data.cache import cached
-    from distqa.data.nq import DataError
-    from distqa.distributed import distributed_runtime, is_main_process, read_torchrun_env, setup_logging
-    from distqa.predict import Predictor
-    from distqa.score import write_submission
-
-    parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=main.__doc__.split("\n\n")[0])
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
-    parser.add_argument("--nq-cache-dir", help="feature cache directory (default: the checkpoint's)")
-    parser.add_argument("--nq-train-file", help="the training file (default: the checkpoint's)")
-    parser.add_argument("--long-threshold", type=float)
-    parser.add_argument("--short-threshold", type=float)
-    parser.add_argument("--batch-size", type=int, help="windows per forward pass (default: eval_batch_size)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0)")
-    args = parser.parse_args(argv)
+    overrides = parser.add_argument_group("settings (default: the checkpoint's; thresholds left out are tuned)")
+    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
     load_dotenv(".env", override=False)
     try:
         setup_logging(read_torchrun_env()["RANK"])
-        with distributed_runtime(args.device) as runtime:
-            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, nq_cache_dir=args.nq_cache_dir,
-                                                  nq_train_file=args.nq_train_file, eval_batch_size=args.batch_size)
+        overrides = {name: coerce_flag(name, raw) for name, raw in vars(args).items() if name in SETTINGS}
+        long_threshold, short_threshold = overrides.pop("long_threshold", None), overrides.pop("short_threshold", None)
+        with distributed_runtime(overrides.pop("device", "auto")) as runtime:
+            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, **overrides)
             config = predictor.config
-            directory = cached(nq_request(config, predictor.tokenizer), config.nq_cache_path)
-            if directory is None:
-                raise DataError(f"no NQ feature cache of {config.nq_train_path} with the checkpoint's settings in "
-                                f"{config.nq_cache_path}; build it with `python -m distqa.prepare` and the "
-                                "training's preset and flags, or pass --nq-cache-dir")
+            directory = find_features(config, predictor.tokenizer, hint=" (the training's), or pass --nq-cache-dir")
             evaluator = Evaluator(directory, runtime, config.eval_batch_size, predictor.max_answer_len,
-                                  args.long_threshold, args.short_threshold, split=args.split)
+                                  long_threshold, short_threshold, split=args.split)
             evaluation = evaluator.evaluate(predictor.model, Precision.choose(config.precision, runtime.device))
-            if is_main_process():
+            if runtime.is_main_process:
                 print(json.dumps({**evaluation.metrics, "long_threshold": evaluation.thresholds.long,
                                   "short_threshold": evaluation.thresholds.short}))
                 if args.output:

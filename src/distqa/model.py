@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -10,13 +11,17 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from distqa.answers import AnswerType
 from distqa.config import Config
-from distqa.data import AnswerType
 from distqa.pretrained import load_encoder, load_encoder_config
 
 # Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
 # use the first two, DistilBERT the last two).
 DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+"""The batch columns the model reads, in the order of :meth:`QAModel.forward`'s arguments."""
 
 
 class QAOutput(NamedTuple):
@@ -25,7 +30,7 @@ class QAOutput(NamedTuple):
     end_logits: torch.Tensor
     """(batch, seq_len) score of each token being the last of the answer."""
     answer_type_logits: torch.Tensor
-    """(batch, 5) scores of :class:`~distqa.data.AnswerType`."""
+    """(batch, 5) scores of :class:`~distqa.answers.AnswerType`."""
 
 
 class QAModel(nn.Module):
@@ -58,6 +63,17 @@ class QAModel(nn.Module):
         hidden = self.encoder(**inputs).last_hidden_state
         start_logits, end_logits = self.span_head(hidden).unbind(dim=-1)
         return QAOutput(start_logits, end_logits, self.answer_type_head(hidden[:, 0]))
+
+
+def on_device(batch: Mapping[str, torch.Tensor], device: torch.device,
+              names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The columns ``names`` (default: all) of a batch on ``device`` (asynchronous from pinned memory)."""
+    return {name: batch[name].to(device, non_blocking=True) for name in (names or tuple(batch))}
+
+
+def forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> QAOutput:
+    """``model`` (a :class:`QAModel`, DDP-wrapped or not) on the inputs of a batch already on its device."""
+    return model(*(batch[name] for name in INPUT_NAMES))
 
 
 def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -9,8 +9,9 @@ The real data, 16 processes (the platform's ``prepare`` job runs this)::
     python -m distqa.prepare --preset bert-base-nq --nq-train-file data/nq/simplified-nq-train.jsonl \\
         --nq-cache-dir /data/nq-cache --num-proc 16
 
-It takes the same settings as ``python -m distqa.train`` (preset, .env, DISTQA_*, flags), so the
-training run finds the cache by the same fingerprint. Re-running with unchanged input, tokenizer
+It reads the settings the way ``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the
+training run finds the cache by the same fingerprint; its flags (``--help``) are those that determine
+the cache and how it is built. Re-running with unchanged input, tokenizer
 and window settings reuses the cache at once; changing any of them builds a new one. Run it before
 launching a multi-process training: ranks never featurise while others wait in a collective.
 Prints the cache directory on stdout; the summary goes to the log (stderr). With
@@ -26,9 +27,10 @@ from collections.abc import Sequence
 
 from dotenv import load_dotenv
 
-from distqa.config import ConfigError, load_config
-from distqa.data import prepare_nq
+from distqa.config import ConfigError
+from distqa.data.features import prepare_nq
 from distqa.data.nq import DataError
+from distqa.settings import PREPARE, TRAIN, load_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,10 +44,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     only_if_nq = "--only-if-nq" in argv
     argv = [arg for arg in argv if arg != "--only-if-nq"]
     try:
-        config = load_config(argv, prog="python -m distqa.prepare")
+        # The launchers pass the trainer's arguments with --only-if-nq: then it accepts all of train's flags.
+        sections = TRAIN if only_if_nq else PREPARE
+        config = load_config(argv, prog="python -m distqa.prepare", sections=sections, description=(
+            "Build the NQ feature cache that `python -m distqa.train` reads. With --only-if-nq, the arguments "
+            "are a training command line (all of train's flags): prepare what that run reads, if it reads NQ."))
         if only_if_nq and config.dataset != "nq":
             return 0
-        directory = prepare_nq(config, progress=config.progress_bar)
+        # Here, not at the top: transformers imports torch, and each featurising process re-imports this
+        # module (multiprocessing's spawn); they need only the tokenizers library.
+        from distqa.pretrained import load_tokenizer
+
+        directory = prepare_nq(config, load_tokenizer(config), progress=config.progress_bar)
     except (ConfigError, DataError) as err:
         print(f"distqa.prepare: error: {err}", file=sys.stderr)
         return 2

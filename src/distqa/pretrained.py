@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -55,15 +56,13 @@ def fetch_once(config: Config, rank: int, barrier: Callable[[], None]) -> None:
     HF_HOME at once. Afterwards the loaders read the cache only (``local_files_only``); a rank whose
     HF_HOME is not the one rank 0 filled (a node-local disk) falls back to a download of its own.
     """
-    from huggingface_hub import snapshot_download
-
     names = hub_names(config)
     if not names:
         return
     if rank == 0:
         for name in names:
             try:
-                snapshot_download(name, allow_patterns=HUB_FILES)
+                huggingface_hub.snapshot_download(name, allow_patterns=HUB_FILES)
             except Exception as err:  # hub errors come in many types; the loaders report them clearly
                 log.warning("could not download %s once for every rank (%s); each rank will try itself",
                             name, _first_line(err))

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
 import sys
@@ -22,9 +21,9 @@ import torch
 import transformers
 
 import distqa
-from distqa.checkpoint import atomic_write
 from distqa.config import REPO_ROOT, Config
-from distqa.distributed import Runtime, is_main_process, setup_logging
+from distqa.distributed import Runtime, setup_logging
+from distqa.files import write_json
 
 
 def prepare_run_dir(config: Config, runtime: Runtime) -> Path:
@@ -33,15 +32,10 @@ def prepare_run_dir(config: Config, runtime: Runtime) -> Path:
     # Every rank creates the logs folder: on multi-node runs without shared storage it is per node.
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     setup_logging(runtime.rank, run_dir / "logs" / f"rank-{runtime.rank}.log")
-    if is_main_process():
+    if runtime.is_main_process:
         write_json(run_dir / "config.json", config.to_dict())
         write_json(run_dir / "run.json", run_metadata(runtime))
     return run_dir
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def run_metadata(runtime: Runtime) -> dict[str, Any]:

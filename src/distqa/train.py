@@ -24,8 +24,10 @@ end (Kaggle micro-F1, on all ranks) and keeps the best model in ``checkpoints/be
         --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
 
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
-variables or flags; see ``distqa.config``. A restart with the same ``--run-name`` resumes from its
+variables or flags; see ``distqa.settings``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
+
+:func:`train` is the story of a run: data, model, optimizer and schedule, resume, the DDP wrap, the loop.
 """
 
 from __future__ import annotations
@@ -37,20 +39,25 @@ from pathlib import Path
 
 import torch
 from dotenv import load_dotenv
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from distqa.config import Config, ConfigError, load_config
-from distqa.data import build_dataset, nq_features, require_nq_features
+from distqa.checkpoint import Progress
+from distqa.config import Config, ConfigError
+from distqa.data.cache import NQWindows
+from distqa.data.dummy import DummyDataset
+from distqa.data.features import find_features, require_nq_features
 from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.distributed import Runtime, barrier, distributed_runtime, read_torchrun_env, setup_logging
-from distqa.evaluate import Evaluator
+from distqa.inference import Evaluator
 from distqa.model import build_model
-from distqa.optim import build_optimizer
+from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.pretrained import check_sources, fetch_once, load_tokenizer
+from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
-from distqa.trainer import Progress, Trainer, seed_everything
+from distqa.settings import load_config
+from distqa.trainer import StepPlan, Trainer, resume, wrap_ddp
 
 log = logging.getLogger("distqa.train")
 
@@ -65,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.dataset == "nq":  # before any process group: no rank waits in a collective meanwhile
             ranks = read_torchrun_env()
             setup_logging(ranks["RANK"])
-            require_nq_features(config, world_size=ranks["WORLD_SIZE"])
+            require_nq_features(config, load_tokenizer(config), world_size=ranks["WORLD_SIZE"])
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
             run_dir = prepare_run_dir(config, runtime)
             train(config, runtime, run_dir)
@@ -95,6 +102,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
                         # Each new iterator draws a worker seed; from its own generator, that draw leaves
                         # the global RNG (dropout, checkpointed for exact resumption) untouched.
                         generator=torch.Generator().manual_seed(config.seed))
+    plan = StepPlan.of(config, sampler, runtime.world_size)
 
     # Model: identical initial weights on every rank; then each rank draws its own dropout masks.
     seed_everything(config.seed)
@@ -103,10 +111,32 @@ def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
     log.info("model %s: %.1fM parameters", config.model_name_or_path,
              sum(p.numel() for p in model.parameters()) / 1e6)
 
+    # Optimisation: AdamW, linear warm-up and decay over the whole run, mixed precision for the device.
     optimizer = build_optimizer(model, config, runtime.device)
-    trainer = Trainer(config, runtime, run_dir, model, optimizer, loader, build_evaluator(config, runtime, tokenizer))
-    trainer.resume_if_requested()
+    scheduler = build_scheduler(optimizer, config, plan.total_steps)
+    precision = Precision.choose(config.precision, runtime.device)
+
+    # Resume: the newest checkpoint of this run (or --resume PATH) restores all of the above and the RNGs.
+    resumed = resume(config, runtime, run_dir, model, optimizer, scheduler, precision)
+
+    # DDP: one replica per rank; gradients are averaged over the ranks in backward.
+    ddp_model = wrap_ddp(model, runtime)
+
+    trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=ddp_model,
+                      optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
+                      evaluator=build_evaluator(config, runtime, tokenizer), resumed=resumed)
     return trainer.fit()
+
+
+def build_dataset(config: Config, tokenizer: PreTrainedTokenizerBase) -> Dataset:
+    """The training set named by ``config.dataset``."""
+    if config.dataset == "dummy":
+        return DummyDataset.for_tokenizer(tokenizer, size=config.dummy_size, max_seq_len=config.max_seq_len,
+                                          max_question_len=config.max_question_len, seed=config.seed)
+    directory = find_features(config, tokenizer)
+    windows = NQWindows(directory, "train")
+    log.info("training on %d NQ windows from %s", len(windows), directory)
+    return windows
 
 
 def build_evaluator(config: Config, runtime: Runtime, tokenizer: PreTrainedTokenizerBase) -> Evaluator | None:
@@ -117,7 +147,7 @@ def build_evaluator(config: Config, runtime: Runtime, tokenizer: PreTrainedToken
     if config.validation_fraction == 0:
         log.warning("no evaluation: validation_fraction is 0, so there is no validation split and no best.pt")
         return None
-    directory = nq_features(config, tokenizer)
+    directory = find_features(config, tokenizer)
     if not (directory / "validation").is_dir():
         log.warning("no evaluation: the validation split of %s is empty (too few examples for "
                     "validation_fraction %s)", directory, config.validation_fraction)

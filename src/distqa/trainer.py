@@ -7,7 +7,10 @@ last micro-batch. Progress is counted in optimizer steps and in examples consume
 in the current epoch, which together with the RNG states makes a resumed run continue exactly where
 the interrupted one stopped.
 
-With an :class:`~distqa.evaluate.Evaluator` (NQ runs), the model is scored on the validation split
+``distqa.train`` builds every object the loop uses, in order (:class:`StepPlan`, the scheduler and
+precision, :func:`resume` into them, the DDP wrap), and hands them to :class:`Trainer`, which only runs.
+
+With an :class:`~distqa.inference.Evaluator` (NQ runs), the model is scored on the validation split
 every ``eval_every`` steps and at the end, by all ranks together. Each evaluation's tuned decoding
 thresholds go into the following checkpoints, and the model with the best micro-F1 so far is kept in
 ``checkpoints/best.pt``.
@@ -17,14 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -33,145 +34,159 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from distqa.checkpoint import (
+    CheckpointError,
+    Decoding,
+    ModelCheckpoint,
+    Progress,
+    TrainingCheckpoint,
     best_checkpoint_path,
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     remove_stale_temporaries,
-    save_checkpoint,
 )
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import (
-    Runtime,
-    all_gather_objects,
-    all_reduce_mean,
-    barrier,
-    broadcast_object,
-    is_main_process,
-)
-from distqa.evaluate import Evaluation, Evaluator, Thresholds
-from distqa.model import qa_loss
-from distqa.optim import Precision, build_scheduler
+from distqa.distributed import Runtime, all_gather_objects, all_reduce_mean, barrier, broadcast_object
+from distqa.inference import Evaluation, Evaluator
+from distqa.model import forward, on_device, qa_loss
+from distqa.optim import Precision
+from distqa.rng import capture_rng_state, restore_rng_state, seed_everything
 from distqa.rundir import versions
 
 log = logging.getLogger(__name__)
 
-# Settings that define what a checkpoint was trained on; the rest (steps, lr, world size, …) may change.
-RUN_DEFINING = ("dataset", "model_name_or_path", "max_seq_len", "max_question_len")
-RUN_DEFINING_DATA = {"dummy": ("dummy_size",),
-                     "nq": ("nq_train_file", "doc_stride", "negative_keep_rate", "validation_fraction", "nq_seed")}
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How many optimizer steps the run takes, and micro-batches per step, for this world size."""
+
+    accumulation: int
+    """Micro-batches per optimizer step on each rank."""
+    steps_per_epoch: int
+    total_steps: int
+    """Where the learning-rate schedule ends: max_steps, or epochs × steps_per_epoch."""
+
+    @classmethod
+    def of(cls, config: Config, sampler: ResumableDistributedSampler, world_size: int) -> StepPlan:
+        accumulation = config.accumulation_steps(world_size)
+        steps_per_epoch = sampler.min_samples_per_rank // config.per_rank_batch_size // accumulation
+        if steps_per_epoch == 0:
+            raise ConfigError(
+                f"the dataset ({len(sampler.dataset)} examples) is smaller than one global batch "
+                f"({config.global_batch_size}); use more data or a smaller global_batch_size.")
+        return cls(accumulation, steps_per_epoch, config.max_steps or config.epochs * steps_per_epoch)
 
 
-@dataclass
-class Progress:
-    step: int = 0
-    """Optimizer steps completed."""
-    epoch: int = 0
-    """Current pass over the data (0-based)."""
-    samples_in_epoch: int = 0
-    """Examples the whole job consumed in the current epoch (a multiple of the global batch)."""
-    best_micro_f1: float = -1.0
-    """Best validation micro-F1 so far (that of checkpoints/best.pt); -1 before any evaluation."""
+def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+           scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision) -> TrainingCheckpoint | None:
+    """Load the checkpoint named by ``config.resume`` into the model, optimizer, scheduler, scaler and
+    this rank's random generators; None when the run starts from scratch. Rank 0 picks the file so
+    that all ranks agree. Call it before the DDP wrap (which broadcasts rank 0's weights)."""
+    chosen = None
+    if runtime.is_main_process:
+        for stale in remove_stale_temporaries(run_dir):
+            log.info("removed %s, left by an interrupted checkpoint write", stale)
+        if config.resume != "none":
+            found = latest_checkpoint(run_dir) if config.resume == "auto" else Path(config.resume)
+            chosen = str(found) if found else None
+    chosen = broadcast_object(chosen)
+    if chosen is None:
+        log.info("starting from scratch (no checkpoint to resume)")
+        return None
+    try:
+        checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint)
+        _check_same_run(config, checkpoint.config, chosen)
+        model.load_state_dict(checkpoint.model)
+    except (CheckpointError, RuntimeError) as err:
+        raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
+                          "--run-name to start fresh.") from err
+    optimizer.load_state_dict(checkpoint.optimizer)
+    scheduler.load_state_dict(checkpoint.scheduler)
+    precision.scaler.load_state_dict(checkpoint.scaler)
+    if len(checkpoint.rng) == runtime.world_size:
+        restore_rng_state(checkpoint.rng[runtime.rank])
+    else:  # the data order still resumes exactly; only dropout draws differ
+        log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
+                    len(checkpoint.rng), runtime.world_size)
+        seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
+    log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen, checkpoint.progress.step,
+             checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch)
+    return checkpoint
+
+
+def _check_same_run(config: Config, saved: dict[str, Any], path: str) -> None:
+    """A checkpoint of other data or another model would "resume" into a different run: refuse."""
+    current = config.to_dict()
+    changed = [f"{n} {saved[n]!r} -> {current[n]!r}" for n in config.run_defining()
+               if n in saved and saved[n] != current[n]]
+    if changed:
+        raise ConfigError(f"the checkpoint {path} belongs to a run with other settings ({'; '.join(changed)}). "
+                          "Use another --run-name for the new run, or --resume none to start this one over.")
+
+
+def wrap_ddp(model: nn.Module, runtime: Runtime) -> nn.Module:
+    """DistributedDataParallel over ``model`` (itself at world size 1). DDP broadcasts rank 0's weights
+    and averages the gradients of every backward pass that is not under ``no_sync``."""
+    if not runtime.is_distributed:
+        return model
+    device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+    return DistributedDataParallel(
+        model, device_ids=device_ids,
+        find_unused_parameters=False,  # every parameter is used in every step: no graph search
+        forward_sync_buffers=False,  # the encoder's buffers (position ids) are constants: no per-step sync
+        gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy, less memory
+    )
 
 
 class Trainer:
-    def __init__(self, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, loader: DataLoader, evaluator: Evaluator | None = None) -> None:
+    """Runs the loop over objects built by ``distqa.train``; builds none itself.
+
+    ``model`` is the bare model (its weights are what checkpoints hold and evaluation runs);
+    ``ddp_model`` is the same model wrapped by :func:`wrap_ddp`, which training steps run.
+    """
+
+    def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, ddp_model: nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+                 precision: Precision, loader: DataLoader, plan: StepPlan, evaluator: Evaluator | None,
+                 resumed: TrainingCheckpoint | None) -> None:
         if not isinstance(loader.sampler, ResumableDistributedSampler):
             raise TypeError("the loader needs a ResumableDistributedSampler for exact resumption")
         self.config, self.runtime, self.run_dir = config, runtime, run_dir
-        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.model, self.ddp_model, self.optimizer, self.scheduler = model, ddp_model, optimizer, scheduler
+        self.precision, self.loader, self.plan, self.evaluator = precision, loader, plan, evaluator
         self.sampler: ResumableDistributedSampler = loader.sampler
-        self.accumulation = config.accumulation_steps(runtime.world_size)
-        self.steps_per_epoch = self.sampler.min_samples_per_rank // config.per_rank_batch_size // self.accumulation
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"the dataset ({len(self.sampler.dataset)} examples) is smaller than one global batch "
-                f"({config.global_batch_size}); use more data or a smaller global_batch_size.")
-        self.total_steps = config.max_steps or config.epochs * self.steps_per_epoch
-        self.scheduler = build_scheduler(optimizer, config, self.total_steps)
-        self.precision = Precision.choose(config.precision, runtime.device)
-        self.progress = Progress()
-        self.ddp_model: nn.Module = model
-        self.evaluator = evaluator
-        self.thresholds: Thresholds | None = None
+        self.progress = resumed.progress if resumed else Progress()
+        self.decoding: Decoding | None = resumed.decoding if resumed else None
         """Decoding thresholds of the latest evaluation, saved with the checkpoints."""
-        self.evaluation: dict[str, Any] | None = None
+        self.evaluation: dict[str, Any] | None = resumed.evaluation if resumed else None
         """Step and metrics of the latest evaluation, saved with the checkpoints."""
-
-    # --- resuming ----------------------------------------------------------------------------
-    def resume_if_requested(self) -> None:
-        """Load the checkpoint named by ``config.resume``; rank 0 picks it so all ranks agree."""
-        chosen = None
-        if is_main_process():
-            for stale in remove_stale_temporaries(self.run_dir):
-                log.info("removed %s, left by an interrupted checkpoint write", stale)
-        if is_main_process() and self.config.resume != "none":
-            found = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else Path(self.config.resume)
-            chosen = str(found) if found else None
-        chosen = broadcast_object(chosen)
-        if chosen is None:
-            log.info("starting from scratch (no checkpoint to resume)")
-            return
-        try:
-            state = load_checkpoint(Path(chosen))
-            self._check_same_run(state.get("config", {}), chosen)
-            self.model.load_state_dict(state["model"])
-        except (ValueError, RuntimeError) as err:
-            raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
-                              "--run-name to start fresh.") from err
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress(**state["progress"])
-        self.evaluation = state.get("evaluation")
-        if state.get("decoding"):
-            self.thresholds = Thresholds(state["decoding"]["long_threshold"], state["decoding"]["short_threshold"])
-        if len(state["rng"]) == self.runtime.world_size:
-            restore_rng_state(state["rng"][self.runtime.rank])
-        else:  # the data order still resumes exactly; only dropout draws differ
-            log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
-                        len(state["rng"]), self.runtime.world_size)
-            seed_everything(self.config.seed + 1000 * self.runtime.rank + self.progress.step)
-        log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen,
-                 self.progress.step, self.progress.epoch, self.progress.samples_in_epoch)
-
-    def _check_same_run(self, saved: dict[str, Any], path: str) -> None:
-        """A checkpoint of other data or another model would "resume" into a different run: refuse."""
-        current = self.config.to_dict()
-        names = RUN_DEFINING + RUN_DEFINING_DATA.get(current["dataset"], ())
-        changed = [f"{n} {saved[n]!r} -> {current[n]!r}" for n in names if n in saved and saved[n] != current[n]]
-        if changed:
-            raise ConfigError(f"the checkpoint {path} belongs to a run with other settings ({'; '.join(changed)}). "
-                              "Use another --run-name for the new run, or --resume none to start this one over.")
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self) -> Progress:
-        self.ddp_model = self._wrap_ddp()
         config, progress = self.config, self.progress
         log.info("training %d steps (%d per epoch): global batch %d = %d per rank × %d ranks × %d "
-                 "accumulation, precision %s, device %s", self.total_steps, self.steps_per_epoch,
+                 "accumulation, precision %s, device %s", self.plan.total_steps, self.plan.steps_per_epoch,
                  config.global_batch_size, config.per_rank_batch_size, self.runtime.world_size,
-                 self.accumulation, self.precision.name, self.runtime.device)
+                 self.plan.accumulation, self.precision.name, self.runtime.device)
         if 0 < config.stop_at_step <= progress.step:
             log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
             return progress
         metrics = MetricsWindow(self.runtime.device)
         with self._progress_bar() as bar, self._tensorboard() as tensorboard:
-            while progress.step < self.total_steps:
+            while progress.step < self.plan.total_steps:
                 self.sampler.set_epoch(progress.epoch)
                 self.sampler.resume_at(progress.samples_in_epoch)
                 micro_batches = iter(self.loader)
                 done_in_epoch = progress.samples_in_epoch // config.global_batch_size
-                for _ in range(min(self.steps_per_epoch - done_in_epoch, self.total_steps - progress.step)):
+                for _ in range(min(self.plan.steps_per_epoch - done_in_epoch, self.plan.total_steps - progress.step)):
                     loss, grad_norm = self.train_step(micro_batches)
                     progress.step += 1
                     progress.samples_in_epoch += config.global_batch_size
                     metrics.add(loss, grad_norm)
                     bar.update(1)
-                    last = progress.step == self.total_steps
+                    last = progress.step == self.plan.total_steps
                     if progress.step % config.log_every == 0 or last:
                         self._log_metrics(metrics.flush(), bar, tensorboard)
                     if self.evaluator is not None and (last or _due(config.eval_every, progress.step)):
@@ -191,17 +206,16 @@ class Trainer:
     def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation`` micro-batches; returns (mean loss, grad norm)."""
         loss_sum = torch.zeros((), device=self.runtime.device)
-        for micro_step in range(self.accumulation):
-            batch = {k: v.to(self.runtime.device, non_blocking=True) for k, v in next(micro_batches).items()}
+        for micro_step in range(self.plan.accumulation):
+            batch = on_device(next(micro_batches), self.runtime.device)
             # Gradients are all-reduced only on the last micro-batch; before it they accumulate locally.
-            syncing = micro_step == self.accumulation - 1
+            syncing = micro_step == self.plan.accumulation - 1
             skip_sync = self.ddp_model.no_sync() if self.runtime.is_distributed and not syncing \
                 else contextlib.nullcontext()
             with skip_sync:
                 with self.precision.autocast():
-                    output = self.ddp_model(batch["input_ids"], batch["attention_mask"],
-                                            batch["token_type_ids"])
-                    loss = qa_loss(output, batch) / self.accumulation
+                    output = forward(self.ddp_model, batch)
+                    loss = qa_loss(output, batch) / self.plan.accumulation
                 self.precision.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         self.precision.scaler.unscale_(self.optimizer)
@@ -218,22 +232,17 @@ class Trainer:
         """Collective: every rank contributes its RNG state, rank 0 writes, all wait for the file."""
         rng_states = all_gather_objects(capture_rng_state())
         path = checkpoint_path(self.run_dir, self.progress.step)
-        if is_main_process():
+        if self.runtime.is_main_process:
             started = time.perf_counter()
-            save_checkpoint({
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.precision.scaler.state_dict(),
-                "rng": rng_states,
-                "progress": asdict(self.progress),
-                "config": self.config.to_dict(),
-                "decoding": self.decoding(),
-                "evaluation": self.evaluation,
-                "world_size": self.runtime.world_size,
-                "saved_by_rank": self.runtime.rank,
-                "versions": versions(),
-            }, path)
+            TrainingCheckpoint(
+                **self._model_checkpoint_fields(),
+                optimizer=self.optimizer.state_dict(),
+                scheduler=self.scheduler.state_dict(),
+                scaler=self.precision.scaler.state_dict(),
+                rng=rng_states,
+                world_size=self.runtime.world_size,
+                saved_by_rank=self.runtime.rank,
+            ).save(path)
             prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
             log.info("saved checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6,
                      time.perf_counter() - started)
@@ -242,12 +251,9 @@ class Trainer:
         barrier()
         return path
 
-    def decoding(self) -> dict[str, Any] | None:
-        """What predict needs besides the weights: the thresholds (once evaluated) and span limit."""
-        if self.thresholds is None:
-            return None
-        return {"long_threshold": self.thresholds.long, "short_threshold": self.thresholds.short,
-                "max_answer_len": self.config.max_answer_len}
+    def _model_checkpoint_fields(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "config": self.config.to_dict(), "decoding": self.decoding,
+                "evaluation": self.evaluation, "progress": self.progress, "versions": versions()}
 
     # --- evaluation --------------------------------------------------------------------------
     def evaluate(self, tensorboard: Any = None) -> Evaluation:
@@ -255,53 +261,40 @@ class Trainer:
         assert self.evaluator is not None
         started = time.perf_counter()
         evaluation = self.evaluator.evaluate(self.model, self.precision)
-        self.thresholds = evaluation.thresholds
+        thresholds = evaluation.thresholds
+        self.decoding = Decoding(thresholds, self.config.max_answer_len)
         metrics, step = evaluation.metrics, self.progress.step
         self.evaluation = {"step": step, **metrics}
         improved = metrics["micro_f1"] > self.progress.best_micro_f1
         if improved:
             self.progress.best_micro_f1 = float(metrics["micro_f1"])
-        if is_main_process():
+        if self.runtime.is_main_process:
             log.info("eval at step %d: micro-F1 %.4f (long %.4f, short %.4f; P %.4f R %.4f) on %d examples, "
                      "thresholds long %.3f short %.3f, %.1f s%s", step, metrics["micro_f1"], metrics["long_f1"],
                      metrics["short_f1"], metrics["precision"], metrics["recall"], metrics["examples"],
-                     self.thresholds.long, self.thresholds.short, time.perf_counter() - started,
+                     thresholds.long, thresholds.short, time.perf_counter() - started,
                      " (best so far)" if improved else "")
             if tensorboard is not None:
                 for name in ("micro_f1", "long_f1", "short_f1", "precision", "recall"):
                     tensorboard.add_scalar(f"eval/{name}", metrics[name], step)
             if improved:
-                save_checkpoint({"model": self.model.state_dict(), "config": self.config.to_dict(),
-                                 "decoding": self.decoding(), "evaluation": self.evaluation,
-                                 "progress": asdict(self.progress), "versions": versions()},
-                                best_checkpoint_path(self.run_dir))
+                ModelCheckpoint(**self._model_checkpoint_fields()).save(best_checkpoint_path(self.run_dir))
                 log.info("saved %s (micro-F1 %.4f at step %d)", best_checkpoint_path(self.run_dir),
                          metrics["micro_f1"], step)
         barrier()
         return evaluation
 
     # --- helpers -----------------------------------------------------------------------------
-    def _wrap_ddp(self) -> nn.Module:
-        if not self.runtime.is_distributed:
-            return self.model
-        device_ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
-        return DistributedDataParallel(
-            self.model, device_ids=device_ids,
-            find_unused_parameters=False,  # every parameter is used in every step: no graph search
-            forward_sync_buffers=False,  # the encoder's buffers (position ids) are constants: no per-step sync
-            gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy, less memory
-        )
-
     def _log_metrics(self, window: dict[str, float], bar: tqdm, tensorboard: Any) -> None:
         step = self.progress.step
         lr = self.scheduler.get_last_lr()[0]
         samples_per_s = window["steps"] * self.config.global_batch_size / window["seconds"]
         step_time = window["seconds"] / window["steps"]
-        if not is_main_process():
+        if not self.runtime.is_main_process:
             return
         bar.set_postfix(loss=f"{window['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
         log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f ms/step",
-                 step, self.total_steps, self.progress.epoch, window["loss"], lr, window["grad_norm"],
+                 step, self.plan.total_steps, self.progress.epoch, window["loss"], lr, window["grad_norm"],
                  samples_per_s, 1000 * step_time)
         if tensorboard is not None:
             for name, value in (("loss", window["loss"]), ("lr", lr), ("grad_norm", window["grad_norm"]),
@@ -312,8 +305,8 @@ class Trainer:
     def _progress_bar(self) -> Iterator[tqdm]:
         """Rank 0's bar, on a terminal only (piped output gets the log lines instead); log lines go
         through tqdm.write meanwhile so they never land in the middle of the bar."""
-        show = is_main_process() and self.config.progress_bar
-        bar = tqdm(total=self.total_steps, initial=self.progress.step, desc="train", unit="step",
+        show = self.runtime.is_main_process and self.config.progress_bar
+        bar = tqdm(total=self.plan.total_steps, initial=self.progress.step, desc="train", unit="step",
                    disable=None if show else True, mininterval=1.0)
         try:
             with logging_redirect_tqdm():
@@ -323,9 +316,10 @@ class Trainer:
 
     @contextlib.contextmanager
     def _tensorboard(self) -> Iterator[Any]:
-        if not (is_main_process() and self.config.tensorboard):
+        if not (self.runtime.is_main_process and self.config.tensorboard):
             yield None
             return
+        # Here, not at the top: it imports tensorboard's protobufs, which runs with tensorboard false never need.
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(self.run_dir / "tensorboard")
@@ -373,34 +367,3 @@ class MetricsWindow:
 def _due(every: int, step: int) -> bool:
     """Whether a task scheduled every ``every`` steps (0 = never) runs after ``step``."""
     return every > 0 and step % every == 0
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """This rank's random generators, as plain containers (loadable with weights_only=True)."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [name, keys.tolist(), position, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(_as_tuples(state["python"]))
-    name, keys, position, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuples(value: Any) -> Any:
-    """random.setstate wants the nested tuples that a round trip through a checkpoint may turn to lists."""
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value

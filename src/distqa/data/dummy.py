@@ -20,7 +20,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType
+from distqa.data.windows import check_window_shape
 
 # Roughly the NQ mix per window: most windows hold no answer.
 ANSWER_TYPE_WEIGHTS = {AnswerType.UNKNOWN: 0.45, AnswerType.YES: 0.05, AnswerType.NO: 0.05,
@@ -34,8 +35,7 @@ class DummyDataset(Dataset):
     def __init__(self, size: int, max_seq_len: int, max_question_len: int, vocab_size: int,
                  cls_id: int, sep_id: int, pad_id: int, first_word_id: int, seed: int = 0) -> None:
         """``first_word_id``: ids below it are special tokens and never drawn as words."""
-        if max_question_len + 4 > max_seq_len:
-            raise ValueError(f"max_question_len {max_question_len} leaves no document in {max_seq_len}")
+        check_window_shape(max_seq_len, max_question_len)
         if vocab_size - first_word_id <= len(AnswerType):
             raise ValueError(f"vocab_size {vocab_size} is too small for DummyDataset")
         self.size, self.max_seq_len, self.max_question_len = size, max_seq_len, max_question_len

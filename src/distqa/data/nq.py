@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from distqa.data import AnswerType
+from distqa.answers import AnswerType, Span
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,6 @@ class DataError(ValueError):
 
 class BadLine(ValueError):  # noqa: N818 - reads as "raise BadLine(reason)"
     """One line of the input is malformed; the message names the field at fault."""
-
-
-@dataclass(frozen=True)
-class Span:
-    """Whitespace-token span of the document, ``start`` inclusive, ``end`` exclusive."""
-
-    start: int
-    end: int
 
 
 @dataclass(frozen=True)
@@ -233,14 +226,7 @@ def _targets(annotation: Any, candidates: np.ndarray, num_tokens: int, index: in
         raise BadLine(f"field '{where}long_answer.candidate_index' is {candidate}; use -1 for no answer")
     short = tuple(_span(s, f"{where}short_answers[{i}]", num_tokens)
                   for i, s in enumerate(_get(annotation, "short_answers", list, where)))
-    if yes_no != "NONE":
-        answer_type = AnswerType.YES if yes_no == "YES" else AnswerType.NO
-    elif short:
-        answer_type = AnswerType.SHORT
-    elif long is not None:
-        answer_type = AnswerType.LONG
-    else:
-        answer_type = AnswerType.UNKNOWN
+    answer_type = AnswerType.of_annotation(yes_no, has_short=bool(short), has_long=long is not None)
     if answer_type != AnswerType.UNKNOWN and long is None:
         raise BadLine(f"annotation gives a {answer_type.name} answer but no long answer "
                       f"(field '{where}long_answer.candidate_index' is -1)")
@@ -288,7 +274,8 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
     that is mostly broken is the wrong file, not noise.
     """
     path = require_file(path)
-    lines, offsets, lengths, ids, types = (_Column(np.int64) for _ in range(5))
+    # 8 bytes per value, as numpy will hold them (a Python list of ints costs ~5×)
+    lines, offsets, lengths, ids, types = (array("q") for _ in range(5))
     total = bad = 0
     reports: list[str] = []
     offset = 0
@@ -314,8 +301,8 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
                     ids.append(example.example_id)
                     types.append(example.targets.answer_type if example.targets else -1)
             offset += size
-    result = ScanResult(path, lines.array(), offsets.array(), lengths.array(), ids.array(), types.array(),
-                        total, bad, reports)
+    columns = (np.array(column, dtype=np.int64) for column in (lines, offsets, lengths, ids, types))
+    result = ScanResult(path, *columns, total, bad, reports)
     _drop_repeated_ids(result, on_bad_line)
     _check_bad_fraction(result, max_bad_line_fraction)
     return result
@@ -355,26 +342,6 @@ def _check_bad_fraction(result: ScanResult, limit: float) -> None:
     if result.bad_lines:
         log.warning("%s: skipped %d malformed line(s) of %d; the first: %s", result.path, result.bad_lines,
                     result.total_lines, result.bad_reports[0])
-
-
-class _Column:
-    """An append-only integer column that grows in numpy blocks (a Python list of ints costs ~5×)."""
-
-    def __init__(self, dtype: type) -> None:
-        self.blocks: list[np.ndarray] = []
-        self.current = np.empty(65536, dtype=dtype)
-        self.size = 0
-
-    def append(self, value: int) -> None:
-        if self.size == len(self.current):
-            self.blocks.append(self.current)
-            self.current = np.empty_like(self.current)
-            self.size = 0
-        self.current[self.size] = value
-        self.size += 1
-
-    def array(self) -> np.ndarray:
-        return np.concatenate([*self.blocks, self.current[:self.size]])
 
 
 def read_lines(path: Path, offsets: np.ndarray, lengths: np.ndarray) -> Iterator[bytes]:

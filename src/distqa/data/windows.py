@@ -41,13 +41,26 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
-from distqa.data import AnswerType
-from distqa.data.nq import NQExample, Span
+from distqa.answers import AnswerType, Span
+from distqa.data.nq import NQExample
 
 TAG_TOKEN = re.compile(r"(?<![^ ])</?[A-Za-z][A-Za-z0-9]*>(?![^ ])")
 """An HTML tag that is a whole whitespace token, as in NQ's document_text."""
 
 SPACE = ord(" ")
+
+
+def check_window_shape(max_seq_len: int, max_question_len: int, doc_stride: int | None = None) -> None:
+    """The rule of a window's shape, for every user of it: ``[CLS] question [SEP] document [SEP]`` leaves
+    room for at least one document token, and windows ``doc_stride`` pieces apart leave no piece of the
+    document out. A ValueError naming the setting and the bound otherwise."""
+    if max_question_len + 4 > max_seq_len:
+        raise ValueError(f"max_question_len ({max_question_len}) leaves no room for the document in "
+                         f"max_seq_len ({max_seq_len}); use max_question_len <= max_seq_len - 4.")
+    room = max_seq_len - max_question_len - 3
+    if doc_stride is not None and not 1 <= doc_stride <= room:
+        raise ValueError(f"doc_stride ({doc_stride}) must be between 1 and the document part of a window, "
+                         f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
 
 
 @dataclass(frozen=True)
@@ -59,13 +72,7 @@ class WindowSettings:
     seed: int
 
     def __post_init__(self) -> None:
-        room = self.max_seq_len - self.max_question_len - 3
-        if room < 1:
-            raise ValueError(f"max_seq_len {self.max_seq_len} leaves no room for the document after "
-                             f"max_question_len {self.max_question_len}")
-        if not 1 <= self.doc_stride <= room:
-            raise ValueError(f"doc_stride must be in [1, {room}] (the document part of a window) so every "
-                             f"piece lands in a window, got {self.doc_stride}")
+        check_window_shape(self.max_seq_len, self.max_question_len, self.doc_stride)
         if not 0 <= self.negative_keep_rate <= 1:
             raise ValueError(f"negative_keep_rate must be in [0, 1], got {self.negative_keep_rate}")
 
@@ -319,12 +326,10 @@ def window_span_to_tokens(piece_to_token: np.ndarray, doc_start: int, question_l
     return Span(int(piece_to_token[start_position + offset]), int(piece_to_token[end_position + offset]) + 1)
 
 
-def containing_candidate(candidates: np.ndarray, span: Span, top_level_only: bool = True) -> int:
-    """Index of the innermost (top-level, by default) candidate that contains ``span``; -1 if none."""
+def containing_candidate(candidates: np.ndarray, span: Span) -> int:
+    """Index of the innermost top-level candidate that contains ``span``; -1 if none."""
     starts, ends = candidates[:, 0].astype(np.int64), candidates[:, 1].astype(np.int64)
-    inside = (starts <= span.start) & (span.end <= ends)
-    if top_level_only:
-        inside &= candidates[:, 2].astype(bool)
+    inside = (starts <= span.start) & (span.end <= ends) & candidates[:, 2].astype(bool)
     if not inside.any():
         return -1
     return int(np.argmin(np.where(inside, ends - starts, np.iinfo(np.int64).max)))

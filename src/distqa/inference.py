@@ -1,0 +1,219 @@
+"""Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
+
+Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
+``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
+per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
+all ranks run the same number of batches; those repeats are dropped by window index before
+decoding, and every window is checked to be present exactly once.
+
+:class:`Predictor` does the same for any NQ file with a trained checkpoint (``python -m distqa.predict``,
+``python -m distqa.evaluate`` and ``notebooks/inference.ipynb`` use it). Decoding the gathered spans
+into answers is :mod:`distqa.decode`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from distqa.answers import Answer
+from distqa.checkpoint import CheckpointError, ModelCheckpoint, load_checkpoint
+from distqa.config import FIELDS, Config, ConfigError
+from distqa.data.cache import NQWindows, open_examples
+from distqa.data.features import find_features, prepare_nq
+from distqa.decode import (
+    ExampleColumns,
+    Prediction,
+    Thresholds,
+    WindowLayout,
+    WindowSpans,
+    decode,
+    document_mask,
+    golds_of,
+    merge_gathered,
+    top_spans,
+    tune_thresholds,
+)
+from distqa.distributed import Runtime, all_gather_objects, barrier
+from distqa.metric import score_answers
+from distqa.model import INPUT_NAMES, build_model, forward, on_device
+from distqa.optim import Precision
+from distqa.pretrained import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+# --- running the model over windows ------------------------------------------------------------
+
+class _IndexedWindows(Dataset):
+    """Windows with their index, so gathered results can be put back in order and deduplicated."""
+
+    def __init__(self, windows: Dataset) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {**self.windows[index], "window": index}
+
+
+@torch.no_grad()
+def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
+                  batch_size: int, max_answer_len: int) -> WindowSpans:
+    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank."""
+    dataset = _IndexedWindows(windows)
+    sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                        pin_memory=runtime.device.type == "cuda")
+    was_training = model.training
+    model.eval()
+    parts: list[tuple[np.ndarray, WindowSpans]] = []
+    try:
+        for batch in loader:
+            inputs = on_device(batch, runtime.device, INPUT_NAMES)
+            with precision.autocast():
+                output = forward(model, inputs)
+            found = top_spans(output.start_logits, output.end_logits,
+                              document_mask(inputs["attention_mask"], inputs["token_type_ids"]),
+                              output.answer_type_logits, max_answer_len)
+            parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
+    finally:
+        model.train(was_training)
+    return merge_gathered(all_gather_objects(parts), len(dataset))
+
+
+# --- evaluation on a labelled split ------------------------------------------------------------
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, float | int]
+    """score_answers' keys: micro_f1, long_f1, short_f1, precision, recall, tp, fp, fn, examples."""
+    thresholds: Thresholds
+    predictions: list[Prediction]
+
+
+class Evaluator:
+    """Scores a model on one labelled split of an NQ feature cache (the validation split in training).
+
+    Every rank must call :meth:`evaluate` together (it gathers); all of them get the same result.
+    """
+
+    def __init__(self, directory: Path, runtime: Runtime, batch_size: int, max_answer_len: int,
+                 long_threshold: float | None = None, short_threshold: float | None = None,
+                 split: str = "validation") -> None:
+        self.windows = NQWindows(directory, split)
+        table = open_examples(directory, split)
+        self.layout = WindowLayout.of(self.windows)
+        self.examples = ExampleColumns.of(table)
+        self.golds = golds_of(table)
+        self.runtime, self.batch_size, self.max_answer_len = runtime, batch_size, max_answer_len
+        self.long_threshold, self.short_threshold = long_threshold, short_threshold
+        """Used as given when set; the ones left None are tuned at every evaluation."""
+
+    def __len__(self) -> int:
+        return len(self.examples.example_id)
+
+    def evaluate(self, model: nn.Module, precision: Precision) -> Evaluation:
+        spans = score_windows(model, self.windows, self.runtime, precision, self.batch_size, self.max_answer_len)
+        predictions = decode(spans, self.layout, self.examples)
+        thresholds = tune_thresholds(predictions, self.golds, self.long_threshold, self.short_threshold)
+        answers = {p.example_id: p.answer(thresholds) for p in predictions}
+        return Evaluation(score_answers(self.golds, answers), thresholds, predictions)
+
+
+# --- prediction with a trained checkpoint ----------------------------------------------------------
+
+class Predictor:
+    """A trained model with its tokenizer, window settings and decoding thresholds.
+
+    In a notebook (one process)::
+
+        predictor = Predictor.from_checkpoint("results/nq-sample/checkpoints/best.pt", local_runtime("cpu"))
+        predictions = predictor.predict_file("data/nq-sample/simplified-nq-test.jsonl")
+        predictor.answers(predictions)   # {example_id: Answer(long="start:end", short="start:end"|"YES"|"NO"|"")}
+
+    Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
+    """
+
+    def __init__(self, model: nn.Module, config: Config, runtime: Runtime, thresholds: Thresholds,
+                 max_answer_len: int, evaluation: dict[str, Any] | None = None) -> None:
+        self.model, self.config, self.runtime = model, config, runtime
+        self.thresholds, self.max_answer_len = thresholds, max_answer_len
+        self.evaluation = evaluation
+        """The validation metrics stored with the checkpoint (its step included); None if it has none."""
+        self.tokenizer = load_tokenizer(config)
+
+    @classmethod
+    def from_checkpoint(cls, path: Path | str, runtime: Runtime, long_threshold: float | None = None,
+                        short_threshold: float | None = None, **overrides: Any) -> Predictor:
+        """Load ``best.pt`` or a ``step-*.pt``; ``overrides`` replace config values (None = keep)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"checkpoint {path} does not exist; train first (see the README) or pass "
+                              "results/<run>/checkpoints/best.pt")
+        try:
+            checkpoint = load_checkpoint(path, ModelCheckpoint)
+        except CheckpointError as err:
+            raise ConfigError(str(err)) from None
+        config = inference_config(checkpoint.config, device=runtime.device.type,
+                                  **{k: v for k, v in overrides.items() if v is not None})
+        model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
+        model.load_state_dict(checkpoint.model)
+        model.to(runtime.device).eval()
+        decoding = checkpoint.decoding
+        if decoding is None and (long_threshold is None or short_threshold is None):
+            log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0: "
+                        "answer when the best span beats [CLS]'s null score", path)
+        tuned = decoding.thresholds if decoding is not None else Thresholds(0.0, 0.0)
+        thresholds = Thresholds(long_threshold if long_threshold is not None else tuned.long,
+                                short_threshold if short_threshold is not None else tuned.short)
+        max_answer_len = decoding.max_answer_len if decoding is not None else config.max_answer_len
+        log.info("loaded %s: thresholds long %.3f short %.3f, max answer length %d", path, thresholds.long,
+                 thresholds.short, max_answer_len)
+        return cls(model, config, runtime, thresholds, max_answer_len, checkpoint.evaluation)
+
+    def featurize(self, source: Path | str) -> Path:
+        """The feature cache of ``source`` (unlabelled windows, every line checked); rank 0 builds it
+        while the others wait, so there is one writer per cache."""
+        source = Path(source)
+        if self.runtime.is_main_process:
+            prepare_nq(self.config, self.tokenizer, source=source, labelled=False, on_bad_line="fail",
+                       progress=self.config.progress_bar)
+        barrier()
+        return find_features(self.config, self.tokenizer, source, labelled=False)
+
+    def predict_file(self, source: Path | str) -> list[Prediction]:
+        """One :class:`~distqa.decode.Prediction` per example of ``source``, in file order."""
+        directory = self.featurize(source)
+        windows = NQWindows(directory, "test")
+        precision = Precision.choose(self.config.precision, self.runtime.device)
+        with torch.inference_mode():
+            spans = score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
+                                  self.max_answer_len)
+        return decode(spans, WindowLayout.of(windows), ExampleColumns.of(open_examples(directory, "test")))
+
+    def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
+        """The submission rows of ``predictions`` under this predictor's thresholds."""
+        return {p.example_id: p.answer(self.thresholds) for p in predictions}
+
+
+def inference_config(saved: dict[str, Any], **overrides: Any) -> Config:
+    """The training config of a checkpoint, with ``overrides``.
+
+    Its values are checked, but not against this machine: prediction needs the model, tokenizer and
+    window settings, not the training file or the checkpoint to resume, which need not exist here.
+    """
+    unknown = sorted(set(saved) - set(FIELDS))
+    if unknown:
+        log.warning("ignoring settings this version does not know: %s", ", ".join(unknown))
+    values = {name: value for name, value in saved.items() if name in FIELDS}
+    return Config(**values | overrides)

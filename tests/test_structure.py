@@ -1,0 +1,166 @@
+"""The package's shape: imports run downward (no cycle, entry points never import one another), no
+import hides inside a function without a comment saying why, shared types stay torch-free, modules stay
+small enough to hold one concern, and each entry point shows and accepts only its own settings."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from distqa.config import FIELDS, SECTIONS, ConfigError
+from distqa.settings import PREPARE, build_arg_parser, coerce_flag, section_fields
+
+from conftest import REPO_ROOT, clean_env
+
+PACKAGE = REPO_ROOT / "src" / "distqa"
+ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score"}
+MAX_MODULE_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def runtime_imports(tree: ast.Module) -> list[tuple[ast.stmt, str, bool]]:
+    """(node, imported distqa module, inside a function) for every import that runs; ``if TYPE_CHECKING:``
+    blocks are left out (they never run)."""
+    found: list[tuple[ast.stmt, str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                for orelse in child.orelse:
+                    visit(orelse, in_function)
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                names = [a.name for a in child.names] if isinstance(child, ast.Import) else [child.module or ""]
+                if isinstance(child, ast.ImportFrom) and child.module:
+                    # `from distqa.data import cache` imports the module distqa.data.cache
+                    names += [f"{child.module}.{a.name}" for a in child.names]
+                found.extend((child, name, in_function) for name in names if name in MODULES)
+                if not any(name in MODULES for name in names):
+                    found.append((child, "", in_function))
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(tree, False)
+    return found
+
+
+TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
+GRAPH = {name: {imported for _, imported, _ in runtime_imports(tree) if imported and imported != name}
+         for name, tree in TREES.items()}
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """Depth-first search over the imports that run (module level and inside functions alike)."""
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for imported in sorted(GRAPH[name]):
+            if state.get(imported) == "open":
+                cycle = [*path[path.index(imported):], imported] if imported in path else [name, imported]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if imported not in state:
+                visit(imported, [*path, imported])
+        state[name] = "done"
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_entry_points_do_not_import_one_another_and_nothing_imports_them() -> None:
+    for name, imported in GRAPH.items():
+        wrong = sorted(imported & ENTRY_POINTS)
+        assert not wrong, f"{name} imports the entry point(s) {wrong}; move what it needs into a library module"
+
+
+def test_an_import_inside_a_function_says_why() -> None:
+    """A comment on the line before (or at the end of) a function-level import gives its reason."""
+    unexplained = []
+    for name, tree in TREES.items():
+        lines = MODULES[name].read_text().splitlines()
+        for node, _, in_function in runtime_imports(tree):
+            if not in_function:
+                continue
+            # the comment may open a block of imports: look back over the imports just above
+            row = node.lineno - 2
+            while row > 0 and lines[row].strip().startswith(("from ", "import ")):
+                row -= 1
+            before = lines[row].strip()
+            if not (before.startswith("#") or "#" in lines[node.lineno - 1]):
+                unexplained.append(f"{MODULES[name].relative_to(REPO_ROOT)}:{node.lineno}")
+    assert not unexplained, f"imports inside functions without a comment saying why: {unexplained}"
+
+
+def test_modules_hold_one_concern() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    large = {name: size for name, size in sizes.items() if size > MAX_MODULE_LINES}
+    assert not large, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {large}"
+
+
+def test_shared_types_and_helpers_import_no_torch() -> None:
+    """The small shared modules (and the metric, which `score` runs on machines without a GPU stack)
+    stay importable without torch, so no caller needs a lazy import to stay light."""
+    code = ("import sys; import distqa.answers, distqa.files, distqa.metric, distqa.score, distqa.data.features; "
+            "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); print(heavy); sys.exit(bool(heavy))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- each entry point shows and accepts only its own settings --------------------------------------
+
+def setting_flags(names: Iterable[str]) -> set[str]:
+    return {"--" + name.replace("_", "-") for name in names}
+
+
+def flags_in(help_text: str) -> set[str]:
+    """The settings' flags a --help text shows."""
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text)) & setting_flags(FIELDS)
+
+
+def test_train_shows_every_setting_in_its_sections() -> None:
+    help_text = build_arg_parser().format_help()
+    assert flags_in(help_text) == setting_flags(FIELDS)
+    for section in SECTIONS:
+        assert f"\n{section.title}:\n" in help_text
+
+
+def test_prepare_shows_and_accepts_only_what_determines_the_cache(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "distqa.prepare", "--help"], cwd=REPO_ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert flags_in(result.stdout) == setting_flags(section_fields(PREPARE))
+    assert "--lr" not in result.stdout and "--global-batch-size" not in result.stdout
+    refused = subprocess.run([sys.executable, "-m", "distqa.prepare", "--lr", "1e-4"], cwd=REPO_ROOT,
+                             env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "unrecognized arguments: --lr" in refused.stderr
+    # A training command line is what the launchers pass with --only-if-nq: a run on the DummyDataset
+    # needs no features, so this prepares nothing, and the trainer's flags are accepted.
+    skipped = subprocess.run([sys.executable, "-m", "distqa.prepare", "--only-if-nq", "--lr", "1e-4",
+                              "--nq-cache-dir", str(tmp_path / "cache")], cwd=REPO_ROOT, env=clean_env(),
+                             capture_output=True, text=True, timeout=120)
+    assert skipped.returncode == 0 and not skipped.stdout and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("module", ["distqa.predict", "distqa.evaluate"])
+def test_predict_and_evaluate_show_only_the_settings_they_take_from_flags(module: str) -> None:
+    """The rest comes from the checkpoint; the flags they have are the settings' own (same help, same types)."""
+    entry_point = importlib.import_module(module)
+    help_text = entry_point.build_arg_parser().format_help()
+    assert flags_in(help_text) == setting_flags(entry_point.SETTINGS)
+    assert "--batch-size" in help_text  # the short name, kept for eval_batch_size
+    with pytest.raises(ConfigError, match="eval_batch_size: invalid value 'many' from flag --eval-batch-size"):
+        coerce_flag("eval_batch_size", "many")
