@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from distqa.pretrained import hub_names
+from distqa.settings import load_config
+
 from conftest import REPO_ROOT, clean_env
 
 RANK_SCRIPT = r'''
@@ -43,8 +46,8 @@ def standin_snapshot_download(repo_id, allow_patterns=None, **kwargs):
 
 huggingface_hub.snapshot_download = standin_snapshot_download
 
-from distqa.config import load_config
 from distqa.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
+from distqa.settings import load_config
 
 config = load_config(["--preset", "none", "--model-name-or-path", "stand-in/tiny-bert"], dotenv_path=os.devnull)
 dist.init_process_group("gloo")
@@ -91,9 +94,6 @@ def test_two_ranks_fetch_the_hub_model_once_into_the_shared_hf_home(standin_hub:
 
 
 def test_local_sources_are_not_fetched(tmp_path: Path) -> None:
-    from distqa.config import load_config
-    from distqa.pretrained import hub_names
-
     local = load_config(["--preset", "none"], environ={}, dotenv_path=tmp_path / "none.env")
     assert hub_names(local) == []
     hub = load_config(["--preset", "none", "--model-name-or-path", "org/model", "--tokenizer-name-or-path",
