@@ -106,6 +106,29 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_micro_f1": -1.0}
 
 
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:
+    """The newest checkpoint of a 2-rank run is cut in half (a full disk, a copy that stopped); the next
+    start reports it in one line naming the file, resumes from the one before and, resumption being
+    exact, ends with the weights of an uninterrupted run."""
+    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "4",
+              "--max-steps", "6", "--dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(tmp_path)]
+    run_training([*common, "--run-name", "straight"], nproc=2)
+    run_training([*common, "--run-name", "damaged", "--stop-at-step", "4"], nproc=2)
+    checkpoints = tmp_path / "damaged" / "checkpoints"
+    newest = checkpoints / "step-00000004.pt"
+    data = newest.read_bytes()
+    newest.write_bytes(data[:len(data) // 2])
+
+    resumed = run_training([*common, "--run-name", "damaged"], nproc=2)
+    reports = [line for line in resumed.stderr.splitlines() if "skipping a damaged checkpoint" in line]
+    assert len(reports) == 1 and f"{newest} is truncated or damaged: {len(data) // 2} bytes, {len(data)} " \
+        "were written" in reports[0], resumed.stderr
+    assert f"resumed from {checkpoints / 'step-00000002.pt'} at step 2" in resumed.stderr
+    assert (checkpoints / "step-00000004.pt.corrupt").exists()
+    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "damaged"))
+    assert difference < 1e-6, f"the run resumed past a damaged checkpoint differs by {difference:.2e}"
+
+
 def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "distqa.train", "--lr", "-1"], cwd=tmp_path,
                             env=clean_env(), capture_output=True, text=True, timeout=120)
