@@ -31,6 +31,10 @@
 #                       schedule timeout + 300, so a node that was queued that long still joins
 #   --dry-run           print the torchrun command instead of running it
 #
+# Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
+# step boundary after a checkpoint of that step (start the node again with the same --run-id to
+# resume); either way one line says which.
+#
 # Environment:
 #   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
 #                       if there is one, else python3, else python)
@@ -142,4 +146,33 @@ if (( dry_run )); then
     printf '%q ' "${command[@]}"; echo
     exit 0
 fi
-exec "${command[@]}"
+
+# Workers stopped by a signal (distqa.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
+# each leave one line here: torchrun itself exits with 1 whatever its workers' codes were.
+stop_reports="$(mktemp -d "${TMPDIR:-/tmp}/distqa-stop.XXXXXX")"
+export WORKER_STOP_REPORT_DIR="$stop_reports"
+trap 'rm -rf "$stop_reports"' EXIT
+# torchrun runs as a child rather than exec'd, so that its end can be reported. SIGTERM/SIGINT to this
+# script (the platform ending the job, Slurm's --signal, Ctrl-C) go on to torchrun as SIGTERM, which it
+# sends to its workers (who stop at the next check step), SIGKILLing them after
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT s (default 30). SIGTERM rather than SIGINT: a background child
+# of a script starts with SIGINT ignored until torchrun installs its handlers.
+"${command[@]}" &
+agent=$!
+trap 'kill -TERM "$agent" 2>/dev/null || true' TERM INT
+set +e
+wait "$agent"; status=$?
+while (( status > 128 )) && kill -0 "$agent" 2>/dev/null; do  # a trapped signal cut the wait short
+    wait "$agent"; status=$?
+done
+set -e
+reports=("$stop_reports"/rank-*)
+if [[ -f "${reports[0]}" ]]; then
+    read -r report < "${reports[0]}"
+    echo "worker.sh: run '$run_id' node $node_rank: $report" >&2
+    exit 75
+fi
+if (( status != 0 )); then
+    echo "worker.sh: run '$run_id' node $node_rank: torchrun exited with status $status (see above)" >&2
+fi
+exit "$status"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from distqa.model import forward, on_device, qa_loss
 from distqa.optim import Precision
 from distqa.rng import capture_rng_state, restore_rng_state, seed_everything
 from distqa.rundir import versions
+from distqa.stop import StopSignal, TrainingStoppedError
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +189,8 @@ class Trainer:
             log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
             return progress
         metrics = MetricsWindow(self.runtime.device)
-        with self._progress_bar() as bar, self._tensorboard() as tensorboard:
+        stop = StopSignal(self.runtime.device, config.stop_check_every)
+        with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed():
             while progress.step < self.plan.total_steps:
                 self.sampler.set_epoch(progress.epoch)
                 self.sampler.resume_at(progress.samples_in_epoch)
@@ -206,8 +209,12 @@ class Trainer:
                         with metrics.paused():  # samples/s and ms/step measure training alone
                             self.evaluate(tensorboard)
                     stopping = progress.step == config.stop_at_step
-                    if last or stopping or _due(config.checkpoint_every, progress.step):
+                    saved = last or stopping or _due(config.checkpoint_every, progress.step)
+                    if saved:
                         self.save_checkpoint()
+                    if not last and (received := stop.agreed(progress.step)):
+                        path = checkpoint_path(self.run_dir, progress.step) if saved else self.save_checkpoint()
+                        raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
                     if stopping:
                         log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
                         return progress
