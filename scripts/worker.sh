@@ -29,6 +29,10 @@
 #   --join-timeout S    seconds the rendezvous waits for every node to join (default
 #                       $RDZV_JOIN_TIMEOUT, else 900); on the platform the launcher passes the
 #                       schedule timeout + 300, so a node that was queued that long still joins
+#   --stop-after SPAN   ask the workers to stop after SPAN ([Nd][Nh][Nm][Ns] or seconds; default 0 =
+#                       never): SIGTERM to torchrun, so they checkpoint the step reached and exit 75.
+#                       Set it below a job's life span or time limit, so the stop does not depend on
+#                       the signal (and grace period) the platform sends at the end
 #   --dry-run           print the torchrun command instead of running it
 #
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
@@ -63,6 +67,7 @@ run_id=distqa
 max_restarts="${MAX_RESTARTS:-0}"
 nproc_per_node="${NPROC_PER_NODE:-}"
 join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
+stop_after=0
 dry_run=0
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -80,6 +85,7 @@ while [[ $# -gt 0 ]]; do
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --nproc-per-node) need_value "$@"; nproc_per_node="$2"; shift 2 ;;
         --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
+        --stop-after) need_value "$@"; stop_after="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
@@ -87,6 +93,16 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+# 1d12h, 90m, 3600 → seconds
+if [[ "$stop_after" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && ! "$stop_after" =~ ^[0-9]*$ ]]; then
+    span="$stop_after" stop_after=0
+    while [[ "$span" =~ ^([0-9]+)([dhms])(.*)$ ]]; do
+        case "${BASH_REMATCH[2]}" in d) unit=86400 ;; h) unit=3600 ;; m) unit=60 ;; *) unit=1 ;; esac
+        stop_after=$(( stop_after + 10#${BASH_REMATCH[1]} * unit ))
+        span="${BASH_REMATCH[3]}"
+    done
+fi
+[[ "$stop_after" =~ ^[0-9]+$ ]] || die "--stop-after must be [Nd][Nh][Nm][Ns] (1d, 23h30m, 90m) or seconds, got '$stop_after'"
 for name in nnodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
@@ -141,7 +157,8 @@ else
 fi
 command=("${launcher[@]}" -m distqa.train --run-name "$run_id" "${trainer_args[@]}")
 
-echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restarts $max_restarts" >&2
+echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restarts $max_restarts$(
+    (( stop_after > 0 )) && echo ", stop after ${stop_after}s")" >&2
 if (( dry_run )); then
     printf '%q ' "${command[@]}"; echo
     exit 0
@@ -160,6 +177,17 @@ trap 'rm -rf "$stop_reports"' EXIT
 "${command[@]}" &
 agent=$!
 trap 'kill -TERM "$agent" 2>/dev/null || true' TERM INT
+if (( stop_after > 0 )); then
+    (
+        trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+        sleep "$stop_after" & sleeper=$!
+        wait "$sleeper"
+        echo "worker.sh: run '$run_id' node $node_rank: --stop-after ${stop_after}s reached: asking the workers to stop" >&2
+        kill -TERM "$agent" 2>/dev/null || true
+    ) &
+    timer=$!
+    trap 'kill "$timer" 2>/dev/null || true; rm -rf "$stop_reports"' EXIT
+fi
 set +e
 wait "$agent"; status=$?
 while (( status > 128 )) && kill -0 "$agent" 2>/dev/null; do  # a trapped signal cut the wait short
