@@ -181,7 +181,8 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     assert launcher.returncode == 0, output
     run_dir = tmp_path / "launcher-test"
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["step-00000002.pt", "step-00000004.pt"]  # and no temporary files
+    assert checkpoints == ["step-00000002.pt", "step-00000002.pt.crc32", "step-00000004.pt",  # and no temporary
+                           "step-00000004.pt.crc32"]                                           # files
     state = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert state["saved_by_rank"] == 0 and state["world_size"] == 2 and len(state["rng"]) == 2
     assert state["config"]["run_name"] == "launcher-test" and state["config"]["max_steps"] == 4
