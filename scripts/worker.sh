@@ -37,7 +37,8 @@
 #
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
 # step boundary after a checkpoint of that step (start the node again with the same --run-id to
-# resume); either way one line says which.
+# resume); 3 when node 0's rendezvous at --master-addr:--master-port could not be reached within the
+# join timeout; 2 for a wrong option. Each failure says why in one line.
 #
 # Environment:
 #   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
@@ -162,6 +163,16 @@ echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restart
 if (( dry_run )); then
     printf '%q ' "${command[@]}"; echo
     exit 0
+fi
+
+# A node other than 0 first waits (up to the join timeout) until node 0's rendezvous store accepts
+# connections: a node started early just waits, and an unreachable one ends with one line naming
+# address:port and what to check, instead of torchrun's RendezvousConnectionError traceback after 60 s.
+if (( nnodes > 1 && node_rank > 0 )); then
+    if ! message=$("$PYTHON" -m distqa.reach "$master_addr" "$master_port" "$join_timeout" 2>&1); then
+        echo "worker.sh: run '$run_id' node $node_rank: $message" >&2
+        exit 3
+    fi
 fi
 
 # Workers stopped by a signal (distqa.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
