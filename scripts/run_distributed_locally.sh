@@ -16,8 +16,9 @@
 # --dataset nq the feature cache is built first (python -m distqa.prepare, reused when present).
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
 # else python3), NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
-# Exit status: 0 when every node finished; otherwise the first failing node's status, after the
-# remaining agents have been stopped.
+# Exit status: 0 when every node finished; 75 when a node stopped on SIGTERM/SIGINT with a checkpoint
+# of the step reached (worker.sh); otherwise the first failing node's status, after the remaining
+# agents have been stopped.
 set -euo pipefail
 (( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) \
     || { echo "run_distributed_locally.sh: needs bash >= 5.1 (wait -n -p)" >&2; exit 2; }
@@ -75,13 +76,21 @@ stop_agents() {
     # torchrun starts every worker in a session of its own and stops them itself (SIGTERM, then SIGKILL
     # after 30 s). Signal the workers directly too: a worker blocked in a collective would outlive an
     # agent that is SIGKILLed first.
-    local pid targets=()
-    for pid in "${agents[@]}"; do
-        targets+=("$pid")
-        mapfile -t -O "${#targets[@]}" targets < <(pgrep -P "$pid" 2>/dev/null || true)
+    # Each node is worker.sh → torchrun agent → workers: three generations.
+    local pid targets=() generation=("${agents[@]}")
+    for _ in 1 2 3; do
+        targets+=("${generation[@]}")
+        local next=()
+        for pid in "${generation[@]}"; do
+            mapfile -t -O "${#next[@]}" next < <(pgrep -P "$pid" 2>/dev/null || true)
+        done
+        (( ${#next[@]} > 0 )) || break
+        generation=("${next[@]}")
     done
     kill -TERM "${targets[@]}" 2>/dev/null || true
-    for _ in $(seq 50); do  # up to 5 s for a clean exit, then force
+    # Up to 30 s for a clean exit (workers that got the signal first checkpoint the step they are at,
+    # as under torchrun's own 30 s shutdown timeout), then force.
+    for _ in $(seq 300); do
         kill -0 "${targets[@]}" 2>/dev/null || return 0
         sleep 0.1
     done
@@ -91,8 +100,8 @@ trap 'echo "interrupted: stopping all nodes" >&2; stop_agents; exit 130' INT TER
 
 echo "launching $nodes node(s) × $procs_per_node process(es), rendezvous 127.0.0.1:$port, run id '$run_id'" >&2
 for (( node = 0; node < nodes; node++ )); do
-    # Node 0 hosts the rendezvous store, as the master job does on the platform; worker.sh execs
-    # the torchrun agent, so the pid is the agent's.
+    # Node 0 hosts the rendezvous store, as the master job does on the platform; worker.sh runs
+    # the torchrun agent as its child and passes SIGTERM/SIGINT on to it.
     NODE_ADDR=127.0.0.1 bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --run-id "$run_id" --max-restarts "$max_restarts" \
         --nproc-per-node "$procs_per_node" -- "${trainer_args[@]}" \
@@ -106,7 +115,20 @@ while (( ${#running[@]} > 0 )); do
     finished_pid="" code=0
     wait -n -p finished_pid "${running[@]}" || code=$?
     mapfile -t running < <(printf '%s\n' "${running[@]}" | grep -vx -- "$finished_pid")
-    if (( code != 0 )); then
+    if (( code == 75 )); then
+        # Stopped on a signal at a step boundary (see worker.sh): the checkpoint is complete and the
+        # other nodes stop by the same agreement. Signalling them now would be a second signal, which
+        # ends a worker at once (distqa.stop), so they get 60 s to end by themselves.
+        echo "a node stopped with a checkpoint of the step reached (exit 75): waiting for the others;" \
+             "run again with --run-id $run_id to resume" >&2
+        status=$code
+        for _ in $(seq 600); do
+            kill -0 "${running[@]}" 2>/dev/null || break
+            sleep 0.1
+        done
+        stop_agents
+        break
+    elif (( code != 0 )); then
         echo "a node exited with status $code: stopping the others" >&2
         status=$code
         stop_agents

@@ -29,7 +29,16 @@
 #   --join-timeout S    seconds the rendezvous waits for every node to join (default
 #                       $RDZV_JOIN_TIMEOUT, else 900); on the platform the launcher passes the
 #                       schedule timeout + 300, so a node that was queued that long still joins
+#   --stop-after SPAN   ask the workers to stop after SPAN ([Nd][Nh][Nm][Ns] or seconds; default 0 =
+#                       never): SIGTERM to torchrun, so they checkpoint the step reached and exit 75.
+#                       Set it below a job's life span or time limit, so the stop does not depend on
+#                       the signal (and grace period) the platform sends at the end
 #   --dry-run           print the torchrun command instead of running it
+#
+# Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
+# step boundary after a checkpoint of that step (start the node again with the same --run-id to
+# resume); 3 when node 0's rendezvous at --master-addr:--master-port could not be reached within the
+# join timeout; 2 for a wrong option. Each failure says why in one line.
 #
 # Environment:
 #   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
@@ -59,6 +68,7 @@ run_id=distqa
 max_restarts="${MAX_RESTARTS:-0}"
 nproc_per_node="${NPROC_PER_NODE:-}"
 join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
+stop_after=0
 dry_run=0
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -76,6 +86,7 @@ while [[ $# -gt 0 ]]; do
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --nproc-per-node) need_value "$@"; nproc_per_node="$2"; shift 2 ;;
         --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
+        --stop-after) need_value "$@"; stop_after="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
@@ -83,6 +94,16 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+# 1d12h, 90m, 3600 → seconds
+if [[ "$stop_after" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && ! "$stop_after" =~ ^[0-9]*$ ]]; then
+    span="$stop_after" stop_after=0
+    while [[ "$span" =~ ^([0-9]+)([dhms])(.*)$ ]]; do
+        case "${BASH_REMATCH[2]}" in d) unit=86400 ;; h) unit=3600 ;; m) unit=60 ;; *) unit=1 ;; esac
+        stop_after=$(( stop_after + 10#${BASH_REMATCH[1]} * unit ))
+        span="${BASH_REMATCH[3]}"
+    done
+fi
+[[ "$stop_after" =~ ^[0-9]+$ ]] || die "--stop-after must be [Nd][Nh][Nm][Ns] (1d, 23h30m, 90m) or seconds, got '$stop_after'"
 for name in nnodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
@@ -137,9 +158,60 @@ else
 fi
 command=("${launcher[@]}" -m distqa.train --run-name "$run_id" "${trainer_args[@]}")
 
-echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restarts $max_restarts" >&2
+echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restarts $max_restarts$(
+    (( stop_after > 0 )) && echo ", stop after ${stop_after}s")" >&2
 if (( dry_run )); then
     printf '%q ' "${command[@]}"; echo
     exit 0
 fi
-exec "${command[@]}"
+
+# A node other than 0 first waits (up to the join timeout) until node 0's rendezvous store accepts
+# connections: a node started early just waits, and an unreachable one ends with one line naming
+# address:port and what to check, instead of torchrun's RendezvousConnectionError traceback after 60 s.
+if (( nnodes > 1 && node_rank > 0 )); then
+    if ! message=$("$PYTHON" -m distqa.reach "$master_addr" "$master_port" "$join_timeout" 2>&1); then
+        echo "worker.sh: run '$run_id' node $node_rank: $message" >&2
+        exit 3
+    fi
+fi
+
+# Workers stopped by a signal (distqa.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
+# each leave one line here: torchrun itself exits with 1 whatever its workers' codes were.
+stop_reports="$(mktemp -d "${TMPDIR:-/tmp}/distqa-stop.XXXXXX")"
+export WORKER_STOP_REPORT_DIR="$stop_reports"
+trap 'rm -rf "$stop_reports"' EXIT
+# torchrun runs as a child rather than exec'd, so that its end can be reported. SIGTERM/SIGINT to this
+# script (the platform ending the job, Slurm's --signal, Ctrl-C) go on to torchrun as SIGTERM, which it
+# sends to its workers (who stop at the next check step), SIGKILLing them after
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT s (default 30). SIGTERM rather than SIGINT: a background child
+# of a script starts with SIGINT ignored until torchrun installs its handlers.
+"${command[@]}" &
+agent=$!
+trap 'kill -TERM "$agent" 2>/dev/null || true' TERM INT
+if (( stop_after > 0 )); then
+    (
+        trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+        sleep "$stop_after" & sleeper=$!
+        wait "$sleeper"
+        echo "worker.sh: run '$run_id' node $node_rank: --stop-after ${stop_after}s reached: asking the workers to stop" >&2
+        kill -TERM "$agent" 2>/dev/null || true
+    ) &
+    timer=$!
+    trap 'kill "$timer" 2>/dev/null || true; rm -rf "$stop_reports"' EXIT
+fi
+set +e
+wait "$agent"; status=$?
+while (( status > 128 )) && kill -0 "$agent" 2>/dev/null; do  # a trapped signal cut the wait short
+    wait "$agent"; status=$?
+done
+set -e
+reports=("$stop_reports"/rank-*)
+if [[ -f "${reports[0]}" ]]; then
+    read -r report < "${reports[0]}"
+    echo "worker.sh: run '$run_id' node $node_rank: $report" >&2
+    exit 75
+fi
+if (( status != 0 )); then
+    echo "worker.sh: run '$run_id' node $node_rank: torchrun exited with status $status (see above)" >&2
+fi
+exit "$status"

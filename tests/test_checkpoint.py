@@ -1,8 +1,12 @@
 """Atomic checkpoint files: no partial file under a real name, newest found, old pruned, junk refused; the
-schema: what a step checkpoint and best.pt hold, and a file of another format version refused by name."""
+schema: what a step checkpoint and best.pt hold, and a file of another format version refused by name;
+integrity: a truncated or bit-flipped checkpoint detected by its sidecar and skipped for the previous
+one, a full disk reported with the folder and its free space, the previous checkpoint intact."""
 
 from __future__ import annotations
 
+import errno
+import logging
 from pathlib import Path
 
 import pytest
@@ -17,14 +21,17 @@ from distqa.checkpoint import (
     TrainingCheckpoint,
     best_checkpoint_path,
     checkpoint_path,
+    digest_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    newest_intact_checkpoint,
     prune_checkpoints,
     save_checkpoint,
+    verify_checkpoint,
 )
 from distqa.decode import Thresholds
-from distqa.files import atomic_write
+from distqa.files import DiskFullError, atomic_write
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:
@@ -38,7 +45,9 @@ def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="disk full"):
         atomic_write(target, explode)
     assert torch.equal(torch.load(target, weights_only=True)["value"], torch.ones(2))
-    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temporary left over
+    # No temporary left over; the sidecar is that of the intact file.
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name, digest_path(target).name]
+    assert verify_checkpoint(target)
 
 
 def test_latest_orders_by_step_and_ignores_temporaries(tmp_path: Path) -> None:
@@ -49,6 +58,7 @@ def test_latest_orders_by_step_and_ignores_temporaries(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 100)
     prune_checkpoints(tmp_path, keep=2)
     assert list_checkpoints(tmp_path) == [checkpoint_path(tmp_path, 12), checkpoint_path(tmp_path, 100)]
+    assert not digest_path(checkpoint_path(tmp_path, 9)).exists(), "a pruned checkpoint's sidecar goes with it"
     assert latest_checkpoint(tmp_path / "elsewhere") is None
 
 
@@ -110,3 +120,77 @@ def test_a_checkpoint_of_another_format_version_is_refused(version: int | None, 
                                               rf"distqa \(0.1.0\); this one reads version {FORMAT_VERSION} only. "
                                               r"Use the distqa version that wrote it, or train anew"):
         load_checkpoint(path, ModelCheckpoint)
+
+
+def a_training_checkpoint(step: int) -> TrainingCheckpoint:
+    state = a_model_checkpoint(optimizer={"state": {}}, scheduler={}, scaler={}, rng=[{"python": step}],
+                               world_size=1, saved_by_rank=0)
+    state["model"] = {"w": torch.full((1000,), float(step))}
+    state["progress"] = {"step": step, "epoch": 0, "samples_in_epoch": 8 * step, "best_micro_f1": -1.0}
+    return TrainingCheckpoint.from_state(state)
+
+
+def truncate(path: Path) -> None:
+    """What a full disk or an interrupted copy leaves: the first half of the file."""
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def flip_a_bit(path: Path) -> None:
+    """Bit rot: same size, one bit different, inside the tensor data (which torch.load does not check)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_a_bit], ids=["truncated", "bit-flip"])
+def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(
+        damage, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for step in (2, 4):
+        a_training_checkpoint(step).save(checkpoint_path(tmp_path, step))
+    newest = checkpoint_path(tmp_path, 4)
+    assert verify_checkpoint(newest) is True
+    damage(newest)
+    with pytest.raises(CheckpointError, match=f"{newest} is (truncated|corrupted)"):
+        load_checkpoint(newest)
+    with caplog.at_level(logging.ERROR, logger="distqa.checkpoint"):
+        found = newest_intact_checkpoint(tmp_path)
+    assert found is not None
+    path, checkpoint = found
+    assert path == checkpoint_path(tmp_path, 2) and checkpoint.progress.step == 2
+    assert torch.equal(checkpoint.model["w"], torch.full((1000,), 2.0))
+    reports = [r.getMessage() for r in caplog.records]
+    assert len(reports) == 1 and str(newest) in reports[0] and "resuming from the one before" in reports[0]
+    assert not newest.exists() and newest.with_name(newest.name + ".corrupt").exists()
+    assert list_checkpoints(tmp_path) == [checkpoint_path(tmp_path, 2)]  # never chosen or counted again
+
+
+def test_a_checkpoint_without_its_sidecar_loads_unverified(tmp_path: Path) -> None:
+    """Files of earlier releases have no sidecar; torch's zip reader still refuses a truncated one."""
+    path = checkpoint_path(tmp_path, 3)
+    a_training_checkpoint(3).save(path)
+    digest_path(path).unlink()
+    assert verify_checkpoint(path) is False
+    assert load_checkpoint(path).progress.step == 3
+    truncate(path)
+    assert newest_intact_checkpoint(tmp_path) is None
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_names_the_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    previous = checkpoint_path(tmp_path, 2)
+    a_training_checkpoint(2).save(previous)
+
+    def full_disk_save(obj: object, f) -> None:
+        f.write(b"PK\x03\x04 the first bytes of the archive")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    folder = previous.parent
+    with pytest.raises(DiskFullError, match=rf"no space left in {folder} \(\d+\.\d GB free\) while writing "
+                                            r"step-00000004.pt; what was there before is intact") as raised:
+        a_training_checkpoint(4).save(checkpoint_path(tmp_path, 4))
+    assert raised.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == [previous.name, digest_path(previous).name]
+    assert verify_checkpoint(previous) and load_checkpoint(previous).progress.step == 2

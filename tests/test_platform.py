@@ -207,7 +207,11 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
     assert "node 1 (distributed_training fail-1) failed" in output
     assert "stopping every job of run 'fail'" in output
     statuses = {k: j["status"] for k, j in jobs(platform).items()}
-    assert statuses == {"distributed_training-fail-0": "cancelled", "distributed_training-fail-1": "failed"}
+    # The teardown of node 1's job SIGTERMs what its main process left (as a container stop does), so
+    # node 1's worker asks for a graceful stop (distqa.stop) and node 0's stops with it, checkpoint
+    # written, exit 75: node 0's job may end by itself before the launcher's kill cancels it.
+    assert statuses["distributed_training-fail-1"] == "failed"
+    assert statuses["distributed_training-fail-0"] in {"cancelled", "failed"}, statuses
     assert {j["cli"] for j in jobs(platform).values()} == {"neuro-flow"}
     wait_for(lambda: not run_processes("fail"), timeout=30)
 

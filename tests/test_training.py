@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from distqa.stop import STOPPED_EXIT_CODE
+
 from conftest import (
     FAST_ARGS,
     REPO_ROOT,
@@ -106,6 +108,29 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_micro_f1": -1.0}
 
 
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:
+    """The newest checkpoint of a 2-rank run is cut in half (a full disk, a copy that stopped); the next
+    start reports it in one line naming the file, resumes from the one before and, resumption being
+    exact, ends with the weights of an uninterrupted run."""
+    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "4",
+              "--max-steps", "6", "--dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(tmp_path)]
+    run_training([*common, "--run-name", "straight"], nproc=2)
+    run_training([*common, "--run-name", "damaged", "--stop-at-step", "4"], nproc=2)
+    checkpoints = tmp_path / "damaged" / "checkpoints"
+    newest = checkpoints / "step-00000004.pt"
+    data = newest.read_bytes()
+    newest.write_bytes(data[:len(data) // 2])
+
+    resumed = run_training([*common, "--run-name", "damaged"], nproc=2)
+    reports = [line for line in resumed.stderr.splitlines() if "skipping a damaged checkpoint" in line]
+    assert len(reports) == 1 and f"{newest} is truncated or damaged: {len(data) // 2} bytes, {len(data)} " \
+        "were written" in reports[0], resumed.stderr
+    assert f"resumed from {checkpoints / 'step-00000002.pt'} at step 2" in resumed.stderr
+    assert (checkpoints / "step-00000004.pt.corrupt").exists()
+    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "damaged"))
+    assert difference < 1e-6, f"the run resumed past a damaged checkpoint differs by {difference:.2e}"
+
+
 def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "distqa.train", "--lr", "-1"], cwd=tmp_path,
                             env=clean_env(), capture_output=True, text=True, timeout=120)
@@ -116,8 +141,9 @@ def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path)
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path: Path, signal_number: int) -> None:
-    """A stopped job or preempted node ends the worker at once (also mid-write); the next start
-    removes any half-written temporary and resumes from the newest complete checkpoint."""
+    """SIGKILL ends the worker at once (also mid-write); SIGTERM stops it at the next check step with
+    a checkpoint of that step and exit code 75. The next start removes any half-written temporary and
+    resumes from the newest complete checkpoint."""
     args = [*FAST_ARGS, "--output-dir", str(tmp_path), "--checkpoint-every", "5"]
     trainer = subprocess.Popen([sys.executable, "-m", "distqa.train", *args, "--max-steps", "100000"],
                                cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stderr=subprocess.DEVNULL)
@@ -125,7 +151,7 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path: Path, si
     try:
         wait_for((checkpoints / "step-00000005.pt").exists, timeout=120)
         trainer.send_signal(signal_number)
-        assert trainer.wait(timeout=30) == -signal_number
+        assert trainer.wait(timeout=30) == (STOPPED_EXIT_CODE if signal_number == signal.SIGTERM else -signal_number)
     finally:
         if trainer.poll() is None:
             trainer.kill()
@@ -155,7 +181,8 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     assert launcher.returncode == 0, output
     run_dir = tmp_path / "launcher-test"
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["step-00000002.pt", "step-00000004.pt"]  # and no temporary files
+    assert checkpoints == ["step-00000002.pt", "step-00000002.pt.crc32", "step-00000004.pt",  # and no temporary
+                           "step-00000004.pt.crc32"]                                           # files
     state = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert state["saved_by_rank"] == 0 and state["world_size"] == 2 and len(state["rng"]) == 2
     assert state["config"]["run_name"] == "launcher-test" and state["config"]["max_steps"] == 4
@@ -213,6 +240,75 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
     run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
+
+
+def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exactly(tmp_path: Path) -> None:
+    """SIGTERM to node 1's torchrun agent mid-run (a preempted node, a job at its life span): the agent
+    passes it to its worker, both ranks agree at the next step, rank 0 checkpoints that step (there is
+    no periodic checkpoint: checkpoint_every 0), every process exits 75 and the launcher says so in one
+    line. Resuming from that checkpoint ends with the weights of an uninterrupted run (dropout on)."""
+    args = ["--max-steps", "60", "--checkpoint-every", "0", "--global-batch-size", "8",
+            "--per-rank-batch-size", "4", "--dropout", "0.1", "--stop-check-every", "1"]
+    launcher = launch_locally(tmp_path, *args)
+    rank_0_log = tmp_path / "launcher-test" / "logs" / "rank-0.log"
+    try:
+        wait_for(lambda: rank_0_log.exists() and "step 3/60" in rank_0_log.read_text(), timeout=180)
+        os.kill(wait_for(lambda: _agent_of_node(1, tmp_path), timeout=10), signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 75, output
+    checkpoints = sorted((tmp_path / "launcher-test" / "checkpoints").glob("step-*.pt"))
+    assert len(checkpoints) == 1, checkpoints
+    stopped = torch.load(checkpoints[0], weights_only=True)
+    step = stopped["progress"]["step"]
+    assert 3 <= step < 60 and checkpoints[0].name == f"step-{step:08d}.pt"
+    assert f"[node 1] worker.sh: run 'launcher-test' node 1: stopped by SIGTERM at step {step}, checkpoint " \
+        f"{checkpoints[0]} written; exit code 75" in output, output
+    assert "a node stopped with a checkpoint of the step reached (exit 75)" in output
+    assert "[node 0] worker.sh: run 'launcher-test' node 0: stopped by SIGTERM" in output, output
+    assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
+
+    run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "launcher-test"], nproc=2)
+    run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
+    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
+    assert difference < 1e-6, f"the run stopped by SIGTERM and resumed differs by {difference:.2e}"
+
+
+def test_worker_stop_after_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
+    """``worker.sh --stop-after`` (set below a job's life span) sends the same SIGTERM itself, in time."""
+    bad = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--stop-after", "1x", "--dry-run"],
+                         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--stop-after must be [Nd][Nh][Nm][Ns]" in bad.stderr and "got '1x'" in bad.stderr
+    worker = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nproc-per-node", "2", "--run-id", "stop-after",
+         "--stop-after", "0m12s", "--", *FAST_ARGS, "--output-dir", str(tmp_path), "--max-steps", "100000",
+         "--checkpoint-every", "0", "--global-batch-size", "8", "--per-rank-batch-size", "4"],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=180)
+    assert worker.returncode == 75, worker.stderr
+    assert "stop after 12s" in worker.stderr and "--stop-after 12s reached: asking the workers to stop" in worker.stderr
+    checkpoints = list((tmp_path / "stop-after" / "checkpoints").glob("step-*.pt"))
+    assert len(checkpoints) == 1
+    assert "worker.sh: run 'stop-after' node 0: stopped by SIGTERM at step " in worker.stderr
+    assert f"checkpoint {checkpoints[0]} written; exit code 75" in worker.stderr
+
+
+def _agent_of_node(node: int, output_dir: Path) -> int | None:
+    """PID of the torchrun agent of emulated node ``node`` started by this test (see below)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"torch.distributed.run" in cmdline and f"is_host={int(node == 0)},".encode() in b" ".join(cmdline) \
+                and b"launcher-test" in cmdline and str(output_dir).encode() in cmdline:
+            return int(proc.name)
+    return None
 
 
 def _kill_rank_1_once(output_dir: Path, wait_before_kill) -> None:

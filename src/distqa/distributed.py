@@ -138,6 +138,15 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     return value / dist.get_world_size()
 
 
+def all_reduce_max(value: int, device: torch.device) -> int:
+    """The largest of every rank's ``value`` (the value itself in a single process)."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order (a one-element list in a single process)."""
     if not dist.is_initialized():

@@ -50,6 +50,7 @@ from distqa.data.features import find_features, require_nq_features
 from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.distributed import Runtime, barrier, distributed_runtime, read_torchrun_env, setup_logging
+from distqa.files import DiskFullError
 from distqa.inference import Evaluator
 from distqa.model import build_model
 from distqa.optim import Precision, build_optimizer, build_scheduler
@@ -57,6 +58,7 @@ from distqa.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.settings import load_config
+from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.trainer import StepPlan, Trainer, resume, wrap_ddp
 
 log = logging.getLogger("distqa.train")
@@ -75,13 +77,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             require_nq_features(config, load_tokenizer(config), world_size=ranks["WORLD_SIZE"])
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
             run_dir = prepare_run_dir(config, runtime)
-            train(config, runtime, run_dir)
+            try:
+                train(config, runtime, run_dir)
+            except TrainingStoppedError as stopped:  # every rank agreed; rank 0 wrote the checkpoint
+                log.warning("%s", stopped.report(runtime.rank))
+                stopped.write_report(runtime.rank)
+                return STOPPED_EXIT_CODE
     except ConfigError as err:
         print(f"distqa.train: configuration error: {err}", file=sys.stderr)
         return 2
     except DataError as err:
         print(f"distqa.train: data error: {err}", file=sys.stderr)
         return 2
+    except DiskFullError as err:  # rank 0, writing a checkpoint; the newest complete one is intact
+        print(f"distqa.train: disk full: {err.strerror}. Resume later with --resume auto.", file=sys.stderr)
+        return 1
     return 0
 
 

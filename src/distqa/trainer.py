@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,8 +42,8 @@ from distqa.checkpoint import (
     TrainingCheckpoint,
     best_checkpoint_path,
     checkpoint_path,
-    latest_checkpoint,
     load_checkpoint,
+    newest_intact_checkpoint,
     prune_checkpoints,
     remove_stale_temporaries,
 )
@@ -54,6 +55,7 @@ from distqa.model import forward, on_device, qa_loss
 from distqa.optim import Precision
 from distqa.rng import capture_rng_state, restore_rng_state, seed_everything
 from distqa.rundir import versions
+from distqa.stop import StopSignal, TrainingStoppedError
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +86,32 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, op
     """Load the checkpoint named by ``config.resume`` into the model, optimizer, scheduler, scaler and
     this rank's random generators; None when the run starts from scratch. Rank 0 picks the file so
     that all ranks agree. Call it before the DDP wrap (which broadcasts rank 0's weights)."""
-    chosen = None
+    chosen, problem, checkpoint = None, None, None
     if runtime.is_main_process:
         for stale in remove_stale_temporaries(run_dir):
             log.info("removed %s, left by an interrupted checkpoint write", stale)
-        if config.resume != "none":
-            found = latest_checkpoint(run_dir) if config.resume == "auto" else Path(config.resume)
-            chosen = str(found) if found else None
-    chosen = broadcast_object(chosen)
+        # Rank 0 verifies and loads first, so that a damaged file is skipped (auto) or refused (a
+        # given path) by every rank alike; the others then load the file it chose without verifying.
+        try:
+            if config.resume == "auto":
+                found = newest_intact_checkpoint(run_dir, TrainingCheckpoint)
+                if found:
+                    chosen, checkpoint = str(found[0]), found[1]
+            elif config.resume != "none":
+                chosen = config.resume
+                checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint)
+        except CheckpointError as err:
+            problem = str(err)
+    chosen, problem = broadcast_object((chosen, problem))
+    if problem is not None:
+        raise ConfigError(f"cannot resume from {chosen}: {problem}\nUse --resume none or another "
+                          "--run-name to start fresh.")
     if chosen is None:
         log.info("starting from scratch (no checkpoint to resume)")
         return None
     try:
-        checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint)
+        if checkpoint is None:
+            checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint, verify=False)
         _check_same_run(config, checkpoint.config, chosen)
         model.load_state_dict(checkpoint.model)
     except (CheckpointError, RuntimeError) as err:
@@ -174,7 +189,8 @@ class Trainer:
             log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
             return progress
         metrics = MetricsWindow(self.runtime.device)
-        with self._progress_bar() as bar, self._tensorboard() as tensorboard:
+        stop = StopSignal(self.runtime.device, config.stop_check_every)
+        with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed():
             while progress.step < self.plan.total_steps:
                 self.sampler.set_epoch(progress.epoch)
                 self.sampler.resume_at(progress.samples_in_epoch)
@@ -193,8 +209,12 @@ class Trainer:
                         with metrics.paused():  # samples/s and ms/step measure training alone
                             self.evaluate(tensorboard)
                     stopping = progress.step == config.stop_at_step
-                    if last or stopping or _due(config.checkpoint_every, progress.step):
+                    saved = last or stopping or _due(config.checkpoint_every, progress.step)
+                    if saved:
                         self.save_checkpoint()
+                    if not last and (received := stop.agreed(progress.step)):
+                        path = checkpoint_path(self.run_dir, progress.step) if saved else self.save_checkpoint()
+                        raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
                     if stopping:
                         log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
                         return progress
