@@ -151,6 +151,20 @@ def jobs(env: dict[str, str]) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (Path(env["STANDIN_PLATFORM_DIR"]) / "jobs").glob("*.json")}
 
 
+def interrupt_when_running(launcher: subprocess.Popen[str], platform: dict[str, str], nodes: int) -> str:
+    """Ctrl-C to the launcher once all ``nodes`` jobs run; the launcher's output once it has ended."""
+    try:
+        def all_running() -> bool:
+            started = jobs(platform)
+            return len(started) == nodes and all(j["status"] == "running" for j in started.values())
+
+        wait_for(all_running, timeout=120)
+        os.kill(launcher.pid, signal.SIGINT)
+    finally:
+        output = finish(launcher, timeout=120)
+    return output
+
+
 def run_processes(run_id: str) -> list[int]:
     """Live processes (agents or workers) of the run, found by torchrun's run id in their environment."""
     found = []
@@ -219,12 +233,7 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
 @pytest.mark.distributed
 def test_ctrl_c_kills_every_job(platform: dict[str, str]) -> None:
     launcher = launch(platform, "intr", "--", *FAST_ARGS, "--max-steps", "100000")
-    try:
-        wait_for(lambda: len(jobs(platform)) == 2 and all(j["status"] == "running" for j in jobs(platform).values()),
-                 timeout=120)
-        os.kill(launcher.pid, signal.SIGINT)
-    finally:
-        output = finish(launcher, timeout=120)
+    output = interrupt_when_running(launcher, platform, nodes=2)
     assert launcher.returncode == 130, output
     assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
     wait_for(lambda: not run_processes("intr"), timeout=30)
@@ -251,12 +260,7 @@ def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(pla
     join timeout is the schedule timeout plus a margin."""
     env = {**platform, "STANDIN_PENDING_S": "2"}
     launcher = launch(env, "par", "--timeout", "40", "--", *FAST_ARGS, "--max-steps", "100000", nodes=3)
-    try:
-        wait_for(lambda: len(jobs(platform)) == 3 and all(j["status"] == "running" for j in jobs(platform).values()),
-                 timeout=120)
-        os.kill(launcher.pid, signal.SIGINT)
-    finally:
-        output = finish(launcher, timeout=120)
+    output = interrupt_when_running(launcher, platform, nodes=3)
     assert launcher.returncode == 130, output
     started = jobs(platform)
     workers = [started[f"distributed_training-par-{rank}"]["submitted"] for rank in (1, 2)]

@@ -83,21 +83,23 @@ def _from_pretrained(load: Callable[..., Any], source: str, **kwargs: Any) -> An
     return load(source, **kwargs)
 
 
-def check_sources(config: Config) -> None:
+def check_sources(config: Config) -> PreTrainedTokenizerBase | None:
     """Raise ConfigError unless the encoder config, the weights (unless ``from_scratch``) and the
     tokenizer of ``config`` load. Local sources are checked whole; a hub name is checked when loaded,
-    after :func:`fetch_once` (asking the hub here would be one request per rank)."""
+    after :func:`fetch_once` (asking the hub here would be one request per rank).
+
+    Returns the tokenizer when it is local (loading it is its check, so the caller need not load it
+    again), None for a hub name."""
     model_dir = Path(config.model_source)
     if model_dir.is_dir():
         load_encoder_config(config)
-    if not config.from_scratch and model_dir.is_dir() and not any((model_dir / f).is_file() for f in WEIGHT_FILES):
-        raise ConfigError(
-            f"model_name_or_path={config.model_name_or_path!r}: {model_dir} holds a config but no weights "
-            f"({' or '.join(WEIGHT_FILES[::2])}) and from_scratch is false. Train from random weights with "
-            "--from-scratch true, give a hub name (e.g. bert-base-uncased), or put the pretrained weights "
-            f"into {model_dir}.")
-    if Path(config.tokenizer_source).is_dir():
-        load_tokenizer(config)
+        if not config.from_scratch and not any((model_dir / f).is_file() for f in WEIGHT_FILES):
+            raise ConfigError(
+                f"model_name_or_path={config.model_name_or_path!r}: {model_dir} holds a config but no weights "
+                f"({' or '.join(WEIGHT_FILES[::2])}) and from_scratch is false. Train from random weights with "
+                "--from-scratch true, give a hub name (e.g. bert-base-uncased), or put the pretrained weights "
+                f"into {model_dir}.")
+    return load_tokenizer(config) if Path(config.tokenizer_source).is_dir() else None
 
 
 def load_encoder_config(config: Config) -> PretrainedConfig:

@@ -70,15 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
     try:
         config = load_config(argv)
-        check_sources(config)  # a model that cannot load fails here, not in every rank of a process group
+        # A model that cannot load fails here, not in every rank of a process group.
+        local_tokenizer = check_sources(config)
         if config.dataset == "nq":  # before any process group: no rank waits in a collective meanwhile
             ranks = read_torchrun_env()
             setup_logging(ranks["RANK"])
-            require_nq_features(config, load_tokenizer(config), world_size=ranks["WORLD_SIZE"])
+            tokenizer = load_tokenizer(config) if local_tokenizer is None else local_tokenizer
+            require_nq_features(config, tokenizer, world_size=ranks["WORLD_SIZE"])
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
             run_dir = prepare_run_dir(config, runtime)
             try:
-                train(config, runtime, run_dir)
+                train(config, runtime, run_dir, local_tokenizer)
             except TrainingStoppedError as stopped:  # every rank agreed; rank 0 wrote the checkpoint
                 log.warning("%s", stopped.report(runtime.rank))
                 stopped.write_report(runtime.rank)
@@ -95,14 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def train(config: Config, runtime: Runtime, run_dir: Path) -> Progress:
+def train(config: Config, runtime: Runtime, run_dir: Path,
+          local_tokenizer: PreTrainedTokenizerBase | None = None) -> Progress:
     log.info("rank %d of %d (node %d, local rank %d) on %s with %s; run directory %s", runtime.rank,
              runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
              run_dir)
     fetch_once(config, runtime.rank, barrier)  # hub weights: rank 0 downloads, the others wait, then all read the cache
 
     # Data: every rank reads a disjoint share of each epoch's permutation.
-    tokenizer = load_tokenizer(config)
+    # A hub tokenizer is loaded only now, after fetch_once; a local one was loaded by check_sources.
+    tokenizer = load_tokenizer(config) if local_tokenizer is None else local_tokenizer
     dataset = build_dataset(config, tokenizer)
     sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
                                           shuffle=True, seed=config.seed)
