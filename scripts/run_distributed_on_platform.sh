@@ -274,15 +274,21 @@ logs_pid=$!
 unknown_streak=0
 while :; do
     sleep "$poll_s"
-    succeeded=0 unknown=0
+    succeeded=0 unknown=0 ended=()
     for (( rank = 0; rank < nodes; rank++ )); do
         read -r state _ < <(job_status "$(suffix_of "$rank")")
         case "$state" in
             succeeded) succeeded=$(( succeeded + 1 )) ;;
-            failed|cancelled) fail "node $rank ($job $(suffix_of "$rank")) $state; its logs: '$flow logs $job $(suffix_of "$rank")'" ;;
+            failed|cancelled) ended+=("node $rank ($job $(suffix_of "$rank")) $state; its logs: '$flow logs $job $(suffix_of "$rank")'") ;;
             unknown) unknown=$(( unknown + 1 )) ;;
         esac
     done
+    # Every node that ended in this poll, not just the lowest rank: when one node dies, the others
+    # follow within seconds (a graceful stop, exit 75), and the first of them is rarely the cause.
+    if (( ${#ended[@]} )); then
+        for line in "${ended[@]:0:${#ended[@]}-1}"; do log "$line"; done
+        fail "${ended[-1]}"
+    fi
     if (( succeeded == nodes )); then break; fi
     # A status that cannot be read once is a network hiccup; for many checks in a row, the job is gone.
     if (( unknown > 0 )); then unknown_streak=$(( unknown_streak + 1 )); else unknown_streak=0; fi
