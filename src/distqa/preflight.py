@@ -148,7 +148,7 @@ def check_interfaces(environ: Mapping[str, str]) -> list[str]:
     problems = []
     for variable, exact in (("NCCL_SOCKET_IFNAME", False), ("GLOO_SOCKET_IFNAME", True)):
         value = environ.get(variable, "").strip()
-        if not value or value.startswith("^"):  # unset or only exclusions: the library chooses
+        if not value or (not exact and value.startswith("^")):  # unset, or NCCL told what to avoid only
             continue
         whole = exact or value.startswith("=")
         wanted = [w.strip() for w in value.lstrip("=").split(",") if w.strip()]
