@@ -182,6 +182,9 @@ class Trainer:
         self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
         """Every rank's host name, to name a slow one in the log."""
         self.peak_flops = self._peak_flops()
+        self.metrics = MetricsWindow(runtime.device, getattr(getattr(model, "encoder", None), "config", None))
+        """Loss, tokens and step times since the last log line (train_step feeds it)."""
+        self.first_step = self.progress.step
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self) -> Progress:
@@ -193,8 +196,7 @@ class Trainer:
         if 0 < config.stop_at_step <= progress.step:
             log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
             return progress
-        metrics = MetricsWindow(self.runtime.device, getattr(getattr(self.model, "encoder", None), "config", None))
-        self.metrics = metrics
+        metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
         with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed():
             while progress.step < self.plan.total_steps:
@@ -333,7 +335,7 @@ class Trainer:
                              f"{1000 * ranks[r].local_p50:.0f}/{1000 * ranks[r].local_p95:.0f}" for r in shown)
         log.info("step time by rank%s, p50/p95 ms over %d steps (local = data + forward, before the gradient "
                  "all-reduce): %s", "" if len(ranks) <= 8 else " (0, fastest, slowest)", window.steps, per_rank)
-        if window.straggler is not None:
+        if window.straggler is not None and step - window.steps > self.first_step:  # not in warm-up's window
             slow = ranks[window.straggler]
             log.warning("straggler: rank %d (%s) takes %.0f ms of local work per step (p50), the median rank "
                         "%.0f ms; the others wait for it in every all-reduce", window.straggler,
