@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env, free_port
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", "--progress-bar", "false"]
 
@@ -124,3 +124,30 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
     assert len(found) == 2, found
     assert "FAIL" not in outputs[1][0], "only rank 0 prints the report"
+
+
+OTHER_LR_ON_RANK_1 = """
+import os, sys
+if os.environ["RANK"] == "1":  # a node whose .env sets another learning rate
+    os.environ["DISTQA_LR"] = "0.001"
+from distqa.train import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.distributed
+def test_training_refuses_to_start_when_ranks_resolved_other_configs(tmp_path: Path) -> None:
+    """The cheap preflight of every training run: both ranks stop before the first step, with one line
+    naming the setting, instead of training a different model on each rank."""
+    script = tmp_path / "other_lr_on_rank_1.py"
+    script.write_text(OTHER_LR_ON_RANK_1)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(script), *FAST_ARGS, "--output-dir", str(tmp_path), "--max-steps", "2"],
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode != 0
+    refusal = "distqa.train: configuration error: the ranks of this run disagree"
+    assert result.stderr.count(refusal) == 2, result.stderr
+    assert "rank 1 (" in result.stderr and "lr 0.0005 on rank 0, 0.001 here" in result.stderr
+    assert "preflight.py" not in result.stderr, "no worker traceback (torchrun's own summary follows, as always)"
+    assert not (tmp_path / "local" / "checkpoints").exists()
