@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from dotenv import load_dotenv
+from transformers import PreTrainedTokenizerBase
 
 from distqa.config import Config, ConfigError
 from distqa.data.features import find_features
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, early: list[str],
-               local_tokenizer: object = None) -> bool:
+               local_tokenizer: PreTrainedTokenizerBase | None = None) -> bool:
     """Every check on every rank; rank 0 prints the table and the problems. True when one failed."""
     problems = list(early)
     workers = "DataLoader workers (num_workers > 0)" if config.num_workers else ""
