@@ -144,7 +144,10 @@ def check_interfaces(environ: Mapping[str, str]) -> list[str]:
     exact names, comma-separated (torch's ``ProcessGroupGloo`` create_device per name).
     """
     present = {name: _is_up(name) for _, name in socket.if_nameindex()}
-    listing = ", ".join(f"{n} ({'up' if up else 'down'})" for n, up in sorted(present.items()))
+    # Up interfaces first; a Kubernetes node's dozens of veth* would make the line unreadable past a dozen.
+    ordered = sorted(present.items(), key=lambda item: (not item[1], item[0]))
+    listing = ", ".join(f"{n} ({'up' if up else 'down'})" for n, up in ordered[:12])
+    listing += f" and {len(ordered) - 12} more" if len(ordered) > 12 else ""
     problems = []
     for variable, exact in (("NCCL_SOCKET_IFNAME", False), ("GLOO_SOCKET_IFNAME", True)):
         value = environ.get(variable, "").strip()
