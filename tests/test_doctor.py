@@ -75,12 +75,15 @@ def test_a_docker_sized_dev_shm_fails(tmp_path: Path) -> None:
     if shutil.which("unshare") is None or probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
     script = f'mount -t tmpfs -o size=64m tmpfs {shm} && exec "$@"'
-    result = doctor("--output-dir", str(tmp_path / "results"), "--shm-path", str(shm),
-                    prefix=(*namespace, "sh", "-c", script, "sh"))
+    run = ("--output-dir", str(tmp_path / "results"), "--shm-path", str(shm))
+    result = doctor(*run, "--num-workers", "2", prefix=(*namespace, "sh", "-c", script, "sh"))
     assert result.returncode == 1, result.stdout + result.stderr
     [failure] = failures(result)
-    assert f"shared memory {shm} holds 64 MiB (Docker's default), less than 1 GB" in failure
+    assert f"shared memory {shm} holds 64 MiB (Docker's default), less than 1 GB; DataLoader workers" in failure
     assert "--shm-size" in failure
+    # Without loader workers (and without GPUs) nothing uses it: its size is shown, and no check fails.
+    unused = doctor(*run, "--num-workers", "0", prefix=(*namespace, "sh", "-c", script, "sh"))
+    assert unused.returncode == 0 and unused.stdout.splitlines()[1].split()[10] == "0.1", unused.stdout
 
 
 @pytest.mark.distributed

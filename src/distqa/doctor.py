@@ -119,9 +119,10 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     problems = list(early)
     workers = "DataLoader workers (num_workers > 0)" if config.num_workers else ""
     nccl_peers = "NCCL between GPUs of one node" if runtime.backend == "nccl" and runtime.local_world_size > 1 else ""
-    shm_size, shm_problems = check_shm(options.shm_path, int(options.min_shm_gb * GB),
-                                       " and ".join(filter(None, [workers, nccl_peers])) or "DataLoader workers")
-    problems += shm_problems
+    users = " and ".join(filter(None, [workers, nccl_peers]))
+    shm_size, shm_problems = check_shm(options.shm_path, int(options.min_shm_gb * GB), users)
+    if users:  # otherwise nothing of the run uses it: its size is only shown
+        problems += shm_problems
     free, disk_problems = check_results_dir(config.run_dir, int(options.min_free_disk_gb * GB))
     problems += disk_problems
     if config.dataset == "nq":
