@@ -356,9 +356,7 @@ class Trainer:
         """Dense bf16 peak FLOP/s of one rank's device (config, else by GPU name); None logs no MFU."""
         if self.config.peak_tflops:
             return self.config.peak_tflops * 1e12
-        if self.runtime.device.type != "cuda":
-            return None
-        name = torch.cuda.get_device_name(self.runtime.device)
+        name = torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
         peak = peak_bf16_flops(name)
         if peak is None and self.runtime.is_main_process:
             log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.throughput's table; "
