@@ -154,3 +154,14 @@ def test_training_refuses_to_start_when_ranks_resolved_other_configs(tmp_path: P
     assert "rank 1 (" in result.stderr and "lr 0.0005 on rank 0, 0.001 here" in result.stderr
     assert "preflight.py" not in result.stderr, "no worker traceback (torchrun's own summary follows, as always)"
     assert not (tmp_path / "local" / "checkpoints").exists()
+
+
+def test_help_shows_the_runs_settings_and_the_doctors_own(capsys: pytest.CaptureFixture[str]) -> None:
+    from distqa.doctor import main
+
+    assert main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert help_text.startswith("usage: python -m distqa.doctor")
+    assert "\ndoctor:\n" in help_text and "--expect-world-size N" in help_text and "--shm-path PATH" in help_text
+    assert "--global-batch-size" in help_text and "--peak-tflops" in help_text  # the run's settings, checked as the run
+
