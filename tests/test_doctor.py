@@ -165,3 +165,29 @@ def test_help_shows_the_runs_settings_and_the_doctors_own(capsys: pytest.Capture
     assert "\ndoctor:\n" in help_text and "--expect-world-size N" in help_text and "--shm-path PATH" in help_text
     assert "--global-batch-size" in help_text and "--peak-tflops" in help_text  # the run's settings, checked as the run
 
+
+
+BAD_LR_ON_RANK_1 = """
+import os, sys
+if os.environ["RANK"] == "1":  # one node's .env holds a value no run accepts
+    os.environ["DISTQA_LR"] = "-1"
+from distqa.doctor import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.distributed
+def test_a_rank_with_an_invalid_setting_still_reports_to_rank_0(tmp_path: Path) -> None:
+    """Instead of exiting alone and leaving the other ranks in the process group until the timeout."""
+    script = tmp_path / "bad_lr_on_rank_1.py"
+    script.write_text(BAD_LR_ON_RANK_1)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(script), "--output-dir", str(tmp_path), "--allreduce-mb", "1", "--timeout-s", "60"],
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = [row.split() for row in result.stdout.splitlines()[1:3]]
+    assert [row[9] for row in rows] != ["invalid", "invalid"] and rows[1][9] == "invalid"
+    found = failures(result)
+    assert any(f.startswith("FAIL rank 1 (") and "configuration error: lr must be > 0, got -1.0" in f for f in found)
+    assert any("rank 1 (" in f and "resolved another config than rank 0 (or none" in f for f in found), found

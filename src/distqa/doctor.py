@@ -96,12 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          ).parse_known_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
+    config_error = None
     try:
         config = load_config(run_argv, prog=PROG)
         local_tokenizer = check_sources(config)
     except ConfigError as err:
-        print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
-        return 2
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            return 2
+        # The other ranks would wait for this one until the timeout: join them, and let rank 0 report it.
+        config, local_tokenizer, config_error = Config(), None, f"configuration error: {err}"
+        log.error("%s", config_error)
     # Checked before the process group exists: a wrong interface name would make its creation fail.
     early = check_rendezvous(os.environ) + check_interfaces(os.environ)
     for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -109,23 +114,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.warning("%s is wrong (see the report); the doctor's own group runs without it", variable)
             os.environ.pop(variable)
     with distributed_runtime(config.device, options.timeout_s) as runtime:
-        failed = run_checks(config, runtime, options, early, local_tokenizer)
+        failed = run_checks(config, runtime, options, early, local_tokenizer, config_error)
     return FAILED_EXIT_CODE if failed else 0
 
 
 def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, early: list[str],
-               local_tokenizer: PreTrainedTokenizerBase | None = None) -> bool:
-    """Every check on every rank; rank 0 prints the table and the problems. True when one failed."""
-    problems = list(early)
+               local_tokenizer: PreTrainedTokenizerBase | None = None, config_error: str | None = None) -> bool:
+    """Every check on every rank; rank 0 prints the table and the problems. True when one failed.
+
+    With ``config_error`` (this rank's settings are wrong, ``config`` is a stand-in) the checks that
+    depend on the settings are skipped and the error is this rank's problem."""
+    problems = list(early) + ([config_error] if config_error else [])
     workers = "DataLoader workers (num_workers > 0)" if config.num_workers else ""
     nccl_peers = "NCCL between GPUs of one node" if runtime.backend == "nccl" and runtime.local_world_size > 1 else ""
     users = " and ".join(filter(None, [workers, nccl_peers]))
     shm_size, shm_problems = check_shm(options.shm_path, int(options.min_shm_gb * GB), users)
-    if users:  # otherwise nothing of the run uses it: its size is only shown
+    if users and not config_error:  # otherwise nothing of the run uses it: its size is only shown
         problems += shm_problems
-    free, disk_problems = check_results_dir(config.run_dir, int(options.min_free_disk_gb * GB))
-    problems += disk_problems
-    if config.dataset == "nq":
+    free, disk_problems = check_results_dir(config.run_dir, int(options.min_free_disk_gb * GB),
+                                            write=not config_error)
+    problems += [] if config_error else disk_problems
+    if config.dataset == "nq" and not config_error:
         tokenizer = local_tokenizer if local_tokenizer is not None else load_tokenizer(config)
         try:
             find_features(config, tokenizer, hint=" on storage every node mounts")
@@ -136,6 +145,8 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
                         "some GPUs would idle; use --nproc-per-node gpu")
     report = rank_report(config, runtime, problems)
     report.shm_bytes, report.free_disk_bytes = shm_size, free
+    if config_error:  # the stand-in config's hash and results folder say nothing about the run
+        report.config_hash, report.config, report.free_disk_bytes = "invalid", {}, None
     reports: list[RankReport] = all_gather_objects(report)
     bandwidth, bandwidth_problems = allreduce_smoke_test(runtime, options.allreduce_mb, options.min_bandwidth_gbs)
     failures = []

@@ -208,8 +208,9 @@ def disagreements(reports: list[RankReport], expected_world_size: int = 0) -> li
         if report.config_hash != first.config_hash:
             changed = [f"{name} {first.config.get(name)!r} on rank 0, {value!r} here"
                        for name, value in report.config.items() if first.config.get(name) != value]
-            problems.append(f"{where} resolved another config than rank 0: {'; '.join(changed)}; give every node "
-                            "the same preset, .env, DISTQA_* variables and flags")
+            what = f": {'; '.join(changed)}" if changed else " (or none: see its configuration error)"
+            problems.append(f"{where} resolved another config than rank 0{what}; give every node the same preset, "
+                            ".env, DISTQA_* variables and flags")
         differing = [f"{name} {value} (rank 0: {first.versions.get(name)})"
                      for name, value in report.versions.items() if first.versions.get(name) != value]
         if differing:
@@ -219,8 +220,18 @@ def disagreements(reports: list[RankReport], expected_world_size: int = 0) -> li
 
 
 def node_problems(reports: list[RankReport]) -> list[str]:
-    """Each rank's own problems, named with its rank and host."""
-    return [f"rank {report.rank} ({report.host}): {problem}" for report in reports for problem in report.problems]
+    """Each rank's own problems, named with its rank and host; a problem several ranks share is one line."""
+    by_problem: dict[str, list[RankReport]] = {}
+    for report in reports:
+        for problem in report.problems:
+            by_problem.setdefault(problem, []).append(report)
+    lines = []
+    for problem, having in by_problem.items():
+        hosts = sorted({report.host for report in having})
+        shown_hosts = ", ".join(hosts[:4]) + (f" and {len(hosts) - 4} more hosts" if len(hosts) > 4 else "")
+        ranks = ", ".join(str(report.rank) for report in having[:8]) + (" …" if len(having) > 8 else "")
+        lines.append(f"rank{'s' if len(having) > 1 else ''} {ranks} ({shown_hosts}): {problem}")
+    return lines
 
 
 def check_at_training_start(config: Config, runtime: Runtime) -> list[RankReport]:
