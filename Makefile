@@ -11,7 +11,7 @@ FLOW26 := $(FLOW26_VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train prepare synthetic-nq test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train doctor prepare synthetic-nq test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, tiny model, Du
 
 train: $(INSTALLED) ## One process, no launcher (ARGS="--preset none --max-steps 20")
 	$(PYTHON) -m distqa.train $(ARGS)
+
+doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (ARGS="--preset bert-base-nq")
+	$(PYTHON) -m distqa.doctor $(ARGS)
 
 prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="--preset bert-base-nq --num-proc 16")
 	$(PYTHON) -m distqa.prepare $(ARGS)

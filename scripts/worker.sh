@@ -6,7 +6,7 @@
 # Usage:
 #   scripts/worker.sh [--nnodes N] [--node-rank I] [--master-addr HOST] [--master-port P]
 #                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--dry-run]
-#                     [--] [TRAINER ARGS...]
+#                     [--doctor] [--] [TRAINER ARGS...]
 #
 #   scripts/worker.sh --nnodes 1 -- --preset bert-base                    # one node, all its GPUs
 #   scripts/worker.sh --nnodes 2 --node-rank 0 --run-id r1                # the master
@@ -34,6 +34,9 @@
 #                       Set it below a job's life span or time limit, so the stop does not depend on
 #                       the signal (and grace period) the platform sends at the end
 #   --dry-run           print the torchrun command instead of running it
+#   --doctor            run the preflight doctor (python -m distqa.doctor) instead of training, with the
+#                       same torchrun line and arguments: rank 0 prints a table of every rank and what
+#                       to fix; exit 1 when a check fails
 #
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
 # step boundary after a checkpoint of that step (start the node again with the same --run-id to
@@ -70,6 +73,7 @@ nproc_per_node="${NPROC_PER_NODE:-}"
 join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
 stop_after=0
 dry_run=0
+entry_point=distqa.train
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "worker.sh: $*" >&2; exit 2; }
@@ -88,6 +92,7 @@ while [[ $# -gt 0 ]]; do
         --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
         --stop-after) need_value "$@"; stop_after="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
+        --doctor) entry_point=distqa.doctor; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
         *) die "unknown option '$1'; trainer flags go after -- (see --help)" ;;
@@ -156,7 +161,7 @@ else
                --local-addr "$node_addr")
     where="node $node_rank of $nnodes at $node_addr, rendezvous $endpoint_host:$master_port (hosted by node 0)"
 fi
-command=("${launcher[@]}" -m distqa.train --run-name "$run_id" "${trainer_args[@]}")
+command=("${launcher[@]}" -m "$entry_point" --run-name "$run_id" "${trainer_args[@]}")
 
 echo "worker.sh: run '$run_id': $where, $nproc_per_node process(es), max restarts $max_restarts$(
     (( stop_after > 0 )) && echo ", stop after ${stop_after}s")" >&2

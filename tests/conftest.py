@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -81,3 +83,23 @@ def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     for name in [k for k in os.environ if k.startswith("DISTQA_")]:
         monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def unwritable_mount() -> Iterator[tuple[Path, list[str]]]:
+    """A mount like the ones `neuro-flow mkvolumes` makes: root-owned, mode 755, and the command prefix
+    that runs a script as the image's former user (uid 1000). Not root: an own folder of mode 555."""
+    base = Path(tempfile.mkdtemp(prefix="distqa-mount-", dir="/tmp"))
+    base.chmod(0o755)  # traversable by uid 1000 (pytest's own tmp folders are 700)
+    mount = base / "results"
+    mount.mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        prefix = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"]
+    else:
+        mount.chmod(0o555)
+        prefix = []
+    try:
+        yield mount, prefix
+    finally:
+        mount.chmod(0o755)
+        shutil.rmtree(base)

@@ -23,7 +23,8 @@ from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port, wait_for
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
-JOBS = {"train", "prepare", "predict", "distributed_training", "jupyter", "tensorboard", "filebrowser", "remote_debug"}
+JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "jupyter", "tensorboard", "filebrowser",
+        "remote_debug"}
 TRAIN_ARGS = [*FAST_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
               "--per-rank-batch-size", "4"]
 
@@ -54,7 +55,7 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
         assert job.cmd, job_id
         assert job.life_span and job.life_span <= 2 * 86400, f"{job_id}: every job needs a bounded life span"
         mounts = {v.rsplit(":", 2)[1]: v.rsplit(":", 2)[2] for v in job.volumes}
-        if job_id in ("train", "prepare", "predict", "distributed_training"):
+        if job_id in ("train", "doctor", "prepare", "predict", "distributed_training"):
             assert mounts["/data"] == "ro" and mounts["/project/results"] == "rw", job_id
             assert job.image.endswith("distqa:v1")
     training = platform_cli.render("distributed_training", "r-1", {"node_rank": "1", "master_addr": "m.x",

@@ -9,11 +9,8 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -263,26 +260,6 @@ def test_the_launcher_drives_apolo_flow_26_like_neuro_flow_24(tmp_path: Path) ->
 
 
 # --- 3. storage the job cannot write stops it at start ---------------------------------------------
-
-@pytest.fixture
-def unwritable_mount() -> Iterator[tuple[Path, list[str]]]:
-    """A mount like the ones `neuro-flow mkvolumes` makes: root-owned, mode 755, and the command prefix
-    that runs a script as the image's former user (uid 1000). Not root: an own folder of mode 555."""
-    base = Path(tempfile.mkdtemp(prefix="distqa-mount-", dir="/tmp"))
-    base.chmod(0o755)  # traversable by uid 1000 (pytest's own tmp folders are 700)
-    mount = base / "results"
-    mount.mkdir(mode=0o755)
-    if os.geteuid() == 0:
-        prefix = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"]
-    else:
-        mount.chmod(0o555)
-        prefix = []
-    try:
-        yield mount, prefix
-    finally:
-        mount.chmod(0o755)
-        shutil.rmtree(base)
-
 
 @pytest.mark.parametrize("script", [["scripts/worker.sh", "--dry-run", "--nproc-per-node", "1"],
                                     ["scripts/in_job.sh", "true"]])

@@ -49,13 +49,17 @@ def standins(directory: Path) -> Path:
     return directory
 
 
-def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
-    bin_dir = standins(tmp_path)
-    env = clean_env(
-        PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-        SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="2",
+def two_node_allocation(tmp_path: Path, job_id: str) -> dict[str, str]:
+    """The environment sbatch gives the script for a 2-node allocation, with srun/scontrol stand-ins first on PATH."""
+    return clean_env(
+        PATH=f"{standins(tmp_path)}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES="2",
         MASTER_PORT=str(free_port()), NODE_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
         PYTHON=sys.executable)
+
+
+def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
+    env = two_node_allocation(tmp_path, "4242")
     result = subprocess.run(
         ["bash", "scripts/train_slurm.sbatch", "--", *FAST_ARGS, "--max-steps", "3",
          "--output-dir", str(tmp_path / "results")],
@@ -64,6 +68,20 @@ def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
     assert "master 127.0.0.1:" in result.stderr and "run id slurm-4242" in result.stderr
     assert final_weights(tmp_path / "results" / "slurm-4242")
     assert "rank 1 of 2" in (tmp_path / "results" / "slurm-4242" / "logs" / "rank-1.log").read_text()
+
+
+def test_sbatch_script_runs_the_doctor_on_every_node(tmp_path: Path) -> None:
+    """What the README asks for before a long job: the same allocation and arguments, with --doctor."""
+    env = two_node_allocation(tmp_path, "4243")
+    result = subprocess.run(
+        ["bash", "scripts/train_slurm.sbatch", "--doctor", "--", *FAST_ARGS, "--output-dir", str(tmp_path / "results"),
+         "--allreduce-mb", "1", "--expect-world-size", "2"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [row.split()[:2] for row in result.stdout.splitlines()[1:3]] == [["0", "0"], ["1", "1"]]
+    assert "all-reduce 1 MB float32 over 2 ranks (gloo)" in result.stdout
+    assert "doctor: all checks passed on 2 rank(s)" in result.stdout
+    assert not (tmp_path / "results" / "slurm-4243" / "checkpoints").exists(), "the doctor trains nothing"
 
 
 def test_sbatch_script_without_hosts_says_so(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from distqa.settings import PREPARE, build_arg_parser, coerce_flag, section_fiel
 from conftest import REPO_ROOT, clean_env
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
-ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score"}
+ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.doctor"}
 MAX_MODULE_LINES = 400
 
 

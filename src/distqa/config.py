@@ -184,6 +184,10 @@ class Config:
 
     # --- logging -----------------------------------------------------------------------------------
     log_every: int = LOGGING(10, "Log loss, lr, samples/s and step time every N optimizer steps.")
+    peak_tflops: float | None = LOGGING(
+        None, "Dense bf16 peak TFLOP/s of one device, for the model-FLOPs utilisation (MFU) in the logs; none = "
+        "looked up by GPU name (H100, H200, A100, L4, A10G, V100: distqa.throughput), no MFU on CPUs and "
+        "unknown GPUs.")
     tensorboard: bool = LOGGING(True, "Write TensorBoard scalars to <run dir>/tensorboard (rank 0).")
 
     # --- console -----------------------------------------------------------------------------------
@@ -203,6 +207,8 @@ class Config:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}; typical values are 1e-5 .. 1e-3.")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"peak_tflops must be > 0 or none, got {self.peak_tflops}.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout must be in [0, 1) or none, got {self.dropout}.")
         try:  # the stride only matters to NQ; prepare checks it whatever the dataset (WindowSettings)

@@ -147,6 +147,15 @@ def all_reduce_max(value: int, device: torch.device) -> int:
     return int(tensor.item())
 
 
+def all_gather_tensor(value: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``value`` (same shape on all ranks) stacked in rank order: shape (world_size, *value.shape)."""
+    if not dist.is_initialized():
+        return value.unsqueeze(0)
+    gathered = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, value)
+    return torch.stack(gathered)
+
+
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order (a one-element list in a single process)."""
     if not dist.is_initialized():

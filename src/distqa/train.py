@@ -54,6 +54,7 @@ from distqa.files import DiskFullError
 from distqa.inference import Evaluator
 from distqa.model import build_model
 from distqa.optim import Precision, build_optimizer, build_scheduler
+from distqa.preflight import check_at_training_start
 from distqa.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
@@ -102,6 +103,8 @@ def train(config: Config, runtime: Runtime, run_dir: Path,
     log.info("rank %d of %d (node %d, local rank %d) on %s with %s; run directory %s", runtime.rank,
              runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
              run_dir)
+    # Ranks with other code, config or library versions stop here, all with the same message (no RNG drawn).
+    hosts = [report.host for report in check_at_training_start(config, runtime)]
     fetch_once(config, runtime.rank, barrier)  # hub weights: rank 0 downloads, the others wait, then all read the cache
 
     # Data: every rank reads a disjoint share of each epoch's permutation.
@@ -138,7 +141,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path,
 
     trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=ddp_model,
                       optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
-                      evaluator=build_evaluator(config, runtime, tokenizer), resumed=resumed)
+                      evaluator=build_evaluator(config, runtime, tokenizer), resumed=resumed, hosts=hosts)
     return trainer.fit()
 
 

@@ -49,13 +49,15 @@ from distqa.checkpoint import (
 )
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import Runtime, all_gather_objects, all_reduce_mean, barrier, broadcast_object
+from distqa.distributed import Runtime, all_gather_objects, barrier, broadcast_object
 from distqa.inference import Evaluation, Evaluator
 from distqa.model import forward, on_device, qa_loss
 from distqa.optim import Precision
 from distqa.rng import capture_rng_state, restore_rng_state, seed_everything
 from distqa.rundir import versions
 from distqa.stop import StopSignal, TrainingStoppedError
+from distqa.throughput import peak_bf16_flops
+from distqa.training_metrics import MetricsWindow, RankWindow, summarise
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ class Trainer:
     def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, ddp_model: nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                  precision: Precision, loader: DataLoader, plan: StepPlan, evaluator: Evaluator | None,
-                 resumed: TrainingCheckpoint | None) -> None:
+                 resumed: TrainingCheckpoint | None, hosts: list[str] | None = None) -> None:
         if not isinstance(loader.sampler, ResumableDistributedSampler):
             raise TypeError("the loader needs a ResumableDistributedSampler for exact resumption")
         self.config, self.runtime, self.run_dir = config, runtime, run_dir
@@ -177,6 +179,12 @@ class Trainer:
         """Decoding thresholds of the latest evaluation, saved with the checkpoints."""
         self.evaluation: dict[str, Any] | None = resumed.evaluation if resumed else None
         """Step and metrics of the latest evaluation, saved with the checkpoints."""
+        self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
+        """Every rank's host name, to name a slow one in the log."""
+        self.peak_flops = self._peak_flops()
+        self.metrics = MetricsWindow(runtime.device, getattr(getattr(model, "encoder", None), "config", None))
+        """Loss, tokens and step times since the last log line (train_step feeds it)."""
+        self.first_step = self.progress.step
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self) -> Progress:
@@ -188,7 +196,7 @@ class Trainer:
         if 0 < config.stop_at_step <= progress.step:
             log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
             return progress
-        metrics = MetricsWindow(self.runtime.device)
+        metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
         with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed():
             while progress.step < self.plan.total_steps:
@@ -226,8 +234,10 @@ class Trainer:
     def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation`` micro-batches; returns (mean loss, grad norm)."""
         loss_sum = torch.zeros((), device=self.runtime.device)
+        self.metrics.start_step()
         for micro_step in range(self.plan.accumulation):
             batch = on_device(next(micro_batches), self.runtime.device)
+            self.metrics.count_batch(batch)
             # Gradients are all-reduced only on the last micro-batch; before it they accumulate locally.
             syncing = micro_step == self.plan.accumulation - 1
             skip_sync = self.ddp_model.no_sync() if self.runtime.is_distributed and not syncing \
@@ -236,6 +246,8 @@ class Trainer:
                 with self.precision.autocast():
                     output = forward(self.ddp_model, batch)
                     loss = qa_loss(output, batch) / self.plan.accumulation
+                if syncing:  # what comes next waits for the other ranks: the rank's own work ends here
+                    self.metrics.local_work_done()
                 self.precision.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         self.precision.scaler.unscale_(self.optimizer)
@@ -305,21 +317,51 @@ class Trainer:
         return evaluation
 
     # --- helpers -----------------------------------------------------------------------------
-    def _log_metrics(self, window: dict[str, float], bar: tqdm, tensorboard: Any) -> None:
-        step = self.progress.step
-        lr = self.scheduler.get_last_lr()[0]
-        samples_per_s = window["steps"] * self.config.global_batch_size / window["seconds"]
-        step_time = window["seconds"] / window["steps"]
+    def _log_metrics(self, ranks: list[RankWindow], bar: tqdm, tensorboard: Any) -> None:
+        """Rank 0: one line with the job's loss and throughput, one with every rank's step times."""
         if not self.runtime.is_main_process:
             return
-        bar.set_postfix(loss=f"{window['loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
-        log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f ms/step",
-                 step, self.plan.total_steps, self.progress.epoch, window["loss"], lr, window["grad_norm"],
-                 samples_per_s, 1000 * step_time)
+        step, lr = self.progress.step, self.scheduler.get_last_lr()[0]
+        window = summarise(ranks, self.config.global_batch_size, self.peak_flops)
+        step_time = window.seconds / window.steps
+        bar.set_postfix(loss=f"{window.loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        mfu = f" | MFU {100 * window.mfu:.1f} %" if window.mfu is not None else ""
+        log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f tokens/s "
+                 "(%.0f padded)%s | %.0f ms/step", step, self.plan.total_steps, self.progress.epoch, window.loss, lr,
+                 window.grad_norm, window.samples_per_s, window.tokens_per_s, window.padded_tokens_per_s, mfu,
+                 1000 * step_time)
+        shown = range(len(ranks)) if len(ranks) <= 8 else sorted({0, *window.extremes})  # one line, even at 64
+        per_rank = ", ".join(f"{r}: {1000 * ranks[r].step_p50:.0f}/{1000 * ranks[r].step_p95:.0f} local "
+                             f"{1000 * ranks[r].local_p50:.0f}/{1000 * ranks[r].local_p95:.0f}" for r in shown)
+        log.info("step time by rank%s, p50/p95 ms over %d steps (local = data + forward, before the gradient "
+                 "all-reduce): %s", "" if len(ranks) <= 8 else " (0, fastest, slowest)", window.steps, per_rank)
+        if window.straggler is not None and step - window.steps > self.first_step:  # not in warm-up's window
+            slow = ranks[window.straggler]
+            log.warning("straggler: rank %d (%s) takes %.0f ms of local work per step (p50), the median rank "
+                        "%.0f ms; the others wait for it in every all-reduce", window.straggler,
+                        self.hosts[window.straggler], 1000 * slow.local_p50, 1000 * window.local_p50_median)
         if tensorboard is not None:
-            for name, value in (("loss", window["loss"]), ("lr", lr), ("grad_norm", window["grad_norm"]),
-                                ("samples_per_s", samples_per_s), ("step_time_s", step_time)):
+            scalars = {"loss": window.loss, "lr": lr, "grad_norm": window.grad_norm,
+                       "samples_per_s": window.samples_per_s, "step_time_s": step_time,
+                       "tokens_per_s": window.tokens_per_s, "padded_tokens_per_s": window.padded_tokens_per_s}
+            if window.mfu is not None:
+                scalars["mfu"] = window.mfu
+            for name, value in scalars.items():
                 tensorboard.add_scalar(f"train/{name}", value, step)
+            for rank, w in enumerate(ranks):
+                for name in ("step_p50", "step_p95", "local_p50", "local_p95"):
+                    tensorboard.add_scalar(f"ranks/{name}_ms/rank_{rank}", 1000 * getattr(w, name), step)
+
+    def _peak_flops(self) -> float | None:
+        """Dense bf16 peak FLOP/s of one rank's device (config, else by GPU name); None logs no MFU."""
+        if self.config.peak_tflops:
+            return self.config.peak_tflops * 1e12
+        name = torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
+        peak = peak_bf16_flops(name)
+        if peak is None and self.runtime.is_main_process:
+            log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.throughput's table; "
+                     "set --peak-tflops", name)
+        return peak
 
     @contextlib.contextmanager
     def _progress_bar(self) -> Iterator[tqdm]:
@@ -347,41 +389,6 @@ class Trainer:
             yield writer
         finally:
             writer.close()
-
-
-class MetricsWindow:
-    """Loss and grad norm summed on the device since the last log line, so logging costs one
-    all-reduce per ``log_every`` steps rather than a host sync per step."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._reset()
-
-    def _reset(self) -> None:
-        self.sums = torch.zeros(2, device=self.device)
-        self.steps = 0
-        self.started = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        self.sums += torch.stack([loss.float(), grad_norm.float()])
-        self.steps += 1
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Leave the time spent in the block out of the window."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.started += time.perf_counter() - started
-
-    def flush(self) -> dict[str, float]:
-        """Means over the window and over all ranks (a collective: every rank must call it)."""
-        loss, grad_norm = (all_reduce_mean(self.sums) / max(self.steps, 1)).tolist()
-        window = {"loss": loss, "grad_norm": grad_norm, "steps": max(self.steps, 1),
-                  "seconds": max(time.perf_counter() - self.started, 1e-9)}
-        self._reset()
-        return window
 
 
 def _due(every: int, step: int) -> bool:

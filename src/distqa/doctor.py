@@ -1,0 +1,226 @@
+"""Preflight doctor: every rank reports, rank 0 checks the cluster and says what to fix.
+
+Run it before a long job, with the same launcher, settings and environment as the job itself.
+One process (this machine, one GPU)::
+
+    python -m distqa.doctor --preset bert-base-nq
+
+One node, all its GPUs::
+
+    torchrun --standalone --nproc-per-node gpu -m distqa.doctor --preset bert-base-nq
+
+Every node of a multi-node job (the same command line as the run's, with ``--doctor``)::
+
+    scripts/worker.sh --doctor --nnodes 2 --node-rank 0 --run-id my-run -- --preset bert-base-nq
+    scripts/worker.sh --doctor --nnodes 2 --node-rank 1 --master-addr HOST0 --run-id my-run -- --preset bert-base-nq
+
+It takes every setting ``python -m distqa.train`` takes (the config it checks is the run's) plus the
+flags in the "doctor" group of ``--help``. Rank 0 prints one table (a row per rank: host, device, GPUs,
+library versions, code and config hashes, /dev/shm, free disk), the all-reduce bandwidth, then one line
+per failed check saying what to fix. Checks: the world size (``--expect-world-size``); the same code,
+config and library versions on every rank; an all-reduce of ``--allreduce-mb`` with its result checked
+and its bandwidth measured; /dev/shm size; free disk and writability of the results directory; the NQ
+feature cache (``--dataset nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
+interfaces that exist and are up.
+
+Exit status: 0 when every check passed, 1 when one failed (every rank exits so, and torchrun with it),
+2 for a setting that is wrong in itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from dotenv import load_dotenv
+from transformers import PreTrainedTokenizerBase
+
+from distqa.config import Config, ConfigError
+from distqa.data.features import find_features
+from distqa.data.nq import DataError
+from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
+from distqa.preflight import (
+    GB,
+    RankReport,
+    check_interfaces,
+    check_rendezvous,
+    check_results_dir,
+    check_shm,
+    disagreements,
+    node_problems,
+    rank_report,
+)
+from distqa.pretrained import check_sources, load_tokenizer
+from distqa.settings import TRAIN, build_arg_parser, load_config
+
+PROG = "python -m distqa.doctor"
+FAILED_EXIT_CODE = 1
+log = logging.getLogger("distqa.doctor")
+
+
+def add_doctor_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The doctor's own flags (the run's settings are parsed by :func:`distqa.settings.load_config`)."""
+    group = parser.add_argument_group("doctor")
+    group.add_argument("--expect-world-size", type=int, default=0, metavar="N",
+                       help="Fail unless the job has N ranks (nodes × processes per node); 0 = no expectation.")
+    group.add_argument("--allreduce-mb", type=float, default=0, metavar="MB",
+                       help="Size of the all-reduce smoke test in MB (float32); 0 = 256 on GPUs, 16 on CPU.")
+    group.add_argument("--min-bandwidth-gbs", type=float, default=0, metavar="GB/S",
+                       help="Fail when the all-reduce's bus bandwidth is below this (GB/s); 0 = report only.")
+    group.add_argument("--shm-path", type=Path, default=Path("/dev/shm"), metavar="PATH",
+                       help="The shared-memory filesystem DataLoader workers and NCCL use (default /dev/shm).")
+    group.add_argument("--min-shm-gb", type=float, default=1.0, metavar="GB",
+                       help="Fail when the shared memory is smaller than this (GB; Docker's default is 0.067).")
+    group.add_argument("--min-free-disk-gb", type=float, default=5.0, metavar="GB",
+                       help="Fail when the results directory's disk has less free space than this (GB).")
+    group.add_argument("--timeout-s", type=int, default=120, metavar="S",
+                       help="Seconds a collective of the doctor may wait for the other ranks.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    load_dotenv(".env", override=False)  # as train does: .env may set NCCL_*, MASTER_ADDR, DISTQA_*
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        add_doctor_flags(build_arg_parser(PROG, TRAIN, __doc__.split("\n")[0])).print_help()
+        return 0
+    options, run_argv = add_doctor_flags(argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+                                         ).parse_known_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    config_error = None
+    try:
+        config = load_config(run_argv, prog=PROG)
+        local_tokenizer = check_sources(config)
+    except ConfigError as err:
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            return 2
+        # The other ranks would wait for this one until the timeout: join them, and let rank 0 report it.
+        config, local_tokenizer, config_error = Config(), None, f"configuration error: {err}"
+        log.error("%s", config_error)
+    # Checked before the process group exists: a wrong interface name would make its creation fail.
+    early = check_rendezvous(os.environ) + check_interfaces(os.environ)
+    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if any(problem.startswith(variable) for problem in early):
+            log.warning("%s is wrong (see the report); the doctor's own group runs without it", variable)
+            os.environ.pop(variable)
+    with distributed_runtime(config.device, options.timeout_s) as runtime:
+        failed = run_checks(config, runtime, options, early, local_tokenizer, config_error)
+    return FAILED_EXIT_CODE if failed else 0
+
+
+def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, early: list[str],
+               local_tokenizer: PreTrainedTokenizerBase | None = None, config_error: str | None = None) -> bool:
+    """Every check on every rank; rank 0 prints the table and the problems. True when one failed.
+
+    With ``config_error`` (this rank's settings are wrong, ``config`` is a stand-in) the checks that
+    depend on the settings are skipped and the error is this rank's problem."""
+    problems = list(early) + ([config_error] if config_error else [])
+    workers = "DataLoader workers (num_workers > 0)" if config.num_workers else ""
+    nccl_peers = "NCCL between GPUs of one node" if runtime.backend == "nccl" and runtime.local_world_size > 1 else ""
+    users = " and ".join(filter(None, [workers, nccl_peers]))
+    shm_size, shm_problems = check_shm(options.shm_path, int(options.min_shm_gb * GB), users)
+    if users and not config_error:  # otherwise nothing of the run uses it: its size is only shown
+        problems += shm_problems
+    free, disk_problems = check_results_dir(config.run_dir, int(options.min_free_disk_gb * GB),
+                                            write=not config_error)
+    problems += [] if config_error else disk_problems
+    if config.dataset == "nq" and not config_error:
+        tokenizer = local_tokenizer if local_tokenizer is not None else load_tokenizer(config)
+        try:
+            find_features(config, tokenizer, hint=" on storage every node mounts")
+        except DataError as err:
+            problems.append(f"feature cache: {err}")
+    if runtime.device.type == "cuda" and runtime.local_world_size < torch.cuda.device_count():
+        problems.append(f"{runtime.local_world_size} processes on a node with {torch.cuda.device_count()} GPUs: "
+                        "some GPUs would idle; use --nproc-per-node gpu")
+    report = rank_report(config, runtime, problems)
+    report.shm_bytes, report.free_disk_bytes = shm_size, free
+    if config_error:  # the stand-in config's hash and results folder say nothing about the run
+        report.config_hash, report.config, report.free_disk_bytes = "invalid", {}, None
+    reports: list[RankReport] = all_gather_objects(report)
+    bandwidth, bandwidth_problems = allreduce_smoke_test(runtime, options.allreduce_mb, options.min_bandwidth_gbs)
+    failures = []
+    if runtime.is_main_process:
+        failures = disagreements(reports, options.expect_world_size) + bandwidth_problems + node_problems(reports)
+        print(format_table(reports), flush=True)
+        print(bandwidth, flush=True)
+        for failure in failures:
+            print(f"FAIL {failure}", flush=True)
+        print(f"doctor: {len(failures)} problem(s)" if failures else
+              f"doctor: all checks passed on {len(reports)} rank(s)", flush=True)
+    return bool(broadcast_object(bool(failures)))
+
+
+def allreduce_smoke_test(runtime: Runtime, size_mb: float, min_bus_gbs: float,
+                         repeats: int = 5) -> tuple[str, list[str]]:
+    """All-reduce (sum) of ``size_mb`` MB of float32 over every rank, checked and timed.
+
+    Bandwidths as nccl-tests defines them: algorithm bandwidth = bytes / time, bus bandwidth = that ×
+    2(n-1)/n (what each link carries in a ring; comparable across world sizes). Median of ``repeats``
+    after one warm-up."""
+    if not runtime.is_distributed:
+        return "all-reduce: not run (world size 1)", []
+    size_mb = size_mb or (256 if runtime.device.type == "cuda" else 16)
+    elements = max(1, int(size_mb * 1e6 / 4))
+    tensor = torch.empty(elements, dtype=torch.float32, device=runtime.device)
+    times = []
+    for attempt in range(repeats + 1):
+        tensor.fill_(runtime.rank + 1)
+        _synchronize(runtime)
+        started = time.perf_counter()
+        dist.all_reduce(tensor)
+        _synchronize(runtime)
+        if attempt:  # the first one sets up connections and buffers
+            times.append(time.perf_counter() - started)
+    n = runtime.world_size
+    expected = n * (n + 1) / 2
+    problems = []
+    if not torch.all(tensor == expected):
+        problems.append(f"all-reduce returned wrong sums (expected {expected:g} everywhere): a broken transport; "
+                        "rerun with NCCL_DEBUG=INFO and check the interfaces")
+    seconds = statistics.median(times)
+    size_bytes = elements * 4
+    algorithm, bus = size_bytes / seconds / GB, size_bytes / seconds / GB * 2 * (n - 1) / n
+    if min_bus_gbs and bus < min_bus_gbs:
+        problems.append(f"all-reduce bus bandwidth {bus:.2f} GB/s is below --min-bandwidth-gbs {min_bus_gbs:g}: "
+                        "check the interface NCCL uses (NCCL_DEBUG=INFO, NCCL_SOCKET_IFNAME) and InfiniBand")
+    summary = (f"all-reduce {size_bytes / 1e6:.0f} MB float32 over {n} ranks ({runtime.backend}): "
+               f"{1000 * seconds:.1f} ms median of {repeats}, algorithm bandwidth {algorithm:.2f} GB/s, "
+               f"bus bandwidth {bus:.2f} GB/s")
+    return summary, problems
+
+
+def _synchronize(runtime: Runtime) -> None:
+    if runtime.device.type == "cuda":
+        torch.cuda.synchronize(runtime.device)
+
+
+def format_table(reports: list[RankReport]) -> str:
+    """One row per rank, columns aligned."""
+    header = ["rank", "node", "host", "device", "GPUs", "torch", "transformers", "NCCL", "code", "config",
+              "shm GB", "free GB", "problems"]
+    rows = [[str(r.rank), str(r.node_rank), r.host, r.device_name if r.device.startswith("cuda") else r.device,
+             str(r.gpu_count), r.versions["torch"] or "-", r.versions["transformers"] or "-",
+             r.versions.get("nccl") or "-", r.code_hash, r.config_hash, _gb(r.shm_bytes), _gb(r.free_disk_bytes),
+             str(len(r.problems))] for r in reports]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
+
+
+def _gb(size: int | None) -> str:
+    return "-" if size is None else f"{size / GB:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The preflight doctor: one process, two nodes through scripts/worker.sh that disagree, and each
+failed check saying what to fix with a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+
+DOCTOR = [sys.executable, "-m", "distqa.doctor", "--progress-bar", "false"]
+
+
+def doctor(*args: str, prefix: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*prefix, *DOCTOR, *args], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1", **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def failures(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stdout.splitlines() if line.startswith("FAIL ")]
+
+
+def test_one_process_reports_itself_and_passes(tmp_path: Path) -> None:
+    # Network settings that are right: a prefix of an interface that is up (NCCL's rule), gloo's exact name.
+    result = doctor("--output-dir", str(tmp_path / "results"), NCCL_SOCKET_IFNAME="l", GLOO_SOCKET_IFNAME="lo",
+                    MASTER_ADDR="localhost", MASTER_PORT="29500")
+    assert result.returncode == 0, result.stdout + result.stderr
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split()[:6] == ["rank", "node", "host", "device", "GPUs", "torch"]
+    assert row.split()[:2] == ["0", "0"] and " cpu " in row
+    assert "all-reduce: not run (world size 1)" in result.stdout
+    assert result.stdout.rstrip().endswith("doctor: all checks passed on 1 rank(s)")
+    assert not list((tmp_path / "results" / "local").iterdir()), "the writability probe leaves nothing behind"
+
+
+def test_an_unwritable_results_directory_fails_naming_it(unwritable_mount: tuple[Path, list[str]]) -> None:
+    mount, prefix = unwritable_mount
+    result = doctor("--output-dir", str(mount), prefix=tuple(prefix))
+    assert result.returncode == 1, result.stdout + result.stderr
+    [failure] = failures(result)
+    assert f"results directory {mount / 'local'} is not writable (Permission denied)" in failure
+    assert "DISTQA_OUTPUT_DIR" in failure
+
+
+def test_a_missing_feature_cache_fails_with_the_command_that_builds_it(tmp_path: Path) -> None:
+    result = doctor("--output-dir", str(tmp_path / "results"), "--dataset", "nq", "--nq-cache-dir",
+                    str(tmp_path / "no-cache"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    [failure] = failures(result)
+    assert "feature cache: no NQ feature cache" in failure and "`python -m distqa.prepare`" in failure
+
+
+def test_interfaces_that_do_not_exist_and_an_unresolvable_master_fail_each_in_a_line(tmp_path: Path) -> None:
+    result = doctor("--output-dir", str(tmp_path / "results"), GLOO_SOCKET_IFNAME="nosuch0",
+                    NCCL_SOCKET_IFNAME="=nosuch1,nosuch2", MASTER_ADDR="no-such-host.invalid")
+    assert result.returncode == 1, result.stdout + result.stderr
+    master, nccl, gloo = failures(result)
+    assert "MASTER_ADDR=no-such-host.invalid does not resolve on this host" in master
+    for failure, setting in ((nccl, "NCCL_SOCKET_IFNAME==nosuch1,nosuch2"), (gloo, "GLOO_SOCKET_IFNAME=nosuch0")):
+        assert f"{setting} names no interface of this host (it has " in failure and "lo (up)" in failure
+
+
+def test_a_docker_sized_dev_shm_fails(tmp_path: Path) -> None:
+    """A real 64 MiB tmpfs (Docker's default /dev/shm), mounted in a private mount namespace."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    namespace = ["unshare", "--mount", "--map-root-user"] if os.geteuid() else ["unshare", "--mount"]
+    probe = subprocess.run([*namespace, "mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(shm)],
+                           capture_output=True, text=True, timeout=30)
+    if shutil.which("unshare") is None or probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
+    script = f'mount -t tmpfs -o size=64m tmpfs {shm} && exec "$@"'
+    run = ("--output-dir", str(tmp_path / "results"), "--shm-path", str(shm))
+    result = doctor(*run, "--num-workers", "2", prefix=(*namespace, "sh", "-c", script, "sh"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    [failure] = failures(result)
+    assert f"shared memory {shm} holds 64 MiB (Docker's default), less than 1 GB; DataLoader workers" in failure
+    assert "--shm-size" in failure
+    # Without loader workers (and without GPUs) nothing uses it: its size is shown, and no check fails.
+    unused = doctor(*run, "--num-workers", "0", prefix=(*namespace, "sh", "-c", script, "sh"))
+    assert unused.returncode == 0 and unused.stdout.splitlines()[1].split()[10] == "0.1", unused.stdout
+
+
+@pytest.mark.distributed
+def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path) -> None:
+    """Two worker.sh agents on 127.0.0.1 (one rank each, c10d rendezvous): node 1 runs a copy of the
+    package with one changed line and another learning rate, as a node with a stale upload and its own
+    .env would."""
+    stale = tmp_path / "stale"
+    shutil.copytree(REPO_ROOT / "src" / "distqa", stale / "src" / "distqa",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with (stale / "src" / "distqa" / "model.py").open("a") as model:
+        model.write("# an edit that reached one node only\n")
+    for shared in ("configs", "data"):  # the copy finds presets and the tiny model beside it, as a checkout
+        (stale / shared).symlink_to(REPO_ROOT / shared)
+    port = str(free_port())
+    common = ["--nnodes", "2", "--master-port", port, "--run-id", "doctor-test", "--nproc-per-node", "1",
+              "--join-timeout", "60", "--doctor", "--", "--output-dir", str(tmp_path / "results"),
+              "--allreduce-mb", "1", "--timeout-s", "60"]
+    env = clean_env(NODE_ADDR="127.0.0.1", NODE_CORES="1", PYTHON=sys.executable)
+    nodes = [
+        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "0", *common], cwd=REPO_ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "1", "--master-addr", "127.0.0.1", *common],
+                         cwd=REPO_ROOT, env={**env, "PYTHONPATH": str(stale / "src"), "DISTQA_LR": "0.001"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+    ]
+    try:
+        outputs = [node.communicate(timeout=150) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    master_out, master_err = outputs[0]
+    assert nodes[0].returncode == 1, master_out + master_err
+    table = master_out.splitlines()[:3]
+    assert [row.split()[0] for row in table] == ["rank", "0", "1"]
+    code, config = (table[0].split().index(column) for column in ("code", "config"))
+    assert table[1].split()[code] != table[2].split()[code] and table[1].split()[config] != table[2].split()[config]
+    assert "all-reduce 1 MB float32 over 2 ranks (gloo):" in master_out and "bus bandwidth" in master_out
+    found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
+    assert any("rank 1 (" in f and "runs other code" in f for f in found), found
+    assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
+    assert len(found) == 2, found
+    assert "FAIL" not in outputs[1][0], "only rank 0 prints the report"
+
+
+OTHER_LR_ON_RANK_1 = """
+import os, sys
+if os.environ["RANK"] == "1":  # a node whose .env sets another learning rate
+    os.environ["DISTQA_LR"] = "0.001"
+from distqa.train import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.distributed
+def test_training_refuses_to_start_when_ranks_resolved_other_configs(tmp_path: Path) -> None:
+    """The cheap preflight of every training run: both ranks stop before the first step, with one line
+    naming the setting, instead of training a different model on each rank."""
+    script = tmp_path / "other_lr_on_rank_1.py"
+    script.write_text(OTHER_LR_ON_RANK_1)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(script), *FAST_ARGS, "--output-dir", str(tmp_path), "--max-steps", "2"],
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode != 0
+    refusal = "distqa.train: configuration error: the ranks of this run disagree"
+    assert result.stderr.count(refusal) == 2, result.stderr
+    assert "rank 1 (" in result.stderr and "lr 0.0005 on rank 0, 0.001 here" in result.stderr
+    assert "preflight.py" not in result.stderr, "no worker traceback (torchrun's own summary follows, as always)"
+    assert not (tmp_path / "local" / "checkpoints").exists()
+
+
+def test_help_shows_the_runs_settings_and_the_doctors_own(capsys: pytest.CaptureFixture[str]) -> None:
+    from distqa.doctor import main
+
+    assert main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert help_text.startswith("usage: python -m distqa.doctor")
+    assert "\ndoctor:\n" in help_text and "--expect-world-size N" in help_text and "--shm-path PATH" in help_text
+    assert "--global-batch-size" in help_text and "--peak-tflops" in help_text  # the run's settings, checked as the run
+
+
+
+BAD_LR_ON_RANK_1 = """
+import os, sys
+if os.environ["RANK"] == "1":  # one node's .env holds a value no run accepts
+    os.environ["DISTQA_LR"] = "-1"
+from distqa.doctor import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.distributed
+def test_a_rank_with_an_invalid_setting_still_reports_to_rank_0(tmp_path: Path) -> None:
+    """Instead of exiting alone and leaving the other ranks in the process group until the timeout."""
+    script = tmp_path / "bad_lr_on_rank_1.py"
+    script.write_text(BAD_LR_ON_RANK_1)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(script), "--output-dir", str(tmp_path), "--allreduce-mb", "1", "--timeout-s", "60"],
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = [row.split() for row in result.stdout.splitlines()[1:3]]
+    assert [row[9] for row in rows] != ["invalid", "invalid"] and rows[1][9] == "invalid"
+    found = failures(result)
+    assert any(f.startswith("FAIL rank 1 (") and "configuration error: lr must be > 0, got -1.0" in f for f in found)
+    assert any("rank 1 (" in f and "resolved another config than rank 0 (or none" in f for f in found), found
