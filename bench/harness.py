@@ -63,8 +63,8 @@ def machine_line(threads: int, processes: int = 1) -> str:
         pass
     return (f"machine: {os.cpu_count()} cores, {model}, {platform.machine()}; torch {torch.__version__}; "
             f"{threads} torch thread(s) per process × {processes} process(es); load average "
-            f"{os.getloadavg()[0]:.2f} at start (other work on a shared machine shifts absolute figures, "
-            "not much the interleaved ratios)")
+            f"{os.getloadavg()[0]:.2f} (a shared machine: other work shifts the absolute figures, "
+            "much less the interleaved ratios)")
 
 
 def interleaved(contenders: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
