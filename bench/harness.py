@@ -97,8 +97,8 @@ class Target:
         return self.value <= self.bound if self.at_most else self.value >= self.bound
 
     def line(self) -> str:
-        relation = "<=" if self.at_most else ">="
-        return f"{'PASS' if self.met else 'MISS'}  {self.name:<52} {self.value:8.3f}  (target {relation} {self.bound:g})"
+        verdict, relation = "PASS" if self.met else "MISS", "<=" if self.at_most else ">="
+        return f"{verdict}  {self.name:<52} {self.value:8.3f}  (target {relation} {self.bound:g})"
 
 
 def print_table(title: str, rows: Sequence[tuple[str, str, str]]) -> None:

@@ -54,8 +54,8 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import (
     DataCollatorWithPadding,
-    Trainer,
     PrinterCallback,
+    Trainer,
     TrainerCallback,
     TrainingArguments,
     default_data_collator,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO_ROOT, clean_env
 
 TARGET_LINE = re.compile(r"^(PASS|MISS)  (?P<name>.+?) +(?P<value>-?[0-9.]+|inf|nan)  \(target (<=|>=) [0-9.]+\)$",
