@@ -26,8 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,6 +43,7 @@ from harness import (
     pin_threads,
     print_table,
     print_targets,
+    seconds_per_step,
     spread,
 )
 
@@ -98,15 +97,6 @@ def collective_time(trainer: Trainer, batches: list[dict[str, torch.Tensor]], st
     barrier()
     # all_reduce_max takes integers: microseconds are fine-grained enough for steps of tens of ms.
     return all_reduce_max(round(elapsed * 1e6), torch.device("cpu")) / 1e6
-
-
-def seconds_per_step(step: Callable[..., object], batches: list[dict[str, torch.Tensor]], steps: int) -> float:
-    micro_batches = itertools.cycle(batches)
-    step(micro_batches)  # warm
-    started = time.perf_counter()
-    for _ in range(steps):
-        step(micro_batches)
-    return (time.perf_counter() - started) / steps
 
 
 def report(figures: dict[str, list[float]], threads: int, steps: int) -> None:

@@ -9,9 +9,11 @@ medians are what the targets judge; absolute numbers depend on the machine and i
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from torch.utils.data import Dataset
 
 from distqa.config import Config
 from distqa.distributed import Runtime
-from distqa.model import build_model
+from distqa.model import build_model, forward, qa_loss
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.pretrained import load_tokenizer
 from distqa.rng import seed_everything
@@ -143,9 +145,42 @@ def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_di
                    evaluator=None, resumed=None)
 
 
+def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Tensor]]], None]:
+    """The minimal training step, written as a PyTorch tutorial would, over ``trainer``'s model, optimizer,
+    schedule and precision: the yardstick of framework overhead (no DDP, no loss scaling, no metrics)."""
+    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
+    accumulation, max_grad_norm = trainer.plan.accumulation, trainer.config.max_grad_norm
+    autocast = trainer.precision.autocast  # fp32: a null context; bf16: torch.autocast("cpu", bfloat16)
+
+    def step(micro_batches: Iterator[dict[str, torch.Tensor]]) -> None:
+        for _ in range(accumulation):
+            batch = next(micro_batches)
+            with autocast():
+                loss = qa_loss(forward(model, batch), batch) / accumulation
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def dummy_dataset(config: Config) -> Dataset:
     """The DummyDataset of ``config`` (about a third of its windows shorter than max_seq_len)."""
     return build_dataset(config, load_tokenizer(config))
+
+
+def seconds_per_step(step: Callable[[Iterator[dict[str, torch.Tensor]]], object],
+                     batches: list[dict[str, torch.Tensor]], steps: int) -> float:
+    """Seconds per call, the mean of ``steps`` calls of ``step`` over ``batches`` (cycled), after one untimed
+    call that lets caches and the allocator settle after another contender ran."""
+    micro_batches = itertools.cycle(batches)
+    step(micro_batches)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step(micro_batches)
+    return (time.perf_counter() - started) / steps
 
 
 def endless(loader: Iterable[T]) -> Iterator[T]:

@@ -13,6 +13,8 @@ micro-batches per optimizer step, the same lr, warm-up, weight decay and clippin
               by default: ``pad_to_max_length`` true (every window padded to max_seq_length by the
               tokenizer), ``default_data_collator``, ``TrainingArguments`` defaults (optim
               ``adamw_torch_fused``, ``dataloader_num_workers`` 0, logging every 500 steps)
+  hand        the minimal hand-written step (bench/harness.py) on the same loader: what no framework
+              can beat without changing the compute (padding, precision, kernels)
   hf-best     the same ``Trainer`` at its best for this job: features without padding and
               ``DataCollatorWithPadding`` (padding to the longest window of the batch), fused AdamW,
               one persistent data-loader worker
@@ -42,6 +44,7 @@ from harness import (
     build_our_trainer,
     dummy_dataset,
     endless,
+    hand_written_step,
     interleaved,
     machine_line,
     median,
@@ -134,13 +137,15 @@ def hf_samples_per_s(config: Config, dataset: Dataset, output_dir: Path, steps: 
     return steps * config.global_batch_size / (clock.ends[-1] - clock.ends[0])
 
 
-def ours_samples_per_s(config: Config, dataset: Dataset, run_dir: Path, steps: int) -> float:
+def ours_samples_per_s(config: Config, dataset: Dataset, run_dir: Path, steps: int, hand: bool = False) -> float:
+    """Our trainer's step (or, with ``hand``, the minimal hand-written step) fed by our loader."""
     trainer = build_our_trainer(config, local_runtime("cpu"), dataset, run_dir)
+    step = hand_written_step(trainer) if hand else trainer.train_step
     micro_batches = endless(trainer.loader)
-    trainer.train_step(micro_batches)  # the warm-up step, as for the HF runs
+    step(micro_batches)  # the warm-up step, as for the HF runs
     started = time.perf_counter()
     for _ in range(steps):
-        trainer.train_step(micro_batches)
+        step(micro_batches)
     return steps * config.global_batch_size / (time.perf_counter() - started)
 
 
@@ -163,6 +168,7 @@ def main() -> None:
             "ours": lambda: ours_samples_per_s(config, dataset, Path(work), args.steps),
             "hf-run_qa": lambda: hf_samples_per_s(config, dataset, Path(work) / "hf", args.steps, best=False),
             "hf-best": lambda: hf_samples_per_s(config, dataset, Path(work) / "hf", args.steps, best=True),
+            "hand": lambda: ours_samples_per_s(config, dataset, Path(work), args.steps, hand=True),
         }, args.repeats)
 
     print(machine_line(args.threads))
@@ -171,11 +177,14 @@ def main() -> None:
           f"{args.steps} timed steps per repeat, after one warm-up step")
     notes = {"ours": "Trainer.train_step + build_loader",
              "hf-run_qa": "padded to max_length, default_data_collator, TrainingArguments defaults",
-             "hf-best": "no padding + DataCollatorWithPadding, fused AdamW, 1 persistent worker"}
+             "hf-best": "no padding + DataCollatorWithPadding, fused AdamW, 1 persistent worker",
+             "hand": "the minimal hand-written step + build_loader: the ceiling on the same compute"}
     rows = [(name, f"{median(values):.1f} samples/s", f"{spread(values)}; {notes[name]}")
             for name, values in figures.items()]
     print_table("against the Hugging Face Trainer (median throughput):", rows)
-    ours = median(figures["ours"])
+    ours, hand = median(figures["ours"]), median(figures["hand"])
+    print(f"  ceiling on this compute: hand / hf-run_qa {hand / median(figures['hf-run_qa']):.3f}, "
+          f"hand / hf-best {hand / median(figures['hf-best']):.3f} (all the Trainer's own overhead)")
     print_targets([
         Target("ours / hf-run_qa (run_qa.py defaults), samples/s", ours / median(figures["hf-run_qa"]),
                TARGET_VS_RUN_QA, at_most=False),

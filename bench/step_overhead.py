@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import tempfile
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -32,17 +30,18 @@ from harness import (
     bench_config,
     build_our_trainer,
     dummy_dataset,
+    hand_written_step,
     interleaved,
     machine_line,
     median,
     pin_threads,
     print_table,
     print_targets,
+    seconds_per_step,
     spread,
 )
 
 from distqa.distributed import local_runtime
-from distqa.model import forward, qa_loss
 from distqa.trainer import Trainer
 
 TARGET = 1.05
@@ -70,10 +69,10 @@ def main() -> None:
         difference = same_work(ours, hand, batches[:accumulation])
         if difference > 1e-6:
             raise SystemExit(f"the two loops do different work: weights differ by {difference:.2e} after one step")
-        step_ours, step_hand = ours_step(ours), hand_step(hand)
+        step_ours, step_hand = ours.train_step, hand_written_step(hand)
         figures = interleaved({
-            "ours": lambda: seconds_per_step(step_ours, batches, accumulation, args.steps),
-            "hand": lambda: seconds_per_step(step_hand, batches, accumulation, args.steps),
+            "ours": lambda: seconds_per_step(step_ours, batches, args.steps),
+            "hand": lambda: seconds_per_step(step_hand, batches, args.steps),
         }, args.repeats)
 
     print(machine_line(args.threads))
@@ -88,48 +87,14 @@ def main() -> None:
                           TARGET, at_most=True)])
 
 
-def ours_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Tensor]]], object]:
-    return trainer.train_step
-
-
-def hand_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Tensor]]], object]:
-    """The minimal loop, written as a PyTorch tutorial would, over ``trainer``'s model and optimizer."""
-    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
-    accumulation, max_grad_norm = trainer.plan.accumulation, trainer.config.max_grad_norm
-    autocast = trainer.precision.autocast  # fp32: a null context; bf16: torch.autocast("cpu", bfloat16)
-
-    def step(micro_batches: Iterator[dict[str, torch.Tensor]]) -> None:
-        for _ in range(accumulation):
-            batch = next(micro_batches)
-            with autocast():
-                loss = qa_loss(forward(model, batch), batch) / accumulation
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
 def same_work(ours: Trainer, hand: Trainer, batches: list[dict[str, torch.Tensor]]) -> float:
     """One step of each from the same RNG state; the largest difference between their weights after it."""
     torch.manual_seed(1)
-    ours_step(ours)(iter(batches))
+    ours.train_step(iter(batches))
     torch.manual_seed(1)
-    hand_step(hand)(iter(batches))
+    hand_written_step(hand)(iter(batches))
     return max((a - b).abs().max().item() for a, b in zip(ours.model.parameters(), hand.model.parameters(),
                                                           strict=True))
-
-
-def seconds_per_step(step: Callable[[Iterator[dict[str, torch.Tensor]]], object],
-                     batches: list[dict[str, torch.Tensor]], accumulation: int, steps: int) -> float:
-    micro_batches = itertools.cycle(batches)
-    step(micro_batches)  # warm: caches and allocator settle after the other contender ran
-    started = time.perf_counter()
-    for _ in range(steps):
-        step(micro_batches)
-    return (time.perf_counter() - started) / steps
 
 
 if __name__ == "__main__":
