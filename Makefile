@@ -9,9 +9,14 @@ INSTALLED := $(VENV)/.installed
 FLOW26_VENV ?= .venv-apolo-flow26
 FLOW26 := $(FLOW26_VENV)/.installed
 ARGS ?=
+# The benchmarks `make bench` runs, in this order; add yours here. Each prints its table and PASS/MISS
+# lines for its targets, and accepts --quick (BENCH_ARGS=--quick: a smoke run in about a minute).
+BENCH_SCRIPTS := bench/step_overhead.py bench/hf_trainer.py bench/ddp_overhead.py bench/loader_vs_step.py \
+	bench/nq_pipeline.py
+BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train doctor prepare synthetic-nq test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train doctor prepare synthetic-nq bench test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,6 +50,18 @@ prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="
 
 synthetic-nq: $(INSTALLED) ## Learnable synthetic NQ end to end: generate, train 2 nodes, predict, score (~4 min)
 	PYTHON=$(PYTHON) scripts/train_synthetic_nq.sh $(ARGS)
+
+bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all targets at the end (~12 min; BENCH_ARGS=--quick)
+	@report=$$(mktemp); trap 'rm -f "$$report"' EXIT; failed=0; \
+	for script in $(BENCH_SCRIPTS); do \
+		echo "=== $$script $(BENCH_ARGS)"; \
+		$(PYTHON) "$$script" $(BENCH_ARGS) 2>&1 | tee -a "$$report"; \
+		[ "$${PIPESTATUS[0]}" -eq 0 ] || { echo "$$script failed" | tee -a "$$report"; failed=1; }; \
+		echo; \
+	done; \
+	echo "=== targets ($$(date -u '+%F %H:%M UTC'), $$(nproc) cores, commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown))"; \
+	grep -E '^(PASS|MISS)  |failed$$' "$$report"; \
+	exit $$failed
 
 test: lint $(FLOW26) ## Linters, the whole test suite (CPU only, no network), then test-docker
 	$(PYTHON) -m pytest $(ARGS)

@@ -111,15 +111,8 @@ def train(config: Config, runtime: Runtime, run_dir: Path,
     # A hub tokenizer is loaded only now, after fetch_once; a local one was loaded by check_sources.
     tokenizer = load_tokenizer(config) if local_tokenizer is None else local_tokenizer
     dataset = build_dataset(config, tokenizer)
-    sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
-                                          shuffle=True, seed=config.seed)
-    loader = DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
-                        num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
-                        pin_memory=runtime.device.type == "cuda",
-                        # Each new iterator draws a worker seed; from its own generator, that draw leaves
-                        # the global RNG (dropout, checkpointed for exact resumption) untouched.
-                        generator=torch.Generator().manual_seed(config.seed))
-    plan = StepPlan.of(config, sampler, runtime.world_size)
+    loader = build_loader(config, runtime, dataset)
+    plan = StepPlan.of(config, loader.sampler, runtime.world_size)
 
     # Model: identical initial weights on every rank; then each rank draws its own dropout masks.
     seed_everything(config.seed)
@@ -154,6 +147,19 @@ def build_dataset(config: Config, tokenizer: PreTrainedTokenizerBase) -> Dataset
     windows = NQWindows(directory, "train")
     log.info("training on %d NQ windows from %s", len(windows), directory)
     return windows
+
+
+def build_loader(config: Config, runtime: Runtime, dataset: Dataset) -> DataLoader:
+    """This rank's training loader: a disjoint share of each epoch (resumable mid-epoch), in micro-batches
+    of ``per_rank_batch_size``. The benchmarks in ``bench/`` time this same loader."""
+    sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
+                                          shuffle=True, seed=config.seed)
+    return DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
+                      num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
+                      pin_memory=runtime.device.type == "cuda",
+                      # Each new iterator draws a worker seed; from its own generator, that draw leaves
+                      # the global RNG (dropout, checkpointed for exact resumption) untouched.
+                      generator=torch.Generator().manual_seed(config.seed))
 
 
 def build_evaluator(config: Config, runtime: Runtime, tokenizer: PreTrainedTokenizerBase) -> Evaluator | None:

@@ -1,0 +1,125 @@
+"""DDP overhead on CPU: our trainer's step on 2 gloo processes against 1 process, same per-rank batch.
+
+    .venv/bin/python bench/ddp_overhead.py           # about 2 minutes on 2 cores
+    .venv/bin/python bench/ddp_overhead.py --quick   # smoke test
+
+The script starts itself under ``torchrun --standalone --nproc-per-node 2`` (loopback, one torch thread
+per process) and, in one job, interleaves three contenders, each running
+``distqa.trainer.Trainer.train_step`` on the tiny-cpu model with per-rank batch 8 and 2 micro-batches
+per optimizer step, on pre-collated DummyDataset batches:
+
+  ddp         both ranks, the model wrapped by ``distqa.trainer.wrap_ddp`` (gloo all-reduce of the
+              gradients on the last micro-batch, ``no_sync`` before it): global batch 32
+  1 process   rank 0 alone with the bare model (global batch 16) while rank 1 waits, blocked, in a barrier
+  2 × alone   both ranks at once, each with the bare model and no communication: what sharing the
+              cores and memory costs, without DDP
+
+Target: ddp <= 1.10 × 1 process, in median seconds per optimizer step. ddp / 2 × alone is what the
+gradient all-reduce and DDP's hooks cost beyond two processes merely running side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from harness import (
+    Target,
+    add_common_arguments,
+    bench_config,
+    build_our_trainer,
+    dummy_dataset,
+    interleaved,
+    machine_line,
+    median,
+    pin_threads,
+    print_table,
+    print_targets,
+    seconds_per_step,
+    spread,
+)
+
+from distqa.distributed import all_reduce_max, barrier, distributed_runtime
+from distqa.trainer import Trainer
+
+TARGET = 1.10
+PER_RANK_BATCH, ACCUMULATION, WORLD_SIZE = 8, 2, 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(parser, default_repeats=11)
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per contender and repeat")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set when torchrun starts us
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.steps = 3, 2
+    if not args.worker:
+        sys.exit(launch(sys.argv[1:], args.threads))
+    pin_threads(args.threads)
+    with distributed_runtime("cpu") as runtime:
+        ddp_config = bench_config("--per-rank-batch-size", str(PER_RANK_BATCH),
+                                  "--global-batch-size", str(PER_RANK_BATCH * ACCUMULATION * WORLD_SIZE),
+                                  "--dummy-size", "512")
+        local_config = replace(ddp_config, global_batch_size=PER_RANK_BATCH * ACCUMULATION)
+        dataset = dummy_dataset(ddp_config)
+        alone = replace(runtime, rank=0, world_size=1)  # this process as if it were the whole job
+        with tempfile.TemporaryDirectory(prefix=f"bench-ddp-rank{runtime.rank}-") as run_dir:
+            ddp = build_our_trainer(ddp_config, runtime, dataset, Path(run_dir))
+            local = build_our_trainer(local_config, alone, dataset, Path(run_dir))
+            assert ddp.plan.accumulation == local.plan.accumulation == ACCUMULATION
+            batches = list(itertools.islice(iter(ddp.loader), 4 * ACCUMULATION))
+            is_rank0 = runtime.rank == 0
+            figures = interleaved({
+                "ddp": lambda: collective_time(ddp, batches, args.steps, everyone=True),
+                "1 process": lambda: collective_time(local, batches, args.steps, everyone=False),
+                "2 × alone": lambda: collective_time(local, batches, args.steps, everyone=True),
+            }, args.repeats)
+            if is_rank0:
+                report(figures, args.threads, args.steps)
+
+
+def collective_time(trainer: Trainer, batches: list[dict[str, torch.Tensor]], steps: int, everyone: bool) -> float:
+    """Seconds per step of ``trainer`` on rank 0 and, when ``everyone``, on rank 1 too (which otherwise
+    waits in a barrier); the slower rank's figure, which is what a DDP job runs at."""
+    barrier()
+    elapsed = 0.0
+    if everyone or dist.get_rank() == 0:
+        elapsed = seconds_per_step(trainer.train_step, batches, steps)
+    barrier()
+    # all_reduce_max takes integers: microseconds are fine-grained enough for steps of tens of ms.
+    return all_reduce_max(round(elapsed * 1e6), torch.device("cpu")) / 1e6
+
+
+def report(figures: dict[str, list[float]], threads: int, steps: int) -> None:
+    print(machine_line(threads, processes=WORLD_SIZE))
+    print(f"model: tiny BERT, fp32, max_seq_len 128; per-rank batch {PER_RANK_BATCH} × {ACCUMULATION} micro-batches "
+          f"per step; gloo on loopback; {steps} steps per repeat")
+    rows = [(name, f"{1000 * median(values):.2f} ms/step", spread([1000 * v for v in values]))
+            for name, values in figures.items()]
+    print_table("DDP overhead on CPU (median time per optimizer step, slower rank):", rows)
+    ddp = median(figures["ddp"])
+    print(f"  ddp / 2 × alone (all-reduce and DDP hooks alone): {ddp / median(figures['2 × alone']):.3f}")
+    print_targets([Target("ddp (2 gloo ranks) / 1 process, time per step", ddp / median(figures["1 process"]),
+                          TARGET, at_most=True)])
+
+
+def launch(argv: list[str], threads: int) -> int:
+    """This script again, as 2 ranks under torchrun on loopback; rank 0 prints the report."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}",
+               __file__, "--worker", *argv]
+    environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(command, env=environment, check=False).returncode
+
+
+if __name__ == "__main__":
+    main()

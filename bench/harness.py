@@ -1,0 +1,189 @@
+"""What every benchmark in bench/ shares: pinned threads, interleaved repeats, medians, the report's format.
+
+A benchmark compares contenders side by side in one run: each repeat runs every contender once, in an
+order that alternates (A B, B A, A B …), so that a burst of load from another process on a shared
+machine hits all of them alike; the figure of a contender is its median over the repeats. Ratios of
+medians are what the targets judge; absolute numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch.utils.data import Dataset
+
+from distqa.config import Config
+from distqa.distributed import Runtime
+from distqa.model import build_model, forward, qa_loss
+from distqa.optim import Precision, build_optimizer, build_scheduler
+from distqa.pretrained import load_tokenizer
+from distqa.rng import seed_everything
+from distqa.settings import load_config
+from distqa.train import build_dataset, build_loader
+from distqa.trainer import StepPlan, Trainer, wrap_ddp
+
+T = TypeVar("T")
+
+BENCH_SEED = 0
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, default_repeats: int) -> None:
+    """``--threads``, ``--repeats`` and ``--quick``, the same in every script."""
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads per process (default 1: the machine is shared)")
+    parser.add_argument("--repeats", type=int, default=default_repeats, help="interleaved repeats per contender")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: tiny sizes, 3 repeats, figures meaningless")
+
+
+def pin_threads(threads: int) -> None:
+    """One fixed number of torch threads for every contender (and no inter-op pool growing behind it)."""
+    if threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+    # Set once per process, before any inter-op work; calling it twice raises, hence the guard.
+    if torch.get_num_interop_threads() != threads:
+        torch.set_num_interop_threads(threads)
+
+
+def machine_line(threads: int, processes: int = 1) -> str:
+    """Where the figures come from: cores, CPU model, torch version, threads in use."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return (f"machine: {os.cpu_count()} cores, {model}, {platform.machine()}; torch {torch.__version__}; "
+            f"{threads} torch thread(s) per process × {processes} process(es); load average "
+            f"{os.getloadavg()[0]:.2f} (a shared machine: other work shifts the absolute figures, "
+            "much less the interleaved ratios)")
+
+
+def interleaved(contenders: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Call every contender once per repeat, alternating the order; each call returns its own figure
+    (seconds per step, or items per second). Returns every figure by contender."""
+    names = list(contenders)
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names if repeat % 2 == 0 else reversed(names):
+            figures[name].append(contenders[name]())
+    return figures
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ratio and the bound it must meet."""
+
+    name: str
+    value: float
+    bound: float
+    at_most: bool
+    """True: the value must be <= bound (a time ratio); False: >= bound (a throughput ratio)."""
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.bound if self.at_most else self.value >= self.bound
+
+    def line(self) -> str:
+        verdict, relation = "PASS" if self.met else "MISS", "<=" if self.at_most else ">="
+        return f"{verdict}  {self.name:<52} {self.value:8.3f}  (target {relation} {self.bound:g})"
+
+
+def print_table(title: str, rows: Sequence[tuple[str, str, str]]) -> None:
+    """Rows of (contender, median figure, note), aligned."""
+    print(title)
+    width = max(len(row[0]) for row in rows)
+    value_width = max(len(row[1]) for row in rows)
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:>{value_width}}   {note}")
+
+
+def print_targets(targets: Sequence[Target]) -> None:
+    print()
+    for target in targets:
+        print(target.line())
+
+
+def spread(values: Sequence[float]) -> str:
+    """The range of the repeats, as a note next to their median."""
+    return f"median of {len(values)}, range {min(values):.4g}..{max(values):.4g}"
+
+
+# --- our trainer, built as distqa.train builds it ------------------------------------------------
+def bench_config(*overrides: str) -> Config:
+    """The tiny-cpu preset (tiny BERT from data/tiny-bert's config, DummyDataset) with ``overrides``
+    (command-line flags of ``python -m distqa.train``), never reading .env or DISTQA_* variables."""
+    return load_config(["--preset", "tiny-cpu", "--progress-bar", "false", "--tensorboard", "false",
+                        "--max-steps", "1000000", *overrides], environ={}, dotenv_path=os.devnull)
+
+
+def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path) -> Trainer:
+    """A :class:`distqa.trainer.Trainer` over the real model, loader, optimizer, schedule and precision,
+    from the same seed as ``distqa.train`` (nothing resumed, no evaluation)."""
+    loader = build_loader(config, runtime, dataset)
+    plan = StepPlan.of(config, loader.sampler, runtime.world_size)
+    seed_everything(BENCH_SEED)
+    model = build_model(config).to(runtime.device)
+    optimizer = build_optimizer(model, config, runtime.device)
+    return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=wrap_ddp(model, runtime),
+                   optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
+                   precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
+                   evaluator=None, resumed=None)
+
+
+def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Tensor]]], None]:
+    """The minimal training step, written as a PyTorch tutorial would, over ``trainer``'s model, optimizer,
+    schedule and precision: the yardstick of framework overhead (no DDP, no loss scaling, no metrics)."""
+    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
+    accumulation, max_grad_norm = trainer.plan.accumulation, trainer.config.max_grad_norm
+    autocast = trainer.precision.autocast  # fp32: a null context; bf16: torch.autocast("cpu", bfloat16)
+
+    def step(micro_batches: Iterator[dict[str, torch.Tensor]]) -> None:
+        for _ in range(accumulation):
+            batch = next(micro_batches)
+            with autocast():
+                loss = qa_loss(forward(model, batch), batch) / accumulation
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def dummy_dataset(config: Config) -> Dataset:
+    """The DummyDataset of ``config`` (about a third of its windows shorter than max_seq_len)."""
+    return build_dataset(config, load_tokenizer(config))
+
+
+def seconds_per_step(step: Callable[[Iterator[dict[str, torch.Tensor]]], object],
+                     batches: list[dict[str, torch.Tensor]], steps: int) -> float:
+    """Seconds per call, the mean of ``steps`` calls of ``step`` over ``batches`` (cycled), after one untimed
+    call that lets caches and the allocator settle after another contender ran."""
+    micro_batches = itertools.cycle(batches)
+    step(micro_batches)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step(micro_batches)
+    return (time.perf_counter() - started) / steps
+
+
+def endless(loader: Iterable[T]) -> Iterator[T]:
+    """The loader's batches, epoch after epoch (a new iterator per epoch, as the trainer makes)."""
+    while True:
+        yield from loader

@@ -1,0 +1,61 @@
+"""The benchmarks of `make bench` run (``--quick``) and print a complete report, so they cannot rot.
+
+Their figures are not judged here (``--quick`` runs are too short to mean anything, and this machine
+is shared): only that each script ends cleanly, pins its threads, and prints every target it promises
+with a finite ratio. The speed targets themselves are checked by running ``make bench``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, clean_env
+
+TARGET_LINE = re.compile(r"^(PASS|MISS)  (?P<name>.+?) +(?P<value>-?[0-9.]+|inf|nan)  \(target (<=|>=) [0-9.]+\)$",
+                         re.MULTILINE)
+# Every script's targets, by the start of their names: a script that stops reporting one fails here.
+EXPECTED_TARGETS = {
+    "bench/step_overhead.py": ["ours / hand-written loop"],
+    "bench/hf_trainer.py": ["ours / hf-run_qa", "ours / hf-best"],
+    "bench/ddp_overhead.py": ["ddp (2 gloo ranks) / 1 process"],
+    "bench/loader_vs_step.py": ["loader / step"],
+    "bench/nq_pipeline.py": ["(a) / (b)", "(c) / (a)", "peak RSS", "reading"],
+}
+MULTI_PROCESS = {"bench/ddp_overhead.py"}
+
+
+def bench_scripts() -> list[str]:
+    """BENCH_SCRIPTS of the Makefile: what `make bench` runs."""
+    makefile = (REPO_ROOT / "Makefile").read_text().replace("\\\n", " ")
+    match = re.search(r"^BENCH_SCRIPTS :=(.*)$", makefile, re.MULTILINE)
+    assert match, "the Makefile has no BENCH_SCRIPTS variable"
+    return match.group(1).split()
+
+
+def test_make_bench_runs_every_benchmark_this_file_checks() -> None:
+    scripts = bench_scripts()
+    assert sorted(scripts) == sorted(EXPECTED_TARGETS), "BENCH_SCRIPTS and EXPECTED_TARGETS disagree"
+    for script in scripts:
+        assert (REPO_ROOT / script).is_file(), f"{script} is listed in BENCH_SCRIPTS but does not exist"
+
+
+@pytest.mark.parametrize("script", [
+    pytest.param(script, marks=[pytest.mark.distributed] if script in MULTI_PROCESS else [])
+    for script in EXPECTED_TARGETS])
+def test_quick_run_prints_every_target(script: str) -> None:
+    result = subprocess.run([sys.executable, script, "--quick"], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, f"{script} --quick failed:\n{result.stdout}\n{result.stderr}"
+    assert "1 torch thread(s) per process" in result.stdout, result.stdout
+    targets = {m.group("name"): float(m.group("value")) for m in TARGET_LINE.finditer(result.stdout)}
+    for expected in EXPECTED_TARGETS[script]:
+        found = [name for name in targets if name.startswith(expected)]
+        assert len(found) == 1, f"{script}: no single target line for {expected!r} in:\n{result.stdout}"
+        value = targets[found[0]]
+        assert math.isfinite(value) and value > 0, f"{script}: {found[0]} = {value}"
+    assert len(targets) == len(EXPECTED_TARGETS[script]), result.stdout
