@@ -38,7 +38,8 @@
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
 # step boundary after a checkpoint of that step (start the node again with the same --run-id to
 # resume); 3 when node 0's rendezvous at --master-addr:--master-port could not be reached within the
-# join timeout; 2 for a wrong option. Each failure says why in one line.
+# join timeout; 4 when the rendezvous did not fill up within the join timeout (the line names the nodes
+# that joined and those that did not); 2 for a wrong option. Each failure says why in one line.
 #
 # Environment:
 #   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
@@ -137,7 +138,9 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
     export OMP_NUM_THREADS=$(( cores / nproc_per_node > 1 ? cores / nproc_per_node : 1 ))
 fi
 
-launcher=("$PYTHON" -m torch.distributed.run --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
+# distqa.agent is torchrun's agent (torch.distributed.run.main, same arguments) that says in one line
+# which node never joined when the rendezvous times out, instead of a bare RendezvousTimeoutError.
+launcher=("$PYTHON" -m distqa.agent "$node_rank" --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
 if (( nnodes == 1 )); then
     launcher+=(--standalone)
     where="1 node (standalone)"
@@ -175,6 +178,8 @@ if (( nnodes > 1 && node_rank > 0 )); then
     fi
 fi
 
+rendezvous_timeout_status=4  # distqa.agent.RENDEZVOUS_TIMEOUT_EXIT_CODE
+
 # Workers stopped by a signal (distqa.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
 # each leave one line here: torchrun itself exits with 1 whatever its workers' codes were.
 stop_reports="$(mktemp -d "${TMPDIR:-/tmp}/distqa-stop.XXXXXX")"
@@ -211,7 +216,7 @@ if [[ -f "${reports[0]}" ]]; then
     echo "worker.sh: run '$run_id' node $node_rank: $report" >&2
     exit 75
 fi
-if (( status != 0 )); then
+if (( status != 0 && status != rendezvous_timeout_status )); then  # distqa.agent said why in one line
     echo "worker.sh: run '$run_id' node $node_rank: torchrun exited with status $status (see above)" >&2
 fi
 exit "$status"

@@ -305,7 +305,7 @@ def _agent_of_node(node: int, output_dir: Path) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"torch.distributed.run" in cmdline and f"is_host={int(node == 0)},".encode() in b" ".join(cmdline) \
+        if b"distqa.agent" in cmdline and f"is_host={int(node == 0)},".encode() in b" ".join(cmdline) \
                 and b"launcher-test" in cmdline and str(output_dir).encode() in cmdline:
             return int(proc.name)
     return None
@@ -328,7 +328,7 @@ def _training_process_with_rank(rank: int, output_dir: Path) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"distqa.train" in cmdline and b"torch.distributed.run" not in b" ".join(cmdline) \
+        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline \
                 and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ \
                 and str(output_dir).encode() in cmdline:
             return int(proc.name)

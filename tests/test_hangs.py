@@ -1,0 +1,62 @@
+"""Hangs turned into one line each (issue 14 item 2): a node that never joins the rendezvous, a
+collective that times out; and the flight recorder that worker.sh turns on for NCCL hangs (item 4).
+
+Every process talks over loopback; every wait is bounded by the join or collective timeout the test
+sets (seconds), plus the subprocess timeout as a backstop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distqa.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+
+WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
+
+
+def start_node(node_rank: int, nnodes: int, port: int, run_id: str, output_dir: Path, *extra: str
+               ) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["bash", WORKER, "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
+         "--master-port", str(port), "--run-id", run_id, "--nproc-per-node", "1", *extra, "--",
+         *FAST_ARGS, "--output-dir", str(output_dir), "--max-steps", "2"],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(process: subprocess.Popen[str], timeout: float) -> str:
+    try:
+        return process.communicate(timeout=timeout)[0]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.mark.distributed
+def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_path: Path) -> None:
+    """3 nodes expected, nodes 0 and 1 started: both end after the join timeout with one line naming
+    the rendezvous address:port, who joined and that node 2 never did, and exit 4, not a traceback."""
+    port = free_port()
+    nodes = [start_node(rank, 3, port, "never-joins", tmp_path, "--join-timeout", "8") for rank in (0, 1)]
+    outputs = [finish(node, timeout=120) for node in nodes]
+    for rank, (node, output) in enumerate(zip(nodes, outputs, strict=True)):
+        assert node.returncode == RENDEZVOUS_TIMEOUT_EXIT_CODE, output
+        lines = [line for line in output.splitlines() if "distqa.agent:" in line]
+        assert len(lines) == 1, output
+        # Node 1 may lose node 0's store a moment before its own deadline: node 0 ends at its deadline.
+        assert lines[0].startswith(f"distqa.agent: node {rank}: the rendezvous 'never-joins' at 127.0.0.1:{port} ")
+        assert ("2 of 3 nodes (--node-rank 0..2) joined (node 0 at 127.0.0.1, node 1 at 127.0.0.1); node 2 never "
+                "joined: check that every node was started (scripts/worker.sh --node-rank I) with --nnodes 3 --run-id "
+                f"never-joins --master-addr 127.0.0.1 --master-port {port}, that its job is running and not still "
+                "queued (raise --join-timeout), and its log for an error before it joined.") in lines[0]
+        assert "timed out after 8 s" in lines[0] or "(hosted by node 0, which ended meanwhile)" in lines[0]
+        assert "Traceback" not in output and "RendezvousTimeoutError" not in output, output
+        assert "torchrun exited" not in output
