@@ -63,6 +63,23 @@ def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
     raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
 
 
+def training_process(rank: int, output_dir: Path) -> int | None:
+    """PID of a live `distqa.train` worker with RANK=rank whose --output-dir is ``output_dir`` (a test's
+    tmp_path, so that another test run on the same machine is never the one signalled); not its agent."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline and b"torch.distributed.run" not in cmdline \
+                and f"RANK={rank}".encode() in environ and str(output_dir).encode() in cmdline:
+            return int(proc.name)
+    return None
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     checkpoints = sorted((run_dir / "checkpoints").glob("step-*.pt"))
     assert checkpoints, f"no checkpoint in {run_dir}"
