@@ -50,6 +50,8 @@
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
+#   TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
+#                       recorder: 2000 entries, dumped on a timeout to <run dir>/flight-recorder/rank_<R>
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
 #   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
 #   NCCL_IB_DISABLE=1 forces TCP where InfiniBand is advertised but not usable. On the platform set
@@ -126,6 +128,24 @@ if [[ -z "$nproc_per_node" ]]; then
     nproc_per_node=$(( gpus > 0 ? gpus : 1 ))
 fi
 [[ "$nproc_per_node" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive whole number, got '$nproc_per_node'"
+
+# PyTorch's flight recorder (torch 2.13: c10d/FlightRecorder.hpp, ProcessGroupNCCL.hpp): each rank keeps
+# its last TORCH_NCCL_TRACE_BUFFER_SIZE collectives (alias TORCH_FR_BUFFER_SIZE), and when NCCL's watchdog
+# times one out (dist_timeout_s) it dumps them to <TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank> (2.13 reads
+# TORCH_FR_DUMP_TEMP_FILE first): into the run directory, so a hang leaves a record of which collective
+# each rank was in. Read it with `torchfrtrace <run dir>/flight-recorder` (README "Fault tolerance").
+# The run directory is the trainer's own (its settings resolved as it will resolve them); a setting it
+# refuses is left for the trainer to report.
+if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)"; then
+    flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$run_dir/flight-recorder/rank_}}"
+    mkdir -p "$(dirname "$flight_recorder")"
+    export TORCH_FR_DUMP_TEMP_FILE="$flight_recorder" TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$flight_recorder"
+    export TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+    export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
+    # 3 (torch's default, stated): on a timeout or NCCL error the watchdog tears the process down, so
+    # torchrun sees the failure instead of a rank hanging forever.
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}"
+fi
 
 # Workers get a fresh TCP store each rendezvous round instead of sharing the agent's: with the
 # shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).

@@ -100,3 +100,27 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
     assert "; rank(s) 1 did not arrive (stalled, or busy outside the collective" in lines[0], lines[0]
     assert "Check the log of rank(s) 1 for where it stopped" in lines[0] and "--dist-timeout-s" in lines[0]
     assert "Timed out waiting" not in output, "gloo's own error is not shown as a traceback"
+
+
+def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_path: Path) -> None:
+    """What worker.sh hands torchrun's agent: the flight recorder on, dumped on a timeout, into the run
+    directory the trainer resolves from the same arguments (here --output-dir and the run id). A stand-in
+    interpreter prints the agent's environment instead of starting it; everything else is the real one."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m distqa.agent" ]]; then env | grep -E '^TORCH_(NCCL|FR)_' | sort; exit 0; fi
+exec {sys.executable} "$@"
+""")
+    stand_in.chmod(0o755)
+    output_dir = tmp_path / "results"
+    result = subprocess.run(
+        ["bash", WORKER, "--nproc-per-node", "1", "--run-id", "fr-run", "--", "--preset", "none",
+         "--output-dir", str(output_dir)],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    exported = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    prefix = f"{output_dir / 'fr-run' / 'flight-recorder'}/rank_"
+    assert exported["TORCH_FR_DUMP_TEMP_FILE"] == exported["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert exported["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(exported["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert exported["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert (output_dir / "fr-run" / "flight-recorder").is_dir()
