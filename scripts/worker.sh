@@ -50,7 +50,7 @@
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
-#   TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
+#   TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
 #                       recorder: 2000 entries, dumped on a timeout to <run dir>/flight-recorder/rank_<R>
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
 #   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
@@ -130,17 +130,17 @@ fi
 [[ "$nproc_per_node" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive whole number, got '$nproc_per_node'"
 
 # PyTorch's flight recorder (torch 2.13: c10d/FlightRecorder.hpp, ProcessGroupNCCL.hpp): each rank keeps
-# its last TORCH_NCCL_TRACE_BUFFER_SIZE collectives (alias TORCH_FR_BUFFER_SIZE), and when NCCL's watchdog
-# times one out (dist_timeout_s) it dumps them to <TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank> (2.13 reads
-# TORCH_FR_DUMP_TEMP_FILE first): into the run directory, so a hang leaves a record of which collective
-# each rank was in. Read it with `torchfrtrace <run dir>/flight-recorder` (README "Fault tolerance").
-# The run directory is the trainer's own (its settings resolved as it will resolve them); a setting it
-# refuses is left for the trainer to report.
+# its last TORCH_FR_BUFFER_SIZE collectives, and when NCCL's watchdog times one out (dist_timeout_s) it
+# dumps them to <TORCH_FR_DUMP_TEMP_FILE><rank>: into the run directory, so a hang leaves a record of
+# which collective each rank was in. Read it with `torchfrtrace <run dir>/flight-recorder` (README
+# "Fault tolerance"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
+# TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a deprecation warning. The run directory is the trainer's own
+# (its settings resolved as it will resolve them); a setting it refuses is left for the trainer to report.
 if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)"; then
-    flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$run_dir/flight-recorder/rank_}}"
+    flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-$run_dir/flight-recorder/rank_}"
     mkdir -p "$(dirname "$flight_recorder")"
-    export TORCH_FR_DUMP_TEMP_FILE="$flight_recorder" TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$flight_recorder"
-    export TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+    export TORCH_FR_DUMP_TEMP_FILE="$flight_recorder"
+    export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}"
     export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
     # 3 (torch's default, stated): on a timeout or NCCL error the watchdog tears the process down, so
     # torchrun sees the failure instead of a rank hanging forever.
