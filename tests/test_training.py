@@ -246,10 +246,12 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     """SIGTERM to node 1's torchrun agent mid-run (a preempted node, a job at its life span): the agent
     passes it to its worker, both ranks agree at the next step, rank 0 checkpoints that step (there is
     no periodic checkpoint: checkpoint_every 0), every process exits 75 and the launcher says so in one
-    line. Resuming from that checkpoint ends with the weights of an uninterrupted run (dropout on)."""
+    line, even with torchrun restarts left. Resuming from that checkpoint ends with the weights of an
+    uninterrupted run (dropout on)."""
     args = ["--max-steps", "60", "--checkpoint-every", "0", "--global-batch-size", "8",
             "--per-rank-batch-size", "4", "--dropout", "0.1", "--stop-check-every", "1"]
-    launcher = launch_locally(tmp_path, *args)
+    # Restarts left (the platform's and Slurm's default) must not start the stopped workers again.
+    launcher = launch_locally(tmp_path, *args, max_restarts=2)
     rank_0_log = tmp_path / "launcher-test" / "logs" / "rank-0.log"
     try:
         wait_for(lambda: rank_0_log.exists() and "step 3/60" in rank_0_log.read_text(), timeout=180)

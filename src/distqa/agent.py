@@ -17,6 +17,9 @@ rendezvous state through torch's own backend (``C10dRendezvousBackend.get_state`
 ``_RendezvousState`` of ``dynamic_rendezvous``, whose participants are ``(addr, pid, local_id)``). The last
 state seen with this node in it is the one reported: at the deadline torch removes the node from the
 state before raising.
+
+A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
+:func:`_end_after_a_graceful_stop`.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import json
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
@@ -38,6 +43,8 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args, parse_min_max_nnodes
+
+from distqa.stop import REPORT_DIR_VARIABLE
 
 RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
@@ -130,6 +137,16 @@ class RendezvousWatcher:
                 f"({joined}){never}: {check}.")
 
 
+def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event) -> None:
+    """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
+    agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
+    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join."""
+    while not done.wait(0.5):
+        if any(report_dir.glob("rank-*")):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or not args[0].isdigit():
@@ -143,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nnodes = parse_min_max_nnodes(options.nnodes)[1]
         addr = options.local_addr or socket.getfqdn()  # what torch's _NodeDescGenerator records
         watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr).start()
+    stop_watch = threading.Event()
+    if report_dir := os.environ.get(REPORT_DIR_VARIABLE):
+        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch), daemon=True).start()
     try:
         torchrun_main(torchrun_args)
     except (RendezvousTimeoutError, RendezvousConnectionError) as err:
@@ -156,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"distqa.agent: node {node_rank}: {message}", file=sys.stderr)
         return RENDEZVOUS_TIMEOUT_EXIT_CODE
     finally:
+        stop_watch.set()
         if watcher is not None:
             watcher.stop()
     return 0
