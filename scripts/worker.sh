@@ -33,6 +33,10 @@
 #                       never): SIGTERM to torchrun, so they checkpoint the step reached and exit 75.
 #                       Set it below a job's life span or time limit, so the stop does not depend on
 #                       the signal (and grace period) the platform sends at the end
+#   --life-span SPAN    the job's life span or time limit (the same forms, or neuro-flow's seconds such
+#                       as 3600.5): without --stop-after, stop after SPAN minus a tenth of it, at most
+#                       15 min before the end (1d → 23h45m, 1h → 54m), so the stop and its checkpoint
+#                       come before the platform's kill; .neuro/live.yml passes the job's life_span
 #   --dry-run           print the torchrun command instead of running it
 #
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
@@ -72,6 +76,7 @@ max_restarts="${MAX_RESTARTS:-0}"
 nproc_per_node="${NPROC_PER_NODE:-}"
 join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
 stop_after=0
+life_span=""
 dry_run=0
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -90,6 +95,7 @@ while [[ $# -gt 0 ]]; do
         --nproc-per-node) need_value "$@"; nproc_per_node="$2"; shift 2 ;;
         --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
         --stop-after) need_value "$@"; stop_after="$2"; shift 2 ;;
+        --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
@@ -97,16 +103,32 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# 1d12h, 90m, 3600 → seconds
-if [[ "$stop_after" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && ! "$stop_after" =~ ^[0-9]*$ ]]; then
-    span="$stop_after" stop_after=0
+# seconds_of SPAN: 1d12h, 90m, 3600 (and 3600.5, 1e4: neuro-flow's float seconds) → whole seconds; fails otherwise
+seconds_of() {
+    local span="$1" total=0 unit
+    if [[ "$span" =~ ^\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?$ ]]; then
+        printf '%.0f\n' "$span"
+        return
+    fi
+    [[ -n "$span" && "$span" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ ]] || return 1
     while [[ "$span" =~ ^([0-9]+)([dhms])(.*)$ ]]; do
         case "${BASH_REMATCH[2]}" in d) unit=86400 ;; h) unit=3600 ;; m) unit=60 ;; *) unit=1 ;; esac
-        stop_after=$(( stop_after + 10#${BASH_REMATCH[1]} * unit ))
+        total=$(( total + 10#${BASH_REMATCH[1]} * unit ))
         span="${BASH_REMATCH[3]}"
     done
+    echo "$total"
+}
+stop_after_s="$(seconds_of "$stop_after")" \
+    || die "--stop-after must be [Nd][Nh][Nm][Ns] (1d, 23h30m, 90m) or seconds, got '$stop_after'"
+stop_after="$stop_after_s"
+if [[ -n "$life_span" ]]; then
+    life_s="$(seconds_of "$life_span")" \
+        || die "--life-span must be [Nd][Nh][Nm][Ns] (1d, 6h, 90m) or seconds, got '$life_span'"
+    # The stop needs stop_check_every steps and one checkpoint write; the margin also covers the job's
+    # start-up before this script runs (the platform counts the life span from the job's start).
+    margin=$(( life_s / 10 < 900 ? life_s / 10 : 900 ))
+    if (( stop_after == 0 && life_s > 0 )); then stop_after=$(( life_s - margin > 1 ? life_s - margin : 1 )); fi
 fi
-[[ "$stop_after" =~ ^[0-9]+$ ]] || die "--stop-after must be [Nd][Nh][Nm][Ns] (1d, 23h30m, 90m) or seconds, got '$stop_after'"
 for name in nnodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
@@ -136,9 +158,10 @@ fi
 # "Fault tolerance"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
 # TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a deprecation warning. The run directory is the trainer's own
 # (its settings resolved as it will resolve them); a setting it refuses is left for the trainer to report.
-if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)"; then
+if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \
+        && [[ -n "$run_dir" && "$run_dir" != *$'\n'* ]]; then
     flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-$run_dir/flight-recorder/rank_}"
-    mkdir -p "$(dirname "$flight_recorder")"
+    (( dry_run )) || mkdir -p "$(dirname "$flight_recorder")"
     export TORCH_FR_DUMP_TEMP_FILE="$flight_recorder"
     export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}"
     export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
