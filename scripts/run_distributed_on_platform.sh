@@ -27,7 +27,9 @@
 #                      name (<project id>-distributed-training-<ID>-<node>, cut as neuro-flow cuts
 #                      it) fits the platform's 40 characters: at most 15 characters below 10 nodes.
 #   --port P           rendezvous port on the master (default 29400)
-#   --max-restarts R   torchrun restarts after a worker failure, inside the jobs (default 0)
+#   --max-restarts R   torchrun restarts of every worker from the newest checkpoint after one fails,
+#                      inside the jobs (default 3: a crashed process costs a restart, not the run; a
+#                      job that ends still ends the run; README "Fault tolerance")
 #   --life-span SPAN   each job is killed by the platform after SPAN (default 1d): a safety net.
 #                      As neuro-flow reads it: [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m)
 #                      or a number of seconds (3600)
@@ -55,7 +57,7 @@ nodes="$(setting NODES 2)"
 preset="$(setting PLATFORM_PRESET gpu-small)"
 run_id="${RUN_ID:-dq-$(date -u +%m%d-%H%M%S)}"
 port=29400
-max_restarts=0
+max_restarts=3
 life_span=1d
 timeout_s="${SCHEDULE_TIMEOUT:-900}"
 join_margin_s=300  # after a worker is scheduled: image pull, container start, python imports

@@ -33,6 +33,10 @@
 #                       never): SIGTERM to torchrun, so they checkpoint the step reached and exit 75.
 #                       Set it below a job's life span or time limit, so the stop does not depend on
 #                       the signal (and grace period) the platform sends at the end
+#   --life-span SPAN    the job's life span or time limit (the same forms, or neuro-flow's seconds such
+#                       as 3600.5): without --stop-after, stop after SPAN minus a tenth of it, at most
+#                       15 min before the end (1d → 23h45m, 1h → 54m), so the stop and its checkpoint
+#                       come before the platform's kill; .neuro/live.yml passes the job's life_span
 #   --dry-run           print the torchrun command instead of running it
 #   --doctor            run the preflight doctor (python -m distqa.doctor) instead of training, with the
 #                       same torchrun line and arguments: rank 0 prints a table of every rank and what
@@ -41,7 +45,8 @@
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
 # step boundary after a checkpoint of that step (start the node again with the same --run-id to
 # resume); 3 when node 0's rendezvous at --master-addr:--master-port could not be reached within the
-# join timeout; 2 for a wrong option. Each failure says why in one line.
+# join timeout; 4 when the rendezvous did not fill up within the join timeout (the line names the nodes
+# that joined and those that did not); 2 for a wrong option. Each failure says why in one line.
 #
 # Environment:
 #   PYTHON              interpreter with distqa installed (default: the repository's .venv/bin/python
@@ -52,6 +57,8 @@
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
+#   TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
+#                       recorder: 2000 entries, dumped on a timeout to <run dir>/flight-recorder/rank_<R>
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
 #   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
 #   NCCL_IB_DISABLE=1 forces TCP where InfiniBand is advertised but not usable. On the platform set
@@ -72,6 +79,7 @@ max_restarts="${MAX_RESTARTS:-0}"
 nproc_per_node="${NPROC_PER_NODE:-}"
 join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
 stop_after=0
+life_span=""
 dry_run=0
 entry_point=distqa.train
 
@@ -91,6 +99,7 @@ while [[ $# -gt 0 ]]; do
         --nproc-per-node) need_value "$@"; nproc_per_node="$2"; shift 2 ;;
         --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
         --stop-after) need_value "$@"; stop_after="$2"; shift 2 ;;
+        --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         --doctor) entry_point=distqa.doctor; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -99,16 +108,32 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# 1d12h, 90m, 3600 → seconds
-if [[ "$stop_after" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && ! "$stop_after" =~ ^[0-9]*$ ]]; then
-    span="$stop_after" stop_after=0
+# seconds_of SPAN: 1d12h, 90m, 3600 (and 3600.5, 1e4: neuro-flow's float seconds) → whole seconds; fails otherwise
+seconds_of() {
+    local span="$1" total=0 unit
+    if [[ "$span" =~ ^\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?$ ]]; then
+        printf '%.0f\n' "$span"
+        return
+    fi
+    [[ -n "$span" && "$span" =~ ^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$ ]] || return 1
     while [[ "$span" =~ ^([0-9]+)([dhms])(.*)$ ]]; do
         case "${BASH_REMATCH[2]}" in d) unit=86400 ;; h) unit=3600 ;; m) unit=60 ;; *) unit=1 ;; esac
-        stop_after=$(( stop_after + 10#${BASH_REMATCH[1]} * unit ))
+        total=$(( total + 10#${BASH_REMATCH[1]} * unit ))
         span="${BASH_REMATCH[3]}"
     done
+    echo "$total"
+}
+stop_after_s="$(seconds_of "$stop_after")" \
+    || die "--stop-after must be [Nd][Nh][Nm][Ns] (1d, 23h30m, 90m) or seconds, got '$stop_after'"
+stop_after="$stop_after_s"
+if [[ -n "$life_span" ]]; then
+    life_s="$(seconds_of "$life_span")" \
+        || die "--life-span must be [Nd][Nh][Nm][Ns] (1d, 6h, 90m) or seconds, got '$life_span'"
+    # The stop needs stop_check_every steps and one checkpoint write; the margin also covers the job's
+    # start-up before this script runs (the platform counts the life span from the job's start).
+    margin=$(( life_s / 10 < 900 ? life_s / 10 : 900 ))
+    if (( stop_after == 0 && life_s > 0 )); then stop_after=$(( life_s - margin > 1 ? life_s - margin : 1 )); fi
 fi
-[[ "$stop_after" =~ ^[0-9]+$ ]] || die "--stop-after must be [Nd][Nh][Nm][Ns] (1d, 23h30m, 90m) or seconds, got '$stop_after'"
 for name in nnodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
@@ -131,6 +156,25 @@ if [[ -z "$nproc_per_node" ]]; then
 fi
 [[ "$nproc_per_node" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive whole number, got '$nproc_per_node'"
 
+# PyTorch's flight recorder (torch 2.13: c10d/FlightRecorder.hpp, ProcessGroupNCCL.hpp): each rank keeps
+# its last TORCH_FR_BUFFER_SIZE collectives, and when NCCL's watchdog times one out (dist_timeout_s) it
+# dumps them to <TORCH_FR_DUMP_TEMP_FILE><rank>: into the run directory, so a hang leaves a record of
+# which collective each rank was in. Read it with `torchfrtrace <run dir>/flight-recorder` (README
+# "Fault tolerance"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
+# TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a deprecation warning. The run directory is the trainer's own
+# (its settings resolved as it will resolve them); a setting it refuses is left for the trainer to report.
+if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \
+        && [[ -n "$run_dir" && "$run_dir" != *$'\n'* ]]; then
+    flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-$run_dir/flight-recorder/rank_}"
+    (( dry_run )) || mkdir -p "$(dirname "$flight_recorder")"
+    export TORCH_FR_DUMP_TEMP_FILE="$flight_recorder"
+    export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}"
+    export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
+    # 3 (torch's default, stated): on a timeout or NCCL error the watchdog tears the process down, so
+    # torchrun sees the failure instead of a rank hanging forever.
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}"
+fi
+
 # Workers get a fresh TCP store each rendezvous round instead of sharing the agent's: with the
 # shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
@@ -142,7 +186,9 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
     export OMP_NUM_THREADS=$(( cores / nproc_per_node > 1 ? cores / nproc_per_node : 1 ))
 fi
 
-launcher=("$PYTHON" -m torch.distributed.run --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
+# distqa.agent is torchrun's agent (torch.distributed.run.main, same arguments) that says in one line
+# which node never joined when the rendezvous times out, instead of a bare RendezvousTimeoutError.
+launcher=("$PYTHON" -m distqa.agent "$node_rank" --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
 if (( nnodes == 1 )); then
     launcher+=(--standalone)
     where="1 node (standalone)"
@@ -180,6 +226,8 @@ if (( nnodes > 1 && node_rank > 0 )); then
     fi
 fi
 
+rendezvous_timeout_status=4  # distqa.agent.RENDEZVOUS_TIMEOUT_EXIT_CODE
+
 # Workers stopped by a signal (distqa.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
 # each leave one line here: torchrun itself exits with 1 whatever its workers' codes were.
 stop_reports="$(mktemp -d "${TMPDIR:-/tmp}/distqa-stop.XXXXXX")"
@@ -216,7 +264,7 @@ if [[ -f "${reports[0]}" ]]; then
     echo "worker.sh: run '$run_id' node $node_rank: $report" >&2
     exit 75
 fi
-if (( status != 0 )); then
+if (( status != 0 && status != rendezvous_timeout_status )); then  # distqa.agent said why in one line
     echo "worker.sh: run '$run_id' node $node_rank: torchrun exited with status $status (see above)" >&2
 fi
 exit "$status"

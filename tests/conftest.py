@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
 T = TypeVar("T")
 
 # A configuration small enough for a 2-core machine: a few seconds per run, every code path real.
@@ -55,6 +57,35 @@ def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout
     return result
 
 
+
+
+def start_node(node_rank: int, nnodes: int, port: int, run_id: str, output_dir: Path, *extra: str,
+               trainer_args: Sequence[str] = ("--max-steps", "2")) -> subprocess.Popen[str]:
+    """One emulated node: ``scripts/worker.sh`` with one process on 127.0.0.1, in a session of its own
+    (``os.killpg`` ends the whole node: worker.sh, its torchrun agent and its workers). Its output is
+    appended to ``output_dir/<run_id>-node-<node_rank>.out`` (a file, not a pipe that could fill up)."""
+    with node_output(output_dir, run_id, node_rank).open("a") as sink:
+        return subprocess.Popen(
+            ["bash", WORKER, "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "--run-id", run_id, "--nproc-per-node", "1", *extra, "--",
+             *FAST_ARGS, "--output-dir", str(output_dir), *trainer_args],
+            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1"),
+            stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def node_output(output_dir: Path, run_id: str, node_rank: int) -> Path:
+    return output_dir / f"{run_id}-node-{node_rank}.out"
+
+
+def finish(process: subprocess.Popen[str], timeout: float) -> None:
+    """Wait for ``process``; it and its session are SIGKILLed after ``timeout`` s."""
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
     """Poll ``condition`` every 0.2 s until it returns something truthy; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -63,6 +94,23 @@ def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
             return result
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
+
+
+def training_process(rank: int, output_dir: Path) -> int | None:
+    """PID of a live `distqa.train` worker with RANK=rank whose --output-dir is ``output_dir`` (a test's
+    tmp_path, so that another test run on the same machine is never the one signalled); not its agent."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline and b"torch.distributed.run" not in cmdline \
+                and f"RANK={rank}".encode() in environ and str(output_dir).encode() in cmdline:
+            return int(proc.name)
+    return None
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

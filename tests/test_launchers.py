@@ -24,7 +24,8 @@ def code_lines(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(("what", "pattern", "home"), [
-    ("the torchrun command line", r"torch\.distributed\.run|(^\s*|exec\s+|[;&|]\s*)torchrun\s", "scripts/worker.sh"),
+    ("the torchrun command line", r"torch\.distributed\.run|distqa\.agent|(^\s*|exec\s+|[;&|]\s*)torchrun\s",
+     "scripts/worker.sh"),
     ("the thread settings", r"OMP_NUM_THREADS=", "scripts/worker.sh"),
     ("the rendezvous environment", r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE|rdzv", "scripts/worker.sh"),
     ("finding PYTHON", r"PYTHON=\"?\$\S*\.venv/bin/python|PYTHON=python|PYTHON=\"\$\{PYTHON:-", "scripts/common.sh"),

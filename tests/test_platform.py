@@ -70,6 +70,28 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
     assert predict[predict.index("--output") + 1] == "/project/results/r/submission.csv"
 
 
+@pytest.mark.parametrize(("life_span", "stop_after_s"), [("1d", 86400 - 900), ("90m", 5400 - 540), ("600", 540)])
+def test_a_nodes_job_stops_itself_with_a_checkpoint_before_its_life_span(
+        monkeypatch: pytest.MonkeyPatch, life_span: str, stop_after_s: int) -> None:
+    """The life span the launcher gives a node's job (--life-span → the job's life_span) reaches the job's
+    worker.sh, which sends the graceful stop a tenth of it (at most 15 min) before the platform's kill."""
+    monkeypatch.chdir(REPO_ROOT)
+    sys.path.insert(0, str(STANDIN.parent))
+    import platform_cli
+
+    job = platform_cli.render("distributed_training", "r-0", {"life_span": life_span, "run_id": "r"})
+    words = shlex.split(job.cmd)
+    assert words[:2] == ["bash", "/project/scripts/worker.sh"]
+    dash = words.index("--")
+    worker = ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), *words[2:dash], "--nproc-per-node", "1", "--dry-run",
+              *words[dash:]]
+    result = subprocess.run(worker, cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert job.life_span == stop_after_s + min(900, job.life_span // 10)  # the platform's kill comes after
+    assert f", stop after {stop_after_s}s" in result.stderr, result.stderr
+
+
 def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
     from apolo_flow.parser import parse_live
 

@@ -246,10 +246,12 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     """SIGTERM to node 1's torchrun agent mid-run (a preempted node, a job at its life span): the agent
     passes it to its worker, both ranks agree at the next step, rank 0 checkpoints that step (there is
     no periodic checkpoint: checkpoint_every 0), every process exits 75 and the launcher says so in one
-    line. Resuming from that checkpoint ends with the weights of an uninterrupted run (dropout on)."""
+    line, even with torchrun restarts left. Resuming from that checkpoint ends with the weights of an
+    uninterrupted run (dropout on)."""
     args = ["--max-steps", "60", "--checkpoint-every", "0", "--global-batch-size", "8",
             "--per-rank-batch-size", "4", "--dropout", "0.1", "--stop-check-every", "1"]
-    launcher = launch_locally(tmp_path, *args)
+    # Restarts left (the platform's and Slurm's default) must not start the stopped workers again.
+    launcher = launch_locally(tmp_path, *args, max_restarts=2)
     rank_0_log = tmp_path / "launcher-test" / "logs" / "rank-0.log"
     try:
         wait_for(lambda: rank_0_log.exists() and "step 3/60" in rank_0_log.read_text(), timeout=180)
@@ -305,7 +307,7 @@ def _agent_of_node(node: int, output_dir: Path) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"torch.distributed.run" in cmdline and f"is_host={int(node == 0)},".encode() in b" ".join(cmdline) \
+        if b"distqa.agent" in cmdline and f"is_host={int(node == 0)},".encode() in b" ".join(cmdline) \
                 and b"launcher-test" in cmdline and str(output_dir).encode() in cmdline:
             return int(proc.name)
     return None
@@ -328,7 +330,7 @@ def _training_process_with_rank(rank: int, output_dir: Path) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"distqa.train" in cmdline and b"torch.distributed.run" not in b" ".join(cmdline) \
+        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline \
                 and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ \
                 and str(output_dir).encode() in cmdline:
             return int(proc.name)

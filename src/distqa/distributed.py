@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+import re
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -172,6 +176,88 @@ def broadcast_object(obj: Any) -> Any:
     holder = [obj]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+# What gloo raises on a rank whose collective waited dist_timeout_s for a peer (third_party/gloo/gloo/
+# transport/tcp/unbound_buffer.cc). NCCL does not raise: its watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING)
+# logs "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=…)" and aborts the process,
+# after dumping the flight recorder when TORCH_NCCL_DUMP_ON_TIMEOUT is set (scripts/worker.sh sets it).
+GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation")
+TIMED_OUT_KEY = "distqa/collective-timed-out/{rank}"
+PEERS_GRACE_S = 5.0
+"""How long a rank that timed out waits for the others' timeouts before naming those that did not report."""
+
+
+class CollectiveTimeoutError(Exception):
+    """A collective waited ``dist_timeout_s`` for a peer (gloo): one line naming it and who did not arrive."""
+
+    def __init__(self, rank: int, step: int, collective: str, timeout_s: float, world_size: int,
+                 timed_out: list[int] | None) -> None:
+        if timed_out is None:  # the store (hosted by rank 0's process) did not answer either
+            who = "rank 0 did not answer on the process-group store it hosts either, so rank 0 is stalled or gone"
+            suspects = "0"
+        else:
+            missing = [r for r in range(world_size) if r not in timed_out]
+            suspects = ", ".join(map(str, missing)) or "none"
+            who = (f"rank(s) {suspects} did not arrive (stalled, or busy outside the collective: they did not time "
+                   f"out within {PEERS_GRACE_S:g} s of rank(s) {', '.join(map(str, timed_out))})" if missing else
+                   "every rank timed out waiting: the collective itself stalled (network between the nodes)")
+        super().__init__(
+            f"rank {rank}: {collective} timed out after {timeout_s:g} s (dist_timeout_s) after optimizer step {step}; "
+            f"{who}. "
+            f"Check the log of rank(s) {suspects} for where it stopped (a hang, a slow data loader or disk, "
+            "swapping), the network between the nodes (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME), and raise "
+            "--dist-timeout-s if a step, evaluation or checkpoint legitimately takes longer")
+        self.rank, self.step, self.timed_out = rank, step, timed_out
+
+
+@contextmanager
+def collective_timeouts_named(runtime: Runtime, current_step: Callable[[], int]) -> Iterator[None]:
+    """Turn gloo's collective timeout inside the block into a :class:`CollectiveTimeoutError` naming the
+    optimizer steps done (``current_step()``), the collective, and the ranks that did not arrive. Those
+    are found through the process group's store (torchrun's ``MASTER_ADDR:MASTER_PORT``, served by rank
+    0's process): every rank that times out writes its key there, then waits :data:`PEERS_GRACE_S` for
+    the others' keys."""
+    try:
+        yield
+    except RuntimeError as err:
+        found = GLOO_TIMEOUT.search(str(err))
+        if found is None or not runtime.is_distributed:
+            raise
+        raise CollectiveTimeoutError(runtime.rank, current_step(), _collective_of(err), int(found[1]) / 1000,
+                                     runtime.world_size, _ranks_that_timed_out(runtime)) from err
+
+
+def _collective_of(err: BaseException) -> str:
+    """The innermost torch.distributed call in the traceback, else DDP's all-reduce inside backward."""
+    frames = traceback.extract_tb(err.__traceback__)
+    calls = [frame.name for frame in frames if Path(frame.filename).name == "distributed_c10d.py"]
+    ours = [frame for frame in frames if Path(frame.filename).parent.name == "distqa"
+            and Path(frame.filename).name != "distributed.py"]
+    caller = f" (from {ours[-1].name}, {Path(ours[-1].filename).name}:{ours[-1].lineno})" if ours else ""
+    if calls:
+        return f"the collective {calls[-1]}(){caller}"
+    if any(frame.name == "backward" for frame in frames):
+        return f"DDP's gradient all-reduce in backward{caller}"
+    return f"a collective{caller}"
+
+
+def _ranks_that_timed_out(runtime: Runtime) -> list[int] | None:
+    """Ranks whose collective timed out within :data:`PEERS_GRACE_S` of this one's; None when the store
+    does not answer."""
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=PEERS_GRACE_S), wait_for_workers=False)
+        store.set(TIMED_OUT_KEY.format(rank=runtime.rank), "1")
+        deadline = time.monotonic() + PEERS_GRACE_S
+        while True:
+            reported = [r for r in range(runtime.world_size) if store.check([TIMED_OUT_KEY.format(rank=r)])]
+            if len(reported) == runtime.world_size or time.monotonic() >= deadline:
+                return reported
+            time.sleep(0.25)
+    except (RuntimeError, KeyError, ValueError) as err:  # DistStoreError is a RuntimeError
+        log.warning("could not ask the process-group store who else timed out: %s", err)
+        return None
 
 
 class RankFilter(logging.Filter):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import sys
 import tomllib
 import types
 import typing
@@ -301,5 +302,22 @@ def env_example() -> str:
     return "\n".join(lines) + "\n"
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m distqa.settings`` prints .env.example (``make env-example``);
+    ``python -m distqa.settings --run-dir [TRAINER ARGS...]`` prints the run directory that
+    ``python -m distqa.train TRAINER ARGS`` would use (``scripts/worker.sh`` points the flight recorder there),
+    or exits 2 with the configuration error."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["--run-dir"]:
+        print(env_example(), end="")
+        return 0
+    try:
+        print(load_config(args[1:]).run_dir)
+    except ConfigError as err:
+        print(f"distqa.settings: configuration error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    print(env_example(), end="")
+    sys.exit(main())

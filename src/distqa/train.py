@@ -49,7 +49,14 @@ from distqa.data.dummy import DummyDataset
 from distqa.data.features import find_features, require_nq_features
 from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import Runtime, barrier, distributed_runtime, read_torchrun_env, setup_logging
+from distqa.distributed import (
+    CollectiveTimeoutError,
+    Runtime,
+    barrier,
+    distributed_runtime,
+    read_torchrun_env,
+    setup_logging,
+)
 from distqa.files import DiskFullError
 from distqa.inference import Evaluator
 from distqa.model import build_model
@@ -92,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as err:
         print(f"distqa.train: data error: {err}", file=sys.stderr)
         return 2
+    except CollectiveTimeoutError as err:  # a peer stalled; this rank leaves (torchrun then ends the others)
+        print(f"distqa.train: collective timeout: {err}", file=sys.stderr)
+        return 1
     except DiskFullError as err:  # rank 0, writing a checkpoint; the newest complete one is intact
         print(f"distqa.train: disk full: {err.strerror}. Resume later with --resume auto.", file=sys.stderr)
         return 1

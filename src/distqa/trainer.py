@@ -49,7 +49,7 @@ from distqa.checkpoint import (
 )
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.distributed import Runtime, all_gather_objects, barrier, broadcast_object
+from distqa.distributed import Runtime, all_gather_objects, barrier, broadcast_object, collective_timeouts_named
 from distqa.inference import Evaluation, Evaluator
 from distqa.model import forward, on_device, qa_loss
 from distqa.optim import Precision
@@ -198,7 +198,8 @@ class Trainer:
             return progress
         metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
-        with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed():
+        with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed(), \
+                collective_timeouts_named(self.runtime, lambda: progress.step):
             while progress.step < self.plan.total_steps:
                 self.sampler.set_epoch(progress.epoch)
                 self.sampler.resume_at(progress.samples_in_epoch)

@@ -1,0 +1,155 @@
+"""Time to error or to recovery of each fault of README "Fault tolerance", measured on loopback (CPU, gloo).
+
+    .venv/bin/python bench/fault_times.py            # every scenario once, about 2 min on 2 cores
+
+Each scenario starts the real scripts (worker.sh → distqa.agent → distqa.train, tiny model, DummyDataset)
+in a temporary folder, injects its fault and measures from the fault to the event that ends it: the
+one-line error and exit, or the first training step after the run resumed. Timeouts are set short here
+(join 10 s, collective 10 s); with the defaults (join 900 s, collective 600 s) those scenarios take that
+much longer. Prints one table row per scenario.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
+TRAINER = ["--preset", "none", "--dummy-size", "256", "--max-seq-len", "64", "--max-question-len", "16",
+           "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
+           "--global-batch-size", "8", "--per-rank-batch-size", "4"]
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("DISTQA_")} | {
+    "PYTHON": sys.executable, "NODE_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node(out: Path, rank: int, nnodes: int, port: int, *options: str, trainer: tuple[str, ...] = ()
+         ) -> subprocess.Popen[bytes]:
+    """One emulated node (worker.sh, one process) in a session of its own; output appended to a file."""
+    with (out / f"node-{rank}.out").open("ab") as sink:
+        return subprocess.Popen(
+            ["bash", WORKER, "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "--run-id", "bench", "--nproc-per-node", "1", *options, "--", *TRAINER,
+             "--output-dir", str(out), *trainer], cwd=REPO_ROOT, env=ENV, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 180) -> float:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout} s for {condition}")
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def in_file(path: Path, pattern: str, after: int = 0) -> Callable[[], bool]:
+    return lambda: path.exists() and re.search(pattern, path.read_text()[after:]) is not None
+
+
+def worker_pid(rank: int, out: Path) -> int | None:
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline and f"RANK={rank}".encode() in environ \
+                and str(out).encode() in cmdline:
+            return int(proc.name)
+    return None
+
+
+def unreachable_master(out: Path) -> float:
+    started = time.monotonic()
+    node(out, 1, 2, free_port(), "--join-timeout", "10").wait(timeout=120)
+    return time.monotonic() - started
+
+
+def node_never_joins(out: Path) -> float:
+    started = time.monotonic()
+    node(out, 0, 2, free_port(), "--join-timeout", "10").wait(timeout=120)
+    return time.monotonic() - started
+
+
+def collective_timeout(out: Path) -> float:
+    port = free_port()
+    nodes = [node(out, r, 2, port, trainer=("--max-steps", "100000", "--dist-timeout-s", "10")) for r in (0, 1)]
+    wait_until(in_file(out / "bench" / "logs" / "rank-0.log", r"step 3/"))
+    victim = worker_pid(1, out)
+    assert victim is not None
+    os.kill(victim, signal.SIGSTOP)
+    started = time.monotonic()
+    ended = wait_until(in_file(out / "node-0.out", "collective timeout"))
+    os.kill(victim, signal.SIGKILL)
+    for process in nodes:
+        os.killpg(process.pid, signal.SIGKILL)
+    return ended - started
+
+
+def graceful_stop(out: Path) -> float:
+    port = free_port()
+    nodes = [node(out, r, 2, port, trainer=("--max-steps", "100000", "--checkpoint-every", "0")) for r in (0, 1)]
+    wait_until(in_file(out / "bench" / "logs" / "rank-0.log", r"step 3/"))
+    os.kill(nodes[1].pid, signal.SIGTERM)  # worker.sh of node 1, as the platform or Slurm would
+    started = time.monotonic()
+    for process in nodes:
+        process.wait(timeout=120)
+    return time.monotonic() - started
+
+
+def node_lost_and_returned(out: Path) -> float:
+    port = free_port()
+    trainer = ("--max-steps", "300", "--checkpoint-every", "10")
+    nodes = [node(out, r, 2, port, "--max-restarts", "2", "--join-timeout", "60", trainer=trainer) for r in (0, 1)]
+    log = out / "bench" / "logs" / "rank-0.log"
+    wait_until((out / "bench" / "checkpoints" / "step-00000010.pt").exists)
+    victim = worker_pid(1, out)
+    assert victim is not None
+    offset = len(log.read_text())
+    os.killpg(nodes[1].pid, signal.SIGKILL)
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    nodes[1].wait(timeout=30)
+    nodes.append(node(out, 1, 2, port, "--max-restarts", "2", "--join-timeout", "60", trainer=trainer))
+    resumed = wait_until(in_file(log, r"resumed from[^\n]*\n(.*\n)*.*step \d+/300", offset))
+    for process in nodes:
+        process.wait(timeout=180)
+    return resumed - started
+
+
+SCENARIOS = {
+    "unreachable master (join timeout 10 s): start → exit 3": unreachable_master,
+    "node never joins (join timeout 10 s): start → exit 4": node_never_joins,
+    "collective timeout (dist_timeout_s 10): SIGSTOP of rank 1 → rank 0's line": collective_timeout,
+    "graceful stop (stop_check_every 10): SIGTERM to node 1 → both nodes exit 75": graceful_stop,
+    "node lost and returned at once: SIGKILL of node 1 → first step after the resume": node_lost_and_returned,
+}
+
+
+def main() -> int:
+    print("| scenario | seconds |\n|---|---|")
+    for name, scenario in SCENARIOS.items():
+        with tempfile.TemporaryDirectory(prefix="fault-times-") as folder:
+            seconds = scenario(Path(folder))
+        print(f"| {name} | {seconds:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""torchrun's agent, run in this process, with a rendezvous that times out said in one line.
+
+``scripts/worker.sh`` starts every node with it, in place of ``python -m torch.distributed.run``::
+
+    python -m distqa.agent NODE_RANK [TORCHRUN ARGS...]
+
+``NODE_RANK`` is worker.sh's ``--node-rank``; the rest goes to torchrun unchanged (``torch.distributed.run
+.main``, so its own error reports, exit codes and signal handling stay as they are). One thing changes:
+when a node never joins, torchrun's agents end after the join timeout with a bare
+``RendezvousTimeoutError`` traceback that names neither the address nor the missing node. Here the agent
+ends with one line naming the rendezvous ``HOST:PORT``, the nodes expected and those that joined (by
+their ``--node-rank`` and address), what to check, and exit code :data:`RENDEZVOUS_TIMEOUT_EXIT_CODE`.
+
+Who joined is read while the agent waits: a thread connects to the rendezvous store as a client, writes
+this node's rank, address and agent pid under a key of its own, and every couple of seconds reads the
+rendezvous state through torch's own backend (``C10dRendezvousBackend.get_state``: the pickled
+``_RendezvousState`` of ``dynamic_rendezvous``, whose participants are ``(addr, pid, local_id)``). The last
+state seen with this node in it is the one reported: at the deadline torch removes the node from the
+state before raising.
+
+A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
+:func:`_end_after_a_graceful_stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.run import main as torchrun_main
+from torch.distributed.run import parse_args, parse_min_max_nnodes
+
+from distqa.stop import REPORT_DIR_VARIABLE
+
+RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
+"""Exit code of an agent whose rendezvous did not fill up within the join timeout."""
+
+POLL_S = 2.0
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JoinedNode:
+    """A node seen in the rendezvous: its worker.sh --node-rank when it announced one, else None."""
+
+    node_rank: int | None
+    addr: str
+
+
+class RendezvousWatcher:
+    """Reads, while the agent waits, which nodes have joined its c10d rendezvous (see the module doc)."""
+
+    def __init__(self, host: str, port: int, run_id: str, node_rank: int, nnodes: int, addr: str) -> None:
+        self.host, self.port, self.run_id = host, port, run_id
+        self.node_rank, self.nnodes, self.addr = node_rank, nnodes, addr
+        self.joined: list[JoinedNode] | None = None
+        """The last state seen with this node in it; None until one is seen."""
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="distqa-rendezvous-watcher", daemon=True)
+
+    def _key(self, node_rank: int) -> str:
+        return f"distqa.agent.{self.run_id}.node.{node_rank}"
+
+    def start(self) -> RendezvousWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        store = None
+        while not self._stopped.wait(POLL_S):
+            try:
+                if store is None:  # node 0's store exists once its agent has started: retry until then
+                    store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=POLL_S),
+                                     wait_for_workers=False)
+                    store.set(self._key(self.node_rank), json.dumps({"addr": self.addr, "pid": os.getpid()}))
+                self._read(store)
+            except Exception as err:  # a diagnosis aid must never end the agent
+                log.debug("rendezvous watcher: %s", err)
+                store = None
+
+    def _read(self, store: TCPStore) -> None:
+        found = C10dRendezvousBackend(store, self.run_id).get_state()
+        if found is None:
+            return
+        state = pickle.loads(found[0])  # torch's own pickled _RendezvousState, from torch's own store
+        nodes = {(node.addr, node.pid) for node in (*state.participants, *state.wait_list)}
+        if (self.addr, os.getpid()) not in nodes:
+            return
+        announced = {}
+        for rank in range(self.nnodes):
+            if store.check([self._key(rank)]):
+                entry = json.loads(store.get(self._key(rank)))
+                announced[(entry["addr"], entry["pid"])] = rank
+        self.joined = sorted((JoinedNode(announced.get(node), node[0]) for node in nodes),
+                             key=lambda node: (node.node_rank is None, node.node_rank or 0, node.addr))
+
+    @property
+    def incomplete(self) -> bool:
+        """A state with this node but fewer than the expected nodes was the last one seen."""
+        return self.joined is not None and len(self.joined) < self.nnodes
+
+    def timeout_message(self, join_timeout_s: str, store_closed: bool = False) -> str:
+        """The one line for a rendezvous that did not fill up in time. ``store_closed``: this node lost the
+        store (node 0 ended at its own deadline, which falls a moment before this node's) instead."""
+        where = f"the rendezvous '{self.run_id}' at {self.host}:{self.port}"
+        if store_closed:
+            where += " (hosted by node 0, which ended meanwhile)"
+        expected = f"{self.nnodes} nodes (--node-rank 0..{self.nnodes - 1})"
+        check = (f"check that every node was started (scripts/worker.sh --node-rank I) with --nnodes {self.nnodes} "
+                 f"--run-id {self.run_id} --master-addr {self.host} --master-port {self.port}, that its job is "
+                 "running and not still queued (raise --join-timeout), and its log for an error before it joined")
+        if self.joined is None:
+            return f"{where} timed out after {join_timeout_s} s waiting for {expected}; {check}."
+        joined = ", ".join(f"node {node.node_rank} at {node.addr}" if node.node_rank is not None
+                           else f"a node at {node.addr} (not started by worker.sh)" for node in self.joined)
+        present = {node.node_rank for node in self.joined}
+        missing = [str(rank) for rank in range(self.nnodes) if rank not in present]
+        never = f"; node {', '.join(missing)} never joined" if missing else ""
+        return (f"{where} timed out after {join_timeout_s} s with {len(self.joined)} of {expected} joined "
+                f"({joined}){never}: {check}.")
+
+
+def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event) -> None:
+    """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
+    agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
+    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join."""
+    while not done.wait(0.5):
+        if any(report_dir.glob("rank-*")):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or not args[0].isdigit():
+        print("usage: python -m distqa.agent NODE_RANK [TORCHRUN ARGS...]", file=sys.stderr)
+        return 2
+    node_rank, torchrun_args = int(args[0]), args[1:]
+    options = parse_args(torchrun_args)
+    watcher = None
+    if not options.standalone and options.rdzv_backend == "c10d":
+        host, port = parse_rendezvous_endpoint(options.rdzv_endpoint, default_port=29400)
+        nnodes = parse_min_max_nnodes(options.nnodes)[1]
+        addr = options.local_addr or socket.getfqdn()  # what torch's _NodeDescGenerator records
+        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr).start()
+    stop_watch = threading.Event()
+    if report_dir := os.environ.get(REPORT_DIR_VARIABLE):
+        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch), daemon=True).start()
+    try:
+        torchrun_main(torchrun_args)
+    except (RendezvousTimeoutError, RendezvousConnectionError) as err:
+        store_closed = isinstance(err, RendezvousConnectionError)
+        # A lost store is only this diagnosis while the rendezvous was still filling up; otherwise (node 0
+        # died mid-run, a network fault) torchrun's own report stays.
+        if watcher is None or (store_closed and (node_rank == 0 or not watcher.incomplete)):
+            raise
+        conf = dict(item.split("=", 1) for item in options.rdzv_conf.split(",") if "=" in item)
+        message = watcher.timeout_message(conf.get("join_timeout", "600"), store_closed)
+        print(f"distqa.agent: node {node_rank}: {message}", file=sys.stderr)
+        return RENDEZVOUS_TIMEOUT_EXIT_CODE
+    finally:
+        stop_watch.set()
+        if watcher is not None:
+            watcher.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Hangs turned into one line each (issue 14 item 2): a node that never joins the rendezvous, a
+collective that times out; and the flight recorder that worker.sh turns on for NCCL hangs (item 4).
+
+Every process talks over loopback; every wait is bounded by the join or collective timeout the test
+sets (seconds), plus the subprocess timeout as a backstop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distqa.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE
+
+from conftest import (
+    FAST_ARGS,
+    REPO_ROOT,
+    WORKER,
+    clean_env,
+    finish,
+    free_port,
+    node_output,
+    start_node,
+    training_process,
+    wait_for,
+)
+
+
+@pytest.mark.distributed
+def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_path: Path) -> None:
+    """3 nodes expected, nodes 0 and 1 started: both end after the join timeout with one line naming
+    the rendezvous address:port, who joined and that node 2 never did, and exit 4, not a traceback."""
+    port = free_port()
+    nodes = [start_node(rank, 3, port, "never-joins", tmp_path, "--join-timeout", "8") for rank in (0, 1)]
+    for node in nodes:
+        finish(node, timeout=120)
+    outputs = [node_output(tmp_path, "never-joins", rank).read_text() for rank in (0, 1)]
+    for rank, (node, output) in enumerate(zip(nodes, outputs, strict=True)):
+        assert node.returncode == RENDEZVOUS_TIMEOUT_EXIT_CODE, output
+        lines = [line for line in output.splitlines() if "distqa.agent:" in line]
+        assert len(lines) == 1, output
+        # Node 1 may lose node 0's store a moment before its own deadline: node 0 ends at its deadline.
+        assert lines[0].startswith(f"distqa.agent: node {rank}: the rendezvous 'never-joins' at 127.0.0.1:{port} ")
+        assert ("2 of 3 nodes (--node-rank 0..2) joined (node 0 at 127.0.0.1, node 1 at 127.0.0.1); node 2 never "
+                "joined: check that every node was started (scripts/worker.sh --node-rank I) with --nnodes 3 --run-id "
+                f"never-joins --master-addr 127.0.0.1 --master-port {port}, that its job is running and not still "
+                "queued (raise --join-timeout), and its log for an error before it joined.") in lines[0]
+        assert "timed out after 8 s" in lines[0] or "(hosted by node 0, which ended meanwhile)" in lines[0]
+        assert "Traceback" not in output and "RendezvousTimeoutError" not in output, output
+        assert "torchrun exited" not in output
+
+
+@pytest.mark.distributed
+def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_in_one_line(tmp_path: Path) -> None:
+    """Rank 1 is frozen (SIGSTOP) mid-run: rank 0's next collective times out after dist_timeout_s
+    (gloo's own timeout), and rank 0 ends with one line naming the collective, the step and rank 1 as
+    the one that did not arrive, instead of gloo's RuntimeError traceback or a hang. (torchrun's agent
+    then SIGKILLs the frozen rank 30 s later; the test does it at once.)"""
+    output_file = tmp_path / "output.txt"
+    with output_file.open("w") as output_sink:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+             "distqa.train", *FAST_ARGS, "--output-dir", str(tmp_path), "--run-name", "stall", "--max-steps", "100000",
+             "--checkpoint-every", "0", "--dist-timeout-s", "10", "--global-batch-size", "8",
+             "--per-rank-batch-size", "4"],
+            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stdout=output_sink, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True)
+    rank_0_log = tmp_path / "stall" / "logs" / "rank-0.log"
+    stalled = None
+    try:
+        wait_for(lambda: rank_0_log.exists() and "step 3/" in rank_0_log.read_text(), timeout=120)
+        stalled = wait_for(lambda: training_process(1, tmp_path), timeout=10)
+        os.kill(stalled, signal.SIGSTOP)
+        wait_for(lambda: "distqa.train: collective timeout:" in output_file.read_text(), timeout=60)
+        os.kill(stalled, signal.SIGKILL)
+        run.wait(timeout=60)
+    finally:
+        if stalled is not None and training_process(1, tmp_path) == stalled:
+            os.kill(stalled, signal.SIGKILL)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    output = output_file.read_text()
+    assert run.returncode != 0
+    lines = [line for line in output.splitlines() if line.startswith("distqa.train: collective timeout:")]
+    assert len(lines) == 1, output
+    assert lines[0].startswith("distqa.train: collective timeout: rank 0: ")
+    assert "(from " in lines[0] and " timed out after 10 s (dist_timeout_s) after optimizer step " in lines[0], lines[0]
+    assert "; rank(s) 1 did not arrive (stalled, or busy outside the collective" in lines[0], lines[0]
+    assert "Check the log of rank(s) 1 for where it stopped" in lines[0] and "--dist-timeout-s" in lines[0]
+    assert "Timed out waiting" not in output, "gloo's own error is not shown as a traceback"
+
+
+def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_path: Path) -> None:
+    """What worker.sh hands torchrun's agent: the flight recorder on, dumped on a timeout, into the run
+    directory the trainer resolves from the same arguments (here --output-dir and the run id). A stand-in
+    interpreter prints the agent's environment instead of starting it; everything else is the real one."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m distqa.agent" ]]; then env | grep -E '^TORCH_(NCCL|FR)_' | sort; exit 0; fi
+exec {sys.executable} "$@"
+""")
+    stand_in.chmod(0o755)
+    output_dir = tmp_path / "results"
+    result = subprocess.run(
+        ["bash", WORKER, "--nproc-per-node", "1", "--run-id", "fr-run", "--", "--preset", "none",
+         "--output-dir", str(output_dir)],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    exported = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    prefix = f"{output_dir / 'fr-run' / 'flight-recorder'}/rank_"
+    assert exported["TORCH_FR_DUMP_TEMP_FILE"] == prefix
+    assert exported["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(exported["TORCH_FR_BUFFER_SIZE"]) > 0
+    assert exported["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert (output_dir / "fr-run" / "flight-recorder").is_dir()

@@ -1,0 +1,65 @@
+"""A node lost and returned (issue 14 item 5): a whole emulated node (worker.sh, its torchrun agent and
+its worker) is SIGKILLed mid-run and started again with the same arguments. The other node's agent
+(--max-restarts > 0) restarts its worker into a new rendezvous round, the returned node joins it, both
+resume from the newest checkpoint, and the run ends with the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    FAST_ARGS,
+    final_weights,
+    finish,
+    free_port,
+    max_difference,
+    node_output,
+    run_training,
+    start_node,
+    training_process,
+    wait_for,
+)
+
+pytestmark = pytest.mark.distributed
+TRAINER_ARGS = ("--max-steps", "150", "--checkpoint-every", "10", "--global-batch-size", "8", "--per-rank-batch-size",
+                "4", "--dropout", "0.1")
+
+
+def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
+    port = free_port()
+    node_args = ("--max-restarts", "2", "--join-timeout", "60")
+
+    def start(rank: int):
+        return start_node(rank, 2, port, "node-loss", tmp_path, *node_args, trainer_args=TRAINER_ARGS)
+
+    nodes = [start(0), start(1)]
+    try:
+        wait_for((tmp_path / "node-loss" / "checkpoints" / "step-00000010.pt").exists, timeout=180)
+        # The whole node: worker.sh and its agent (the node's session), and its worker (torchrun starts
+        # workers in sessions of their own, so it would outlive its agent).
+        worker = wait_for(lambda: training_process(1, tmp_path), timeout=10)
+        os.killpg(nodes[1].pid, signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
+        nodes[1].wait(timeout=30)
+        returned = start(1)
+        finish(returned, timeout=240)
+        finish(nodes[0], timeout=60)
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    output_0 = node_output(tmp_path, "node-loss", 0).read_text()
+    output_1 = node_output(tmp_path, "node-loss", 1).read_text()
+    assert nodes[0].returncode == 0, output_0
+    assert returned.returncode == 0, output_1
+    assert "resumed from" in output_1, "the returned node resumed from a checkpoint"
+    assert "restarting" in output_0.lower() or "resumed from" in output_0, "node 0's agent restarted its worker"
+
+    run_training([*FAST_ARGS, *TRAINER_ARGS, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
+    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "node-loss"))
+    assert difference < 1e-6, f"the run whose node was lost and returned differs by {difference:.2e}"
