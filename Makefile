@@ -75,7 +75,7 @@ test-fast: $(INSTALLED) $(FLOW26) ## The tests that start no multi-process runs
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
 	$(VENV)/bin/ruff check src tests bench notebooks
-	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch tests/docker/*.sh .ci/run
+	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
 tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/tokenizer-corpus.txt + config)

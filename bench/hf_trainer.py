@@ -112,22 +112,27 @@ class StepClock(TrainerCallback):
         self.ends: list[float] = []
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.device.type == "cuda" and state.global_step in (1, state.max_steps):
+            torch.cuda.synchronize(args.device)  # the first and last ends count the GPU's work, not its queue
         self.ends.append(time.perf_counter())
 
 
-def hf_samples_per_s(config: Config, dataset: Dataset, output_dir: Path, steps: int, best: bool) -> float:
-    """One run of ``transformers.Trainer`` for 1 + ``steps`` optimizer steps; samples/s after the first."""
+def hf_samples_per_s(config: Config, dataset: Dataset, output_dir: Path, steps: int, best: bool,
+                     **training_arguments: Any) -> float:
+    """One run of ``transformers.Trainer`` for 1 + ``steps`` optimizer steps; samples/s after the first.
+    ``training_arguments`` replace the ``TrainingArguments`` set here (bench/gpu_bert.py: a GPU, bf16, compile)."""
     seed_everything(BENCH_SEED)
     model = LossReturningModel(build_model(config))
     clock = StepClock()
-    arguments = TrainingArguments(
-        output_dir=str(output_dir), use_cpu=True, seed=BENCH_SEED, report_to="none", disable_tqdm=True,
-        save_strategy="no", per_device_train_batch_size=config.per_rank_batch_size,
-        gradient_accumulation_steps=config.global_batch_size // config.per_rank_batch_size,
-        max_steps=1 + steps, learning_rate=config.lr, warmup_steps=config.warmup_steps,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+    arguments = TrainingArguments(**{
+        "output_dir": str(output_dir), "use_cpu": True, "seed": BENCH_SEED, "report_to": "none", "disable_tqdm": True,
+        "save_strategy": "no", "per_device_train_batch_size": config.per_rank_batch_size,
+        "gradient_accumulation_steps": config.global_batch_size // config.per_rank_batch_size,
+        "max_steps": 1 + steps, "learning_rate": config.lr, "warmup_steps": config.warmup_steps,
+        "weight_decay": config.weight_decay, "max_grad_norm": config.max_grad_norm,
         **({"dataloader_num_workers": 1, "dataloader_persistent_workers": True, "optim": "adamw_torch_fused"}
-           if best else {}))
+           if best else {}),
+        **training_arguments})
     tokenizer = load_tokenizer(config)
     collator = DataCollatorWithPadding(tokenizer) if best else default_data_collator
     trainer = Trainer(model=model, args=arguments, train_dataset=Unpadded(dataset) if best else dataset,

@@ -110,15 +110,21 @@ def distributed_runtime(device: str = "auto", timeout_s: int = 600,
         torch.cuda.set_device(torch_device)
     try:
         if runtime.is_distributed:
-            dist.init_process_group(
-                backend=backend, timeout=timedelta(seconds=timeout_s),
-                # Binding the group to this GPU lets NCCL connect eagerly and avoids a guessed device.
-                device_id=torch_device if backend == "nccl" else None,
-            )
+            join_process_group(runtime, timeout_s)
         yield runtime
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def join_process_group(runtime: Runtime, timeout_s: int) -> None:
+    """``init_process_group`` with ``runtime``'s backend and device, from torchrun's environment; the caller
+    destroys the group. :func:`distributed_runtime` calls it at world size > 1 (bench/gpu_startup.py times it)."""
+    dist.init_process_group(
+        backend=runtime.backend, timeout=timedelta(seconds=timeout_s),
+        # Binding the group to this GPU lets NCCL connect eagerly and avoids a guessed device.
+        device_id=runtime.device if runtime.backend == "nccl" else None,
+    )
 
 
 def local_runtime(device: str = "auto") -> Runtime:

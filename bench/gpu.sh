@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Every GPU check of issue 13 in one command, ending with one table and the goals as PASS/MISS lines:
+#
+#   bench/gpu.sh                        # one GPU: BERT-base (random weights), about 10 minutes on an H100
+#   bench/gpu.sh --quick                # the same parts, fewer steps (a smoke run on the GPU)
+#   bench/gpu.sh --device cpu --quick   # a smoke run on CPU with the tiny model (tests/test_gpu_bench.py)
+#   bench/gpu.sh --out DIR              # keep each part's JSON and log in DIR (default: a temporary folder)
+#
+# The parts, in order (each file's docstring says what it measures and how):
+#   bench/gpu_bert.py       our trainer's step vs the HF Trainer, seq 384/512, bf16 ± torch.compile, fp16 +
+#                           GradScaler: samples/s, tokens/s, MFU, peak memory
+#   bench/gpu_startup.py    process-group start-up at world size 1 under torchrun (NCCL on the GPU)
+#   bench/gpu_inference.py  `python -m distqa.evaluate` and `python -m distqa.predict` on a small NQ cache
+#   bench/gpu_report.py     the table and the goals (>= 40 % MFU at seq 512 bf16; >= 1.3 x the HF Trainer)
+# A part that fails does not stop the others; the script then exits 1. PYTHON picks the interpreter
+# (default: the repository's .venv/bin/python, as scripts/common.sh finds it).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/common.sh
+source "$repo/scripts/common.sh"
+find_python "$repo"
+
+device=cuda
+quick=()
+out=""
+usage() { sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --device) [[ $# -ge 2 && "$2" =~ ^(cuda|cpu)$ ]] || { echo "bench/gpu.sh: --device takes cuda or cpu" >&2; exit 2; }
+                  device="$2"; shift 2 ;;
+        --quick) quick=(--quick); shift ;;
+        --out) [[ $# -ge 2 ]] || { echo "bench/gpu.sh: --out takes a folder" >&2; exit 2; }
+               out="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "bench/gpu.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+if [[ -z "$out" ]]; then
+    out="$(mktemp -d -t gpu-bench.XXXXXX)"
+    trap 'rm -rf "$out"' EXIT
+fi
+mkdir -p "$out"
+cd "$repo"
+# The bench scripts import their neighbours (harness.py, gpu_common.py) by the script's own folder.
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+failed=0
+# run_part NAME COMMAND...: run one part, its output into DIR/NAME.log (shown when it fails).
+run_part() {
+    local name="$1"
+    shift
+    echo "=== $name: $*"
+    if ! "$@" >"$out/$name.log" 2>&1; then
+        echo "$name FAILED; its output:"
+        tail -n 40 "$out/$name.log"
+        failed=1
+    fi
+}
+
+run_part training "$PYTHON" bench/gpu_bert.py --device "$device" "${quick[@]}" --json "$out/training.json"
+run_part startup env BENCH_LAUNCHED_AT="$(date +%s.%N)" "$PYTHON" -m torch.distributed.run --standalone \
+    --nproc-per-node 1 bench/gpu_startup.py --device "$device" --json "$out/startup.json"
+run_part inference "$PYTHON" bench/gpu_inference.py --device "$device" "${quick[@]}" --json "$out/inference.json"
+
+echo
+"$PYTHON" bench/gpu_report.py "$out" || failed=1
+exit "$failed"

@@ -1,0 +1,115 @@
+"""What the parts of bench/gpu.sh share: the model they build, the device they run on, the JSON they write.
+
+No GPU machine reaches a model hub, and throughput needs no pretrained weights: the model is a BERT of
+bert-base-uncased's sizes (:data:`BERT_SIZES`), written as a ``config.json`` into a temporary directory and
+built with random weights (``from_scratch``), with the offline tokenizer of ``data/tiny-bert`` (its ids
+all fall inside bert-base's vocabulary). On CPU (``--device cpu``, the smoke run of the tests) the model
+is the tiny BERT of ``data/tiny-bert`` itself: BERT-base on two cores would take minutes per step.
+
+Each part writes one JSON file (``--json``); ``bench/gpu_report.py`` prints them as one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import BertConfig
+
+from distqa.config import TINY_MODEL_DIR
+from distqa.files import write_json
+
+BERT_SIZES: dict[str, dict[str, int]] = {
+    "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+                  "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512},
+    "bert-large": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+                   "intermediate_size": 4096, "vocab_size": 30522, "max_position_embeddings": 512},
+}
+"""bert-base-uncased's and bert-large-uncased's sizes (their hub config.json files); the rest is BertConfig's
+defaults, which are theirs (GELU, type vocabulary 2, LayerNorm eps 1e-12)."""
+
+MODELS = ("bert-base", "tiny")
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device``, ``--model`` and ``--json``, the same in every part of bench/gpu.sh."""
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda (the real figures) or cpu (a smoke run of the script with the tiny model)")
+    parser.add_argument("--model", choices=MODELS, default=None,
+                        help="bert-base (random weights, default on cuda) or tiny (data/tiny-bert, default on cpu)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here for bench/gpu_report.py")
+
+
+def check_device(device: str) -> torch.device:
+    """The device of the run; one line naming the fix when CUDA was asked for and is not there."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but torch sees no CUDA GPU (torch.cuda.is_available() is false); run on a "
+                         "GPU machine, or pass --device cpu for a smoke run with the tiny model")
+    return torch.device(device)
+
+
+def model_name(args: argparse.Namespace) -> str:
+    return args.model or ("bert-base" if args.device == "cuda" else "tiny")
+
+
+@contextlib.contextmanager
+def model_flags(name: str) -> Iterator[list[str]]:
+    """Flags of ``distqa.train`` (and of :func:`harness.bench_config`) that select model ``name`` with random
+    weights and the offline tokenizer; a BERT-size config lives in a temporary directory for the block."""
+    tokenizer = ["--tokenizer-name-or-path", str(TINY_MODEL_DIR), "--from-scratch", "true"]
+    if name == "tiny":
+        yield ["--model-name-or-path", str(TINY_MODEL_DIR), *tokenizer]
+        return
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as directory:
+        BertConfig(**BERT_SIZES[name]).save_pretrained(directory)
+        yield ["--model-name-or-path", str(directory), *tokenizer]
+
+
+def device_name(device: torch.device) -> str:
+    """What the figures ran on: the CUDA device name (what distqa.throughput's peak table matches), or the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    return f"CPU: {model}"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read after it counts the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    """``torch.cuda.max_memory_allocated`` since the last :func:`reset_peak_memory`, in GiB; None on CPU."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def write_part(path: Path | None, part: str, device: torch.device, **figures: Any) -> None:
+    """One part's figures as JSON (for bench/gpu_report.py), or printed when no path is given."""
+    record = {"part": part, "device": device_name(device), "device_type": device.type,
+              "torch": torch.__version__, "cuda": torch.version.cuda, **figures}
+    if path is None:
+        print(json.dumps(record, indent=2))
+    else:
+        write_json(path, record)
+
+
+def first_line(err: BaseException) -> str:
+    """An exception as one line: what a failed contender's row shows."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]

@@ -1,0 +1,140 @@
+"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference) and the goals.
+
+    .venv/bin/python bench/gpu_report.py DIR     # DIR holds training.json, startup.json, inference.json
+
+Goals (issue 13), each a PASS/MISS line (harness.Target):
+
+- MFU of our bf16 step on BERT-base at seq 512 (the better of eager and compiled) >= 40 % on one H100;
+  "n/a (CPU)" on CPU, and "n/a" on a GPU whose bf16 peak ``distqa.throughput`` does not know;
+- our samples/s at seq 512 bf16 (the better of eager and compiled) >= 1.3 × the Hugging Face Trainer's
+  as run_qa.py configures it (with bf16).
+
+A part that failed has no JSON file, or rows marked FAILED; the report says so, and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from harness import Target
+
+MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
+PARTS = ("training", "startup", "inference")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path, help="where bench/gpu.sh's parts wrote their JSON")
+    args = parser.parse_args()
+    paths = {name: args.directory / f"{name}.json" for name in PARTS}
+    parts = {name: json.loads(path.read_text()) for name, path in paths.items() if path.is_file()}
+    if not parts:
+        raise SystemExit(f"no results in {args.directory}: every part of bench/gpu.sh failed (see its output above)")
+    first = next(iter(parts.values()))
+    training = parts.get("training")
+    peak = training and training["peak_flops"]
+    print(f"device: {first['device']}; torch {first['torch']}, CUDA {first['cuda'] or 'none'}; "
+          + (f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s (distqa.throughput)" if peak else "no bf16 peak known"))
+    missing = [name for name in PARTS if name not in parts]
+    failed = bool(missing)
+    if training:
+        failed |= print_training(training)
+    if "startup" in parts:
+        print_startup(parts["startup"])
+    if "inference" in parts:
+        print_inference(parts["inference"])
+    for name in missing:
+        print(f"\n{name}: FAILED, no figures (its error is in bench/gpu.sh's output above)")
+    print()
+    print_goals(training)
+    if failed:
+        raise SystemExit(1)
+
+
+def print_training(part: dict[str, Any]) -> bool:
+    """The training table; True when a contender failed."""
+    print(f"\ntraining: {part['model']} ({part['parameters'] / 1e6:.1f}M parameters, random weights), "
+          f"{part['batch_size']} windows per optimizer step (DummyDataset, padded to the sequence length); median of "
+          f"{part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps; compile backend "
+          f"{part['compile_backend']}")
+    header = ("contender", "seq", "samples/s", "tokens/s", "MFU", "peak mem", "warm-up", "note")
+    rows = [header] + [(
+        row["name"], str(row["seq_len"]), _figure(row["samples_per_s"], ".1f"), _figure(row["tokens_per_s"], ".0f"),
+        _mfu(row["mfu"], part["device_type"]), _figure(row["peak_memory_gib"], ".1f", " GiB"),
+        _figure(row["warmup_s"], ".1f", " s"), row["note"]) for row in part["rows"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        cells = (cell.ljust(width) if i == 0 else cell.rjust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths, strict=False)))
+        print("  " + "  ".join(cells) + f"  {row[-1]}")
+    for seq_len in sorted({row["seq_len"] for row in part["rows"]}):
+        ratios = [f"{label} {ours / hf:.3f}" for label, compiled in (("eager", False), ("compile", True))
+                  if (ours := _rate(part, "ours", seq_len, compiled)) and (hf := _rate(part, "hf", seq_len, compiled))]
+        if ratios:
+            print(f"  ours / hf at seq {seq_len}, like for like: {', '.join(ratios)}")
+    return any(row["note"].startswith("FAILED") for row in part["rows"])
+
+
+def print_startup(part: dict[str, Any]) -> None:
+    print(f"\nprocess-group start-up, world size 1 (torchrun --standalone --nproc-per-node 1, {part['backend']}):")
+    print(f"  launch → distqa runtime ready      {part['launch_to_runtime_s']:8.2f} s   (torchrun agent, imports, "
+          "device; no group at world size 1)")
+    print(f"  init_process_group, group of one   {part['init_process_group_s']:8.3f} s   "
+          "(distqa.distributed.join_process_group)")
+    print(f"  first all-reduce                   {part['first_all_reduce_s']:8.3f} s")
+
+
+def print_inference(part: dict[str, Any]) -> None:
+    print(f"\nevaluation and prediction ({part['model']}, random weights; data/nq-sample at 512 tokens; batch "
+          f"{part['batch_size']}; median of {len(part['rows'][0]['repeats'])} calls of the entry point's main):")
+    for row in part["rows"]:
+        print(f"  {row['name']:<9} {row['windows']:5d} windows  {row['seconds']:7.2f} s  "
+              f"{row['windows_per_s']:8.1f} windows/s")
+
+
+def print_goals(training: dict[str, Any] | None) -> None:
+    """The two goals, PASS/MISS (or n/a with the reason)."""
+    mfu_name = f"MFU, ours bf16 seq {GOAL_SEQ_LEN} (best of eager, compile)"
+    hf_name = f"ours / hf (run_qa + bf16), seq {GOAL_SEQ_LEN}, samples/s"
+    if training is None:
+        print(f"n/a   {mfu_name}: the training part failed")
+        print(f"n/a   {hf_name}: the training part failed")
+        return
+    best = max((row for row in training["rows"] if row["framework"] == "ours" and row["precision"] == "bf16"
+                and row["seq_len"] == GOAL_SEQ_LEN and row["samples_per_s"]),
+               key=lambda row: row["samples_per_s"], default=None)
+    if best is None:
+        print(f"n/a   {mfu_name}: no figure")
+    elif best["mfu"] is None:
+        reason = "CPU" if training["device_type"] == "cpu" else "this GPU's bf16 peak is unknown: distqa.throughput"
+        print(f"n/a   {mfu_name:<52} n/a ({reason})")
+    else:
+        print(Target(mfu_name, best["mfu"], MFU_GOAL, at_most=False).line())
+    hf = _rate(training, "hf", GOAL_SEQ_LEN, compiled=False)
+    if best is None or not hf:
+        print(f"n/a   {hf_name}: no figure")
+    else:
+        print(Target(hf_name, best["samples_per_s"] / hf, HF_GOAL, at_most=False).line())
+
+
+def _rate(part: dict[str, Any], framework: str, seq_len: int, compiled: bool) -> float | None:
+    """samples/s of the bf16 contender of ``framework`` at ``seq_len``, eager or compiled; None if it failed."""
+    return next((row["samples_per_s"] for row in part["rows"] if row["framework"] == framework
+                 and row["precision"] == "bf16" and row["seq_len"] == seq_len and row["compile"] == compiled), None)
+
+
+def _figure(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _mfu(value: float | None, device_type: str) -> str:
+    if value is not None:
+        return f"{100 * value:.1f} %"
+    return "n/a (CPU)" if device_type == "cpu" else "n/a"
+
+
+if __name__ == "__main__":
+    main()
