@@ -201,6 +201,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per repeat")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=list(SEQ_LENS))
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                        help='only these contenders, by name (e.g. "ours bf16 compile"): for a batch-size sweep')
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend (default: inductor on cuda; eager on cpu, which traces the model "
                              "without generating code: the smoke run checks that compile works, in seconds)")
@@ -219,6 +221,8 @@ def main() -> None:
     rows, failed = [], False
     with model_flags(model_name(args)) as flags, tempfile.TemporaryDirectory(prefix="bench-gpu-bert-") as work:
         for contender in contenders(tuple(args.seq_lens)):
+            if args.only and contender.name not in args.only:
+                continue
             config = bench_config(
                 *flags, "--device", device.type, "--precision", contender.precision,
                 "--max-seq-len", str(contender.seq_len), "--max-question-len", "64",
