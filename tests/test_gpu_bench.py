@@ -52,3 +52,30 @@ def test_gpu_bench_without_cuda_says_so_in_one_line() -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert "--device cuda but torch sees no CUDA GPU" in result.stderr and "--device cpu" in result.stderr
+
+
+def test_scaling_model_is_consistent_arithmetic() -> None:
+    """bench/scaling_model.py: the bf16 hook halves the bandwidth needed, accumulation never lowers the
+    efficiency, and the 2020 recipe's implied bandwidth halves when its assumed step time doubles."""
+    result = subprocess.run([sys.executable, "bench/scaling_model.py", "--h100-samples-per-s", "800"], cwd=REPO_ROOT,
+                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    bandwidth_row = re.compile(r"^  (?P<model>bert-\S+(?: bf16 hook)?) +[0-9.]+M +[0-9]+ MB.*?ms.*?ms(?P<cells>.*)$",
+                               re.MULTILINE)
+    needed = {m["model"].strip(): [float(x) for x in re.findall(r"([0-9.]+) Gbit/s", m["cells"])]
+              for m in bandwidth_row.finditer(result.stdout)}
+    assert set(needed) == {"bert-base", "bert-base bf16 hook", "bert-large", "bert-large bf16 hook"}, result.stdout
+    for model in ("bert-base", "bert-large"):
+        for fp32, bf16 in zip(needed[model], needed[f"{model} bf16 hook"], strict=True):
+            assert abs(fp32 / bf16 - 2) < 0.05, (model, fp32, bf16)
+    efficiency = re.findall(r"^  (bert-\S+(?: bf16 hook)?) +([14])  ((?: +[0-9]+%)+)$", result.stdout, re.MULTILINE)
+    by_k = {(model, k): [int(x) for x in re.findall(r"([0-9]+)%", cells)] for model, k, cells in efficiency}
+    assert len(by_k) == 8, result.stdout
+    for (model, k), values in by_k.items():
+        assert values == sorted(values) and all(0 < v <= 100 for v in values), (model, k, values)
+        if k == "4":
+            assert all(four >= one for four, one in zip(values, by_k[(model, "1")], strict=True))
+    recipe = [(float(step), float(low)) for step, low in
+              re.findall(r"^ +([0-9]+) ms +([0-9.]+) to +[0-9.]+ Gbit/s$", result.stdout, re.MULTILINE)]
+    assert len(recipe) >= 3, result.stdout
+    assert abs(recipe[0][0] * recipe[0][1] - recipe[-1][0] * recipe[-1][1]) / (recipe[0][0] * recipe[0][1]) < 0.05
