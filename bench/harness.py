@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from distqa.config import Config
+from distqa.ddp import training_module
 from distqa.distributed import Runtime
 from distqa.model import build_model, forward, qa_loss
 from distqa.optim import Precision, build_optimizer, build_scheduler
@@ -30,7 +31,7 @@ from distqa.pretrained import load_tokenizer
 from distqa.rng import seed_everything
 from distqa.settings import load_config
 from distqa.train import build_dataset, build_loader
-from distqa.trainer import StepPlan, Trainer, wrap_ddp
+from distqa.trainer import StepPlan, Trainer
 
 T = TypeVar("T")
 
@@ -139,7 +140,8 @@ def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_di
     seed_everything(BENCH_SEED)
     model = build_model(config).to(runtime.device)
     optimizer = build_optimizer(model, config, runtime.device)
-    return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=wrap_ddp(model, runtime),
+    return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model,
+                   ddp_model=training_module(model, runtime, config),
                    optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
                    precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
                    evaluator=None, resumed=None)
