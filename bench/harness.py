@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import Dataset
@@ -132,16 +132,17 @@ def bench_config(*overrides: str) -> Config:
                         "--max-steps", "1000000", *overrides], environ={}, dotenv_path=os.devnull)
 
 
-def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path) -> Trainer:
+def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path, **ddp_options: Any) -> Trainer:
     """A :class:`distqa.trainer.Trainer` over the real model, loader, optimizer, schedule and precision,
-    from the same seed as ``distqa.train`` (nothing resumed, no evaluation)."""
+    from the same seed as ``distqa.train`` (nothing resumed, no evaluation); ``ddp_options`` replace
+    keyword arguments of DistributedDataParallel (:func:`distqa.ddp.wrap_ddp`)."""
     loader = build_loader(config, runtime, dataset)
     plan = StepPlan.of(config, loader.sampler, runtime.world_size)
     seed_everything(BENCH_SEED)
     model = build_model(config).to(runtime.device)
     optimizer = build_optimizer(model, config, runtime.device)
     return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model,
-                   ddp_model=training_module(model, runtime, config),
+                   ddp_model=training_module(model, runtime, config, **ddp_options),
                    optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
                    precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
                    evaluator=None, resumed=None)

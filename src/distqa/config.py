@@ -184,8 +184,6 @@ class Config:
     ddp_bucket_cap_mb: int = DISTRIBUTED(
         25, "Size of DDP's gradient buckets in MB: each is all-reduced as soon as backward has filled it, "
         "overlapping communication with the rest of the backward.")
-    ddp_static_graph: bool = DISTRIBUTED(
-        False, "Tell DDP the graph is the same every step (it is), so it can skip per-step bookkeeping.")
     ddp_comm_hook: Literal["none", "bf16"] = DISTRIBUTED(
         "none", "Gradient compression for the all-reduce: 'bf16' sends gradients as bf16 (half the bytes; "
         "for slow networks between nodes, docs/PERFORMANCE.md), 'none' sends them as they are.")
