@@ -23,7 +23,7 @@ def training_module(model: nn.Module, runtime: Runtime, config: Config, **ddp_op
     module is what is compiled: DDP's optimizer then splits the graph at its buckets, so the all-reduce
     still overlaps the backward)."""
     ddp_model = wrap_ddp(model, runtime, config, **ddp_options)
-    return compile_model(ddp_model, config) if compile_enabled(config, runtime.device) else ddp_model
+    return compile_model(ddp_model) if compile_enabled(config, runtime.device) else ddp_model
 
 
 def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, **ddp_options: Any) -> nn.Module:
@@ -54,10 +54,10 @@ def compile_enabled(config: Config, device: torch.device) -> bool:
     return config.compile if config.compile is not None else device.type == "cuda"
 
 
-def compile_model(module: nn.Module, config: Config) -> nn.Module:
-    """``module`` under torch.compile. With ``trim_padding`` the sequence length changes from batch to
-    batch, so the graph is compiled for any length at once rather than once per length."""
-    return torch.compile(module, dynamic=True if config.trim_padding else None)
+def compile_model(module: nn.Module) -> nn.Module:
+    """``module`` under torch.compile, with PyTorch's default for shapes: the first graph is compiled for
+    the first batch's shape, and when trim_padding brings another sequence length, once more for any length."""
+    return torch.compile(module)
 
 
 def _bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]
