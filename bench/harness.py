@@ -23,6 +23,9 @@ import torch
 from torch.utils.data import Dataset
 
 from distqa.config import Config
+from distqa.data.cache import NQWindows
+from distqa.data.features import prepare_nq
+from distqa.data.synthetic_nq import write_jsonl
 from distqa.ddp import training_module
 from distqa.distributed import Runtime
 from distqa.model import build_model, forward, qa_loss
@@ -167,6 +170,24 @@ def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Te
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def nq_windows(work: Path, *flags: str) -> tuple[tuple[str, ...], NQWindows]:
+    """The training windows of an NQ file featurised into a cache under ``work`` (``flags`` pick the file,
+    default the committed sample), and the flags that make ``bench_config`` read them."""
+    flags = ("--dataset", "nq", "--nq-cache-dir", str(work / "cache"), "--num-proc", "1", *flags)
+    config = bench_config(*flags)
+    return flags, NQWindows(prepare_nq(config, load_tokenizer(config), progress=False), "train")
+
+
+def short_document_windows(work: Path, examples: int = 2000) -> tuple[tuple[str, ...], NQWindows]:
+    """Windows of synthetic NQ documents of 10 to 60 words (``distqa.data.synthetic_nq``), every one kept: what
+    SQuAD-like data looks like, where whole batches are shorter than max_seq_len (the NQ sample's documents run
+    to thousands of tokens, so nearly every batch holds a full window)."""
+    path = work / "short-documents" / "simplified-nq-train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, examples, seed=0, min_doc_tokens=10, max_doc_tokens=60)
+    return nq_windows(work, "--nq-train-file", str(path), "--negative-keep-rate", "1")
 
 
 def dummy_dataset(config: Config) -> Dataset:

@@ -48,19 +48,16 @@ from harness import (
     interleaved,
     machine_line,
     median,
+    nq_windows,
     pin_threads,
     print_table,
     print_targets,
+    short_document_windows,
     spread,
 )
 from torch.utils.data import Dataset
 
-from distqa.config import Config
-from distqa.data.cache import NQWindows
-from distqa.data.features import prepare_nq
-from distqa.data.synthetic_nq import write_jsonl
 from distqa.distributed import local_runtime
-from distqa.pretrained import load_tokenizer
 from distqa.trainer import Trainer
 
 CONTENDERS = {
@@ -71,6 +68,8 @@ CONTENDERS = {
     "padded": ("--trim-padding", "false"),
     "1 loader worker": ("--num-workers", "1"),
 }
+MAX_SEQ_LEN = 128
+"""The tiny-cpu preset's window length."""
 TRIM_TARGET = 1.1
 """Trimming is on by default for what it saves on short documents (on the other data sets nearly every batch
 holds a full window, so it changes nothing there: their ratio is 1 up to noise, and no target)."""
@@ -90,20 +89,10 @@ def main() -> None:
     print(machine_line(args.threads))
     targets = []
     with tempfile.TemporaryDirectory(prefix="bench-optimizations-") as work:
-        nq_flags = ("--dataset", "nq", "--nq-cache-dir", str(Path(work) / "cache"), "--num-proc", "1")
-        nq_config = bench_config(*nq_flags)
-        short_file = Path(work) / "short" / "simplified-nq-train.jsonl"
-        short_file.parent.mkdir()
-        write_jsonl(short_file, 400 if args.quick else 2000, seed=0, min_doc_tokens=10, max_doc_tokens=60)
-        short_flags = ("--dataset", "nq", "--nq-train-file", str(short_file), "--nq-cache-dir",
-                       str(Path(work) / "cache"), "--num-proc", "1", "--negative-keep-rate", "1")
-        short_config = bench_config(*short_flags)
         data_sets = {
             "DummyDataset": ((), dummy_dataset(bench_config("--dummy-size", "1024"))),
-            "NQ sample windows": (nq_flags, NQWindows(prepare_nq(nq_config, load_tokenizer(nq_config),
-                                                                 progress=False), "train")),
-            "short documents": (short_flags, NQWindows(prepare_nq(short_config, load_tokenizer(short_config),
-                                                                  progress=False), "train")),
+            "NQ sample windows": nq_windows(Path(work)),
+            "short documents": short_document_windows(Path(work), 400 if args.quick else 2000),
         }
         for data_name, (data_flags, dataset) in data_sets.items():
             figures, compile_seconds = measure(dataset, data_flags, Path(work), args.repeats, args.steps)
@@ -117,7 +106,7 @@ def main() -> None:
             cached = " (a later compile in one process reuses inductor's caches)" if data_name != "DummyDataset" else ""
             print(f"  compile time (the compiled contender's first step): {compile_seconds:.1f} s{cached}")
             lengths = [int(dataset[i]["attention_mask"].sum()) for i in range(len(dataset))]
-            short = sum(n < nq_config.max_seq_len for n in lengths) / len(lengths)
+            short = sum(n < MAX_SEQ_LEN for n in lengths) / len(lengths)
             print(f"  windows shorter than max_seq_len: {short:.0%}, mean length {sum(lengths) / len(lengths):.0f}")
             if data_name == "short documents":
                 targets.append(Target(f"padded / trimmed time per step, {data_name}",
@@ -133,7 +122,7 @@ def measure(dataset: Dataset, data_flags: tuple[str, ...], work: Path, repeats: 
     trainers: dict[str, Trainer] = {}
     compile_seconds = 0.0
     for name, flags in CONTENDERS.items():
-        config: Config = bench_config(*data_flags, *flags)
+        config = bench_config(*data_flags, *flags)
         trainers[name] = trainer = build_our_trainer(config, runtime, dataset, work / name.replace(" ", "-"))
         started = time.perf_counter()
         trainer.train_step(endless(trainer.loader))  # compiles, starts workers, warms the allocator
