@@ -1,7 +1,7 @@
 """Gradient compression over a slow link: ``--ddp-comm-hook bf16`` against ``none``, 2 gloo ranks, 2 network namespaces.
 
-    .venv/bin/python bench/comm_hook.py           # about 2 minutes on 2 cores; needs root, ip and tc
-    .venv/bin/python bench/comm_hook.py --quick   # smoke test, about 30 s
+    .venv/bin/python bench/comm_hook.py           # about 80 s on 2 cores; needs root, ip and tc
+    .venv/bin/python bench/comm_hook.py --quick   # smoke test, about 20 s
     .venv/bin/python bench/comm_hook.py --rates 1000 100 --delay-ms 1   # the links are settings
 
 Where network namespaces cannot be made (not root, no ``ip`` or ``tc``, a container without
@@ -13,26 +13,29 @@ machines would (``--nnodes 2``, c10d rendezvous at 10.213.0.1, ``GLOO_SOCKET_IFN
 rank per "node", one torch thread each. Each rank builds two of our trainers
 (``harness.build_our_trainer``: the real model, DDP wrap, AdamW, schedule, fp32) from the same seed, one
 with ``--ddp-comm-hook none`` and one with ``bf16``, on a BERT of 3.6 M parameters (4 layers of width 256,
-the tiny-bert tokenizer's vocabulary; a config written locally, random weights), per-rank batch 4 of
-128-token windows, one micro-batch per optimizer step (one all-reduce per step: the worst case, which
-gradient accumulation divides). Then:
+the tiny-bert tokenizer's vocabulary; a config written locally, random weights), per-rank batch 2 of
+64-token windows, one micro-batch per optimizer step (one all-reduce per step: the worst case, which
+gradient accumulation divides). ``--quick`` trains data/tiny-bert (0.6 M parameters) at 100 Mbit/s only.
+Then:
 
   1. loss check, on the unthrottled link: each trainer trains ``--loss-steps`` steps from the same
      weights and the same RNG state on the same batches; the mean loss over both ranks after them must
-     agree to 1 % (bf16 rounds each gradient to 8 bits of mantissa; the loss still falls the same way)
+     agree to 1 % (bf16 rounds each gradient to 8 significant bits; the loss still falls the same way)
   2. for each link, each rank shapes the egress of its own end of the veth with ``tc`` (tbf at the
      rate, after a netem delay if ``--delay-ms``; unthrottled: no qdisc at all), then times
      ``Trainer.train_step`` for ``none`` and ``bf16``, interleaved; a figure is the slower rank's mean
      over ``--steps`` steps, the table shows medians over ``--repeats``
 
-Why these rates. What decides whether the hook pays is the time the all-reduce needs on the wire (the
-gradient bytes over the link rate) against the step's compute. BERT-base on an H100 (436 MB of fp32
-gradients against a 36 ms micro-step, docs/PERFORMANCE.md "Scaling model for many nodes") meets a wire
-time of 3.9 × its compute on 25 Gbit/s Ethernet and about 1 × on 100 Gbit/s. Our 14.5 MB of gradients
-against a step of about 0.15 s on one CPU core meet the same ratios at about 200 Mbit/s and 770 Mbit/s:
-100 Mbit/s (wire time about 8 × the compute) is the network-bound regime, where the hook should
-approach 2×; 1 Gbit/s (about 0.8 ×) is the regime where the all-reduce and the compute are of a size;
-the bare veth (several Gbit/s) is a fast fabric, where compressing only costs its casts.
+Why these rates. Whether the hook pays depends on one ratio: the all-reduce's wire time W (the gradient
+bytes over the link rate; with 2 ranks each node sends its whole gradient once) against the step's
+compute C. With little overlap, a step takes about C + W without the hook and C + W/2 with it, so the
+speed-up (C + W) / (C + W/2) tends to 2 as W/C grows. Our 14.5 MB of fp32 gradients against a step of
+about 0.12 s on one core give W/C = 10 at 100 Mbit/s (network-bound: expect about 1.8×) and W/C = 1 at
+1 Gbit/s (the all-reduce as long as the compute: about 1.3×); the bare veth (about 10 Gbit/s, W of a few
+ms) is a fast fabric, where compressing only costs its casts. The same ratios hold for BERT-base on H100s
+(436 MB of gradients against a 36 ms micro-step, docs/PERFORMANCE.md "Scaling model for many nodes")
+on 10 Gbit/s Ethernet (W/C = 9.7) and on 100 Gbit/s (W/C = 1.0). The report prints W/C and (C + W) / (C + W/2)
+next to each measured ratio.
 
 Targets: none / bf16 >= 1.6 on the slowest link (time per step); none / bf16 >= 0.9 unthrottled (the hook
 costs at most 10 % where the network is fast); the loss check to 1 %. Namespaces and veths are removed
@@ -80,7 +83,7 @@ from distqa.distributed import all_reduce_max, all_reduce_mean, barrier, distrib
 from distqa.rng import seed_everything
 from distqa.trainer import Trainer
 
-WORLD_SIZE, PER_RANK_BATCH = 2, 4
+WORLD_SIZE, PER_RANK_BATCH, MAX_SEQ_LEN = 2, 2, 64  # little compute per step: the gradients' bytes dominate
 ADDRESSES = ("10.213.0.1", "10.213.0.2")  # one per namespace, a /24 of their own
 RDZV_PORT = 29513
 HOOKS = ("none", "bf16")
@@ -145,6 +148,9 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     except LinkUnavailableError as err:
         print(f"SKIP  bench/comm_hook.py: {err}")
         return 0
+    except KeyboardInterrupt:
+        print("bench/comm_hook.py: interrupted; its processes, namespaces and veths are gone", file=sys.stderr)
+        return 130
 
 
 def missing_prerequisite() -> str | None:
@@ -187,11 +193,23 @@ def veth_pair(tag: int) -> Iterator[Pair]:
             ip("link", "set", "lo", "up", namespace=namespace)
         yield pair
     finally:
+        # A second Ctrl-C must not cut the clean-up short: hold SIGINT and SIGTERM until it is done.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         for namespace in reversed(created):
+            end_processes_in(namespace)
             ip("netns", "delete", namespace, check=False)
         for veth in pair.veths:  # only if creation stopped half-way in this namespace; normally gone
             if ip("link", "show", veth, check=False).returncode == 0:
                 ip("link", "delete", veth, check=False)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def end_processes_in(namespace: str) -> None:
+    """SIGKILL to every process still inside ``namespace``: only this script's torchrun agents and their
+    workers live there (torchrun starts each worker in a session of its own, out of reach of the agent's)."""
+    for pid in ip("netns", "pids", namespace, check=False).stdout.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def remove_stale_pairs() -> None:
@@ -199,6 +217,7 @@ def remove_stale_pairs() -> None:
     listing = ip("netns", "list", check=False).stdout
     for name in re.findall(rf"^({re.escape(NAME_PREFIX)}(\d+)-[01])\b", listing, re.MULTILINE):
         if not Path(f"/proc/{name[1]}").exists():
+            end_processes_in(name[0])
             ip("netns", "delete", name[0], check=False)
 
 
@@ -256,7 +275,7 @@ def run_nodes(pair: Pair, argv: list[str], args: argparse.Namespace) -> int:
                                                   stderr=stderr, start_new_session=True))
             codes = wait_all(nodes, deadline)
         finally:
-            kill(nodes)
+            stop(nodes)
         if any(codes):
             for node in range(len(nodes)):
                 tail = (Path(logs) / f"node-{node}.err").read_text(errors="replace").splitlines()[-30:]
@@ -279,14 +298,21 @@ def wait_all(nodes: list[subprocess.Popen[bytes]], deadline: float) -> list[int]
         if failed_at is not None and now > failed_at + 20:
             break
         time.sleep(0.2)
-    kill(nodes)
+    stop(nodes)
     return [process.returncode for process in nodes]
 
 
-def kill(nodes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL to the session of every node still running (its torchrun agent and its worker)."""
-    for process in nodes:
-        if process.poll() is None:
+def stop(nodes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every node still running (torchrun passes it on to its worker), SIGKILL to its session 10 s
+    later; what may still live in the namespaces is killed when they are removed (:func:`end_processes_in`)."""
+    running = [process for process in nodes if process.poll() is None]
+    for process in running:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
 
@@ -299,7 +325,8 @@ def worker(args: argparse.Namespace) -> None:
             model_directory(args.model) as model_dir:
         flags = ["--model-name-or-path", str(model_dir), "--tokenizer-name-or-path", str(TINY_MODEL_DIR),
                  "--from-scratch", "true", "--precision", "fp32", "--dummy-size", "64",
-                 "--per-rank-batch-size", str(PER_RANK_BATCH), "--global-batch-size", str(PER_RANK_BATCH * WORLD_SIZE)]
+                 "--max-seq-len", str(MAX_SEQ_LEN), "--max-question-len", "16", "--per-rank-batch-size",
+                 str(PER_RANK_BATCH), "--global-batch-size", str(PER_RANK_BATCH * WORLD_SIZE)]
         configs = {hook: bench_config(*flags, "--ddp-comm-hook", hook) for hook in HOOKS}
         dataset = dummy_dataset(configs["none"])
         trainers = {hook: build_our_trainer(configs[hook], runtime, dataset, Path(run_dir)) for hook in HOOKS}
@@ -376,8 +403,14 @@ def report(args: argparse.Namespace, trainer: Trainer, figures: dict[str, dict[s
                          spread([1000 * v for v in by_hook[hook]]) + wire))
         ratios[link] = median(by_hook["none"]) / median(by_hook["bf16"])
     print_table("time per optimizer step (median, slower rank); wire time = gradient bytes / link rate:", rows)
+    # The step without the all-reduce's wire time: the unthrottled step (its all-reduce takes a few ms).
+    compute = median(figures[link_name(None, args.delay_ms)]["none"])
     for link, ratio in ratios.items():
-        print(f"  none / bf16 on {link}: {ratio:.3f}")
+        rate = rate_of(link)
+        note = "" if rate is None else (
+            f"   (fp32 wire time / compute {megabytes * 8 / rate / compute:.1f}; with no overlap "
+            f"(C + W) / (C + W/2) = {(compute + megabytes * 8 / rate) / (compute + megabytes * 4 / rate):.2f})")
+        print(f"  none / bf16 on {link}: {ratio:.3f}{note}")
     first, last = {hook: values[0] for hook, values in losses.items()}, {hook: v[-1] for hook, v in losses.items()}
     loss_difference = abs(last["bf16"] - last["none"]) / last["none"]
     print(f"loss check ({args.loss_steps} steps from the same weights and seed, unthrottled): none "
