@@ -22,6 +22,7 @@ TARGET_LINE = re.compile(r"^(PASS|MISS)  (?P<name>.+?) +(?P<value>-?[0-9.]+|inf|
 EXPECTED_TARGETS = {
     "bench/step_overhead.py": ["ours / hand-written loop"],
     "bench/hf_trainer.py": ["ours / hf-run_qa", "ours / hf-best"],
+    "bench/optimizations.py": ["padded / trimmed time per step, short documents"],
     "bench/ddp_overhead.py": ["ddp (2 gloo ranks) / 1 process"],
     "bench/comm_hook.py": ["none / bf16 at the slowest link", "none / bf16 on the unthrottled veth", "loss after"],
     "bench/loader_vs_step.py": ["loader / step"],
