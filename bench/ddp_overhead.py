@@ -8,11 +8,20 @@ per process) and, in one job, interleaves three contenders, each running
 ``distqa.trainer.Trainer.train_step`` on the tiny-cpu model with per-rank batch 8 and 2 micro-batches
 per optimizer step, on pre-collated DummyDataset batches:
 
-  ddp         both ranks, the model wrapped by ``distqa.trainer.wrap_ddp`` (gloo all-reduce of the
+  ddp         both ranks, the model wrapped by ``distqa.ddp.wrap_ddp`` (gloo all-reduce of the
               gradients on the last micro-batch, ``no_sync`` before it): global batch 32
   1 process   rank 0 alone with the bare model (global batch 16) while rank 1 waits, blocked, in a barrier
   2 × alone   both ranks at once, each with the bare model and no communication: what sharing the
               cores and memory costs, without DDP
+
+and the DDP settings we measured, each a ``ddp`` contender with one change (the ``ddp_*`` settings, or
+keyword arguments of DistributedDataParallel that are not settings). ``static_graph`` is not among them: with
+``no_sync``, which our accumulation uses, torch 2.13 fails its first backward (pytorch#187732).
+
+  buckets of 1 MB          --ddp-bucket-cap-mb 1 (the default 25 MB holds this model's 2.5 MB of gradients
+                           in two buckets: DDP's first bucket is always 1 MB)
+  batched_grad_copy        one copy and one division per bucket instead of one per parameter (torch 2.13)
+  no grad bucket view      gradient_as_bucket_view false: gradients copied into the buckets
 
 Target: ddp <= 1.10 × 1 process, in median seconds per optimizer step. ddp / 2 × alone is what the
 gradient all-reduce and DDP's hooks cost beyond two processes merely running side by side.
@@ -28,6 +37,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +62,12 @@ from distqa.trainer import Trainer
 
 TARGET = 1.10
 PER_RANK_BATCH, ACCUMULATION, WORLD_SIZE = 8, 2, 2
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "ddp, buckets of 1 MB": ({"ddp_bucket_cap_mb": 1}, {}),
+    "ddp, batched_grad_copy": ({}, {"batched_grad_copy": True}),
+    "ddp, no grad bucket view": ({}, {"gradient_as_bucket_view": False}),
+}
+"""Name: (settings replaced, DistributedDataParallel keyword arguments replaced)."""
 
 
 def main() -> None:
@@ -75,6 +91,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"bench-ddp-rank{runtime.rank}-") as run_dir:
             ddp = build_our_trainer(ddp_config, runtime, dataset, Path(run_dir))
             local = build_our_trainer(local_config, alone, dataset, Path(run_dir))
+            variants = {name: build_our_trainer(replace(ddp_config, **settings), runtime, dataset, Path(run_dir),
+                                                **ddp_options) for name, (settings, ddp_options) in VARIANTS.items()}
             assert ddp.plan.accumulation == local.plan.accumulation == ACCUMULATION
             batches = list(itertools.islice(iter(ddp.loader), 4 * ACCUMULATION))
             is_rank0 = runtime.rank == 0
@@ -82,6 +100,8 @@ def main() -> None:
                 "ddp": lambda: collective_time(ddp, batches, args.steps, everyone=True),
                 "1 process": lambda: collective_time(local, batches, args.steps, everyone=False),
                 "2 × alone": lambda: collective_time(local, batches, args.steps, everyone=True),
+                **{name: (lambda trainer=trainer: collective_time(trainer, batches, args.steps, everyone=True))
+                   for name, trainer in variants.items()},
             }, args.repeats)
             if is_rank0:
                 report(figures, args.threads, args.steps)
@@ -108,6 +128,8 @@ def report(figures: dict[str, list[float]], threads: int, steps: int) -> None:
     print_table("DDP overhead on CPU (median time per optimizer step, slower rank):", rows)
     ddp = median(figures["ddp"])
     print(f"  ddp / 2 × alone (all-reduce and DDP hooks alone): {ddp / median(figures['2 × alone']):.3f}")
+    for name in VARIANTS:
+        print(f"  ddp / {name.removeprefix('ddp, ')}: {ddp / median(figures[name]):.3f} (above 1: it is faster)")
     print_targets([Target("ddp (2 gloo ranks) / 1 process, time per step", ddp / median(figures["1 process"]),
                           TARGET, at_most=True)])
 

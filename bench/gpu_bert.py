@@ -9,8 +9,8 @@ are); ``--batch-size`` windows per optimizer step (no accumulation). For each se
 
   ours bf16            ``distqa.trainer.Trainer.train_step`` (bench/harness.py builds it as distqa.train does:
                        fused AdamW, clipping, schedule, ``Precision`` bf16 autocast) fed by ``build_loader``
-  ours bf16 compile    the same with torch.compile (:func:`request_compile`); its compile time is the
-                       warm-up column
+  ours bf16 compile    the same with ``--compile true`` (``distqa.ddp.training_module``); its compile time
+                       is the warm-up column
   ours fp16            fp16 autocast + ``GradScaler`` (``Precision.choose("fp16")``), seq 512 only; the loss
                        scale at the end shows whether steps were skipped (it halves on every overflow)
   hf bf16              ``transformers.Trainer`` as run_qa.py configures it (padded windows,
@@ -59,7 +59,6 @@ from distqa.distributed import local_runtime
 from distqa.model import QAModel, build_model
 from distqa.pretrained import load_encoder_config
 from distqa.throughput import mfu, model_flops_per_token, peak_bf16_flops
-from distqa.trainer import Trainer
 
 SEQ_LENS = (384, 512)
 FP16_SEQ_LEN = 512
@@ -107,16 +106,6 @@ def contenders(seq_lens: tuple[int, ...]) -> list[Contender]:
     return listed
 
 
-def request_compile(trainer: Trainer, backend: str) -> None:
-    """Make ``trainer``'s steps run a torch.compile'd model.
-
-    STAND-IN, until the ``--compile`` setting (branch ``optim``) is on main: then pass that flag to
-    ``bench_config`` in :func:`measure_ours` and delete this body, so that the benchmark compiles exactly as
-    ``distqa.train`` does. Meanwhile: compile the module the step runs (``ddp_model``; the bare model at world
-    size 1); clipping and the optimizer keep using ``trainer.model``, whose parameters it shares."""
-    trainer.ddp_model = torch.compile(trainer.ddp_model, backend=backend)
-
-
 class CountedBatches(Iterator[dict[str, torch.Tensor]]):
     """Micro-batches of ``batches``, counting the positions the model runs on and their training FLOPs
     (at each batch's own length, so padding trimmed per batch is counted right)."""
@@ -140,9 +129,7 @@ def measure_ours(contender: Contender, config: Config, device: torch.device, arg
     """Build our trainer (as distqa.train builds it), warm it up, time ``args.repeats`` × ``args.steps`` steps."""
     row = Row(contender.name, contender.framework, contender.precision, contender.compile, contender.seq_len)
     dataset = dummy_dataset(config)
-    trainer = build_our_trainer(config, local_runtime(device.type), dataset, work)
-    if contender.compile:
-        request_compile(trainer, args.compile_backend)
+    trainer = build_our_trainer(config, local_runtime(device.type), dataset, work)  # compiled by --compile
     batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
     synchronize(device)
     started = time.perf_counter()
@@ -204,8 +191,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help='only these contenders, by name (e.g. "ours bf16 compile"): for a batch-size sweep')
     parser.add_argument("--compile-backend", default=None,
-                        help="torch.compile backend (default: inductor on cuda; eager on cpu, which traces the model "
-                             "without generating code: the smoke run checks that compile works, in seconds)")
+                        help="torch.compile backend of the HF Trainer's compiled contender (default: inductor on cuda; "
+                             "eager on cpu, which traces without generating code: a fast smoke run). Ours compiles as "
+                             "distqa.train does (--compile true: inductor)")
     args = parser.parse_args()
     args.compile_backend = args.compile_backend or ("inductor" if args.device == "cuda" else "eager")
     if args.quick:
@@ -225,6 +213,7 @@ def main() -> None:
                 continue
             config = bench_config(
                 *flags, "--device", device.type, "--precision", contender.precision,
+                "--compile", str(contender.compile).lower(),
                 "--max-seq-len", str(contender.seq_len), "--max-question-len", "64",
                 "--per-rank-batch-size", str(args.batch_size), "--global-batch-size", str(args.batch_size),
                 "--dummy-size", str(max(64 * args.batch_size, 256)), "--warmup-steps", "10",

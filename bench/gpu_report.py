@@ -58,8 +58,8 @@ def print_training(part: dict[str, Any]) -> bool:
     """The training table; True when a contender failed."""
     print(f"\ntraining: {part['model']} ({part['parameters'] / 1e6:.1f}M parameters, random weights), "
           f"{part['batch_size']} windows per optimizer step (DummyDataset, padded to the sequence length); median of "
-          f"{part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps; compile backend "
-          f"{part['compile_backend']}")
+          f"{part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps; ours compiles with "
+          f"inductor (--compile true), the HF Trainer with {part['compile_backend']}")
     header = ("contender", "seq", "samples/s", "tokens/s", "MFU", "peak mem", "warm-up", "note")
     rows = [header] + [(
         row["name"], str(row["seq_len"]), _figure(row["samples_per_s"], ".1f"), _figure(row["tokens_per_s"], ".0f"),

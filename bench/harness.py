@@ -17,12 +17,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import Dataset
 
 from distqa.config import Config
+from distqa.data.cache import NQWindows
+from distqa.data.features import prepare_nq
+from distqa.data.synthetic_nq import write_jsonl
+from distqa.ddp import training_module
 from distqa.distributed import Runtime
 from distqa.model import build_model, forward, qa_loss
 from distqa.optim import Precision, build_optimizer, build_scheduler
@@ -30,7 +34,7 @@ from distqa.pretrained import load_tokenizer
 from distqa.rng import seed_everything
 from distqa.settings import load_config
 from distqa.train import build_dataset, build_loader
-from distqa.trainer import StepPlan, Trainer, wrap_ddp
+from distqa.trainer import StepPlan, Trainer
 
 T = TypeVar("T")
 
@@ -131,15 +135,17 @@ def bench_config(*overrides: str) -> Config:
                         "--max-steps", "1000000", *overrides], environ={}, dotenv_path=os.devnull)
 
 
-def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path) -> Trainer:
+def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path, **ddp_options: Any) -> Trainer:
     """A :class:`distqa.trainer.Trainer` over the real model, loader, optimizer, schedule and precision,
-    from the same seed as ``distqa.train`` (nothing resumed, no evaluation)."""
+    from the same seed as ``distqa.train`` (nothing resumed, no evaluation); ``ddp_options`` replace
+    keyword arguments of DistributedDataParallel (:func:`distqa.ddp.wrap_ddp`)."""
     loader = build_loader(config, runtime, dataset)
     plan = StepPlan.of(config, loader.sampler, runtime.world_size)
     seed_everything(BENCH_SEED)
     model = build_model(config).to(runtime.device)
     optimizer = build_optimizer(model, config, runtime.device)
-    return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=wrap_ddp(model, runtime),
+    return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model,
+                   ddp_model=training_module(model, runtime, config, **ddp_options),
                    optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
                    precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
                    evaluator=None, resumed=None)
@@ -164,6 +170,24 @@ def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Te
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def nq_windows(work: Path, *flags: str) -> tuple[tuple[str, ...], NQWindows]:
+    """The training windows of an NQ file featurised into a cache under ``work`` (``flags`` pick the file,
+    default the committed sample), and the flags that make ``bench_config`` read them."""
+    flags = ("--dataset", "nq", "--nq-cache-dir", str(work / "cache"), "--num-proc", "1", *flags)
+    config = bench_config(*flags)
+    return flags, NQWindows(prepare_nq(config, load_tokenizer(config), progress=False), "train")
+
+
+def short_document_windows(work: Path, examples: int = 2000) -> tuple[tuple[str, ...], NQWindows]:
+    """Windows of synthetic NQ documents of 10 to 60 words (``distqa.data.synthetic_nq``), every one kept: what
+    SQuAD-like data looks like, where whole batches are shorter than max_seq_len (the NQ sample's documents run
+    to thousands of tokens, so nearly every batch holds a full window)."""
+    path = work / "short-documents" / "simplified-nq-train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, examples, seed=0, min_doc_tokens=10, max_doc_tokens=60)
+    return nq_windows(work, "--nq-train-file", str(path), "--negative-keep-rate", "1")
 
 
 def dummy_dataset(config: Config) -> Dataset:

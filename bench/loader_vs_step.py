@@ -34,6 +34,7 @@ from harness import (
     interleaved,
     machine_line,
     median,
+    nq_windows,
     pin_threads,
     print_table,
     print_targets,
@@ -42,10 +43,7 @@ from harness import (
 from torch.utils.data import DataLoader
 
 from distqa.config import Config
-from distqa.data.cache import NQWindows
-from distqa.data.features import prepare_nq
 from distqa.distributed import local_runtime
-from distqa.pretrained import load_tokenizer
 from distqa.train import build_loader
 from distqa.trainer import Trainer
 
@@ -64,9 +62,8 @@ def main() -> None:
 
     runtime = local_runtime("cpu")
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as work:
-        config = bench_config("--dataset", "nq", "--nq-cache-dir", str(Path(work) / "cache"), "--num-proc", "1")
-        cache = prepare_nq(config, load_tokenizer(config), progress=False)
-        windows = NQWindows(cache, "train")
+        flags, windows = nq_windows(Path(work))
+        config = bench_config(*flags)
         loader = build_loader(config, runtime, windows)
         trainer = build_our_trainer(config, runtime, windows, Path(work))
         batches = list(itertools.islice(endless(trainer.loader), 4 * trainer.plan.accumulation))

@@ -177,3 +177,51 @@ def test_doc_stride_must_fit_the_window_for_nq_only(tmp_path: Path) -> None:
     source.touch()
     with pytest.raises(ConfigError, match=r"doc_stride \(64\) must be between 1 and .* = 45"):
         load([*small, "--dataset", "nq", "--nq-train-file", str(source)])
+
+
+SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@pytest.mark.parametrize("preset_name", ["bert-base", "bert-base-nq"])
+@pytest.mark.parametrize("world_size", SCALING_WORLD_SIZES)
+def test_the_real_presets_run_unchanged_on_1_to_64_gpus(preset_name: str, world_size: int) -> None:
+    """What `torchrun ... -m distqa.train --preset P` does at this world size: load (which checks the batch
+    arithmetic with torchrun's WORLD_SIZE), then scale to the world size as distqa.train does."""
+    given = load(["--preset", preset_name, "--model-name-or-path", "data/tiny-bert", "--nq-train-file",
+                  "data/nq-sample/simplified-nq-train.jsonl"], {"WORLD_SIZE": str(world_size)})
+    config = given.for_world_size(world_size)
+    accumulation = config.accumulation_steps(world_size)
+    assert config.per_rank_batch_size == given.per_rank_batch_size == 32  # the micro-batch never changes
+    assert config.global_batch_size == config.per_rank_batch_size * world_size * accumulation
+    # The rule: keep the preset's global batch while the GPUs' micro-batches fit in it, else one micro-batch each.
+    assert config.global_batch_size == max(given.global_batch_size, 32 * world_size)
+    growth = config.global_batch_size / given.global_batch_size
+    assert config.lr == pytest.approx(given.lr * growth ** 0.5)
+    assert config.warmup_steps == -(-given.warmup_steps // growth)  # the same warm-up examples, in fewer steps
+    assert config.warmup_steps * config.global_batch_size >= given.warmup_steps * given.global_batch_size
+
+
+@pytest.mark.parametrize("preset_name", ["bert-base", "bert-base-nq"])
+def test_the_presets_document_their_scaling_table_as_computed(preset_name: str) -> None:
+    """The table in each preset's comment (GPUs, global batch, lr) is what Config.for_world_size gives."""
+    lines = (Path(__file__).parents[1] / "configs" / f"{preset_name}.toml").read_text().splitlines()
+    table = {row.split()[1]: row.split()[2:] for row in lines if row.startswith("#   ")}
+    table = {key: values[-len(SCALING_WORLD_SIZES):] for key, values in table.items()}
+    given = load(["--preset", preset_name, "--model-name-or-path", "data/tiny-bert", "--nq-train-file",
+                  "data/nq-sample/simplified-nq-train.jsonl"])
+    assert [int(n) for n in table["GPUs"]] == list(SCALING_WORLD_SIZES)
+    for column, world_size in enumerate(SCALING_WORLD_SIZES):
+        config = given.for_world_size(world_size)
+        assert int(table["global"][column]) == config.global_batch_size
+        assert float(table["lr"][column]) == pytest.approx(config.lr, rel=0.03)
+
+
+def test_grow_global_batch_rounds_up_to_whole_micro_batches_and_is_off_by_default() -> None:
+    config = load(["--global-batch-size", "32", "--per-rank-batch-size", "8", "--lr", "1e-4", "--warmup-steps",
+                   "10", "--grow-global-batch", "true"], {"WORLD_SIZE": "3"})
+    grown = config.for_world_size(3)  # 3 × 8 = 24 does not divide 32: the next multiple is 48
+    assert (grown.global_batch_size, grown.accumulation_steps(3)) == (48, 2)
+    assert grown.lr == pytest.approx(1e-4 * 1.5 ** 0.5) and grown.warmup_steps == 7
+    assert config.for_world_size(4) == config  # 32 splits over 4 ranks: nothing changes
+    with pytest.raises(ConfigError, match=r"= 24\. .*or --grow-global-batch true to let it grow"):
+        load(["--global-batch-size", "32", "--per-rank-batch-size", "8"], {"WORLD_SIZE": "3"})

@@ -54,8 +54,10 @@ dist.init_process_group("gloo")
 fetch_once(config, dist.get_rank(), dist.barrier)
 encoder = load_encoder(config, load_encoder_config(config))
 tokenizer = load_tokenizer(config)
-print(f"rank {dist.get_rank()} loaded {sum(p.numel() for p in encoder.parameters())} parameters, "
-      f"{len(tokenizer)} tokens")
+# One write of the whole line: print() writes the text and its newline apart, and unbuffered (PYTHONUNBUFFERED)
+# the two ranks' lines could interleave into one ("rank 0 loaded … rank 1 loaded …\n\n").
+sys.stdout.write(f"rank {dist.get_rank()} loaded {sum(p.numel() for p in encoder.parameters())} parameters, "
+                 f"{len(tokenizer)} tokens\n")
 dist.destroy_process_group()
 '''
 

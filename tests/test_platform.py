@@ -70,16 +70,18 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
     assert predict[predict.index("--output") + 1] == "/project/results/r/submission.csv"
 
 
+@pytest.mark.parametrize("job_id", ["distributed_training", "train"])
 @pytest.mark.parametrize(("life_span", "stop_after_s"), [("1d", 86400 - 900), ("90m", 5400 - 540), ("600", 540)])
 def test_a_nodes_job_stops_itself_with_a_checkpoint_before_its_life_span(
-        monkeypatch: pytest.MonkeyPatch, life_span: str, stop_after_s: int) -> None:
-    """The life span the launcher gives a node's job (--life-span → the job's life_span) reaches the job's
-    worker.sh, which sends the graceful stop a tenth of it (at most 15 min) before the platform's kill."""
+        monkeypatch: pytest.MonkeyPatch, job_id: str, life_span: str, stop_after_s: int) -> None:
+    """The life span the launcher gives a node's job (--life-span → the job's life_span), or a one-node train
+    job's own, reaches the job's worker.sh, which sends the graceful stop a tenth of it (at most 15 min)
+    before the platform's kill."""
     monkeypatch.chdir(REPO_ROOT)
     sys.path.insert(0, str(STANDIN.parent))
     import platform_cli
 
-    job = platform_cli.render("distributed_training", "r-0", {"life_span": life_span, "run_id": "r"})
+    job = platform_cli.render(job_id, "r-0", {"life_span": life_span, "run_id": "r"})
     words = shlex.split(job.cmd)
     assert words[:2] == ["bash", "/project/scripts/worker.sh"]
     dash = words.index("--")

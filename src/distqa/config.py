@@ -12,6 +12,7 @@ on their fields (``defines_run``), and listed by :meth:`Config.run_defining`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +94,9 @@ class Config:
     dropout: float | None = MODEL(
         None, "Override the encoder's hidden and attention dropout (0 <= p < 1); none keeps the "
         "model's own.")
+    attn_implementation: Literal["sdpa", "eager"] = MODEL(
+        "sdpa", "The encoder's attention kernel: 'sdpa' is torch's scaled_dot_product_attention (FlashAttention "
+        "or cuDNN kernels on GPUs, no seq × seq matrix in memory); 'eager' the reference matmul-softmax-matmul.")
 
     # --- windows (with the tokenizer, what the NQ feature cache's fingerprint covers) --------------
     max_seq_len: int = WINDOWS(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.", defines_run="any")
@@ -115,6 +119,10 @@ class Config:
         "features of nq_train_file, built once by `python -m distqa.prepare`.", defines_run="any")
     dummy_size: int = DATA(4096, "Number of examples in the DummyDataset.", defines_run="dummy")
     num_workers: int = DATA(0, "DataLoader worker processes per rank (0 = load in the trainer).")
+    trim_padding: bool = DATA(
+        True, "Pad each batch only to its longest window (rounded up to a multiple of 8), not to "
+        "max_seq_len: the model skips the padding of batches of short windows. Off only for fixed shapes in "
+        "training (evaluation and predict always trim).")
 
     # --- Natural Questions files and featurisation -------------------------------------------------
     nq_train_file: str = NQ_FILES(
@@ -138,6 +146,10 @@ class Config:
         32, "Examples per optimizer step over all ranks; must equal per_rank_batch_size × "
         "world_size × accumulation steps (the accumulation is derived from it).")
     per_rank_batch_size: int = OPTIMISATION(8, "Examples per forward pass on one rank (micro-batch).")
+    grow_global_batch: bool = OPTIMISATION(
+        False, "When per_rank_batch_size × world_size exceeds global_batch_size, grow the global batch to one "
+        "micro-batch per rank instead of refusing the run, scale lr by the square root of the growth and "
+        "keep the warm-up's examples (fewer steps). With it a preset runs unchanged on 1 to 64 GPUs.")
     lr: float = OPTIMISATION(5e-4, "Peak AdamW learning rate, reached at the end of the warm-up.")
     weight_decay: float = OPTIMISATION(0.01, "AdamW weight decay; biases and LayerNorm are never decayed.")
     warmup_steps: int = OPTIMISATION(10, "Optimizer steps of linear warm-up from 0 to lr.")
@@ -148,6 +160,9 @@ class Config:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = OPTIMISATION(
         "auto", "Mixed precision: auto = bf16 on GPUs that support it, fp16 with loss scaling on "
         "older GPUs, fp32 on CPU. bf16 can be forced on CPU; fp16 needs a GPU.")
+    compile: bool | None = OPTIMISATION(
+        None, "torch.compile the model (TorchInductor: fused kernels, far fewer launches); its compile time "
+        "is logged apart, once per process. none = on CUDA GPUs (1.46× on an H100), off on CPUs (slower there).")
 
     # --- evaluation and decoding -------------------------------------------------------------------
     eval_every: int = EVALUATION(
@@ -166,6 +181,12 @@ class Config:
         "auto", "auto = CUDA + NCCL when GPUs are present, else CPU + gloo. LOCAL_RANK picks the GPU.")
     dist_timeout_s: int = DISTRIBUTED(
         600, "Seconds a collective may wait for the other ranks before the run fails.")
+    ddp_bucket_cap_mb: int = DISTRIBUTED(
+        25, "Size of DDP's gradient buckets in MB: each is all-reduced as soon as backward has filled it, "
+        "overlapping communication with the rest of the backward.")
+    ddp_comm_hook: Literal["none", "bf16"] = DISTRIBUTED(
+        "none", "Gradient compression for the all-reduce: 'bf16' sends gradients as bf16 (half the bytes; "
+        "for slow networks between nodes, docs/PERFORMANCE.md), 'none' sends them as they are.")
 
     # --- checkpoints -------------------------------------------------------------------------------
     resume: str = CHECKPOINTS(
@@ -195,7 +216,7 @@ class Config:
 
     def __post_init__(self) -> None:
         positive = ("max_seq_len", "max_question_len", "dummy_size", "global_batch_size",
-                    "per_rank_batch_size", "epochs", "dist_timeout_s", "keep_checkpoints",
+                    "per_rank_batch_size", "epochs", "dist_timeout_s", "ddp_bucket_cap_mb", "keep_checkpoints",
                     "log_every", "eval_batch_size", "max_answer_len", "stop_check_every")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -250,6 +271,20 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
+    def for_world_size(self, world_size: int) -> Config:
+        """This config as it runs on ``world_size`` ranks: itself, unless ``grow_global_batch`` is set and
+        ``per_rank_batch_size × world_size`` does not divide ``global_batch_size``. Then the global batch
+        becomes the next multiple of it, the learning rate grows by the square root of the growth (the
+        square-root rule for Adam-type optimizers, which keeps the noise of a step's update about the same)
+        and the warm-up covers the same number of examples in fewer steps (README "Presets and scaling")."""
+        per_micro_step = self.per_rank_batch_size * world_size
+        if not self.grow_global_batch or self.global_batch_size % per_micro_step == 0:
+            return self
+        grown = -(-self.global_batch_size // per_micro_step) * per_micro_step
+        growth = grown / self.global_batch_size
+        return dataclasses.replace(self, global_batch_size=grown, lr=self.lr * math.sqrt(growth),
+                                   warmup_steps=math.ceil(self.warmup_steps / growth))
+
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step so that every world size trains on the same global batch."""
         per_micro_step = self.per_rank_batch_size * world_size
@@ -261,7 +296,7 @@ class Config:
                 f"global_batch_size ({self.global_batch_size}) is not divisible by "
                 f"per_rank_batch_size ({self.per_rank_batch_size}) × world_size ({world_size}) = "
                 f"{per_micro_step}. Use a global_batch_size that is a multiple of {per_micro_step}, "
-                f"{alternative}.")
+                f"{alternative}, or --grow-global-batch true to let it grow.")
         return self.global_batch_size // per_micro_step
 
     def to_dict(self) -> dict[str, Any]:

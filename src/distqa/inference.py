@@ -28,6 +28,7 @@ from distqa.answers import Answer
 from distqa.checkpoint import CheckpointError, ModelCheckpoint, load_checkpoint
 from distqa.config import FIELDS, Config, ConfigError
 from distqa.data.cache import NQWindows, open_examples
+from distqa.data.collate import collate_trimmed
 from distqa.data.features import find_features, prepare_nq
 from distqa.decode import (
     ExampleColumns,
@@ -72,7 +73,8 @@ def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precisio
     """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank."""
     dataset = _IndexedWindows(windows)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+    # Windows are only read, never compiled for: every batch is cut to its longest window.
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_trimmed,
                         pin_memory=runtime.device.type == "cuda")
     was_training = model.training
     model.eval()

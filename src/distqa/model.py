@@ -101,3 +101,4 @@ def build_model(config: Config) -> QAModel:
             if hasattr(encoder_config, name):
                 setattr(encoder_config, name, config.dropout)
     return QAModel(load_encoder(config, encoder_config))
+

@@ -118,12 +118,20 @@ def load_encoder_config(config: Config) -> PretrainedConfig:
 
 
 def load_encoder(config: Config, encoder_config: PretrainedConfig) -> PreTrainedModel:
-    """The pretrained weights, or random ones with ``from_scratch``."""
-    if config.from_scratch:
-        return AutoModel.from_config(encoder_config)
+    """The pretrained weights, or random ones with ``from_scratch``, with the attention kernel of
+    ``attn_implementation``."""
+    attention = {"attn_implementation": config.attn_implementation}
     try:
-        return _from_pretrained(AutoModel.from_pretrained, config.model_source, config=encoder_config)
+        if config.from_scratch:
+            return AutoModel.from_config(encoder_config, **attention)
+        return _from_pretrained(AutoModel.from_pretrained, config.model_source, config=encoder_config, **attention)
     except (OSError, ValueError) as err:
+        if config.attn_implementation in str(err):  # transformers names the kernel an encoder lacks
+            raise ConfigError(
+                f"attn_implementation={config.attn_implementation!r}: the encoder of {config.model_name_or_path!r} "
+                f"does not support it ({_first_line(err)}). Use --attn-implementation eager.") from None
+        if config.from_scratch:
+            raise
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: cannot load pretrained weights from "
             f"{config.model_source} ({_first_line(err)}). Use --from-scratch true for random weights, a hub "

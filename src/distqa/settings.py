@@ -81,7 +81,8 @@ def load_config(
     :class:`Config`.
 
     ``environ`` defaults to ``os.environ``; its ``WORLD_SIZE`` (set by torchrun) is used to check
-    that the global batch splits evenly, so a bad batch size fails before any rendezvous.
+    that the global batch splits evenly (after :meth:`Config.for_world_size`), so a bad batch size fails
+    before any rendezvous. The config returned is the one given; the trainer scales it to its world size.
     """
     environ = os.environ if environ is None else environ
     flags = vars(build_arg_parser(prog, sections, description).parse_args(argv))
@@ -103,7 +104,8 @@ def load_config(
 
     config = Config(**values)
     check_environment(config)
-    config.accumulation_steps(_world_size(environ))
+    world_size = _world_size(environ)
+    config.for_world_size(world_size).accumulation_steps(world_size)
     return config
 
 

@@ -45,10 +45,12 @@ from transformers import PreTrainedTokenizerBase
 from distqa.checkpoint import Progress
 from distqa.config import Config, ConfigError
 from distqa.data.cache import NQWindows
+from distqa.data.collate import collate_for
 from distqa.data.dummy import DummyDataset
 from distqa.data.features import find_features, require_nq_features
 from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
+from distqa.ddp import training_module
 from distqa.distributed import (
     CollectiveTimeoutError,
     Runtime,
@@ -67,7 +69,7 @@ from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.settings import load_config
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
-from distqa.trainer import StepPlan, Trainer, resume, wrap_ddp
+from distqa.trainer import StepPlan, Trainer, resume
 
 log = logging.getLogger("distqa.train")
 
@@ -86,7 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer = load_tokenizer(config) if local_tokenizer is None else local_tokenizer
             require_nq_features(config, tokenizer, world_size=ranks["WORLD_SIZE"])
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
+            given, config = config, config.for_world_size(runtime.world_size)  # grow_global_batch
             run_dir = prepare_run_dir(config, runtime)
+            if config != given:
+                log.info("grow_global_batch: %d ranks × %d per rank: global batch %d -> %d, lr %.3g -> %.3g, "
+                         "warm-up %d -> %d steps", runtime.world_size, config.per_rank_batch_size,
+                         given.global_batch_size, config.global_batch_size, given.lr, config.lr,
+                         given.warmup_steps, config.warmup_steps)
             try:
                 train(config, runtime, run_dir, local_tokenizer)
             except TrainingStoppedError as stopped:  # every rank agreed; rank 0 wrote the checkpoint
@@ -139,8 +147,8 @@ def train(config: Config, runtime: Runtime, run_dir: Path,
     # Resume: the newest checkpoint of this run (or --resume PATH) restores all of the above and the RNGs.
     resumed = resume(config, runtime, run_dir, model, optimizer, scheduler, precision)
 
-    # DDP: one replica per rank; gradients are averaged over the ranks in backward.
-    ddp_model = wrap_ddp(model, runtime)
+    # DDP: one replica per rank; gradients are averaged over the ranks in backward. Compiled on GPUs.
+    ddp_model = training_module(model, runtime, config)
 
     trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=ddp_model,
                       optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
@@ -165,6 +173,7 @@ def build_loader(config: Config, runtime: Runtime, dataset: Dataset) -> DataLoad
     sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
                                           shuffle=True, seed=config.seed)
     return DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
+                      collate_fn=collate_for(config.trim_padding),
                       num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
                       pin_memory=runtime.device.type == "cuda",
                       # Each new iterator draws a worker seed; from its own generator, that draw leaves

@@ -8,7 +8,8 @@ in the current epoch, which together with the RNG states makes a resumed run con
 the interrupted one stopped.
 
 ``distqa.train`` builds every object the loop uses, in order (:class:`StepPlan`, the scheduler and
-precision, :func:`resume` into them, the DDP wrap), and hands them to :class:`Trainer`, which only runs.
+precision, :func:`resume` into them, the DDP wrap of :mod:`distqa.ddp`), and hands them to :class:`Trainer`,
+which only runs.
 
 With an :class:`~distqa.inference.Evaluator` (NQ runs), the model is scored on the validation split
 every ``eval_every`` steps and at the end, by all ranks together. Each evaluation's tuned decoding
@@ -29,7 +30,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -49,6 +49,7 @@ from distqa.checkpoint import (
 )
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
+from distqa.ddp import compile_enabled
 from distqa.distributed import Runtime, all_gather_objects, barrier, broadcast_object, collective_timeouts_named
 from distqa.inference import Evaluation, Evaluator
 from distqa.model import forward, on_device, qa_loss
@@ -143,25 +144,12 @@ def _check_same_run(config: Config, saved: dict[str, Any], path: str) -> None:
                           "Use another --run-name for the new run, or --resume none to start this one over.")
 
 
-def wrap_ddp(model: nn.Module, runtime: Runtime) -> nn.Module:
-    """DistributedDataParallel over ``model`` (itself at world size 1). DDP broadcasts rank 0's weights
-    and averages the gradients of every backward pass that is not under ``no_sync``."""
-    if not runtime.is_distributed:
-        return model
-    device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-    return DistributedDataParallel(
-        model, device_ids=device_ids,
-        find_unused_parameters=False,  # every parameter is used in every step: no graph search
-        forward_sync_buffers=False,  # the encoder's buffers (position ids) are constants: no per-step sync
-        gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy, less memory
-    )
-
-
 class Trainer:
     """Runs the loop over objects built by ``distqa.train``; builds none itself.
 
     ``model`` is the bare model (its weights are what checkpoints hold and evaluation runs);
-    ``ddp_model`` is the same model wrapped by :func:`wrap_ddp`, which training steps run.
+    ``ddp_model`` is the same model as :func:`distqa.ddp.training_module` returns it (DDP, compiled), which training
+    steps run.
     """
 
     def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, ddp_model: nn.Module,
@@ -206,7 +194,11 @@ class Trainer:
                 micro_batches = iter(self.loader)
                 done_in_epoch = progress.samples_in_epoch // config.global_batch_size
                 for _ in range(min(self.plan.steps_per_epoch - done_in_epoch, self.plan.total_steps - progress.step)):
+                    started = time.perf_counter()
                     loss, grad_norm = self.train_step(micro_batches)
+                    if progress.step == self.first_step and compile_enabled(config, self.runtime.device):
+                        log.info("torch.compile: the first step took %.1f s, compilation included (once per process; "
+                                 "the first log window's throughput includes it)", time.perf_counter() - started)
                     progress.step += 1
                     progress.samples_in_epoch += config.global_batch_size
                     metrics.add(loss, grad_norm)
