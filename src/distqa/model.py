@@ -101,4 +101,3 @@ def build_model(config: Config) -> QAModel:
             if hasattr(encoder_config, name):
                 setattr(encoder_config, name, config.dropout)
     return QAModel(load_encoder(config, encoder_config))
-
