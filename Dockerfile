@@ -39,6 +39,10 @@ COPY src ./src
 COPY configs ./configs
 COPY scripts ./scripts
 COPY data/tiny-bert ./data/tiny-bert
+# The worked example of a fork's task (docs/FORKING.md); /project on PYTHONPATH makes a package beside src/
+# importable in every job (a fork's package under src/ is importable through the editable install).
+COPY examples ./examples
+ENV PYTHONPATH=/project
 # The image runs as root: on the platform, results/ and cache/ are storage folders mounted with the
 # owner the storage service gives them (root, mode 755, in practice) and `apolo run` cannot choose
 # the user, so a uid-1000 job could not write its checkpoints. scripts/worker.sh and in_job.sh stop

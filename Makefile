@@ -47,7 +47,7 @@ doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (A
 	$(PYTHON) -m distqa.doctor $(ARGS)
 
 prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="--preset bert-base-nq --num-proc 16")
-	$(PYTHON) -m distqa.prepare $(ARGS)
+	$(PYTHON) -m distqa.prepare --task nq $(ARGS)
 
 synthetic-nq: $(INSTALLED) ## Learnable synthetic NQ end to end: generate, train 2 nodes, predict, score (~4 min)
 	PYTHON=$(PYTHON) scripts/train_synthetic_nq.sh $(ARGS)
@@ -75,7 +75,7 @@ test-fast: $(INSTALLED) $(FLOW26) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
-	$(VENV)/bin/ruff check src tests bench notebooks
+	$(VENV)/bin/ruff check src tests bench notebooks examples
 	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 

@@ -1,4 +1,4 @@
-"""Time to error or to recovery of each fault of README "Fault tolerance", measured on loopback (CPU, gloo).
+"""Time to error or to recovery of each fault of docs/FAULT_TOLERANCE.md, measured on loopback (CPU, gloo).
 
     .venv/bin/python bench/fault_times.py            # every scenario once, about 2 min on 2 cores
 

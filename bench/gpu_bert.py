@@ -54,10 +54,10 @@ from hf_trainer import hf_samples_per_s
 from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
-from distqa.config import Config
 from distqa.distributed import local_runtime
 from distqa.model import QAModel, build_model
 from distqa.pretrained import load_encoder_config
+from distqa.tasks.configs import QAConfig
 from distqa.throughput import mfu, model_flops_per_token, peak_bf16_flops
 
 SEQ_LENS = (384, 512)
@@ -124,7 +124,7 @@ class CountedBatches(Iterator[dict[str, torch.Tensor]]):
         return batch
 
 
-def measure_ours(contender: Contender, config: Config, device: torch.device, args: argparse.Namespace,
+def measure_ours(contender: Contender, config: QAConfig, device: torch.device, args: argparse.Namespace,
                  work: Path, peak_flops: float | None) -> Row:
     """Build our trainer (as distqa.train builds it), warm it up, time ``args.repeats`` × ``args.steps`` steps."""
     row = Row(contender.name, contender.framework, contender.precision, contender.compile, contender.seq_len)
@@ -158,7 +158,7 @@ def measure_ours(contender: Contender, config: Config, device: torch.device, arg
     return row
 
 
-def measure_hf(contender: Contender, config: Config, device: torch.device, args: argparse.Namespace,
+def measure_hf(contender: Contender, config: QAConfig, device: torch.device, args: argparse.Namespace,
                work: Path, peak_flops: float | None) -> Row:
     """transformers.Trainer, run_qa.py's configuration + bf16 (+ torch_compile), one fresh run per repeat."""
     row = Row(contender.name, contender.framework, contender.precision, contender.compile, contender.seq_len)
@@ -226,6 +226,12 @@ def main() -> None:
                 if contender.precision == "fp16" and device.type != "cuda":
                     row = Row(contender.name, contender.framework, contender.precision, contender.compile,
                               contender.seq_len, note="n/a (fp16 needs a CUDA GPU: distqa.optim.Precision.choose)")
+                elif args.quick and device.type != "cuda" and contender.compile and contender.framework == "ours":
+                    # A smoke run on CPU takes seconds; ours compiles with inductor, cold half a minute (HF's uses the
+                    # eager backend on CPU: seconds). The CPU compile path is tests/test_optimizations.py's; on a GPU,
+                    # --quick still compiles.
+                    row = Row(contender.name, contender.framework, contender.precision, contender.compile,
+                              contender.seq_len, note="n/a (--quick on CPU: no inductor compile)")
                 else:
                     row = measure(contender, config, device, args, Path(work), peak_flops)
             except Exception as err:  # one contender failing (a compile error, out of memory) spoils no other

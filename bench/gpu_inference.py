@@ -87,15 +87,15 @@ def main() -> None:
 
     with model_flags(model_name(args)) as flags, tempfile.TemporaryDirectory(prefix="bench-gpu-infer-") as work:
         cache = Path(work) / "cache"
-        config = bench_config(*flags, *WINDOW_FLAGS, "--dataset", "nq", "--nq-cache-dir", str(cache),
+        config = bench_config(*flags, *WINDOW_FLAGS, "--task", "nq", "--nq-cache-dir", str(cache),
                               "--validation-fraction", "0.5", "--num-proc", "1", "--eval-batch-size",
                               str(args.batch_size))
         tokenizer = load_tokenizer(config)
         directory = prepare_nq(config, tokenizer, progress=False)
         seed_everything(0)
         checkpoint = Path(work) / "random-weights.pt"
-        ModelCheckpoint(model=build_model(config).state_dict(), config=config.to_dict(), decoding=None, evaluation=None,
-                        progress=Progress(), versions=versions()).save(checkpoint)
+        ModelCheckpoint(model=build_model(config).state_dict(), config=config.to_dict(), task_state=None,
+                        evaluation=None, progress=Progress(), versions=versions()).save(checkpoint)
 
         common = ["--checkpoint", str(checkpoint), "--nq-cache-dir", str(cache), "--device", device.type,
                   "--batch-size", str(args.batch_size)]

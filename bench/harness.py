@@ -22,18 +22,19 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import Dataset
 
-from distqa.config import Config
 from distqa.data.cache import NQWindows
 from distqa.data.features import prepare_nq
 from distqa.data.synthetic_nq import write_jsonl
 from distqa.ddp import training_module
 from distqa.distributed import Runtime
-from distqa.model import build_model, forward, qa_loss
+from distqa.model import forward, qa_loss
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.pretrained import load_tokenizer
 from distqa.rng import seed_everything
 from distqa.settings import load_config
-from distqa.train import build_dataset, build_loader
+from distqa.tasks import make_task
+from distqa.tasks.configs import QAConfig
+from distqa.train import build_loader
 from distqa.trainer import StepPlan, Trainer
 
 T = TypeVar("T")
@@ -128,23 +129,25 @@ def spread(values: Sequence[float]) -> str:
 
 
 # --- our trainer, built as distqa.train builds it ------------------------------------------------
-def bench_config(*overrides: str) -> Config:
+def bench_config(*overrides: str) -> QAConfig:
     """The tiny-cpu preset (tiny BERT from data/tiny-bert's config, DummyDataset) with ``overrides``
     (command-line flags of ``python -m distqa.train``), never reading .env or DISTQA_* variables."""
     return load_config(["--preset", "tiny-cpu", "--progress-bar", "false", "--tensorboard", "false",
                         "--max-steps", "1000000", *overrides], environ={}, dotenv_path=os.devnull)
 
 
-def build_our_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path, **ddp_options: Any) -> Trainer:
+def build_our_trainer(config: QAConfig, runtime: Runtime, dataset: Dataset, run_dir: Path,
+                      **ddp_options: Any) -> Trainer:
     """A :class:`distqa.trainer.Trainer` over the real model, loader, optimizer, schedule and precision,
     from the same seed as ``distqa.train`` (nothing resumed, no evaluation); ``ddp_options`` replace
     keyword arguments of DistributedDataParallel (:func:`distqa.ddp.wrap_ddp`)."""
-    loader = build_loader(config, runtime, dataset)
+    task = make_task(config)
+    loader = build_loader(config, runtime, dataset, task.collate)
     plan = StepPlan.of(config, loader.sampler, runtime.world_size)
     seed_everything(BENCH_SEED)
-    model = build_model(config).to(runtime.device)
+    model = task.build_model().to(runtime.device)
     optimizer = build_optimizer(model, config, runtime.device)
-    return Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model,
+    return Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
                    ddp_model=training_module(model, runtime, config, **ddp_options),
                    optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
                    precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
@@ -175,7 +178,7 @@ def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Te
 def nq_windows(work: Path, *flags: str) -> tuple[tuple[str, ...], NQWindows]:
     """The training windows of an NQ file featurised into a cache under ``work`` (``flags`` pick the file,
     default the committed sample), and the flags that make ``bench_config`` read them."""
-    flags = ("--dataset", "nq", "--nq-cache-dir", str(work / "cache"), "--num-proc", "1", *flags)
+    flags = ("--task", "nq", "--nq-cache-dir", str(work / "cache"), "--num-proc", "1", *flags)
     config = bench_config(*flags)
     return flags, NQWindows(prepare_nq(config, load_tokenizer(config), progress=False), "train")
 
@@ -190,9 +193,9 @@ def short_document_windows(work: Path, examples: int = 2000) -> tuple[tuple[str,
     return nq_windows(work, "--nq-train-file", str(path), "--negative-keep-rate", "1")
 
 
-def dummy_dataset(config: Config) -> Dataset:
+def dummy_dataset(config: QAConfig) -> Dataset:
     """The DummyDataset of ``config`` (about a third of its windows shorter than max_seq_len)."""
-    return build_dataset(config, load_tokenizer(config))
+    return make_task(config).train_dataset()
 
 
 def seconds_per_step(step: Callable[[Iterator[dict[str, torch.Tensor]]], object],

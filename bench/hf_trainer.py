@@ -71,11 +71,11 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from distqa.config import Config
 from distqa.distributed import local_runtime
 from distqa.model import QAModel, build_model, forward, qa_loss
 from distqa.pretrained import load_tokenizer
 from distqa.rng import seed_everything
+from distqa.tasks.configs import QAConfig
 
 TARGET_VS_RUN_QA, TARGET_VS_BEST = 1.2, 1.0
 
@@ -123,7 +123,7 @@ class StepClock(TrainerCallback):
         self.ends.append(time.perf_counter())
 
 
-def hf_samples_per_s(config: Config, dataset: Dataset, output_dir: Path, steps: int, best: bool,
+def hf_samples_per_s(config: QAConfig, dataset: Dataset, output_dir: Path, steps: int, best: bool,
                      **training_arguments: Any) -> float:
     """One run of ``transformers.Trainer`` for 1 + ``steps`` optimizer steps; samples/s after the first.
     ``training_arguments`` replace the ``TrainingArguments`` set here (bench/gpu_bert.py: a GPU, bf16, compile)."""
@@ -148,7 +148,7 @@ def hf_samples_per_s(config: Config, dataset: Dataset, output_dir: Path, steps: 
     return steps * config.global_batch_size / (clock.ends[-1] - clock.ends[0])
 
 
-def ours_samples_per_s(config: Config, dataset: Dataset, run_dir: Path, steps: int, hand: bool = False) -> float:
+def ours_samples_per_s(config: QAConfig, dataset: Dataset, run_dir: Path, steps: int, hand: bool = False) -> float:
     """Our trainer's step (or, with ``hand``, the minimal hand-written step) fed by our loader."""
     trainer = build_our_trainer(config, local_runtime("cpu"), dataset, run_dir)
     step = hand_written_step(trainer) if hand else trainer.train_step

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 
 from distqa.config import Config
 from distqa.distributed import local_runtime
+from distqa.tasks import make_task
 from distqa.train import build_loader
 from distqa.trainer import Trainer
 
@@ -64,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as work:
         flags, windows = nq_windows(Path(work))
         config = bench_config(*flags)
-        loader = build_loader(config, runtime, windows)
+        loader = build_loader(config, runtime, windows, make_task(config).collate)
         trainer = build_our_trainer(config, runtime, windows, Path(work))
         batches = list(itertools.islice(endless(trainer.loader), 4 * trainer.plan.accumulation))
         figures = interleaved({

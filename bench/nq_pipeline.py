@@ -100,8 +100,8 @@ def main() -> None:
 
 def run_prepare(source: Path, cache_dir: Path, num_proc: int) -> dict:
     """(a): the real command in its own process; peak RSS summed over its process tree."""
-    command = [sys.executable, "-m", "distqa.prepare", "--preset", "tiny-cpu", "--nq-train-file", str(source),
-               "--nq-cache-dir", str(cache_dir), "--num-proc", str(num_proc), "--progress-bar", "false",
+    command = [sys.executable, "-m", "distqa.prepare", "--preset", "tiny-cpu", "--task", "nq", "--nq-train-file",
+               str(source), "--nq-cache-dir", str(cache_dir), "--num-proc", str(num_proc), "--progress-bar", "false",
                "--max-seq-len", str(MAX_SEQ_LEN), "--max-question-len", str(MAX_QUESTION_LEN),
                "--doc-stride", str(DOC_STRIDE)]
     started = time.perf_counter()

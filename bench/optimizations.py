@@ -1,7 +1,7 @@
 """Each optimization of the training step switched off (or on) alone, against our defaults, side by side.
 
     .venv/bin/python bench/optimizations.py           # about 4 minutes on 2 cores (a minute of it compiling)
-    .venv/bin/python bench/optimizations.py --quick   # smoke test
+    .venv/bin/python bench/optimizations.py --quick   # smoke test in seconds: no compile, two small data sets
 
 Model: the tiny-cpu preset (tiny BERT from data/tiny-bert's config, max_seq_len 128), per-rank batch 8,
 4 micro-batches per optimizer step, one process, one torch thread. Every contender is
@@ -81,8 +81,10 @@ def main() -> None:
     add_common_arguments(parser, default_repeats=7)
     parser.add_argument("--steps", type=int, default=6, help="timed optimizer steps per contender and repeat")
     args = parser.parse_args()
-    if args.quick:
+    contenders = dict(CONTENDERS)
+    if args.quick:  # a smoke run: a cold compile alone takes 30 s or more, and the NQ sample adds nothing new
         args.repeats, args.steps = 2, 1
+        del contenders["compile"]
     pin_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore", module="torch.utils.data")
@@ -93,21 +95,26 @@ def main() -> None:
         # A cold compile, as on a fresh machine or image: not the on-disk cache of an earlier run.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(work) / "inductor-cache")
         data_sets = {
-            "DummyDataset": ((), dummy_dataset(bench_config("--dummy-size", "1024"))),
-            "NQ sample windows": nq_windows(Path(work)),
-            "short documents": short_document_windows(Path(work), 400 if args.quick else 2000),
+            "DummyDataset": ((), dummy_dataset(bench_config("--dummy-size", "256" if args.quick else "1024"))),
+            **({} if args.quick else {"NQ sample windows": nq_windows(Path(work))}),
+            "short documents": short_document_windows(Path(work), 200 if args.quick else 2000),
         }
         for data_name, (data_flags, dataset) in data_sets.items():
-            figures, compile_seconds = measure(dataset, data_flags, Path(work), args.repeats, args.steps)
+            batch = ("--global-batch-size", "8") if args.quick else ()  # --quick: one micro-batch per step
+            figures, compile_seconds = measure(dataset, (*data_flags, *batch), contenders, Path(work), args.repeats,
+                                               args.steps)
             defaults = median(figures["defaults"])
             rows = [(name, f"{1000 * median(values):.1f} ms/step",
                      f"defaults / this {defaults / median(values):.3f}; {spread([1000 * v for v in values])}")
                     for name, values in figures.items()]
             print()
-            print_table(f"{data_name} ({len(dataset)} windows): median time per optimizer step "
-                        f"(batch 8 × 4 micro-batches, tiny BERT, max_seq_len 128):", rows)
+            shape = bench_config(*batch)
+            print_table(f"{data_name} ({len(dataset)} windows): median time per optimizer step (batch "
+                        f"{shape.per_rank_batch_size} × {shape.accumulation_steps(1)} micro-batches, tiny BERT, "
+                        f"max_seq_len {MAX_SEQ_LEN}):", rows)
             cached = " (cold cache)" if data_name == "DummyDataset" else " (with the caches the data sets above filled)"
-            print(f"  compile time (the compiled contender's first step): {compile_seconds:.1f} s{cached}")
+            print(f"  compile time (the compiled contender's first step): {compile_seconds:.1f} s{cached}"
+                  if "compile" in contenders else "  compile: not measured with --quick")
             lengths = [int(dataset[i]["attention_mask"].sum()) for i in range(len(dataset))]
             short = sum(n < MAX_SEQ_LEN for n in lengths) / len(lengths)
             print(f"  windows shorter than max_seq_len: {short:.0%}, mean length {sum(lengths) / len(lengths):.0f}")
@@ -117,14 +124,14 @@ def main() -> None:
     print_targets(targets)
 
 
-def measure(dataset: Dataset, data_flags: tuple[str, ...], work: Path, repeats: int,
-            steps: int) -> tuple[dict[str, list[float]], float]:
+def measure(dataset: Dataset, data_flags: tuple[str, ...], contenders: dict[str, tuple[str, ...]], work: Path,
+            repeats: int, steps: int) -> tuple[dict[str, list[float]], float]:
     """Seconds per optimizer step of every contender on ``dataset`` (interleaved repeats), and the time
     the compiled contender's first step took."""
     runtime = local_runtime("cpu")
     trainers: dict[str, Trainer] = {}
     compile_seconds = 0.0
-    for name, flags in CONTENDERS.items():
+    for name, flags in contenders.items():
         config = bench_config(*data_flags, *flags)
         trainers[name] = trainer = build_our_trainer(config, runtime, dataset, work / name.replace(" ", "-"))
         started = time.perf_counter()
@@ -141,7 +148,7 @@ def measure(dataset: Dataset, data_flags: tuple[str, ...], work: Path, repeats: 
             trainer.train_step(micro_batches)
         return (time.perf_counter() - started) / steps
 
-    return interleaved({name: (lambda name=name: timed(name)) for name in CONTENDERS}, repeats), compile_seconds
+    return interleaved({name: (lambda name=name: timed(name)) for name in contenders}, repeats), compile_seconds
 
 
 if __name__ == "__main__":

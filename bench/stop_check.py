@@ -5,8 +5,8 @@ training step of the tiny model, on CPU with gloo between two ranks on loopback.
 
 Prints the time of one check, of one training step (forward, backward, DDP all-reduce, AdamW) and
 their ratio: the fraction of a step that checking every step would add (``stop_check_every`` 1). On
-GPUs a check is also a host synchronisation, which this CPU bench cannot show; see README "Fault
-tolerance". Ratios matter, not absolute numbers: the machine may be busy.
+GPUs a check is also a host synchronisation, which this CPU bench cannot show; see docs/FAULT_TOLERANCE.md,
+"What the stop check costs". Ratios matter, not absolute numbers: the machine may be busy.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from distqa.config import Config
 from distqa.data.dummy import DummyDataset
 from distqa.distributed import all_reduce_max
 from distqa.model import build_model, forward, qa_loss
 from distqa.pretrained import load_tokenizer
 from distqa.rng import seed_everything
+from distqa.tasks.configs import DummyConfig
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
             all_reduce_max(0, torch.device("cpu"))
         check_s = (time.perf_counter() - started) / checks
 
-        config = Config(max_seq_len=64, max_question_len=16)
+        config = DummyConfig(max_seq_len=64, max_question_len=16)
         seed_everything(0)
         model = torch.nn.parallel.DistributedDataParallel(build_model(config))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

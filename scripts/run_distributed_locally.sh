@@ -5,15 +5,19 @@
 #
 # Usage:
 #   scripts/run_distributed_locally.sh [--nodes N] [--procs-per-node M] [--port P] [--run-id ID]
-#                                      [--max-restarts R] [--] [TRAINER ARGS...]
+#                                      [--max-restarts R] [--entry-module M] [--] [TRAINER ARGS...]
 #
 #   scripts/run_distributed_locally.sh                            # 2 nodes × 1 process, tiny preset
 #   scripts/run_distributed_locally.sh --nodes 3 -- --max-steps 20
 #   scripts/run_distributed_locally.sh -- --preset bert-base --device cuda   # GPUs, if present
-#   scripts/run_distributed_locally.sh -- --dataset nq          # the committed NQ sample
+#   scripts/run_distributed_locally.sh -- --task nq             # the committed NQ sample
+#   scripts/run_distributed_locally.sh -- --task examples.text_classification.task:TextClassification
+#                                                                 # a fork's task (examples/text_classification)
 #
-# Arguments after the launcher's own (or after --) go to `python -m distqa.train` unchanged; with
-# --dataset nq the feature cache is built first (python -m distqa.prepare, reused when present).
+# Arguments after the launcher's own (or after --) go to `python -m distqa.train` unchanged; a task that
+# builds its data first (--task nq: the feature cache) gets it built here, once (python -m distqa.prepare,
+# reused when present). --entry-module M runs `python -m M` on every node instead of distqa.train (a
+# fork's own entry point; worker.sh --entry-module), and then prepares nothing.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
 # else python3), NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
 # Exit status: 0 when every node finished; 75 when a node stopped on SIGTERM/SIGINT with a checkpoint
@@ -33,6 +37,7 @@ procs_per_node="${PROCS_PER_NODE:-1}"
 port="${RDZV_PORT:-29400}"
 run_id="${RUN_ID:-local}"
 max_restarts="${MAX_RESTARTS:-0}"
+entry_module=distqa.train
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "run_distributed_locally.sh: $*" >&2; exit 2; }
@@ -46,6 +51,7 @@ while [[ $# -gt 0 ]]; do
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
+        --entry-module) need_value "$@"; entry_module="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
         *) trainer_args+=("$1"); shift ;;
@@ -66,10 +72,14 @@ if [[ -z "${GLOO_SOCKET_IFNAME:-}" && -d /sys/class/net/lo ]]; then export GLOO_
 cores=$(nproc 2>/dev/null || echo 1)
 export NODE_CORES=$(( cores / nodes > 1 ? cores / nodes : 1 ))
 
-# NQ features are built here, once, before any rank starts: a rank featurising inside the run would
-# leave the others waiting in a collective. Also fails fast on a configuration error.
-"$PYTHON" -m distqa.prepare --only-if-nq --run-name "$run_id" "${trainer_args[@]}" \
-    || die "preparing the data failed (see above); nothing was launched"
+# What the task reads before training (NQ's features) is built here, once, before any rank starts: a rank
+# featurising inside the run would leave the others waiting in a collective. Also fails fast on a
+# configuration error.
+if [[ "$entry_module" == distqa.train ]]; then
+    PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PYTHON" -m distqa.prepare --only-if-needed --run-name "$run_id" "${trainer_args[@]}" \
+        || die "preparing the data failed (see above); nothing was launched"
+fi
 
 agents=()
 stop_agents() {
@@ -104,7 +114,7 @@ for (( node = 0; node < nodes; node++ )); do
     # the torchrun agent as its child and passes SIGTERM/SIGINT on to it.
     NODE_ADDR=127.0.0.1 bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --run-id "$run_id" --max-restarts "$max_restarts" \
-        --nproc-per-node "$procs_per_node" -- "${trainer_args[@]}" \
+        --nproc-per-node "$procs_per_node" --entry-module "$entry_module" -- "${trainer_args[@]}" \
         > >(sed -u "s/^/[node $node] /") 2> >(sed -u "s/^/[node $node] /" >&2) &
     agents+=("$!")
 done

@@ -7,13 +7,14 @@
 #
 # Usage:
 #   scripts/run_distributed_on_platform.sh [--nodes N] [--preset NAME] [--run-id ID] [--port P]
-#       [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--dry-run] [--] [TRAINER ARGS...]
+#       [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M] [--dry-run]
+#       [--] [TRAINER ARGS...]
 #
 #   scripts/run_distributed_on_platform.sh --nodes 2                       # DummyDataset, tiny model
 #   scripts/run_distributed_on_platform.sh --nodes 4 --preset gpu-large -- --preset bert-base
 #   scripts/run_distributed_on_platform.sh --nodes 4 -- --preset bert-base-nq \
 #       --nq-train-file /data/simplified-nq-train.jsonl --nq-cache-dir /project/results/nq-cache
-#                                             # NQ, after `neuro-flow run prepare` (README "Run on the platform")
+#                                             # NQ, after `neuro-flow run prepare` (docs/PLATFORM.md)
 #   scripts/run_distributed_on_platform.sh --run-id dq-0612 -- --preset bert-base   # resume that run
 #
 # Before the first run: neuro-flow build myimage; neuro-flow mkvolumes; neuro-flow upload ALL.
@@ -29,7 +30,7 @@
 #   --port P           rendezvous port on the master (default 29400)
 #   --max-restarts R   torchrun restarts of every worker from the newest checkpoint after one fails,
 #                      inside the jobs (default 3: a crashed process costs a restart, not the run; a
-#                      job that ends still ends the run; README "Fault tolerance")
+#                      job that ends still ends the run; docs/FAULT_TOLERANCE.md "Restart defaults")
 #   --life-span SPAN   each job is killed by the platform after SPAN (default 1d): a safety net.
 #                      As neuro-flow reads it: [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m)
 #                      or a number of seconds (3600)
@@ -38,8 +39,11 @@
 #                      schedule_timeout) and the run stops. The master's rendezvous waits S + 300 s
 #                      for the others to join, so a worker queued up to S still makes it.
 #   --poll S           seconds between status checks of the jobs (default 15)
+#   --entry-module M   the module every process of every node runs (python -m M; default distqa.train):
+#                      a fork's own entry point (worker.sh --entry-module); the image must hold it
 #   --dry-run          print the commands instead of running them
-# Arguments after -- go to the trainer (python -m distqa.train) on every node.
+# Arguments after -- go to the trainer (python -m distqa.train, or --entry-module) on every node; a fork's
+# task is one of them: -- --task examples.text_classification.task:TextClassification.
 #
 # Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
 # first), NODES, PLATFORM_PRESET, RUN_ID, SCHEDULE_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
@@ -63,6 +67,7 @@ timeout_s="${SCHEDULE_TIMEOUT:-900}"
 join_margin_s=300  # after a worker is scheduled: image pull, container start, python imports
 poll_s="${POLL_INTERVAL:-15}"
 dry_run=0
+entry_module=distqa.train
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "run_distributed_on_platform.sh: $*" >&2; exit 2; }
@@ -78,6 +83,7 @@ while [[ $# -gt 0 ]]; do
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
+        --entry-module) need_value "$@"; entry_module="$2"; shift 2 ;;
         --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
         --poll) need_value "$@"; poll_s="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
@@ -93,6 +99,8 @@ done
 (( nodes >= 1 )) || die "--nodes must be at least 1, got $nodes"
 (( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
 (( timeout_s >= 1 )) || die "--timeout must be at least 1 second, got $timeout_s"
+[[ "$entry_module" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
+    || die "--entry-module must be a dotted Python module name such as mytask.train, got '$entry_module'"
 [[ "$run_id" =~ ^[a-z0-9]+(-[a-z0-9]+)*$ ]] \
     || die "--run-id must be lowercase letters and digits in groups joined by single '-' (it becomes part of job names), got '$run_id'"
 # The flow CLI reads a job's life_span as a number of seconds (Python's float, then int) or as
@@ -161,7 +169,7 @@ run_command() {  # run_command NODE_RANK MASTER_ADDR: the command that starts on
         --param nodes "$nodes" --param node_rank "$rank" --param master_addr "$master" \
         --param master_port "$port" --param run_id "$run_id" --param max_restarts "$max_restarts" \
         --param preset "$preset" --param life_span "$life_span" --param schedule_timeout "$timeout_s" \
-        --param join_timeout "$join_timeout_s" --param args "$args_param"
+        --param join_timeout "$join_timeout_s" --param entry_module "$entry_module" --param args "$args_param"
 }
 
 # The flow CLI finds .neuro/live.yml from its working directory up (apolo_flow.parser.find_workspace).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The learnable synthetic NQ task end to end on this machine: generate the data, train the tiny model
 # on 2 emulated nodes (evaluating on both), predict the test file and score it with the Kaggle metric.
-# About 4 minutes on 2 CPU cores; the README's expected numbers come from this script.
+# About 4 minutes on 2 CPU cores; the expected numbers of docs/EVALUATION.md come from this
+# script.
 #
 # Usage:
 #   scripts/train_synthetic_nq.sh [--data-dir DIR] [--run-id ID] [--output-dir DIR] [--nq-cache-dir DIR]

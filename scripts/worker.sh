@@ -6,15 +6,17 @@
 # Usage:
 #   scripts/worker.sh [--nnodes N] [--node-rank I] [--master-addr HOST] [--master-port P]
 #                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--dry-run]
-#                     [--doctor] [--] [TRAINER ARGS...]
+#                     [--doctor | --entry-module MODULE] [--] [TRAINER ARGS...]
 #
 #   scripts/worker.sh --nnodes 1 -- --preset bert-base                    # one node, all its GPUs
 #   scripts/worker.sh --nnodes 2 --node-rank 0 --run-id r1                # the master
 #   scripts/worker.sh --nnodes 2 --node-rank 1 --master-addr job-1234.platform-jobs --run-id r1
 #
-# Arguments after -- go to `python -m distqa.train` unchanged; --run-name is set to the run id, so
-# all nodes write one run directory (put it on shared storage: DISTQA_OUTPUT_DIR) and a restart with
-# the same run id resumes from its newest checkpoint.
+# Arguments after -- go to `python -m distqa.train` (or --entry-module) unchanged; --run-name is set to
+# the run id, so all nodes write one run directory (put it on shared storage: DISTQA_OUTPUT_DIR) and a
+# restart with the same run id resumes from its newest checkpoint. The repository is put on PYTHONPATH,
+# so a fork's own packages beside src/ (examples/, a task given as --task package.module:ClassName)
+# import on every node.
 #
 # Options:
 #   --nnodes N          nodes in the run (default 1: `torchrun --standalone`, no master needed)
@@ -41,6 +43,9 @@
 #   --doctor            run the preflight doctor (python -m distqa.doctor) instead of training, with the
 #                       same torchrun line and arguments: rank 0 prints a table of every rank and what
 #                       to fix; exit 1 when a check fails
+#   --entry-module M    the Python module every process runs (python -m M; default distqa.train): a
+#                       fork's own entry point gets the same torchrun line, rendezvous, restarts,
+#                       stop signals and --run-name; --doctor is --entry-module distqa.doctor
 #
 # Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
 # step boundary after a checkpoint of that step (start the node again with the same --run-id to
@@ -102,6 +107,7 @@ while [[ $# -gt 0 ]]; do
         --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         --doctor) entry_point=distqa.doctor; shift ;;
+        --entry-module) need_value "$@"; entry_point="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
         *) die "unknown option '$1'; trainer flags go after -- (see --help)" ;;
@@ -141,6 +147,8 @@ done
 (( node_rank < nnodes )) || die "--node-rank $node_rank is outside 0..$(( nnodes - 1 )) for --nnodes $nnodes"
 (( master_port >= 1024 && master_port <= 65535 )) || die "--master-port must be in 1024..65535, got $master_port"
 [[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only, got '$run_id'"
+[[ "$entry_point" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
+    || die "--entry-module must be a dotted Python module name such as mytask.train, got '$entry_point'"
 if (( node_rank > 0 )) && [[ -z "$master_addr" ]]; then
     die "--master-addr is required on node $node_rank: the address of node 0 (its internal hostname on the platform)"
 fi
@@ -148,8 +156,12 @@ fi
 # The run directories (DISTQA_OUTPUT_DIR; the platform's results volume) and the hub cache (HF_HOME)
 # must take files whoever owns their mounts: say so now, not as a traceback on some rank later.
 require_writable worker.sh "${DISTQA_OUTPUT_DIR:-}" "${HF_HOME:-}"
+# A fork's packages next to src/ (a task of examples/, say) import from any directory, on every node.
+export PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" -c "import distqa" 2>/dev/null \
     || die "$PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python"
+"$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)" "$entry_point" \
+    2>/dev/null || die "--entry-module $entry_point: no such module for $PYTHON (PYTHONPATH has the repository)"
 if [[ -z "$nproc_per_node" ]]; then
     gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
     nproc_per_node=$(( gpus > 0 ? gpus : 1 ))
@@ -159,8 +171,8 @@ fi
 # PyTorch's flight recorder (torch 2.13: c10d/FlightRecorder.hpp, ProcessGroupNCCL.hpp): each rank keeps
 # its last TORCH_FR_BUFFER_SIZE collectives, and when NCCL's watchdog times one out (dist_timeout_s) it
 # dumps them to <TORCH_FR_DUMP_TEMP_FILE><rank>: into the run directory, so a hang leaves a record of
-# which collective each rank was in. Read it with `torchfrtrace <run dir>/flight-recorder` (README
-# "Fault tolerance"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
+# which collective each rank was in. Read it with `torchfrtrace <run dir>/flight-recorder`
+# (docs/FAULT_TOLERANCE.md, "Reading the flight recorder"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
 # TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a deprecation warning. The run directory is the trainer's own
 # (its settings resolved as it will resolve them); a setting it refuses is left for the trainer to report.
 if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \

@@ -21,11 +21,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
 T = TypeVar("T")
 
-# A configuration small enough for a 2-core machine: a few seconds per run, every code path real.
-FAST_ARGS = [
-    "--preset", "none", "--dummy-size", "256", "--max-seq-len", "64", "--max-question-len", "16",
+# A configuration small enough for a 2-core machine: a few seconds per run, every code path real. QA_ARGS are
+# settings every built-in (QA) task has; FAST_ARGS adds the DummyDataset's size (the default task's).
+QA_ARGS = [
+    "--preset", "none", "--max-seq-len", "64", "--max-question-len", "16",
     "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
 ]
+FAST_ARGS = [*QA_ARGS, "--dummy-size", "256"]
 
 
 def free_port() -> int:

@@ -38,10 +38,10 @@ def run_module(module: str, args: list[str], nproc: int = 1, timeout: int = 240)
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """2 ranks train the tiny model on the sample for 20 steps, evaluating every 5 (and at the end)."""
     root = tmp_path_factory.mktemp("answers")
-    args = ["--dataset", "nq", "--run-name", "sample", "--output-dir", str(root / "results"),
+    args = ["--task", "nq", "--run-name", "sample", "--output-dir", str(root / "results"),
             "--nq-cache-dir", str(root / "cache"), "--epochs", "4", "--eval-every", "5", "--eval-batch-size", "8",
             "--progress-bar", "false", "--log-every", "5"]
-    run_module("distqa.prepare", ["--only-if-nq", *args])  # the trainer's command line: prepare what it reads
+    run_module("distqa.prepare", ["--only-if-needed", *args])  # the trainer's command line: prepare what it reads
     return root, run_training(args, nproc=2).stderr
 
 
@@ -57,12 +57,13 @@ def test_training_evaluates_on_every_rank_and_keeps_the_best_model(trained: tupl
     best_step, best_f1 = max(evals, key=lambda e: (e[1], -e[0]))  # the first evaluation that reached the max
     assert best["evaluation"]["step"] == best_step
     assert best["evaluation"]["micro_f1"] == pytest.approx(best_f1, abs=1e-4)
-    assert set(best["decoding"]) == {"long_threshold", "short_threshold", "max_answer_len"}
+    assert set(best["task_state"]) == {"long_threshold", "short_threshold", "max_answer_len"}
     assert "optimizer" not in best  # inference only
 
     final = torch.load(run_dir / "checkpoints" / "step-00000020.pt", map_location="cpu", weights_only=True)
-    assert final["decoding"]["max_answer_len"] == 30
-    assert final["progress"]["best_micro_f1"] == pytest.approx(best_f1, abs=1e-4)
+    assert final["task_state"]["max_answer_len"] == 30
+    assert (final["progress"]["best_metric"], final["progress"]["best_mode"]) == ("micro_f1", "max")
+    assert final["progress"]["best_value"] == pytest.approx(best_f1, abs=1e-4)
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -147,10 +148,10 @@ def test_thresholds_given_to_predict_override_the_tuned_ones(trained: tuple[Path
 
 
 def test_a_run_without_validation_split_trains_without_evaluating(tmp_path: Path) -> None:
-    result = run_training(["--dataset", "nq", "--run-name", "noval", "--output-dir", str(tmp_path / "results"),
+    result = run_training(["--task", "nq", "--run-name", "noval", "--output-dir", str(tmp_path / "results"),
                            "--nq-cache-dir", str(tmp_path / "cache"), "--validation-fraction", "0",
                            "--max-steps", "2", "--progress-bar", "false", "--tensorboard", "false"])
     assert "no evaluation: validation_fraction is 0" in result.stderr and "eval at step" not in result.stderr
     assert not (tmp_path / "results" / "noval" / "checkpoints" / "best.pt").exists()
     final = torch.load(tmp_path / "results" / "noval" / "checkpoints" / "step-00000002.pt", weights_only=True)
-    assert final["decoding"] is None and final["evaluation"] is None
+    assert final["task_state"] is None and final["evaluation"] is None

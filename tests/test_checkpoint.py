@@ -1,5 +1,6 @@
 """Atomic checkpoint files: no partial file under a real name, newest found, old pruned, junk refused; the
-schema: what a step checkpoint and best.pt hold, and a file of another format version refused by name;
+schema: what a step checkpoint and best.pt hold, a format-2 file migrated, and a file of another format
+version refused by name;
 integrity: a truncated or bit-flipped checkpoint detected by its sidecar and skipped for the previous
 one, a full disk reported with the folder and its free space, the previous checkpoint intact."""
 
@@ -15,7 +16,6 @@ import torch
 from distqa.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
-    Decoding,
     ModelCheckpoint,
     Progress,
     TrainingCheckpoint,
@@ -30,7 +30,7 @@ from distqa.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from distqa.decode import Thresholds
+from distqa.decode import Decoding, Thresholds
 from distqa.files import DiskFullError, atomic_write
 
 
@@ -73,31 +73,53 @@ def test_loading_garbage_names_the_file(tmp_path: Path) -> None:
 
 
 def a_model_checkpoint(**extra: object) -> dict[str, object]:
-    return {"model": {"w": torch.ones(2)}, "config": {"run_name": "r"}, "decoding": None, "evaluation": None,
-            "progress": {"step": 4, "epoch": 0, "samples_in_epoch": 32, "best_micro_f1": -1.0},
+    return {"model": {"w": torch.ones(2)}, "config": {"run_name": "r"}, "task_state": None, "evaluation": None,
+            "progress": {"step": 4, "epoch": 0, "samples_in_epoch": 32, "best_metric": None, "best_mode": None,
+                         "best_value": None},
             "versions": {"distqa": "0.1.0"}, **extra}
 
 
 def test_a_training_checkpoint_round_trips_through_its_schema(tmp_path: Path) -> None:
+    decoding = Decoding(Thresholds(1.5, -0.5), max_answer_len=30)
     written = TrainingCheckpoint(
-        model={"w": torch.arange(3.0)}, config={"run_name": "r"},
-        decoding=Decoding(Thresholds(1.5, -0.5), max_answer_len=30), evaluation={"step": 4, "micro_f1": 0.5},
-        progress=Progress(step=4, epoch=1, samples_in_epoch=16, best_micro_f1=0.5), versions={"distqa": "x"},
+        model={"w": torch.arange(3.0)}, config={"run_name": "r", "task": "nq"},
+        task_state=decoding.to_dict(), evaluation={"step": 4, "micro_f1": 0.5},
+        progress=Progress(step=4, epoch=1, samples_in_epoch=16, best_metric="micro_f1", best_mode="max",
+                          best_value=0.5), versions={"distqa": "x"},
         optimizer={"state": {}}, scheduler={"last_epoch": 4}, scaler={}, rng=[{"python": 1}, {"python": 2}],
         world_size=2, saved_by_rank=0)
     path = checkpoint_path(tmp_path, 4)
     written.save(path)
     on_disk = torch.load(path, weights_only=True)
-    assert on_disk["format_version"] == FORMAT_VERSION
-    assert on_disk["decoding"] == {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30}
-    assert on_disk["progress"] == {"step": 4, "epoch": 1, "samples_in_epoch": 16, "best_micro_f1": 0.5}
+    assert on_disk["format_version"] == FORMAT_VERSION == 3
+    assert on_disk["task_state"] == {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30}
+    assert on_disk["progress"] == {"step": 4, "epoch": 1, "samples_in_epoch": 16, "best_metric": "micro_f1",
+                                   "best_mode": "max", "best_value": 0.5}
     read = load_checkpoint(path)
     assert isinstance(read, TrainingCheckpoint)
     assert torch.equal(read.model["w"], written.model["w"])
-    assert (read.decoding, read.progress, read.rng, read.world_size) == (written.decoding, written.progress,
-                                                                          written.rng, 2)
-    # What inference needs reads from a step checkpoint too.
-    assert load_checkpoint(path, ModelCheckpoint).decoding == written.decoding
+    assert (read.task_state, read.progress, read.rng, read.world_size) == (written.task_state, written.progress,
+                                                                            written.rng, 2)
+    # What inference needs reads from a step checkpoint too, as the task gave it.
+    assert Decoding.from_dict(load_checkpoint(path, ModelCheckpoint).task_state) == decoding
+
+
+@pytest.mark.parametrize(("best_micro_f1", "best"), [(-1.0, (None, None, None)), (0.25, ("micro_f1", "max", 0.25))])
+def test_a_format_2_checkpoint_is_migrated(best_micro_f1: float, best: tuple[object, ...], tmp_path: Path) -> None:
+    """Format 2 (before the task seam) stored NQ's decoding, the best micro-F1 and the dataset by name."""
+    path = tmp_path / "step-00000004.pt"
+    state = a_model_checkpoint(format_version=2, optimizer={}, scheduler={}, scaler={}, rng=[{}], world_size=1,
+                               saved_by_rank=0)
+    del state["task_state"]
+    state |= {"decoding": {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30},
+              "config": {"run_name": "r", "dataset": "nq"},
+              "progress": {"step": 4, "epoch": 0, "samples_in_epoch": 32, "best_micro_f1": best_micro_f1}}
+    torch.save(state, path)
+    read = load_checkpoint(path)
+    assert read.task_state == {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30}
+    assert read.config == {"run_name": "r", "task": "nq"}
+    assert (read.progress.step, read.progress.samples_in_epoch) == (4, 32)
+    assert (read.progress.best_metric, read.progress.best_mode, read.progress.best_value) == best
 
 
 def test_best_pt_holds_no_training_state_and_says_so(tmp_path: Path) -> None:
@@ -117,7 +139,8 @@ def test_a_checkpoint_of_another_format_version_is_refused(version: int | None, 
     torch.save(state, path)
     shown = 1 if version is None else version
     with pytest.raises(CheckpointError, match=f"{path} has checkpoint format version {shown}, written by {age} "
-                                              rf"distqa \(0.1.0\); this one reads version {FORMAT_VERSION} only. "
+                                              rf"distqa \(0.1.0\); this one reads version {FORMAT_VERSION} \(and "
+                                              r"migrates version 2\)\. "
                                               r"Use the distqa version that wrote it, or train anew"):
         load_checkpoint(path, ModelCheckpoint)
 
@@ -126,7 +149,7 @@ def a_training_checkpoint(step: int) -> TrainingCheckpoint:
     state = a_model_checkpoint(optimizer={"state": {}}, scheduler={}, scaler={}, rng=[{"python": step}],
                                world_size=1, saved_by_rank=0)
     state["model"] = {"w": torch.full((1000,), float(step))}
-    state["progress"] = {"step": step, "epoch": 0, "samples_in_epoch": 8 * step, "best_micro_f1": -1.0}
+    state["progress"] = {"step": step, "epoch": 0, "samples_in_epoch": 8 * step}
     return TrainingCheckpoint.from_state(state)
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from distqa.config import DEFAULT_PRESET, FIELDS, Config, ConfigError
+from distqa.config import DEFAULT_PRESET, Config, ConfigError, fields_of
 from distqa.settings import load_config
+from distqa.tasks import REGISTERED, task_class
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -27,7 +28,7 @@ def preset(tmp_path: Path) -> Path:
 def test_defaults_use_the_tiny_offline_preset() -> None:
     config = load()
     assert config.preset == DEFAULT_PRESET == "tiny-cpu"
-    assert config.dataset == "dummy"
+    assert config.task == "dummy"
     assert config.from_scratch
     assert Path(config.model_source).is_dir()
 
@@ -35,7 +36,7 @@ def test_defaults_use_the_tiny_offline_preset() -> None:
 def test_bare_defaults_are_valid_and_offline() -> None:
     config = load(["--preset", "none"])
     assert config.preset == "none"
-    assert config.lr == FIELDS["lr"].default
+    assert config.lr == fields_of(Config)["lr"].default
     assert Path(config.model_source).is_dir()
 
 
@@ -44,7 +45,7 @@ def test_precedence_defaults_preset_dotenv_environment_flags(preset: Path, tmp_p
     dotenv.write_text("DISTQA_SEED=8\nDISTQA_WARMUP_STEPS=5\nDISTQA_LOG_EVERY=6\nUNRELATED=1\n")
     environ = {"DISTQA_WARMUP_STEPS": "9", "DISTQA_LOG_EVERY": "11"}
     config = load(["--preset", str(preset), "--log-every", "12"], environ, dotenv)
-    assert config.max_grad_norm == FIELDS["max_grad_norm"].default  # default
+    assert config.max_grad_norm == fields_of(Config)["max_grad_norm"].default  # default
     assert config.lr == 1e-3  # preset
     assert config.run_name == "from-preset"  # preset
     assert config.seed == 8  # .env over preset
@@ -66,17 +67,18 @@ def test_values_are_typed_from_strings() -> None:
 
 
 def test_every_field_has_help_and_a_flag() -> None:
-    from distqa.settings import build_arg_parser
+    from distqa.flags import build_arg_parser
 
-    help_text = build_arg_parser().format_help()
-    for name, field in FIELDS.items():
-        assert field.metadata["help"], name
-        assert "--" + name.replace("_", "-") in help_text
+    for task in REGISTERED:
+        help_text = build_arg_parser(task=task_class(task)).format_help()
+        for name, field in fields_of(task_class(task).config_class).items():
+            assert field.metadata["help"], name
+            assert "--" + name.replace("_", "-") in help_text
 
 
 def test_resolved_config_round_trips() -> None:
     config = load(["--lr", "2e-4"])
-    assert Config(**config.to_dict()) == config
+    assert type(config)(**config.to_dict()) == config
 
 
 @pytest.mark.parametrize(("argv", "environ", "message"), [
@@ -162,21 +164,23 @@ def test_shipped_presets_and_env_example_are_valid(tmp_path: Path) -> None:
     downloaded = tmp_path / "simplified-nq-train.jsonl"  # the real data is not in the repository
     downloaded.touch()
     for path in sorted((REPO_ROOT / "configs").glob("*.toml")):
-        load(["--preset", str(path), "--nq-train-file", str(downloaded)])
+        load(["--preset", str(path)], {"DISTQA_NQ_TRAIN_FILE": str(downloaded)})
     # .env.example documents every setting, and each documented one is a real field.
     example = (REPO_ROOT / ".env.example").read_text()
     documented = {line.lstrip("# ").split("=")[0] for line in example.splitlines()
                   if line.lstrip("# ").startswith("DISTQA_")}
-    assert documented == {"DISTQA_" + name.upper() for name in FIELDS}
+    every = set().union(*(fields_of(task_class(task).config_class) for task in REGISTERED))
+    assert documented == {"DISTQA_" + name.upper() for name in every}
 
 
 def test_doc_stride_must_fit_the_window_for_nq_only(tmp_path: Path) -> None:
     small = ["--max-seq-len", "64", "--max-question-len", "16", "--doc-stride", "64"]
-    load(small)  # the DummyDataset has no stride
+    with pytest.raises(ConfigError, match="--doc-stride is a setting of task 'nq', not of task 'dummy'"):
+        load(small)  # the DummyDataset has no stride
     source = tmp_path / "nq.jsonl"
     source.touch()
     with pytest.raises(ConfigError, match=r"doc_stride \(64\) must be between 1 and .* = 45"):
-        load([*small, "--dataset", "nq", "--nq-train-file", str(source)])
+        load([*small, "--task", "nq", "--nq-train-file", str(source)])
 
 
 SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -187,8 +191,8 @@ SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
 def test_the_real_presets_run_unchanged_on_1_to_64_gpus(preset_name: str, world_size: int) -> None:
     """What `torchrun ... -m distqa.train --preset P` does at this world size: load (which checks the batch
     arithmetic with torchrun's WORLD_SIZE), then scale to the world size as distqa.train does."""
-    given = load(["--preset", preset_name, "--model-name-or-path", "data/tiny-bert", "--nq-train-file",
-                  "data/nq-sample/simplified-nq-train.jsonl"], {"WORLD_SIZE": str(world_size)})
+    given = load(["--preset", preset_name, "--model-name-or-path", "data/tiny-bert"],
+                 {"WORLD_SIZE": str(world_size), "DISTQA_NQ_TRAIN_FILE": "data/nq-sample/simplified-nq-train.jsonl"})
     config = given.for_world_size(world_size)
     accumulation = config.accumulation_steps(world_size)
     assert config.per_rank_batch_size == given.per_rank_batch_size == 32  # the micro-batch never changes
@@ -207,8 +211,8 @@ def test_the_presets_document_their_scaling_table_as_computed(preset_name: str) 
     lines = (Path(__file__).parents[1] / "configs" / f"{preset_name}.toml").read_text().splitlines()
     table = {row.split()[1]: row.split()[2:] for row in lines if row.startswith("#   ")}
     table = {key: values[-len(SCALING_WORLD_SIZES):] for key, values in table.items()}
-    given = load(["--preset", preset_name, "--model-name-or-path", "data/tiny-bert", "--nq-train-file",
-                  "data/nq-sample/simplified-nq-train.jsonl"])
+    given = load(["--preset", preset_name, "--model-name-or-path", "data/tiny-bert"],
+                 {"DISTQA_NQ_TRAIN_FILE": "data/nq-sample/simplified-nq-train.jsonl"})
     assert [int(n) for n in table["GPUs"]] == list(SCALING_WORLD_SIZES)
     for column, world_size in enumerate(SCALING_WORLD_SIZES):
         config = given.for_world_size(world_size)
@@ -225,3 +229,17 @@ def test_grow_global_batch_rounds_up_to_whole_micro_batches_and_is_off_by_defaul
     assert config.for_world_size(4) == config  # 32 splits over 4 ranks: nothing changes
     with pytest.raises(ConfigError, match=r"= 24\. .*or --grow-global-batch true to let it grow"):
         load(["--global-batch-size", "32", "--per-rank-batch-size", "8"], {"WORLD_SIZE": "3"})
+
+
+def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path: Path) -> None:
+    """`python -m distqa.settings --run-dir` (worker.sh, before every node start) reads output_dir and run_name alone,
+    without importing the task, and agrees with the full resolution whatever source sets them."""
+    from distqa.settings import run_dir_of
+
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("DISTQA_OUTPUT_DIR=from-dotenv\n")
+    cases = [([], {}), (["--preset", str(preset)], {}), (["--preset", str(preset), "--run-name", "flag"], {}),
+             (["--task", "nq", "--nq-cache-dir", "c"], {"DISTQA_RUN_NAME": "env"}), ([], {"DISTQA_OUTPUT_DIR": "o"})]
+    for argv, environ in cases:
+        assert run_dir_of(argv, environ, dotenv) == load(argv, environ, dotenv).run_dir, (argv, environ)
+    assert run_dir_of([], {}, dotenv) == Path("from-dotenv/local")

@@ -48,7 +48,7 @@ def test_an_unwritable_results_directory_fails_naming_it(unwritable_mount: tuple
 
 
 def test_a_missing_feature_cache_fails_with_the_command_that_builds_it(tmp_path: Path) -> None:
-    result = doctor("--output-dir", str(tmp_path / "results"), "--dataset", "nq", "--nq-cache-dir",
+    result = doctor("--output-dir", str(tmp_path / "results"), "--task", "nq", "--nq-cache-dir",
                     str(tmp_path / "no-cache"))
     assert result.returncode == 1, result.stdout + result.stderr
     [failure] = failures(result)
@@ -127,6 +127,38 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
     assert len(found) == 2, found
     assert "FAIL" not in outputs[1][0], "only rank 0 prints the report"
+
+
+@pytest.mark.distributed
+def test_two_nodes_with_other_code_of_a_forks_task_are_named_by_rank_0(tmp_path: Path) -> None:
+    """The code hash covers the task's own package: node 1 runs from a checkout whose copy of the example
+    task (examples/, outside src/distqa) has one changed line; distqa itself is the same on both nodes."""
+    stale = tmp_path / "stale"
+    shutil.copytree(REPO_ROOT / "examples", stale / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO_ROOT / "scripts", stale / "scripts")
+    with (stale / "examples" / "text_classification" / "task.py").open("a") as task:
+        task.write("# an edit that reached one node only\n")
+    port = str(free_port())
+    common = ["--nnodes", "2", "--master-port", port, "--run-id", "doctor-fork", "--nproc-per-node", "1",
+              "--join-timeout", "60", "--doctor", "--", "--task",
+              "examples.text_classification.task:TextClassification", "--output-dir", str(tmp_path / "results"),
+              "--allreduce-mb", "1", "--timeout-s", "60"]
+    env = clean_env(NODE_ADDR="127.0.0.1", NODE_CORES="1", PYTHON=sys.executable)
+    nodes = [
+        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "0", *common], cwd=REPO_ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "1", "--master-addr", "127.0.0.1", *common],
+                         cwd=stale, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+    ]
+    try:
+        outputs = [node.communicate(timeout=150) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    master_out, master_err = outputs[0]
+    assert nodes[0].returncode == 1, master_out + master_err
+    found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
+    assert len(found) == 1 and "rank 1 (" in found[0] and "runs other code" in found[0], found
 
 
 OTHER_LR_ON_RANK_1 = """

@@ -19,7 +19,7 @@ from distqa.model import QAModel, build_model, qa_loss
 from distqa.optim import Precision, build_optimizer
 from distqa.pretrained import check_sources
 from distqa.settings import load_config
-from distqa.train import build_dataset
+from distqa.tasks import make_task
 
 from conftest import REPO_ROOT, clean_env
 
@@ -40,7 +40,7 @@ def model(config) -> QAModel:
 
 @pytest.fixture(scope="module")
 def batch(config) -> dict[str, torch.Tensor]:
-    dataset = build_dataset(config, AutoTokenizer.from_pretrained(config.tokenizer_source))
+    dataset = make_task(config).train_dataset()
     items = [dataset[i] for i in range(8)]
     return {k: torch.stack([item[k] for item in items]) for k in items[0]}
 

@@ -31,7 +31,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     the sample's test file and gold as the questions (the notebook's defaults are those of
     `make synthetic-nq`, which takes minutes)."""
     tmp = tmp_path_factory.mktemp("notebook")
-    run_training(["--preset", "tiny-cpu", "--dataset", "nq", "--run-name", "nb", "--output-dir", str(tmp / "results"),
+    run_training(["--preset", "tiny-cpu", "--task", "nq", "--run-name", "nb", "--output-dir", str(tmp / "results"),
                   "--nq-cache-dir", str(tmp / "cache"), "--max-steps", "6", "--eval-every", "3",
                   "--progress-bar", "false", "--tensorboard", "false"])
     checkpoint = tmp / "results" / "nb" / "checkpoints" / "best.pt"

@@ -1,4 +1,4 @@
-"""`--dataset nq` end to end: prepare, then DDP training from the cache; a missing cache under DDP."""
+"""`--task nq` end to end: prepare, then DDP training from the cache; a missing cache under DDP."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from distqa.data.synthetic_nq import write_jsonl as write_synthetic
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
+from conftest import FAST_ARGS, QA_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
 from nq_examples import UNDECODABLE_LINES, random_record, write_jsonl
 
 pytestmark = pytest.mark.distributed
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.distributed
 def nq_args(tmp_path: Path) -> list[str]:
     rng = random.Random(0)
     source = write_jsonl(tmp_path / "nq.jsonl", [random_record(rng, i, max_blocks=12) for i in range(160)])
-    return [*FAST_ARGS, "--dataset", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
+    return [*QA_ARGS, "--task", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
             "--doc-stride", "24", "--negative-keep-rate", "0.3", "--num-proc", "2",
             "--output-dir", str(tmp_path / "results"), "--global-batch-size", "16", "--per-rank-batch-size", "4"]
 
@@ -33,10 +33,10 @@ def prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 def test_prepare_then_two_ranks_train_from_the_cache(tmp_path: Path) -> None:
     args = nq_args(tmp_path)
-    built = prepare(["--only-if-nq", *args])  # the trainer's command line: prepare what it reads
+    built = prepare(["--only-if-needed", *args])  # the trainer's command line: prepare what it reads
     cache = Path(built.stdout.strip())
     assert (cache / "manifest.json").is_file() and "with an answer" in built.stderr
-    again = prepare(["--only-if-nq", *args])  # unchanged settings: reused at once
+    again = prepare(["--only-if-needed", *args])  # unchanged settings: reused at once
     assert again.stdout == built.stdout and "reusing the NQ feature cache" in again.stderr
 
     result = run_training([*args, "--epochs", "2"], nproc=2)
@@ -62,13 +62,12 @@ def test_one_process_builds_the_missing_cache_itself(tmp_path: Path) -> None:
 def test_a_checkpoint_of_other_data_is_not_resumed(tmp_path: Path) -> None:
     """Same run name, other dataset: --resume auto refuses instead of continuing the wrong run."""
     args = nq_args(tmp_path)
-    dummy = list(args)
-    dummy[dummy.index("--dataset") + 1] = "dummy"
-    run_training([*dummy, "--max-steps", "1"])
+    run_training([*FAST_ARGS, "--output-dir", str(tmp_path / "results"), "--global-batch-size", "16",
+                  "--per-rank-batch-size", "4", "--max-steps", "1"])  # the same run name, on the DummyDataset
     result = subprocess.run([sys.executable, "-m", "distqa.train", *args, "--max-steps", "1"], cwd=REPO_ROOT,
                             env=clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert "belongs to a run with other settings (dataset 'dummy' -> 'nq')" in result.stderr
+    assert "belongs to a run with other settings (task 'dummy' -> 'nq')" in result.stderr
 
 
 def test_committed_sample_prepares_cleanly(tmp_path: Path) -> None:
@@ -86,10 +85,10 @@ def test_large_generated_file_with_long_documents(tmp_path: Path) -> None:
     stats = write_synthetic(source, 120, seed=3, min_doc_tokens=500, max_doc_tokens=3000, long_docs=6,
                             long_doc_tokens=24000)
     assert stats.max_tokens > 10_000
-    args = [*FAST_ARGS, "--dataset", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
+    args = [*QA_ARGS, "--task", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
             "--doc-stride", "24", "--negative-keep-rate", "0.05", "--num-proc", "2",
             "--output-dir", str(tmp_path / "results")]
-    manifest = json.loads((Path(prepare(["--only-if-nq", *args]).stdout.strip()) / "manifest.json").read_text())
+    manifest = json.loads((Path(prepare(["--only-if-needed", *args]).stdout.strip()) / "manifest.json").read_text())
     assert manifest["examples"] == 120
     assert manifest["splits"]["validation"]["windows"] > 100 * manifest["splits"]["validation"]["examples"] / 10
     result = run_training([*args, "--max-steps", "3"])

@@ -21,9 +21,9 @@ from distqa.ddp import compile_enabled
 from distqa.model import build_model, forward, qa_loss
 from distqa.pretrained import load_tokenizer
 from distqa.settings import load_config
-from distqa.train import build_dataset
+from distqa.tasks import make_task
 
-from conftest import FAST_ARGS, final_weights, max_difference, run_training
+from conftest import FAST_ARGS, QA_ARGS, final_weights, max_difference, run_training
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -36,7 +36,7 @@ def load(*flags: str):
 def nq_windows(tmp_path_factory: pytest.TempPathFactory) -> NQWindows:
     """The NQ sample's training windows (tiny-cpu window settings): long documents, so most windows are
     full and the last one of each document is short."""
-    config = load("--dataset", "nq", "--nq-cache-dir", str(tmp_path_factory.mktemp("cache")), "--num-proc", "1")
+    config = load("--task", "nq", "--nq-cache-dir", str(tmp_path_factory.mktemp("cache")), "--num-proc", "1")
     return NQWindows(prepare_nq(config, load_tokenizer(config), progress=False), "train")
 
 
@@ -82,7 +82,7 @@ def test_trimmed_batches_give_the_padded_batches_logits_and_loss(nq_windows: NQW
 
 def test_the_attention_kernel_is_the_one_asked_for_and_sdpa_equals_eager() -> None:
     models, outputs = {}, {}
-    dataset = build_dataset(load(), load_tokenizer(load()))
+    dataset = make_task(load()).train_dataset()
     batch = default_collate([dataset[i] for i in range(4)])
     for kernel in ("sdpa", "eager"):
         torch.manual_seed(0)
@@ -108,8 +108,8 @@ def test_compiled_ddp_training_with_accumulation_ends_with_the_eager_weights(tmp
     """2 gloo ranks × 2 accumulation steps (no_sync inside the compiled DDP module), trimmed batches of
     varying length (the NQ sample: one dynamic-shape graph), compiled vs eager: the same weights up to
     the float rounding of fused kernels; the compile time logged apart."""
-    common = [*FAST_ARGS, "--output-dir", str(tmp_path), "--max-seq-len", "128", "--max-question-len", "32",
-              "--dataset", "nq", "--nq-cache-dir", str(tmp_path / "cache"), "--global-batch-size", "16",
+    common = [*QA_ARGS, "--output-dir", str(tmp_path), "--max-seq-len", "128", "--max-question-len", "32",
+              "--task", "nq", "--nq-cache-dir", str(tmp_path / "cache"), "--global-batch-size", "16",
               "--per-rank-batch-size", "4", "--max-steps", "4", "--checkpoint-every", "0", "--dropout", "0",
               "--max-grad-norm", "0", "--eval-every", "0", "--validation-fraction", "0"]
     run_training([*common, "--run-name", "prepare-only", "--max-steps", "1"])  # one process builds the cache

@@ -68,6 +68,21 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
     assert predict[:5] == ["bash", "/project/scripts/in_job.sh", "python", "-m", "distqa.predict"]
     assert predict[predict.index("--checkpoint") + 1] == "/project/results/r/checkpoints/best.pt"
     assert predict[predict.index("--output") + 1] == "/project/results/r/submission.csv"
+    # A fork runs its own modules: the training jobs' entry module reaches worker.sh, predict takes another module.
+    for job_id in ("train", "distributed_training"):
+        words = shlex.split(platform_cli.render(job_id, "r-0", {"entry_module": "mytask.train"}).cmd)
+        assert words[words.index("--entry-module") + 1] == "mytask.train" and words.index("--entry-module") < \
+            words.index("--")
+        default = shlex.split(platform_cli.render(job_id, "r-0", {}).cmd)
+        assert default[default.index("--entry-module") + 1] == "distqa.train"
+    assert shlex.split(platform_cli.render("predict", None, {"module": "mytask.answer"}).cmd)[4] == "mytask.answer"
+    # prepare builds whatever the preset's task builds; NQ's file, cache and processes go as DISTQA_* variables,
+    # which a task without those settings ignores.
+    prepare = platform_cli.render("prepare", None, {"config": "mine"})
+    assert shlex.split(prepare.cmd)[2:7] == ["python", "-m", "distqa.prepare", "--preset", "mine"]
+    assert {k: v for k, v in prepare.env.items() if k.startswith("DISTQA_NQ") or k == "DISTQA_NUM_PROC"} == {
+        "DISTQA_NQ_TRAIN_FILE": "/data/simplified-nq-train.jsonl", "DISTQA_NQ_CACHE_DIR": "/project/results/nq-cache",
+        "DISTQA_NUM_PROC": "8"}
 
 
 @pytest.mark.parametrize("job_id", ["distributed_training", "train"])
@@ -98,7 +113,7 @@ def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
     from apolo_flow.parser import parse_live
 
     result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "3", "--run-id", "t1", "--preset", "gpu-xl",
-                             "--", "--max-steps", "5", "--lr", "1e-4"],
+                             "--entry-module", "mytask.train", "--", "--max-steps", "5", "--lr", "1e-4"],
                             env=clean_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     runs = [shlex.split(line) for line in result.stdout.splitlines() if " run " in line]
@@ -111,6 +126,7 @@ def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
         assert set(params) <= defined, f"params the job does not define: {set(params) - defined}"
         assert params["node_rank"] == str(rank) and params["nodes"] == "3" and params["run_id"] == "t1"
         assert params["preset"] == "gpu-xl" and shlex.split(params["args"]) == ["--max-steps", "5", "--lr", "1e-4"]
+        assert params["entry_module"] == "mytask.train"
         assert (params["master_addr"] == "") == (rank == 0)
     assert "logs distributed_training t1-0" in result.stdout
 

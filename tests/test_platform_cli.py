@@ -32,7 +32,8 @@ def test_every_documented_command_exists_in_the_installed_cli_with_its_options()
     trees = click_trees()
     lines = documented_command_lines()
     commands = {line.split()[1] for _, line in lines}
-    assert {"build", "mkvolumes", "upload", "run", "logs", "login"} <= commands, "the extractor finds the README's"
+    assert {"build", "mkvolumes", "upload", "run", "logs", "login"} <= commands, \
+        "the extractor finds the commands of README.md and docs/"
     wrong = [f"{name}: {line}\n    {problem}" for name, line in lines
              if (problem := check_command_line(line, trees, live))]
     assert not wrong, "\n".join(wrong)

@@ -71,7 +71,7 @@ def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
 
 
 def test_sbatch_script_runs_the_doctor_on_every_node(tmp_path: Path) -> None:
-    """What the README asks for before a long job: the same allocation and arguments, with --doctor."""
+    """What docs/FAULT_TOLERANCE.md asks for before a long job: the same allocation and arguments, with --doctor."""
     env = two_node_allocation(tmp_path, "4243")
     result = subprocess.run(
         ["bash", "scripts/train_slurm.sbatch", "--doctor", "--", *FAST_ARGS, "--output-dir", str(tmp_path / "results"),
@@ -91,3 +91,19 @@ def test_sbatch_script_without_hosts_says_so(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert "scontrol listed no hosts for SLURM_JOB_NODELIST='none'" in result.stderr
+
+
+def test_the_sbatch_script_starts_a_forks_entry_module_on_every_node(tmp_path: Path) -> None:
+    """`sbatch scripts/train_slurm.sbatch --entry-module M -- ARGS`: worker.sh runs `python -m M` on each node with
+    the run's name and ARGS, as it runs the trainer."""
+    (tmp_path / "forkentry.py").write_text(
+        "import os, sys\nfrom pathlib import Path\n"
+        "Path(sys.argv[-1], f\"rank-{os.environ['RANK']}\").write_text(' '.join(sys.argv[1:]))\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    command = ["bash", "scripts/train_slurm.sbatch", "--entry-module", "forkentry", "--", "--my-flag", "1", str(out)]
+    env = {**two_node_allocation(tmp_path, "77"), "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {p.name: p.read_text() for p in out.iterdir()} == {
+        f"rank-{rank}": f"--run-name slurm-77 --my-flag 1 {out}" for rank in (0, 1)}

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from distqa.config import FIELDS, SECTIONS, ConfigError
-from distqa.settings import PREPARE, build_arg_parser, coerce_flag, section_fields
+from distqa.config import SECTIONS, ConfigError, fields_of
+from distqa.flags import build_arg_parser, coerce_flag, prepare_sections, section_fields, train_sections
+from distqa.tasks import REGISTERED, task_class
+from distqa.tasks.configs import NQConfig
 
 from conftest import REPO_ROOT, clean_env
 
@@ -127,30 +129,37 @@ def setting_flags(names: Iterable[str]) -> set[str]:
     return {"--" + name.replace("_", "-") for name in names}
 
 
+ALL_SETTINGS = set().union(*(fields_of(task_class(task).config_class) for task in REGISTERED))
+
+
 def flags_in(help_text: str) -> set[str]:
     """The settings' flags a --help text shows."""
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text)) & setting_flags(FIELDS)
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text)) & setting_flags(ALL_SETTINGS)
 
 
-def test_train_shows_every_setting_in_its_sections() -> None:
-    help_text = build_arg_parser().format_help()
-    assert flags_in(help_text) == setting_flags(FIELDS)
+@pytest.mark.parametrize("task", REGISTERED)
+def test_train_shows_every_setting_of_its_task_in_its_sections(task: str) -> None:
+    """`train --task T --help` shows exactly T's settings, section by section (another task's sections not)."""
+    chosen = task_class(task)
+    help_text = build_arg_parser(task=chosen).format_help()
+    assert flags_in(help_text) == setting_flags(fields_of(chosen.config_class))
     for section in SECTIONS:
-        assert f"\n{section.title}:\n" in help_text
+        assert (f"\n{section.title}:\n" in help_text) == (section in train_sections(chosen)), section.title
 
 
 def test_prepare_shows_and_accepts_only_what_determines_the_cache(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "distqa.prepare", "--help"], cwd=REPO_ROOT, env=clean_env(),
-                            capture_output=True, text=True, timeout=120, check=True)
-    assert flags_in(result.stdout) == setting_flags(section_fields(PREPARE))
+    result = subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--help"], cwd=REPO_ROOT,
+                            env=clean_env(), capture_output=True, text=True, timeout=120, check=True)
+    assert flags_in(result.stdout) == setting_flags(section_fields(prepare_sections(task_class("nq")), NQConfig))
     assert "--lr" not in result.stdout and "--global-batch-size" not in result.stdout
-    refused = subprocess.run([sys.executable, "-m", "distqa.prepare", "--lr", "1e-4"], cwd=REPO_ROOT,
+    refused = subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--lr", "1e-4"], cwd=REPO_ROOT,
                              env=clean_env(), capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "unrecognized arguments: --lr" in refused.stderr
-    # A training command line is what the launchers pass with --only-if-nq: a run on the DummyDataset
-    # needs no features, so this prepares nothing, and the trainer's flags are accepted.
-    skipped = subprocess.run([sys.executable, "-m", "distqa.prepare", "--only-if-nq", "--lr", "1e-4",
-                              "--nq-cache-dir", str(tmp_path / "cache")], cwd=REPO_ROOT, env=clean_env(),
+    # A training command line is what the launchers pass with --only-if-needed: a run on the DummyDataset
+    # needs no features, so this prepares nothing, and the trainer's flags are accepted (and the environment
+    # may hold another task's settings).
+    skipped = subprocess.run([sys.executable, "-m", "distqa.prepare", "--only-if-needed", "--lr", "1e-4"],
+                             cwd=REPO_ROOT, env=clean_env(DISTQA_NQ_CACHE_DIR=str(tmp_path / "cache")),
                              capture_output=True, text=True, timeout=120)
     assert skipped.returncode == 0 and not skipped.stdout and not (tmp_path / "cache").exists()
 
@@ -163,4 +172,4 @@ def test_predict_and_evaluate_show_only_the_settings_they_take_from_flags(module
     assert flags_in(help_text) == setting_flags(entry_point.SETTINGS)
     assert "--batch-size" in help_text  # the short name, kept for eval_batch_size
     with pytest.raises(ConfigError, match="eval_batch_size: invalid value 'many' from flag --eval-batch-size"):
-        coerce_flag("eval_batch_size", "many")
+        coerce_flag("eval_batch_size", "many", NQConfig)

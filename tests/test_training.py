@@ -93,7 +93,8 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     run_training([*common, "--run-name", "straight"], nproc=2)
     run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
-    assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_micro_f1": -1.0}
+    assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
+                                   "best_mode": None, "best_value": None}
     assert len(stopped["rng"]) == 2
     assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
     again = run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
@@ -105,7 +106,8 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "interrupted"))
     assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
     ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
-    assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_micro_f1": -1.0}
+    assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": None,
+                                 "best_mode": None, "best_value": None}
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:

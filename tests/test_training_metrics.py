@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
 def test_a_window_counts_real_and_padded_tokens_and_their_flops() -> None:
     model_config = AutoConfig.from_pretrained(TINY_MODEL_DIR)
-    window = MetricsWindow(torch.device("cpu"), model_config)
+    window = MetricsWindow(torch.device("cpu"), lambda seq_len: model_flops_per_token(model_config, seq_len))
     for lengths in ([5, 64], [64, 1]):  # two steps of 2 windows of 64 positions
         window.start_step()
         mask = torch.stack([torch.arange(64) < n for n in lengths]).long()

@@ -17,10 +17,13 @@ still refuses a truncated file. :func:`newest_intact_checkpoint` is what auto-re
 newest checkpoint is reported in one line, renamed ``*.corrupt`` and the previous one used.
 
 Two kinds, one schema: :class:`ModelCheckpoint` is ``best.pt`` (the model with the best validation
-micro-F1 so far, its config and its decoding thresholds: what ``predict`` needs), and
+metric so far, its config and its task's inference state: what ``predict`` needs), and
 :class:`TrainingCheckpoint` adds what resuming needs (optimizer, scheduler, scaler, every rank's RNG
-state). Both carry :data:`FORMAT_VERSION`; a file of another version is refused with a message that
-says so, instead of failing somewhere in ``load_state_dict``.
+state). The schema knows no task: which metric is best (name, direction, value) is in :class:`Progress`,
+and the task's inference state (NQ: its decoding thresholds) is stored as the task gave it. Both carry
+:data:`FORMAT_VERSION`. A file of format 2 (the QA-only layout before the task seam) is migrated when it
+is loaded; a file of another version is refused with a message that says so, instead of failing
+somewhere in ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from distqa.decode import Thresholds
 from distqa.files import Digest, atomic_write, file_digest
 
 log = logging.getLogger(__name__)
@@ -44,9 +46,11 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Version of the checkpoint layout below; raise it whenever a field is added, removed or changes meaning.
-1: the unversioned layout of the first releases (no ``format_version`` key)."""
+1: the unversioned layout of the first releases (no ``format_version`` key), refused.
+2: the QA-only layout (``decoding``, ``progress.best_micro_f1``, ``config.dataset``), migrated on load
+(:func:`from_format_2`)."""
 
 
 class CheckpointError(ValueError):
@@ -61,23 +65,12 @@ class Progress:
     """Current pass over the data (0-based)."""
     samples_in_epoch: int = 0
     """Examples the whole job consumed in the current epoch (a multiple of the global batch)."""
-    best_micro_f1: float = -1.0
-    """Best validation micro-F1 so far (that of checkpoints/best.pt); -1 before any evaluation."""
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """What ``predict`` needs besides the weights: the tuned thresholds and the span limit."""
-
-    thresholds: Thresholds
-    max_answer_len: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.thresholds.to_dict(), "max_answer_len": self.max_answer_len}
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> Decoding:
-        return cls(Thresholds.from_dict(values), int(values["max_answer_len"]))
+    best_metric: str | None = None
+    """The evaluation metric that picks checkpoints/best.pt (the task's evaluator names it); None before any."""
+    best_mode: str | None = None
+    """Whether higher ('max') or lower ('min') values of it are better."""
+    best_value: float | None = None
+    """Its value for best.pt, the best evaluation so far."""
 
 
 @dataclass(kw_only=True)
@@ -87,9 +80,9 @@ class ModelCheckpoint:
     model: dict[str, torch.Tensor]
     """The QA model's ``state_dict`` (unwrapped: no DDP ``module.`` prefix)."""
     config: dict[str, Any]
-    """The resolved training config (``Config.to_dict()``)."""
-    decoding: Decoding | None
-    """Thresholds tuned at the latest evaluation; None before any evaluation."""
+    """The resolved training config (``Config.to_dict()``; its ``task`` names the task)."""
+    task_state: dict[str, Any] | None
+    """What the task's inference needs, from the latest evaluation (``Evaluation.state``); None before any."""
     evaluation: dict[str, Any] | None
     """Step and validation metrics of the latest evaluation; None before any."""
     progress: Progress
@@ -101,18 +94,13 @@ class ModelCheckpoint:
         state: dict[str, Any] = {"format_version": FORMAT_VERSION}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Progress):
-                value = asdict(value)
-            elif isinstance(value, Decoding):
-                value = value.to_dict()
-            state[f.name] = value
+            state[f.name] = asdict(value) if isinstance(value, Progress) else value
         return state
 
     @classmethod
     def from_state(cls: type[C], state: Mapping[str, Any]) -> C:
         values = {f.name: state[f.name] for f in dataclasses.fields(cls)}
         values["progress"] = Progress(**values["progress"])
-        values["decoding"] = Decoding.from_dict(values["decoding"]) if values["decoding"] else None
         return cls(**values)
 
     def save(self, path: Path) -> None:
@@ -227,7 +215,7 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
 
 
 def best_checkpoint_path(run_dir: Path) -> Path:
-    """The model with the best validation micro-F1 so far, with its decoding thresholds."""
+    """The model with the best validation metric so far, with its task's inference state."""
     return checkpoint_dir(run_dir) / "best.pt"
 
 
@@ -245,6 +233,8 @@ def load_checkpoint(path: Path, kind: type[C] = TrainingCheckpoint, verify: bool
                               "pass another file or --resume none.") from err
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint of distqa.train.")
+    if state.get("format_version") == 2:
+        state = from_format_2(state)
     missing = {f.name for f in dataclasses.fields(kind)} - set(state)
     if missing:
         is_model = {f.name for f in dataclasses.fields(ModelCheckpoint)} <= set(state)
@@ -257,5 +247,27 @@ def load_checkpoint(path: Path, kind: type[C] = TrainingCheckpoint, verify: bool
         raise CheckpointError(
             f"{path} has checkpoint format version {version}, written by {age} distqa "
             f"({(state.get('versions') or {}).get('distqa', 'version unknown')}); this one reads version "
-            f"{FORMAT_VERSION} only. Use the distqa version that wrote it, or train anew (--resume none).")
+            f"{FORMAT_VERSION} (and migrates version 2). Use the distqa version that wrote it, or train anew "
+            "(--resume none).")
     return kind.from_state(state)
+
+
+def from_format_2(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A format-2 checkpoint in format 3. Format 2 knew two datasets: ``config.dataset`` becomes the task,
+    NQ's ``decoding`` becomes its task state (the same dict), ``best_micro_f1`` (-1 before any evaluation)
+    the best metric. Keys are left as they are when missing, for :func:`load_checkpoint` to report."""
+    state = {**state, "format_version": FORMAT_VERSION}
+    if isinstance(state.get("config"), Mapping):
+        config = dict(state["config"])
+        config.setdefault("task", config.pop("dataset", "dummy"))
+        state["config"] = config
+    if "decoding" in state:
+        state["task_state"] = state.pop("decoding")
+    if isinstance(state.get("progress"), Mapping) and "best_micro_f1" in state["progress"]:
+        progress = dict(state["progress"])
+        best = progress.pop("best_micro_f1")
+        evaluated = best >= 0
+        progress.update(best_metric="micro_f1" if evaluated else None, best_mode="max" if evaluated else None,
+                        best_value=float(best) if evaluated else None)
+        state["progress"] = progress
+    return state

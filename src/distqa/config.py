@@ -1,7 +1,15 @@
-"""One typed configuration for every run: a documented field per setting, grouped in sections.
+"""The typed settings of every run: a documented field per setting, grouped in sections, one class per task.
 
-:class:`Config` checks its values (types, ranges, consistency) when it is built, and nothing else: what
-the machine must provide (paths that exist, network access to the hub) is checked by the entry points
+:class:`Config` holds what every run has, whatever it trains (run directory, optimisation, distribution,
+checkpoints, logging). A task extends it with its own fields: the built-in tasks' are in
+:mod:`distqa.tasks.configs`, in a chain a fork can start from anywhere (``EncoderConfig`` adds a
+``transformers`` encoder, ``QAConfig`` its question-answering windows, ``DummyConfig`` and ``NQConfig``
+what the two built-in tasks read); a fork's task declares its own subclass next to its code
+(docs/FORKING.md). Every field is made by a :class:`Section`, which gives it its help text, its section of
+``--help`` and ``.env.example``, and says whether it defines the run.
+
+A config checks its values (types, ranges, consistency) when it is built, and nothing else: what the
+machine must provide (paths that exist, network access to the hub) is checked by the entry points
 through :func:`distqa.settings.load_config`, which also says where values come from (defaults < preset
 < .env and ``DISTQA_*`` variables < flags) and which sections each entry point accepts.
 
@@ -17,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from distqa.data.windows import check_window_shape
-
 ENV_PREFIX = "DISTQA_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESETS_DIR = REPO_ROOT / "configs"
@@ -32,22 +38,35 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Section:
-    """A group of settings that belong together; entry points accept and show whole sections
-    (``distqa.settings.TRAIN``, ``PREPARE``), so a value means the same thing everywhere."""
+    """A group of settings that belong together; entry points accept and show whole sections, so a value
+    means the same thing everywhere. A fork declares its task's settings with a section of its own::
+
+        TEXT = Section("text_classification", "text classification")
+
+        @dataclass
+        class TextConfig(Config):
+            data_file: str = TEXT("data.tsv", "Labelled lines, label TAB text.", defines_run=True)
+    """
 
     name: str
     title: str
 
-    def __call__(self, default: Any, help: str, defines_run: str = "") -> Any:
+    def __call__(self, default: Any, help: str, defines_run: bool | tuple[str, ...] = False,
+                 must_exist: str = "") -> Any:
         """A field of this section with its documentation (shown by ``--help`` and in .env.example).
 
-        ``defines_run`` marks the settings that define what a checkpoint was trained on ("any", or the
-        dataset they belong to): a run does not resume from a checkpoint with other values of them.
+        ``defines_run`` marks the settings that define what a checkpoint was trained on: True for every task
+        that has the setting, or the names of the tasks it defines (a setting several tasks share may define
+        only some of them). A run does not resume from a checkpoint with other values of them.
+        ``must_exist``: the setting names a file or folder that must exist on the machine that trains; the
+        text says how to get one (it ends the error message).
         """
-        return field(default=default, metadata={"help": help, "section": self.name, "defines_run": defines_run})
+        return field(default=default, metadata={"help": help, "section": self, "defines_run": defines_run,
+                                                "must_exist": must_exist})
 
 
 PRESET = Section("preset", "where the other values start from")
+TASK = Section("task", "task")
 RUN = Section("run", "run and output")
 ENCODER = Section("encoder", "encoder and tokenizer")
 MODEL = Section("model", "model")
@@ -60,16 +79,25 @@ DISTRIBUTED = Section("distributed", "distributed")
 CHECKPOINTS = Section("checkpoints", "checkpoints")
 LOGGING = Section("logging", "logging")
 CONSOLE = Section("console", "console")
+SECTIONS = (PRESET, TASK, RUN, ENCODER, MODEL, WINDOWS, DATA, NQ_FILES, OPTIMISATION, EVALUATION, DISTRIBUTED,
+            CHECKPOINTS, LOGGING, CONSOLE)
+"""The built-in sections, in the order ``--help`` and .env.example show them (a fork's come after)."""
 
 
 @dataclass
 class Config:
-    """Everything a training run needs to know; see the module docstring for where values come from."""
+    """What every run needs to know, whatever its task; see the module docstring for where values come from."""
 
     # --- where the other values start from ---------------------------------------------------------
     preset: str = PRESET(
         DEFAULT_PRESET, "Preset file configs/NAME.toml (or a path to a .toml) applied over the "
         "defaults; 'none' for the bare defaults. Set with --preset or DISTQA_PRESET only.")
+
+    # --- task --------------------------------------------------------------------------------------
+    task: str = TASK(
+        "dummy", "What the run trains and how it is scored: a registered task ('dummy', the offline synthetic "
+        "DummyDataset; 'nq', Natural Questions from the feature cache `python -m distqa.prepare` builds) or a "
+        "fork's own as package.module:ClassName (docs/FORKING.md). Replaces --dataset.", defines_run=True)
 
     # --- run and output ----------------------------------------------------------------------------
     run_name: str = RUN(
@@ -79,67 +107,8 @@ class Config:
         "results", "Directory holding run directories. Must be shared storage when nodes resume.")
     seed: int = RUN(1234, "Seed for model initialisation, data order and dropout.")
 
-    # --- encoder and tokenizer ---------------------------------------------------------------------
-    model_name_or_path: str = ENCODER(
-        str(TINY_MODEL_DIR.relative_to(REPO_ROOT)),
-        "transformers encoder: a local directory or a hub name such as bert-base-uncased "
-        "(hub names need network on first use). Relative paths are relative to the repository.", defines_run="any")
-    tokenizer_name_or_path: str = ENCODER(
-        "", "Tokenizer directory or hub name; empty means the same as model_name_or_path.")
-
-    # --- model -------------------------------------------------------------------------------------
-    from_scratch: bool = MODEL(
-        True, "Initialise the encoder randomly from the model's config instead of loading its "
-        "weights (the offline tiny model has no weights).")
-    dropout: float | None = MODEL(
-        None, "Override the encoder's hidden and attention dropout (0 <= p < 1); none keeps the "
-        "model's own.")
-    attn_implementation: Literal["sdpa", "eager"] = MODEL(
-        "sdpa", "The encoder's attention kernel: 'sdpa' is torch's scaled_dot_product_attention (FlashAttention "
-        "or cuDNN kernels on GPUs, no seq × seq matrix in memory); 'eager' the reference matmul-softmax-matmul.")
-
-    # --- windows (with the tokenizer, what the NQ feature cache's fingerprint covers) --------------
-    max_seq_len: int = WINDOWS(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.", defines_run="any")
-    max_question_len: int = WINDOWS(32, "Most question tokens kept in a window.", defines_run="any")
-    doc_stride: int = WINDOWS(
-        64, "Document wordpieces between the starts of consecutive windows of one document; at most "
-        "max_seq_len - max_question_len - 3.", defines_run="nq")
-    negative_keep_rate: float = WINDOWS(
-        0.1, "Fraction of training windows without an answer that are kept (0..1, deterministic by "
-        "nq_seed); 1 keeps every window. Validation always keeps every window.", defines_run="nq")
-    validation_fraction: float = WINDOWS(
-        0.1, "Fraction of NQ examples held out for validation, by example and per answer type.", defines_run="nq")
-    nq_seed: int = WINDOWS(
-        0, "Seed of the validation split and the negative-window sampling; apart from seed, so that a "
-        "new training seed reuses the cache.", defines_run="nq")
-
     # --- training data -----------------------------------------------------------------------------
-    dataset: Literal["dummy", "nq"] = DATA(
-        "dummy", "Training data: 'dummy' is the offline synthetic DummyDataset; 'nq' the Natural Questions "
-        "features of nq_train_file, built once by `python -m distqa.prepare`.", defines_run="any")
-    dummy_size: int = DATA(4096, "Number of examples in the DummyDataset.", defines_run="dummy")
     num_workers: int = DATA(0, "DataLoader worker processes per rank (0 = load in the trainer).")
-    trim_padding: bool = DATA(
-        True, "Pad each batch only to its longest window (rounded up to a multiple of 8), not to "
-        "max_seq_len: the model skips the padding of batches of short windows. Off only for fixed shapes in "
-        "training (evaluation and predict always trim).")
-
-    # --- Natural Questions files and featurisation -------------------------------------------------
-    nq_train_file: str = NQ_FILES(
-        "data/nq-sample/simplified-nq-train.jsonl", "Natural Questions train file in the Kaggle "
-        "'simplified' jsonl format; the committed synthetic sample by default (data/README.md).", defines_run="nq")
-    nq_cache_dir: str = NQ_FILES(
-        "data/nq-cache", "Where NQ feature caches live, one subdirectory per fingerprint of input "
-        "file + tokenizer + window settings (not part of it). Shared storage on multi-node runs.")
-    on_bad_line: Literal["skip", "fail"] = NQ_FILES(
-        "skip", "A malformed NQ line is skipped and counted (reported at the end), or fails at once. "
-        "Not part of the fingerprint.")
-    max_bad_line_fraction: float = NQ_FILES(
-        0.01, "Refuse an NQ file with more than this fraction of malformed lines. Not part of the "
-        "fingerprint.")
-    num_proc: int = NQ_FILES(
-        0, "Processes that featurise NQ (prepare, or a single-process train that finds no cache); "
-        "0 = one per CPU core (one per 16 MB for smaller files). Not part of the fingerprint.")
 
     # --- optimisation ------------------------------------------------------------------------------
     global_batch_size: int = OPTIMISATION(
@@ -156,7 +125,7 @@ class Config:
     max_grad_norm: float = OPTIMISATION(1.0, "Clip the global gradient norm to this (0 = no clipping).")
     epochs: int = OPTIMISATION(1, "Passes over the training data (ignored when max_steps > 0).")
     max_steps: int = OPTIMISATION(0, "Optimizer steps of the whole run; 0 = as many as `epochs` gives. "
-                             "The learning-rate schedule ends here.")
+                                  "The learning-rate schedule ends here.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = OPTIMISATION(
         "auto", "Mixed precision: auto = bf16 on GPUs that support it, fp16 with loss scaling on "
         "older GPUs, fp32 on CPU. bf16 can be forced on CPU; fp16 needs a GPU.")
@@ -164,17 +133,11 @@ class Config:
         None, "torch.compile the model (TorchInductor: fused kernels, far fewer launches); its compile time "
         "is logged apart, once per process. none = on CUDA GPUs (1.46× on an H100), off on CPUs (slower there).")
 
-    # --- evaluation and decoding -------------------------------------------------------------------
+    # --- evaluation --------------------------------------------------------------------------------
     eval_every: int = EVALUATION(
-        0, "Evaluate on the NQ validation split every N optimizer steps, and always at the end "
+        0, "Evaluate on the task's validation data every N optimizer steps, and always at the end "
         "(0 = at the end only). All ranks share the work; the DummyDataset has no validation split.")
-    eval_batch_size: int = EVALUATION(64, "Windows per forward pass on one rank in evaluation and predict.")
-    max_answer_len: int = EVALUATION(30, "Longest answer span the decoder considers, in wordpieces.")
-    long_threshold: float | None = EVALUATION(
-        None, "Give a long answer when its score (best span minus the [CLS] null score) exceeds this; "
-        "none = tuned for micro-F1 on the validation split at every evaluation (stored in checkpoints).")
-    short_threshold: float | None = EVALUATION(
-        None, "The same for the short answer (span, YES or NO); none = tuned like long_threshold.")
+    eval_batch_size: int = EVALUATION(64, "Examples (windows) per forward pass on one rank in evaluation and predict.")
 
     # --- distributed -------------------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = DISTRIBUTED(
@@ -215,33 +178,15 @@ class Config:
     progress_bar: bool = CONSOLE(True, "Show a tqdm progress bar on rank 0.")
 
     def __post_init__(self) -> None:
-        positive = ("max_seq_len", "max_question_len", "dummy_size", "global_batch_size",
-                    "per_rank_batch_size", "epochs", "dist_timeout_s", "ddp_bucket_cap_mb", "keep_checkpoints",
-                    "log_every", "eval_batch_size", "max_answer_len", "stop_check_every")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
-        not_negative = ("num_workers", "warmup_steps", "max_steps", "checkpoint_every",
-                        "stop_at_step", "weight_decay", "max_grad_norm", "num_proc", "nq_seed", "eval_every")
-        for name in not_negative:
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        positive = ("global_batch_size", "per_rank_batch_size", "epochs", "dist_timeout_s", "ddp_bucket_cap_mb",
+                    "keep_checkpoints", "log_every", "eval_batch_size", "stop_check_every")
+        require_positive(self, positive)
+        require_not_negative(self, ("num_workers", "warmup_steps", "max_steps", "checkpoint_every", "stop_at_step",
+                                    "weight_decay", "max_grad_norm", "eval_every"))
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}; typical values are 1e-5 .. 1e-3.")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"peak_tflops must be > 0 or none, got {self.peak_tflops}.")
-        if self.dropout is not None and not 0 <= self.dropout < 1:
-            raise ConfigError(f"dropout must be in [0, 1) or none, got {self.dropout}.")
-        try:  # the stride only matters to NQ; prepare checks it whatever the dataset (WindowSettings)
-            check_window_shape(self.max_seq_len, self.max_question_len,
-                               self.doc_stride if self.dataset == "nq" else None)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        for name in ("negative_keep_rate", "max_bad_line_fraction"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}.")
-        if not 0 <= self.validation_fraction < 1:
-            raise ConfigError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
         if self.per_rank_batch_size > self.global_batch_size:
             raise ConfigError(
                 f"per_rank_batch_size ({self.per_rank_batch_size}) is larger than global_batch_size "
@@ -251,23 +196,6 @@ class Config:
 
     # --- derived values ---------------------------------------------------------------------
     @property
-    def model_source(self) -> str:
-        """What to hand to ``from_pretrained``: a resolved local directory or a hub name."""
-        return _local_or_hub(self.model_name_or_path)
-
-    @property
-    def tokenizer_source(self) -> str:
-        return _local_or_hub(self.tokenizer_name_or_path or self.model_name_or_path)
-
-    @property
-    def nq_train_path(self) -> Path:
-        return resolve_path(self.nq_train_file)
-
-    @property
-    def nq_cache_path(self) -> Path:
-        return resolve_path(self.nq_cache_dir)
-
-    @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
@@ -276,7 +204,8 @@ class Config:
         ``per_rank_batch_size × world_size`` does not divide ``global_batch_size``. Then the global batch
         becomes the next multiple of it, the learning rate grows by the square root of the growth (the
         square-root rule for Adam-type optimizers, which keeps the noise of a step's update about the same)
-        and the warm-up covers the same number of examples in fewer steps (README "Presets and scaling")."""
+        and the warm-up covers the same number of examples in fewer steps (docs/CONFIGURATION.md, "Presets
+        and scaling")."""
         per_micro_step = self.per_rank_batch_size * world_size
         if not self.grow_global_batch or self.global_batch_size % per_micro_step == 0:
             return self
@@ -303,22 +232,31 @@ class Config:
         return dataclasses.asdict(self)
 
     def run_defining(self) -> tuple[str, ...]:
-        """The settings a checkpoint must share with this config to be resumed (``defines_run`` fields)."""
-        return tuple(f.name for f in dataclasses.fields(self) if f.metadata["defines_run"] in ("any", self.dataset))
+        """The settings a checkpoint must share with this config to be resumed (``defines_run`` fields: those
+        marked True, and those that name this config's task)."""
+        marks = {f.name: f.metadata["defines_run"] for f in dataclasses.fields(self)}
+        return tuple(name for name, mark in marks.items() if mark is True or (mark and self.task in mark))
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-"""Every setting by name, in the order of the sections."""
-SECTIONS = (PRESET, RUN, ENCODER, MODEL, WINDOWS, DATA, NQ_FILES, OPTIMISATION, EVALUATION, DISTRIBUTED, CHECKPOINTS,
-            LOGGING, CONSOLE)
+def require_positive(config: Config, names: tuple[str, ...]) -> None:
+    """ConfigError naming the first of the settings ``names`` that is not a positive number."""
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {getattr(config, name)}.")
+
+
+def require_not_negative(config: Config, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}.")
+
+
+def fields_of(config_class: type[Config]) -> dict[str, dataclasses.Field[Any]]:
+    """Every setting of ``config_class`` by name, in field order."""
+    return {f.name: f for f in dataclasses.fields(config_class)}
 
 
 def resolve_path(name: str) -> Path:
     """Relative paths work from the current directory and, as the defaults need, from the repository."""
     path = Path(name).expanduser()
     return path if path.is_absolute() or path.exists() else REPO_ROOT / path
-
-
-def _local_or_hub(name: str) -> str:
-    path = resolve_path(name)
-    return str(path) if path.exists() else name

@@ -18,12 +18,13 @@ Decoding follows the BERT baseline for Natural Questions (Alberti et al., 2019):
 3. **Blank or not** (:class:`Thresholds`): the long answer is given when the example's score
    exceeds ``long``, the short one when it exceeds ``short``. :func:`tune_thresholds` picks the
    pair that maximises the Kaggle micro-F1 on the validation split; training stores it in every
-   checkpoint (:class:`distqa.checkpoint.Decoding`), and ``predict`` uses it.
+   checkpoint (:class:`Decoding`, the ``nq`` task's inference state), and ``predict`` uses it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -101,11 +102,27 @@ class Thresholds:
         return {"long_threshold": self.long, "short_threshold": self.short}
 
     @classmethod
-    def from_dict(cls, values: dict[str, float]) -> Thresholds:
+    def from_dict(cls, values: Mapping[str, Any]) -> Thresholds:
         return cls(float(values["long_threshold"]), float(values["short_threshold"]))
 
 
 ANSWER_EVERYTHING = Thresholds(-math.inf, -math.inf)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What ``predict`` needs besides the weights: the tuned thresholds and the span limit. It is the ``nq``
+    task's state in a checkpoint (``task_state``), as the dict :meth:`to_dict` gives."""
+
+    thresholds: Thresholds
+    max_answer_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.thresholds.to_dict(), "max_answer_len": self.max_answer_len}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Decoding:
+        return cls(Thresholds.from_dict(values), int(values["max_answer_len"]))
 
 
 @dataclass(frozen=True)

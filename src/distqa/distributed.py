@@ -134,6 +134,12 @@ def local_runtime(device: str = "auto") -> Runtime:
                    backend=backend)
 
 
+def on_device(batch: Mapping[str, torch.Tensor], device: torch.device,
+              names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The columns ``names`` (default: all) of a batch on ``device`` (asynchronous from pinned memory)."""
+    return {name: batch[name].to(device, non_blocking=True) for name in (names or tuple(batch))}
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -17,10 +17,11 @@ Every node of a multi-node job (the same command line as the run's, with ``--doc
 It takes every setting ``python -m distqa.train`` takes (the config it checks is the run's) plus the
 flags in the "doctor" group of ``--help``. Rank 0 prints one table (a row per rank: host, device, GPUs,
 library versions, code and config hashes, /dev/shm, free disk), the all-reduce bandwidth, then one line
-per failed check saying what to fix. Checks: the world size (``--expect-world-size``); the same code,
-config and library versions on every rank; an all-reduce of ``--allreduce-mb`` with its result checked
-and its bandwidth measured; /dev/shm size; free disk and writability of the results directory; the NQ
-feature cache (``--dataset nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
+per failed check saying what to fix. Checks: the world size (``--expect-world-size``); the same code
+(distqa and the task's package), config and library versions on every rank; an all-reduce of
+``--allreduce-mb`` with its result checked and its bandwidth measured; /dev/shm size; free disk and
+writability of the results directory; what the task reads (its ``check``: the model's sources, NQ's
+feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
 interfaces that exist and are up.
 
 Exit status: 0 when every check passed, 1 when one failed (every rank exits so, and torchrun with it),
@@ -41,12 +42,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from dotenv import load_dotenv
-from transformers import PreTrainedTokenizerBase
 
 from distqa.config import Config, ConfigError
-from distqa.data.features import find_features
-from distqa.data.nq import DataError
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
+from distqa.files import DataError
+from distqa.flags import build_arg_parser
 from distqa.preflight import (
     GB,
     RankReport,
@@ -58,8 +58,9 @@ from distqa.preflight import (
     node_problems,
     rank_report,
 )
-from distqa.pretrained import check_sources, load_tokenizer
-from distqa.settings import TRAIN, build_arg_parser, load_config
+from distqa.settings import SettingSources, load_config
+from distqa.tasks import make_task, task_class
+from distqa.tasks.base import Task
 
 PROG = "python -m distqa.doctor"
 FAILED_EXIT_CODE = 1
@@ -90,22 +91,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv(".env", override=False)  # as train does: .env may set NCCL_*, MASTER_ADDR, DISTQA_*
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        add_doctor_flags(build_arg_parser(PROG, TRAIN, __doc__.split("\n")[0])).print_help()
+        try:
+            task = task_class(SettingSources.read(argv, os.environ, Path(".env")).task)
+        except ConfigError as err:
+            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            return 2
+        add_doctor_flags(build_arg_parser(PROG, task, description=__doc__.split("\n")[0])).print_help()
         return 0
     options, run_argv = add_doctor_flags(argparse.ArgumentParser(add_help=False, allow_abbrev=False)
                                          ).parse_known_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
-    config_error = None
+    config_error, task = None, None
     try:
         config = load_config(run_argv, prog=PROG)
-        local_tokenizer = check_sources(config)
+        task = make_task(config)
     except ConfigError as err:
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:
             print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
             return 2
         # The other ranks would wait for this one until the timeout: join them, and let rank 0 report it.
-        config, local_tokenizer, config_error = Config(), None, f"configuration error: {err}"
+        config, config_error = Config(), f"configuration error: {err}"
         log.error("%s", config_error)
     # Checked before the process group exists: a wrong interface name would make its creation fail.
     early = check_rendezvous(os.environ) + check_interfaces(os.environ)
@@ -114,16 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.warning("%s is wrong (see the report); the doctor's own group runs without it", variable)
             os.environ.pop(variable)
     with distributed_runtime(config.device, options.timeout_s) as runtime:
-        failed = run_checks(config, runtime, options, early, local_tokenizer, config_error)
+        failed = run_checks(config, runtime, options, early, task, config_error)
     return FAILED_EXIT_CODE if failed else 0
 
 
 def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, early: list[str],
-               local_tokenizer: PreTrainedTokenizerBase | None = None, config_error: str | None = None) -> bool:
+               task: Task | None = None, config_error: str | None = None) -> bool:
     """Every check on every rank; rank 0 prints the table and the problems. True when one failed.
 
-    With ``config_error`` (this rank's settings are wrong, ``config`` is a stand-in) the checks that
-    depend on the settings are skipped and the error is this rank's problem."""
+    With ``config_error`` (this rank's settings are wrong, ``config`` is a stand-in, ``task`` None) the checks
+    that depend on the settings are skipped and the error is this rank's problem."""
     problems = list(early) + ([config_error] if config_error else [])
     workers = "DataLoader workers (num_workers > 0)" if config.num_workers else ""
     nccl_peers = "NCCL between GPUs of one node" if runtime.backend == "nccl" and runtime.local_world_size > 1 else ""
@@ -134,16 +140,15 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     free, disk_problems = check_results_dir(config.run_dir, int(options.min_free_disk_gb * GB),
                                             write=not config_error)
     problems += [] if config_error else disk_problems
-    if config.dataset == "nq" and not config_error:
-        tokenizer = local_tokenizer if local_tokenizer is not None else load_tokenizer(config)
-        try:
-            find_features(config, tokenizer, hint=" on storage every node mounts")
-        except DataError as err:
-            problems.append(f"feature cache: {err}")
+    if task is not None and not config_error:
+        try:  # what the run reads, without building anything (a cache must be built before launch)
+            task.check(build=False)
+        except (ConfigError, DataError) as err:
+            problems.append(str(err))
     if runtime.device.type == "cuda" and runtime.local_world_size < torch.cuda.device_count():
         problems.append(f"{runtime.local_world_size} processes on a node with {torch.cuda.device_count()} GPUs: "
                         "some GPUs would idle; use --nproc-per-node gpu")
-    report = rank_report(config, runtime, problems)
+    report = rank_report(config, runtime, problems, task)
     report.shm_bytes, report.free_disk_bytes = shm_size, free
     if config_error:  # the stand-in config's hash and results folder say nothing about the run
         report.config_hash, report.config, report.free_disk_bytes = "invalid", {}, None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,12 +23,13 @@ from dotenv import load_dotenv
 
 from distqa.config import ConfigError
 from distqa.data.features import find_features
-from distqa.data.nq import DataError
 from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
+from distqa.files import DataError
+from distqa.flags import add_setting_flags, setting_overrides
 from distqa.inference import Evaluator, Predictor
 from distqa.metric import write_submission
 from distqa.optim import Precision
-from distqa.settings import add_setting_flags, coerce_flag
+from distqa.tasks.configs import NQConfig
 
 SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
 """The settings evaluate takes from its flags; the others come from the checkpoint."""
@@ -38,8 +40,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
     parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0)")
-    overrides = parser.add_argument_group("settings (default: the checkpoint's; thresholds left out are tuned)")
-    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
+    overrides = parser.add_argument_group(
+        "settings (default: DISTQA_* variables, else the checkpoint's; thresholds left out are tuned)")
+    add_setting_flags(overrides, SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
     return parser
 
 
@@ -48,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv(".env", override=False)
     try:
         setup_logging(read_torchrun_env()["RANK"])
-        overrides = {name: coerce_flag(name, raw) for name, raw in vars(args).items() if name in SETTINGS}
+        overrides = setting_overrides(args, SETTINGS, NQConfig, os.environ)
         long_threshold, short_threshold = overrides.pop("long_threshold", None), overrides.pop("short_threshold", None)
         with distributed_runtime(overrides.pop("device", "auto")) as runtime:
             predictor = Predictor.from_checkpoint(args.checkpoint, runtime, **overrides)

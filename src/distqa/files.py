@@ -15,6 +15,11 @@ from typing import IO, Any
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
+
+class DataError(ValueError):
+    """An input file cannot be used; the message names the file, line and field, and the fix. Entry points
+    print it in one line (exit 2); a task raises it for data it cannot read."""
+
 class DiskFullError(OSError):
     """A write failed for lack of space (or quota); the message names the folder and its free space."""
 

@@ -26,11 +26,12 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from distqa.answers import Answer
 from distqa.checkpoint import CheckpointError, ModelCheckpoint, load_checkpoint
-from distqa.config import FIELDS, Config, ConfigError
+from distqa.config import ConfigError
 from distqa.data.cache import NQWindows, open_examples
 from distqa.data.collate import collate_trimmed
 from distqa.data.features import find_features, prepare_nq
 from distqa.decode import (
+    Decoding,
     ExampleColumns,
     Prediction,
     Thresholds,
@@ -43,11 +44,14 @@ from distqa.decode import (
     top_spans,
     tune_thresholds,
 )
-from distqa.distributed import Runtime, all_gather_objects, barrier
+from distqa.distributed import Runtime, all_gather_objects, barrier, on_device
 from distqa.metric import score_answers
-from distqa.model import INPUT_NAMES, build_model, forward, on_device
+from distqa.model import INPUT_NAMES, build_model, forward
 from distqa.optim import Precision
 from distqa.pretrained import load_tokenizer
+from distqa.settings import saved_config
+from distqa.tasks.base import BestMetric, Evaluation
+from distqa.tasks.configs import NQConfig
 
 log = logging.getLogger(__name__)
 
@@ -95,19 +99,23 @@ def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precisio
 
 # --- evaluation on a labelled split ------------------------------------------------------------
 
-@dataclass
-class Evaluation:
-    metrics: dict[str, float | int]
-    """score_answers' keys: micro_f1, long_f1, short_f1, precision, recall, tp, fp, fn, examples."""
+@dataclass(kw_only=True)
+class NQEvaluation(Evaluation):
+    """``metrics``: score_answers' keys (micro_f1, long_f1, short_f1, precision, recall, tp, fp, fn, examples);
+    ``state``: the :class:`~distqa.decode.Decoding` of the tuned thresholds, as a dict."""
+
     thresholds: Thresholds
     predictions: list[Prediction]
 
 
 class Evaluator:
-    """Scores a model on one labelled split of an NQ feature cache (the validation split in training).
+    """Scores a model on one labelled split of an NQ feature cache (the validation split in training), by the
+    Kaggle micro-F1, which picks ``best.pt``.
 
     Every rank must call :meth:`evaluate` together (it gathers); all of them get the same result.
     """
+
+    best_metric = BestMetric("micro_f1", "max")
 
     def __init__(self, directory: Path, runtime: Runtime, batch_size: int, max_answer_len: int,
                  long_threshold: float | None = None, short_threshold: float | None = None,
@@ -124,12 +132,18 @@ class Evaluator:
     def __len__(self) -> int:
         return len(self.examples.example_id)
 
-    def evaluate(self, model: nn.Module, precision: Precision) -> Evaluation:
+    def evaluate(self, model: nn.Module, precision: Precision) -> NQEvaluation:
         spans = score_windows(model, self.windows, self.runtime, precision, self.batch_size, self.max_answer_len)
         predictions = decode(spans, self.layout, self.examples)
         thresholds = tune_thresholds(predictions, self.golds, self.long_threshold, self.short_threshold)
         answers = {p.example_id: p.answer(thresholds) for p in predictions}
-        return Evaluation(score_answers(self.golds, answers), thresholds, predictions)
+        metrics = score_answers(self.golds, answers)
+        summary = (f"micro-F1 {metrics['micro_f1']:.4f} (long {metrics['long_f1']:.4f}, short "
+                   f"{metrics['short_f1']:.4f}; P {metrics['precision']:.4f} R {metrics['recall']:.4f}) on "
+                   f"{metrics['examples']} examples, thresholds long {thresholds.long:.3f} "
+                   f"short {thresholds.short:.3f}")
+        return NQEvaluation(metrics=metrics, state=Decoding(thresholds, self.max_answer_len).to_dict(),
+                            summary=summary, thresholds=thresholds, predictions=predictions)
 
 
 # --- prediction with a trained checkpoint ----------------------------------------------------------
@@ -146,7 +160,7 @@ class Predictor:
     Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
     """
 
-    def __init__(self, model: nn.Module, config: Config, runtime: Runtime, thresholds: Thresholds,
+    def __init__(self, model: nn.Module, config: NQConfig, runtime: Runtime, thresholds: Thresholds,
                  max_answer_len: int, evaluation: dict[str, Any] | None = None) -> None:
         self.model, self.config, self.runtime = model, config, runtime
         self.thresholds, self.max_answer_len = thresholds, max_answer_len
@@ -166,12 +180,15 @@ class Predictor:
             checkpoint = load_checkpoint(path, ModelCheckpoint)
         except CheckpointError as err:
             raise ConfigError(str(err)) from None
-        config = inference_config(checkpoint.config, device=runtime.device.type,
-                                  **{k: v for k, v in overrides.items() if v is not None})
+        config = saved_config(checkpoint.config, device=runtime.device.type,
+                              **{k: v for k, v in overrides.items() if v is not None})
+        if not isinstance(config, NQConfig):
+            raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; this predicts Natural Questions "
+                              "(task 'nq') only.")
         model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
         model.load_state_dict(checkpoint.model)
         model.to(runtime.device).eval()
-        decoding = checkpoint.decoding
+        decoding = Decoding.from_dict(checkpoint.task_state) if checkpoint.task_state else None
         if decoding is None and (long_threshold is None or short_threshold is None):
             log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0: "
                         "answer when the best span beats [CLS]'s null score", path)
@@ -206,16 +223,3 @@ class Predictor:
     def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
         """The submission rows of ``predictions`` under this predictor's thresholds."""
         return {p.example_id: p.answer(self.thresholds) for p in predictions}
-
-
-def inference_config(saved: dict[str, Any], **overrides: Any) -> Config:
-    """The training config of a checkpoint, with ``overrides``.
-
-    Its values are checked, but not against this machine: prediction needs the model, tokenizer and
-    window settings, not the training file or the checkpoint to resume, which need not exist here.
-    """
-    unknown = sorted(set(saved) - set(FIELDS))
-    if unknown:
-        log.warning("ignoring settings this version does not know: %s", ", ".join(unknown))
-    values = {name: value for name, value in saved.items() if name in FIELDS}
-    return Config(**values | overrides)

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from distqa.answers import YES_NO as YES_NO_TYPES
 from distqa.answers import Answer, Gold
-from distqa.data.nq import BadLine, DataError, parse_annotations
-from distqa.files import atomic_write
+from distqa.data.nq import BadLine, parse_annotations
+from distqa.files import DataError, atomic_write
 
 HEADER = ["example_id", "PredictionString"]
 ROW_ID = re.compile(r"^(-?[0-9]+)_(long|short)$")

@@ -12,8 +12,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from distqa.answers import AnswerType
-from distqa.config import Config
 from distqa.pretrained import load_encoder, load_encoder_config
+from distqa.tasks.configs import QAConfig
 
 # Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
 # use the first two, DistilBERT the last two).
@@ -65,15 +65,9 @@ class QAModel(nn.Module):
         return QAOutput(start_logits, end_logits, self.answer_type_head(hidden[:, 0]))
 
 
-def on_device(batch: Mapping[str, torch.Tensor], device: torch.device,
-              names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-    """The columns ``names`` (default: all) of a batch on ``device`` (asynchronous from pinned memory)."""
-    return {name: batch[name].to(device, non_blocking=True) for name in (names or tuple(batch))}
-
-
 def forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> QAOutput:
     """``model`` (a :class:`QAModel`, DDP-wrapped or not) on the inputs of a batch already on its device."""
-    return model(*(batch[name] for name in INPUT_NAMES))
+    return model(**{name: batch[name] for name in INPUT_NAMES})
 
 
 def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -93,7 +87,7 @@ def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return sum(losses) / len(losses)
 
 
-def build_model(config: Config) -> QAModel:
+def build_model(config: QAConfig) -> QAModel:
     """Encoder from any BERT-family name or directory (randomly initialised with ``from_scratch``)."""
     encoder_config = load_encoder_config(config)
     if config.dropout is not None:

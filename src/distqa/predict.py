@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,9 +34,11 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.data.nq import DataError, require_file
+from distqa.data.nq import require_file
+from distqa.files import DataError
+from distqa.flags import add_setting_flags, setting_overrides
 from distqa.metric import write_submission
-from distqa.settings import add_setting_flags, coerce_flag
+from distqa.tasks.configs import NQConfig
 
 log = logging.getLogger("distqa.predict")
 
@@ -49,8 +52,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="best.pt or a step-*.pt written by distqa.train")
     parser.add_argument("--input", required=True, type=Path, help="NQ jsonl: the test file or a train-format file")
     parser.add_argument("--output", required=True, type=Path, help="submission CSV to write (rank 0)")
-    overrides = parser.add_argument_group("settings (default: the checkpoint's; the thresholds: its tuned ones)")
-    add_setting_flags(overrides, SETTINGS, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
+    overrides = parser.add_argument_group(
+        "settings (default: DISTQA_* variables, else the checkpoint's; the thresholds: its tuned ones)")
+    add_setting_flags(overrides, SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
     return parser
 
 
@@ -65,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         setup_logging(read_torchrun_env()["RANK"])
         require_file(args.input)
-        overrides = {name: coerce_flag(name, raw) for name, raw in vars(args).items() if name in SETTINGS}
+        overrides = setting_overrides(args, SETTINGS, NQConfig, os.environ)
         with distributed_runtime(overrides.pop("device", "auto")) as runtime:
             predictor = Predictor.from_checkpoint(args.checkpoint, runtime, overrides.pop("long_threshold", None),
                                                   overrides.pop("short_threshold", None), **overrides)

@@ -12,23 +12,26 @@ Every problem is one line that says what to fix.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-import distqa
 from distqa.config import Config, ConfigError
 from distqa.distributed import Runtime, all_gather_objects
 from distqa.rundir import versions
+
+if TYPE_CHECKING:
+    from distqa.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +67,27 @@ class RankReport:
     """Failed checks of this rank's node, each saying what to fix."""
 
 
-def code_hash() -> str:
-    """SHA-256 (first 12 hex digits) of the installed distqa package's source files, paths included."""
-    package = Path(distqa.__file__).parent
+def code_packages(task: Task | None = None) -> list[str]:
+    """The top-level packages whose code a run executes: distqa, and the package of its task (a fork's own,
+    e.g. ``examples`` for ``--task examples.text_classification.task:TextClassification``)."""
+    names = ["distqa"]
+    if task is not None:
+        names.append(type(task).__module__.split(".")[0])
+    return list(dict.fromkeys(names))
+
+
+def code_hash(packages: Sequence[str] = ("distqa",)) -> str:
+    """SHA-256 (first 12 hex digits) of the source files of the top-level ``packages`` as imported here
+    (every .py file under each package's folders), paths included."""
     digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+    for name in packages:
+        module = importlib.import_module(name)
+        folders = [Path(folder) for folder in getattr(module, "__path__", [])]
+        files = [(folder, path) for folder in folders for path in sorted(folder.rglob("*.py"))] or \
+            [(Path(module.__file__ or "").parent, Path(module.__file__ or ""))]
+        for folder, path in files:
+            digest.update(f"{name}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
@@ -87,15 +104,17 @@ def library_versions() -> dict[str, str | None]:
     return versions() | {"nccl": nccl}
 
 
-def rank_report(config: Config, runtime: Runtime, problems: list[str] | None = None) -> RankReport:
-    """This rank's report; ``problems`` are the failed checks so far (see the ``check_*`` functions)."""
+def rank_report(config: Config, runtime: Runtime, problems: list[str] | None = None,
+                task: Task | None = None) -> RankReport:
+    """This rank's report; ``problems`` are the failed checks so far (see the ``check_*`` functions); the code
+    hash covers ``task``'s package too (:func:`code_packages`)."""
     cuda = runtime.device.type == "cuda"
     return RankReport(
         rank=runtime.rank, node_rank=runtime.node_rank, local_rank=runtime.local_rank,
         local_world_size=runtime.local_world_size, world_size=runtime.world_size, host=socket.gethostname(),
         device=str(runtime.device), device_name=torch.cuda.get_device_name(runtime.device) if cuda else "cpu",
         gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0, versions=library_versions(),
-        code_hash=code_hash(), config_hash=config_hash(config), config=config.to_dict(),
+        code_hash=code_hash(code_packages(task)), config_hash=config_hash(config), config=config.to_dict(),
         problems=list(problems or []))
 
 
@@ -234,7 +253,7 @@ def node_problems(reports: list[RankReport]) -> list[str]:
     return lines
 
 
-def check_at_training_start(config: Config, runtime: Runtime) -> list[RankReport]:
+def check_at_training_start(config: Config, runtime: Runtime, task: Task | None = None) -> list[RankReport]:
     """The cheap preflight of every training run, on every rank: one gather of the ranks' reports.
 
     Ranks that differ in code, config or library versions would train a different model on each
@@ -248,7 +267,7 @@ def check_at_training_start(config: Config, runtime: Runtime) -> list[RankReport
     local += check_results_dir(config.run_dir, int(GB), write=False)[1]
     for problem in local:
         log.warning("preflight: %s", problem)
-    reports = all_gather_objects(rank_report(config, runtime, local))
+    reports = all_gather_objects(rank_report(config, runtime, local, task))
     mismatches = disagreements(reports)
     if mismatches:
         raise ConfigError("the ranks of this run disagree:\n  " + "\n  ".join(mismatches) +

@@ -1,8 +1,8 @@
-"""Featurise Natural Questions once into the feature cache that ``train --dataset nq`` reads.
+"""Build once what a task reads before training: for ``--task nq``, the NQ feature cache that training reads.
 
-The committed sample with the default (tiny-cpu) settings::
+The committed NQ sample with the default (tiny-cpu) window settings::
 
-    python -m distqa.prepare
+    python -m distqa.prepare --task nq
 
 The real data, 16 processes (the platform's ``prepare`` job runs this)::
 
@@ -10,13 +10,13 @@ The real data, 16 processes (the platform's ``prepare`` job runs this)::
         --nq-cache-dir /data/nq-cache --num-proc 16
 
 It reads the settings the way ``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the
-training run finds the cache by the same fingerprint; its flags (``--help``) are those that determine
-the cache and how it is built. Re-running with unchanged input, tokenizer
-and window settings reuses the cache at once; changing any of them builds a new one. Run it before
-launching a multi-process training: ranks never featurise while others wait in a collective.
-Prints the cache directory on stdout; the summary goes to the log (stderr). With
-``--only-if-nq`` (what the launchers pass, followed by the trainer's arguments) it does nothing
-unless those arguments select ``--dataset nq``.
+training run finds the cache by the same fingerprint; its flags (``--task nq --help``) are those that
+determine the cache and how it is built. Re-running with unchanged input, tokenizer and window settings
+reuses the cache at once; changing any of them builds a new one. Run it before launching a multi-process
+training: ranks never featurise while others wait in a collective. Prints the cache directory on stdout;
+the summary goes to the log (stderr). A task with nothing to build (``dummy``) says so and exits 0. With
+``--only-if-needed`` (what the launchers pass, followed by the trainer's arguments) it accepts every flag
+of training and does nothing when that run's task builds nothing.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.data.features import prepare_nq
-from distqa.data.nq import DataError
-from distqa.settings import PREPARE, TRAIN, load_config
+from distqa.files import DataError
+from distqa.flags import prepare_sections, train_sections
+from distqa.settings import load_config
+from distqa.tasks import make_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,27 +42,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     argv = list(sys.argv[1:] if argv is None else argv)
     # The launchers pass the trainer's own arguments with this flag: prepare what that run will read.
-    only_if_nq = "--only-if-nq" in argv
-    argv = [arg for arg in argv if arg != "--only-if-nq"]
+    for_training = "--only-if-needed" in argv
+    argv = [arg for arg in argv if arg != "--only-if-needed"]
     try:
-        # The launchers pass the trainer's arguments with --only-if-nq: then it accepts all of train's flags.
-        sections = TRAIN if only_if_nq else PREPARE
-        config = load_config(argv, prog="python -m distqa.prepare", sections=sections, description=(
-            "Build the NQ feature cache that `python -m distqa.train` reads. With --only-if-nq, the arguments "
-            "are a training command line (all of train's flags): prepare what that run reads, if it reads NQ."))
-        if only_if_nq and config.dataset != "nq":
+        config = load_config(argv, prog="python -m distqa.prepare",
+                             sections=train_sections if for_training else prepare_sections, description=(
+            "Build what a task reads before training (--task nq: the NQ feature cache). With --only-if-needed, "
+            "the arguments are a training command line (all of train's flags): prepare what that run reads."))
+        # The task is imported here, not at the top: it imports torch, and each featurising process re-imports
+        # this module (multiprocessing's spawn); they need only the tokenizers library.
+        task = make_task(config)
+        if for_training and not task.prepare_sections:
             return 0
-        # Here, not at the top: transformers imports torch, and each featurising process re-imports this
-        # module (multiprocessing's spawn); they need only the tokenizers library.
-        from distqa.pretrained import load_tokenizer
-
-        directory = prepare_nq(config, load_tokenizer(config), progress=config.progress_bar)
+        directory = task.build_data()
     except (ConfigError, DataError) as err:
         print(f"distqa.prepare: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the cache directory is not writable, the disk is full, …
-        print(f"distqa.prepare: error: {err}; check nq_cache_dir and the free space there.", file=sys.stderr)
+        print(f"distqa.prepare: error: {err}; check the cache directory and the free space there.", file=sys.stderr)
         return 1
+    if directory is None:
+        logging.getLogger("distqa.prepare").info(
+            "task %r has nothing to build before training (its data is made as it is read); --task nq builds "
+            "the NQ feature cache", config.task)
+        return 0
     print(directory)
     return 0
 

@@ -29,7 +29,8 @@ from transformers import (
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from distqa.config import Config, ConfigError
+from distqa.config import ConfigError
+from distqa.tasks.configs import EncoderConfig, QAConfig
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 """The files ``AutoModel.from_pretrained`` reads PyTorch weights from, in a model directory."""
@@ -42,13 +43,13 @@ log = logging.getLogger(__name__)
 _cached: set[str] = set()  # hub names fetch_once has put into HF_HOME: loaded with local_files_only
 
 
-def hub_names(config: Config) -> list[str]:
+def hub_names(config: EncoderConfig) -> list[str]:
     """The model and tokenizer sources of ``config`` that are hub names, not local directories."""
     names = [config.model_source, config.tokenizer_source]
     return [name for i, name in enumerate(names) if not Path(name).is_dir() and name not in names[:i]]
 
 
-def fetch_once(config: Config, rank: int, barrier: Callable[[], None]) -> None:
+def fetch_once(config: EncoderConfig, rank: int, barrier: Callable[[], None]) -> None:
     """Download the hub sources of ``config`` into HF_HOME on global rank 0 only, then release the others.
 
     Call it on every rank, inside the process group (``barrier`` waits for all ranks), before any
@@ -83,7 +84,7 @@ def _from_pretrained(load: Callable[..., Any], source: str, **kwargs: Any) -> An
     return load(source, **kwargs)
 
 
-def check_sources(config: Config) -> PreTrainedTokenizerBase | None:
+def check_sources(config: QAConfig) -> PreTrainedTokenizerBase | None:
     """Raise ConfigError unless the encoder config, the weights (unless ``from_scratch``) and the
     tokenizer of ``config`` load. Local sources are checked whole; a hub name is checked when loaded,
     after :func:`fetch_once` (asking the hub here would be one request per rank).
@@ -102,7 +103,7 @@ def check_sources(config: Config) -> PreTrainedTokenizerBase | None:
     return load_tokenizer(config) if Path(config.tokenizer_source).is_dir() else None
 
 
-def load_encoder_config(config: Config) -> PretrainedConfig:
+def load_encoder_config(config: QAConfig) -> PretrainedConfig:
     """The encoder's config, checked against the window length of ``config``."""
     try:
         encoder_config = _from_pretrained(AutoConfig.from_pretrained, config.model_source)
@@ -117,7 +118,7 @@ def load_encoder_config(config: Config) -> PretrainedConfig:
     return encoder_config
 
 
-def load_encoder(config: Config, encoder_config: PretrainedConfig) -> PreTrainedModel:
+def load_encoder(config: QAConfig, encoder_config: PretrainedConfig) -> PreTrainedModel:
     """The pretrained weights, or random ones with ``from_scratch``, with the attention kernel of
     ``attn_implementation``."""
     attention = {"attn_implementation": config.attn_implementation}
@@ -138,7 +139,7 @@ def load_encoder(config: Config, encoder_config: PretrainedConfig) -> PreTrained
             "name such as bert-base-uncased, or a directory holding config.json and model.safetensors.") from None
 
 
-def load_tokenizer(config: Config) -> PreTrainedTokenizerBase:
+def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:
     name = "tokenizer_name_or_path" if config.tokenizer_name_or_path else "model_name_or_path"
     try:
         return _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source)

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from distqa.data.nq import DataError
+from distqa.files import DataError
 from distqa.metric import SubmissionError, read_gold, read_submission, score_answers
 
 # --- command line ----------------------------------------------------------------------------------

@@ -6,17 +6,23 @@ Precedence, lowest to highest::
     variables (DISTQA_<FIELD>)  <  command-line flags (--field-name VALUE)
 
 The preset is picked with ``--preset NAME`` (or ``DISTQA_PRESET``); ``tiny-cpu`` is the default and
-``--preset none`` uses the built-in defaults alone. A preset and the environment describe a whole run,
-so they may set any setting; the command line of each entry point accepts (and ``--help`` shows) only
-the sections of :class:`~distqa.config.Config` it uses: :data:`TRAIN` (all of them) and :data:`PREPARE`.
-``predict`` and ``evaluate`` take the checkpoint's settings and add a few flags of their own with
-:func:`add_setting_flags`, so a flag means the same there as here.
+``--preset none`` uses the built-in defaults alone. The task is picked next, by the same precedence
+(``--task``, ``DISTQA_TASK``, the preset's ``task``), and its settings class (``Task.config_class``)
+decides which settings exist: ``python -m distqa.train --task nq --help`` shows the ``nq`` task's. The
+old name ``dataset`` (flag, variable, preset key, saved configs) still works, with a one-line notice.
+
+A preset and the environment describe a whole run, so they may set any setting of the task; a setting
+of another registered task there is ignored (a ``.env`` may serve several tasks), while a flag of another
+task is refused with the fix. The command line of each entry point accepts (and ``--help`` shows) only
+the sections it uses (:mod:`distqa.flags`). ``predict`` and ``evaluate`` take the checkpoint's settings
+(:func:`saved_config`) and add a few flags of their own, so a flag means the same there as here.
 
 :func:`load_config` checks every value before any process group exists, so a typo fails in a second
-with a message naming the field and where the value came from: unknown keys, wrong types and
+with a message naming the field and where the value came from: the task, unknown keys, wrong types and
 out-of-range values (the dataclass's own checks), then what this machine must provide (paths that
 must exist, a hub name while ``HF_HUB_OFFLINE`` is set) and a global batch that the world size
-cannot split, all as a :class:`~distqa.config.ConfigError`.
+cannot split, all as a :class:`~distqa.config.ConfigError`. A fork's settings class that declares a
+setting wrongly is refused by :func:`~distqa.setting_types.check_declarations`, naming the setting.
 
 Print every setting with its meaning: ``python -m distqa.train --help``; regenerate ``.env.example``
 with ``python -m distqa.settings > .env.example``.
@@ -25,138 +31,184 @@ with ``python -m distqa.settings > .env.example``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import logging
 import os
 import sys
 import tomllib
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from dotenv import dotenv_values
 
 from distqa.config import (
-    CONSOLE,
     DEFAULT_PRESET,
-    ENCODER,
     ENV_PREFIX,
-    FIELDS,
-    NQ_FILES,
-    PRESET,
     PRESETS_DIR,
     REPO_ROOT,
     SECTIONS,
-    WINDOWS,
     Config,
     ConfigError,
-    Section,
+    fields_of,
     resolve_path,
 )
+from distqa.flags import SectionsOf, add_setting_flags, build_arg_parser, coerce_flag, parse_flags, train_sections
+from distqa.setting_types import check_declarations, coerce
+from distqa.tasks import REGISTERED, other_tasks_settings, task_class
+from distqa.tasks.configs import EncoderConfig
 
-TRAIN = SECTIONS
-"""``python -m distqa.train``: every setting."""
-PREPARE = (PRESET, ENCODER, WINDOWS, NQ_FILES, CONSOLE)
-"""``python -m distqa.prepare``: what determines the NQ feature cache and how it is built."""
+if TYPE_CHECKING:
+    pass
 
-_TYPES = typing.get_type_hints(Config)
+log = logging.getLogger(__name__)
 
-
-def section_fields(sections: Iterable[Section]) -> list[str]:
-    """The names of the settings of ``sections``, in field order."""
-    names = {section.name for section in sections}
-    return [name for name, f in FIELDS.items() if f.metadata["section"] in names]
-
-
+DEPRECATED = {"dataset": "task"}
+"""Old setting names that still load (flags, variables, preset keys, saved configs), with a notice."""
 def load_config(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
     dotenv_path: str | os.PathLike[str] = ".env",
     prog: str = "python -m distqa.train",
-    sections: Sequence[Section] = TRAIN,
+    sections: SectionsOf = train_sections,
     description: str = "",
 ) -> Config:
-    """Resolve defaults < preset < .env/environment < flags (those of ``sections``) into a checked
-    :class:`Config`.
+    """Resolve defaults < preset < .env/environment < flags (those of ``sections``) into a checked config of
+    the chosen task's class.
 
     ``environ`` defaults to ``os.environ``; its ``WORLD_SIZE`` (set by torchrun) is used to check
     that the global batch splits evenly (after :meth:`Config.for_world_size`), so a bad batch size fails
     before any rendezvous. The config returned is the one given; the trainer scales it to its world size.
     """
-    environ = os.environ if environ is None else environ
-    flags = vars(build_arg_parser(prog, sections, description).parse_args(argv))
-    env = {**_read_dotenv(Path(dotenv_path)), **environ}
+    source = SettingSources.read(sys.argv[1:] if argv is None else argv,
+                                 os.environ if environ is None else environ, Path(dotenv_path))
+    task = task_class(source.task)
+    config_class = check_declarations(task.config_class)
+    parser = build_arg_parser(prog, task, sections, description)
+    flags = parse_flags(parser, source.argv, config_class, source.task)
 
-    preset = flags.pop("preset", None) or env.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET
-    values: dict[str, Any] = {"preset": preset}
-    values |= _read_preset(preset)
-    for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "PRESET":
-            continue
+    values: dict[str, Any] = {"preset": source.preset, "task": source.task}
+    for name, raw in source.preset_values.items():
+        if name in fields_of(config_class):
+            values[name] = coerce(name, raw, f"preset {source.preset_path}", config_class)
+        else:
+            _refuse_unknown(name, config_class, f"preset {source.preset_path}: unknown key {name!r}",
+                            f"preset {source.preset_path}")
+    for key, raw in source.env.items():
         name = key[len(ENV_PREFIX):].lower()
-        if name not in FIELDS:
-            raise ConfigError(f"environment variable {key} is not a setting; "
-                              f"{_suggest(name)}remove it or see `python -m distqa.train --help`.")
-        values[name] = _coerce(name, raw, f"environment variable {key}")
+        if name in fields_of(config_class):
+            values[name] = coerce(name, raw, f"environment variable {key}", config_class)
+        else:
+            _refuse_unknown(name, config_class, f"environment variable {key} is not a setting", "")
     for name, raw in flags.items():
-        values[name] = coerce_flag(name, raw)
+        values[name] = coerce_flag(name, raw, config_class)
 
-    config = Config(**values)
+    config = config_class(**values)
     check_environment(config)
-    world_size = _world_size(environ)
+    world_size = _world_size(os.environ if environ is None else environ)
     config.for_world_size(world_size).accumulation_steps(world_size)
     return config
 
 
-def build_arg_parser(prog: str = "python -m distqa.train", sections: Sequence[Section] = TRAIN,
-                     description: str = "") -> argparse.ArgumentParser:
-    """The command line of an entry point: one ``--field-name`` flag per setting of ``sections``,
-    grouped by section, with the help of the field docs."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=(description + " " if description else "") + "Precedence of settings: defaults < --preset "
-        "file < .env / DISTQA_* environment variables < these flags.",
-        argument_default=argparse.SUPPRESS,
-        allow_abbrev=False,
-    )
-    for section in sections:
-        add_setting_flags(parser.add_argument_group(section.title), section_fields((section,)))
+@dataclasses.dataclass
+class SettingSources:
+    """The raw values of each source, read once: the preset's keys, the ``DISTQA_*`` variables (the .env file's
+    under the environment's), and the command line; the preset and the task chosen from them."""
+
+    argv: list[str]
+    env: dict[str, str]
+    preset: str
+    preset_path: Path | None
+    preset_values: dict[str, Any]
+    task: str
+
+    @classmethod
+    def read(cls, argv: Sequence[str], environ: Mapping[str, str], dotenv_path: Path) -> SettingSources:
+        merged = {**_read_dotenv(dotenv_path), **environ}
+        env = {k: v for k, v in merged.items() if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "PRESET"}
+        early, _ = _early_parser().parse_known_args(argv)
+        preset = early.preset or merged.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET
+        preset_path, preset_values = _read_preset(preset)
+        # The task decides which settings exist, so it is chosen first, by the same precedence.
+        task = fields_of(Config)["task"].default
+        task = _take_task(preset_values, "task", "dataset", f"preset {preset_path}") or task
+        task = _take_task(env, ENV_PREFIX + "TASK", ENV_PREFIX + "DATASET", "the environment") or task
+        if early.dataset is not None:
+            log.warning("--dataset is deprecated: use --task (the same values)")
+            if early.task is not None and early.task != early.dataset:
+                raise ConfigError(f"--task {early.task} and --dataset {early.dataset} disagree; give --task alone.")
+        return cls(list(argv), env, preset, preset_path, preset_values, early.task or early.dataset or task)
+
+
+def _take_task(values: dict[str, Any], key: str, old_key: str, place: str) -> str | None:
+    """Take the task (or its deprecated name, with a notice) out of one source's values; None if it has none."""
+    chosen = values.pop(key, None)
+    if old_key in values:
+        log.warning("%s sets %s, a deprecated name: use %s (the same values)", place, old_key, key)
+        old = values.pop(old_key)
+        chosen = old if chosen is None else chosen
+    if chosen is not None and not isinstance(chosen, str):
+        raise ConfigError(f"task: invalid value {chosen!r} from {place}: expected a string.")
+    return chosen
+
+
+def _early_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--preset", "--task", "--dataset"):
+        parser.add_argument(flag)
     return parser
 
 
-def add_setting_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Iterable[str],
-                      aliases: Mapping[str, str] | None = None, show_defaults: bool = True) -> None:
-    """``--field-name`` flags for the settings ``names`` (raw strings: :func:`coerce_flag` types them);
-    ``aliases`` adds another flag for a setting (name -> flag). ``show_defaults`` False leaves the
-    built-in defaults out of the help, where they are not what applies (predict: the checkpoint's)."""
-    for name in names:
-        f = FIELDS[name]
-        flags = ["--" + name.replace("_", "-"), *([aliases[name]] if aliases and name in aliases else [])]
-        parser.add_argument(*flags, dest=name, metavar=_metavar(name), default=argparse.SUPPRESS,
-                            help=f"{f.metadata['help']}" + (f" (default: {f.default})" if show_defaults else ""))
-
-
-def coerce_flag(name: str, raw: Any) -> Any:
-    """The typed value of the flag of setting ``name``; ConfigError naming the flag otherwise."""
-    return _coerce(name, raw, f"flag --{name.replace('_', '-')}")
+def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
+    """The config a checkpoint or ``config.json`` was written with, in its task's settings class, with
+    ``overrides``. Its values are checked, but not against this machine: inference needs the model, tokenizer
+    and window settings, not the training file or the checkpoint to resume, which need not exist here.
+    Old names are read as the new ones; another task's settings (an older layout kept every task's) are
+    dropped; settings no registered task knows are dropped with a warning."""
+    values = dict(saved)
+    for old, new in DEPRECATED.items():
+        if old in values:
+            old_value = values.pop(old)
+            values.setdefault(new, old_value)
+    config_class = task_class(values.get("task", fields_of(Config)["task"].default)).config_class
+    known = fields_of(config_class)
+    others = set().union(*other_tasks_settings(config_class).values())
+    unknown = sorted(name for name in values if name not in known and name not in others)
+    if unknown:
+        log.warning("ignoring settings this version does not know: %s", ", ".join(unknown))
+    return config_class(**{name: value for name, value in values.items() if name in known} | overrides)
 
 
 def check_environment(config: Config) -> None:
-    """What this machine must provide for ``config``: local paths that exist, and no hub name while
-    ``HF_HUB_OFFLINE`` is set. The entry points call it (through :func:`load_config`); a Config built
-    from a checkpoint for inference skips it, since the training data need not exist there."""
-    if config.dataset == "nq":
-        _require_local(resolve_path(config.nq_train_file), "nq_train_file", hint=(
-            "generate one with `python -m distqa.data.synthetic_nq`, or download the real data "
-            "with scripts/download_nq.sh (see data/README.md)"))
-    for name in ("model_name_or_path", "tokenizer_name_or_path"):
-        value = getattr(config, name)
-        if value and (_looks_local(value) or _hub_offline()):
-            _require_local(resolve_path(value), name)
+    """What this machine must provide for ``config``: local paths that exist (every setting declared with
+    ``must_exist``), and no hub name while ``HF_HUB_OFFLINE`` is set. The entry points call it (through
+    :func:`load_config`); a config rebuilt from a checkpoint for inference skips it, since the training data
+    need not exist there."""
+    for name, f in fields_of(type(config)).items():
+        if f.metadata.get("must_exist"):
+            _require_local(resolve_path(getattr(config, name)), name, hint=f.metadata["must_exist"])
+    if isinstance(config, EncoderConfig):
+        for name in ("model_name_or_path", "tokenizer_name_or_path"):
+            value = getattr(config, name)
+            if value and (_looks_local(value) or _hub_offline()):
+                _require_local(resolve_path(value), name)
     if config.resume not in ("auto", "none"):
         _require_local(Path(config.resume), "resume", hint="use 'auto', 'none' or a "
                        "checkpoint file written by an earlier run")
+
+
+def _refuse_unknown(name: str, config_class: type[Config], message: str, ignored_in: str) -> None:
+    """A key that is no setting of ``config_class``: ignored when another registered task has it (a preset or a
+    .env may serve several tasks; said in one line for a preset), a ConfigError naming the key otherwise."""
+    owners = [task for task, fields in other_tasks_settings(config_class).items() if name in fields]
+    if not owners:
+        known = [*fields_of(config_class), *set().union(*other_tasks_settings(config_class).values())]
+        close = difflib.get_close_matches(name, known, n=1)
+        suggestion = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{message}; {suggestion}remove it or see `python -m distqa.train --help`.")
+    if ignored_in:
+        log.warning("%s: ignoring %s, a setting of task %s, not of this run's", ignored_in, name, " and ".join(owners))
 
 
 def _require_local(path: Path, name: str, hint: str = "") -> None:
@@ -172,9 +224,10 @@ def _read_dotenv(path: Path) -> dict[str, str]:
     return {k: v for k, v in dotenv_values(path).items() if v is not None}
 
 
-def _read_preset(preset: str) -> dict[str, Any]:
+def _read_preset(preset: str) -> tuple[Path | None, dict[str, Any]]:
+    """The preset's file and its keys (raw TOML values; typed once the task's settings are known)."""
     if preset == "none":
-        return {}
+        return None, {}
     path = Path(preset) if preset.endswith(".toml") else PRESETS_DIR / f"{preset}.toml"
     if not path.is_file():
         known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
@@ -184,75 +237,9 @@ def _read_preset(preset: str) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"preset {path}: not valid TOML ({err}).") from err
-    values = {}
-    for name, raw in data.items():
-        if name not in FIELDS or name == "preset":
-            raise ConfigError(f"preset {path}: unknown key {name!r}; {_suggest(name)}"
-                              "remove it or see `python -m distqa.train --help`.")
-        values[name] = _coerce(name, raw, f"preset {path}")
-    return values
-
-
-def _coerce(name: str, raw: Any, source: str) -> Any:
-    """Turn a raw value (a string from the environment or a flag, or a TOML value) into the
-    field's type, or raise a ConfigError that names the field and where the value came from."""
-    hint = _TYPES[name]
-    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
-    base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
-    if optional and (raw is None or (isinstance(raw, str) and raw.lower() in ("", "none"))):
-        return None
-    try:
-        return _parse(base, raw)
-    except ValueError as err:
-        raise ConfigError(f"{name}: invalid value {raw!r} from {source}: {err}.") from None
-
-
-def _parse(kind: Any, raw: Any) -> Any:
-    """Strings (environment, flags) are parsed; TOML values must already have the right type."""
-    if typing.get_origin(kind) is Literal:
-        if raw not in typing.get_args(kind):
-            raise ValueError(f"choose one of {list(typing.get_args(kind))}")
-        return raw
-    if kind is bool:
-        if isinstance(raw, str) and raw.lower() in _BOOLEANS:
-            return _BOOLEANS[raw.lower()]
-        if not isinstance(raw, bool):
-            raise ValueError("expected true or false")
-        return raw
-    if kind in (int, float):
-        expected = "an integer" if kind is int else "a number"
-        allowed = (int, str) if kind is int else (int, float, str)
-        if isinstance(raw, bool) or not isinstance(raw, allowed):
-            raise ValueError(f"expected {expected}")
-        try:
-            return kind(raw)
-        except ValueError:
-            raise ValueError(f"expected {expected}") from None
-    if kind is str:
-        if not isinstance(raw, str):
-            raise ValueError("expected a string")
-        return raw
-    raise TypeError(f"unsupported config field type {kind}")
-
-
-_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
-             "false": False, "0": False, "no": False, "off": False}
-
-
-def _metavar(name: str) -> str:
-    if choices := _choices(name):
-        return "{" + ",".join(choices) + "}"
-    return getattr(_TYPES[name], "__name__", "VALUE").upper()
-
-
-def _choices(name: str) -> tuple[str, ...]:
-    hint = _TYPES[name]
-    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
-
-
-def _suggest(name: str) -> str:
-    close = difflib.get_close_matches(name, FIELDS, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
+    if "preset" in data:
+        raise ConfigError(f"preset {path}: unknown key 'preset'; a preset cannot name another; remove it.")
+    return path, data
 
 
 def _looks_local(name: str) -> bool:
@@ -280,19 +267,30 @@ def _world_size(environ: Mapping[str, str]) -> int:
 
 
 def env_example() -> str:
-    """The text of ``.env.example``: every setting as a commented ``DISTQA_*`` line with its help."""
+    """The text of ``.env.example``: every setting of every registered task as a commented ``DISTQA_*`` line
+    with its help; a setting that not every task has names the tasks that have it."""
+    classes = {name: task_class(name).config_class for name in REGISTERED}
+    everything: dict[str, dataclasses.Field[Any]] = {}
+    for config_class in classes.values():
+        everything |= fields_of(config_class)
     lines = [
         "# Copy to .env and uncomment what you need. Precedence: defaults < preset < .env < environment",
         "# < command-line flags. Regenerate this file with: python -m distqa.settings > .env.example",
+        "# Settings of another task than the run's are ignored, so one .env can serve several tasks.",
         "",
     ]
     for section in SECTIONS:
+        names = [name for name, f in everything.items() if f.metadata["section"] is section]
+        if not names:
+            continue
         lines += [f"# --- {section.title} ---", ""]
-        for name in section_fields((section,)):
-            f = FIELDS[name]
+        for name in names:
+            f = everything[name]
+            having = [task for task, config_class in classes.items() if name in fields_of(config_class)]
+            only = f"[task {', '.join(having)}] " if len(having) < len(classes) else ""
             default = "none" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
                 else f.default
-            lines += [f"# {f.metadata['help']}", f"# {ENV_PREFIX}{name.upper()}={default}", ""]
+            lines += [f"# {only}{f.metadata['help']}", f"# {ENV_PREFIX}{name.upper()}={default}", ""]
     lines += [
         "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment):",
         "# HF_HOME=/data/hf-cache            # where transformers caches downloaded models",
@@ -302,6 +300,27 @@ def env_example() -> str:
         "# NCCL_DEBUG=INFO                   # print NCCL's topology and transport choices",
     ]
     return "\n".join(lines) + "\n"
+
+
+def run_dir_of(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+               dotenv_path: str | os.PathLike[str] = ".env") -> Path:
+    """``output_dir / run_name`` as ``python -m distqa.train ARGV`` resolves them (same sources, same precedence),
+    read without the task's settings: ``scripts/worker.sh`` asks before every start of a node, which should not
+    wait for torch to import. The rest of ARGV is the trainer's to check."""
+    source = SettingSources.read(argv, os.environ if environ is None else environ, Path(dotenv_path))
+    names = ("output_dir", "run_name")
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_setting_flags(parser, names, Config)
+    flags = vars(parser.parse_known_args(source.argv)[0])
+    values = {}
+    for name in names:
+        if name in source.preset_values:
+            values[name] = coerce(name, source.preset_values[name], f"preset {source.preset_path}", Config)
+        if (key := ENV_PREFIX + name.upper()) in source.env:
+            values[name] = coerce(name, source.env[key], f"environment variable {key}", Config)
+        if name in flags:
+            values[name] = coerce_flag(name, flags[name], Config)
+    return Config(**values).run_dir
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(env_example(), end="")
         return 0
     try:
-        print(load_config(args[1:]).run_dir)
+        print(run_dir_of(args[1:]))
     except ConfigError as err:
         print(f"distqa.settings: configuration error: {err}", file=sys.stderr)
         return 2

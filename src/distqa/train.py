@@ -17,8 +17,10 @@ Two emulated nodes on this machine, through the same c10d rendezvous::
 
     scripts/run_distributed_locally.sh
 
-With ``--dataset nq`` the run scores the validation split every ``--eval-every`` steps and at the
-end (Kaggle micro-F1, on all ranks) and keeps the best model in ``checkpoints/best.pt``; then::
+What the run trains is its task (``--task``: ``dummy``, the default offline synthetic data; ``nq``, Natural
+Questions; or a fork's ``package.module:ClassName``, docs/FORKING.md). With ``--task nq`` the run scores the
+validation split every ``--eval-every`` steps and at the end (Kaggle micro-F1, on all ranks) and keeps the
+best model in ``checkpoints/best.pt``; then::
 
     python -m distqa.predict --checkpoint results/local/checkpoints/best.pt \
         --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
@@ -34,41 +36,34 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from dotenv import load_dotenv
 from torch.utils.data import DataLoader, Dataset
-from transformers import PreTrainedTokenizerBase
 
 from distqa.checkpoint import Progress
 from distqa.config import Config, ConfigError
-from distqa.data.cache import NQWindows
-from distqa.data.collate import collate_for
-from distqa.data.dummy import DummyDataset
-from distqa.data.features import find_features, require_nq_features
-from distqa.data.nq import DataError
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.ddp import training_module
 from distqa.distributed import (
     CollectiveTimeoutError,
     Runtime,
-    barrier,
     distributed_runtime,
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import DiskFullError
-from distqa.inference import Evaluator
-from distqa.model import build_model
+from distqa.files import DataError, DiskFullError
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
-from distqa.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.settings import load_config
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
+from distqa.tasks import make_task
+from distqa.tasks.base import Task
 from distqa.trainer import StepPlan, Trainer, resume
 
 log = logging.getLogger("distqa.train")
@@ -79,16 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv(".env", override=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
     try:
-        config = load_config(argv)
-        # A model that cannot load fails here, not in every rank of a process group.
-        local_tokenizer = check_sources(config)
-        if config.dataset == "nq":  # before any process group: no rank waits in a collective meanwhile
-            ranks = read_torchrun_env()
-            setup_logging(ranks["RANK"])
-            tokenizer = load_tokenizer(config) if local_tokenizer is None else local_tokenizer
-            require_nq_features(config, tokenizer, world_size=ranks["WORLD_SIZE"])
+        given = load_config(argv)
+        ranks = read_torchrun_env()
+        setup_logging(ranks["RANK"])
+        config = given.for_world_size(ranks["WORLD_SIZE"])  # grow_global_batch
+        task = make_task(config)
+        # Before any process group, so that no rank waits in a collective meanwhile: a model that cannot load
+        # fails here, and a single process builds a missing feature cache itself.
+        task.check(build=ranks["WORLD_SIZE"] == 1)
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
-            given, config = config, config.for_world_size(runtime.world_size)  # grow_global_batch
             run_dir = prepare_run_dir(config, runtime)
             if config != given:
                 log.info("grow_global_batch: %d ranks × %d per rank: global batch %d -> %d, lr %.3g -> %.3g, "
@@ -96,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          given.global_batch_size, config.global_batch_size, given.lr, config.lr,
                          given.warmup_steps, config.warmup_steps)
             try:
-                train(config, runtime, run_dir, local_tokenizer)
+                train(config, runtime, run_dir, task)
             except TrainingStoppedError as stopped:  # every rank agreed; rank 0 wrote the checkpoint
                 log.warning("%s", stopped.report(runtime.rank))
                 stopped.write_report(runtime.rank)
@@ -116,28 +110,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def train(config: Config, runtime: Runtime, run_dir: Path,
-          local_tokenizer: PreTrainedTokenizerBase | None = None) -> Progress:
-    log.info("rank %d of %d (node %d, local rank %d) on %s with %s; run directory %s", runtime.rank,
+def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progress:
+    log.info("rank %d of %d (node %d, local rank %d) on %s with %s; task %s; run directory %s", runtime.rank,
              runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
-             run_dir)
+             task.name or config.task, run_dir)
     # Ranks with other code, config or library versions stop here, all with the same message (no RNG drawn).
-    hosts = [report.host for report in check_at_training_start(config, runtime)]
-    fetch_once(config, runtime.rank, barrier)  # hub weights: rank 0 downloads, the others wait, then all read the cache
+    hosts = [report.host for report in check_at_training_start(config, runtime, task)]
+    task.setup(runtime)  # e.g. hub weights: rank 0 downloads, the others wait, then all read the cache
 
     # Data: every rank reads a disjoint share of each epoch's permutation.
-    # A hub tokenizer is loaded only now, after fetch_once; a local one was loaded by check_sources.
-    tokenizer = load_tokenizer(config) if local_tokenizer is None else local_tokenizer
-    dataset = build_dataset(config, tokenizer)
-    loader = build_loader(config, runtime, dataset)
+    loader = build_loader(config, runtime, task.train_dataset(), task.collate)
     plan = StepPlan.of(config, loader.sampler, runtime.world_size)
 
     # Model: identical initial weights on every rank; then each rank draws its own dropout masks.
     seed_everything(config.seed)
-    model = build_model(config).to(runtime.device)
+    model = task.build_model().to(runtime.device)
     seed_everything(config.seed + runtime.rank)
-    log.info("model %s: %.1fM parameters", config.model_name_or_path,
-             sum(p.numel() for p in model.parameters()) / 1e6)
+    log.info("model %s: %.1fM parameters", type(model).__name__, sum(p.numel() for p in model.parameters()) / 1e6)
 
     # Optimisation: AdamW, linear warm-up and decay over the whole run, mixed precision for the device.
     optimizer = build_optimizer(model, config, runtime.device)
@@ -150,55 +139,24 @@ def train(config: Config, runtime: Runtime, run_dir: Path,
     # DDP: one replica per rank; gradients are averaged over the ranks in backward. Compiled on GPUs.
     ddp_model = training_module(model, runtime, config)
 
-    trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, model=model, ddp_model=ddp_model,
+    trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model, ddp_model=ddp_model,
                       optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
-                      evaluator=build_evaluator(config, runtime, tokenizer), resumed=resumed, hosts=hosts)
+                      evaluator=task.evaluator(runtime), resumed=resumed, hosts=hosts)
     return trainer.fit()
 
 
-def build_dataset(config: Config, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-    """The training set named by ``config.dataset``."""
-    if config.dataset == "dummy":
-        return DummyDataset.for_tokenizer(tokenizer, size=config.dummy_size, max_seq_len=config.max_seq_len,
-                                          max_question_len=config.max_question_len, seed=config.seed)
-    directory = find_features(config, tokenizer)
-    windows = NQWindows(directory, "train")
-    log.info("training on %d NQ windows from %s", len(windows), directory)
-    return windows
-
-
-def build_loader(config: Config, runtime: Runtime, dataset: Dataset) -> DataLoader:
+def build_loader(config: Config, runtime: Runtime, dataset: Dataset, collate: Callable[..., Any]) -> DataLoader:
     """This rank's training loader: a disjoint share of each epoch (resumable mid-epoch), in micro-batches
-    of ``per_rank_batch_size``. The benchmarks in ``bench/`` time this same loader."""
+    of ``per_rank_batch_size`` put together by the task's ``collate``. The benchmarks in ``bench/`` time this
+    same loader."""
     sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
                                           shuffle=True, seed=config.seed)
     return DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
-                      collate_fn=collate_for(config.trim_padding),
-                      num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
+                      collate_fn=collate, num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
                       pin_memory=runtime.device.type == "cuda",
                       # Each new iterator draws a worker seed; from its own generator, that draw leaves
                       # the global RNG (dropout, checkpointed for exact resumption) untouched.
                       generator=torch.Generator().manual_seed(config.seed))
-
-
-def build_evaluator(config: Config, runtime: Runtime, tokenizer: PreTrainedTokenizerBase) -> Evaluator | None:
-    """The validation split of an NQ run; none for the DummyDataset (nothing to decode answers from)."""
-    if config.dataset != "nq":
-        log.info("no evaluation: the %s dataset has no validation split", config.dataset)
-        return None
-    if config.validation_fraction == 0:
-        log.warning("no evaluation: validation_fraction is 0, so there is no validation split and no best.pt")
-        return None
-    directory = find_features(config, tokenizer)
-    if not (directory / "validation").is_dir():
-        log.warning("no evaluation: the validation split of %s is empty (too few examples for "
-                    "validation_fraction %s)", directory, config.validation_fraction)
-        return None
-    evaluator = Evaluator(directory, runtime, config.eval_batch_size, config.max_answer_len,
-                          config.long_threshold, config.short_threshold)
-    log.info("evaluating on %d validation examples (%d windows) every %s", len(evaluator),
-             len(evaluator.windows), f"{config.eval_every} steps and at the end" if config.eval_every else "run's end")
-    return evaluator
 
 
 if __name__ == "__main__":

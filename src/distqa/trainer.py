@@ -11,10 +11,11 @@ the interrupted one stopped.
 precision, :func:`resume` into them, the DDP wrap of :mod:`distqa.ddp`), and hands them to :class:`Trainer`,
 which only runs.
 
-With an :class:`~distqa.inference.Evaluator` (NQ runs), the model is scored on the validation split
-every ``eval_every`` steps and at the end, by all ranks together. Each evaluation's tuned decoding
-thresholds go into the following checkpoints, and the model with the best micro-F1 so far is kept in
-``checkpoints/best.pt``.
+The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model
+reads, the loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and
+at the end, by all ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding
+thresholds) goes into the following checkpoints as it is, and the model with the best value of the
+evaluator's best metric so far is kept in ``checkpoints/best.pt``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from distqa.checkpoint import (
     CheckpointError,
-    Decoding,
     ModelCheckpoint,
     Progress,
     TrainingCheckpoint,
@@ -50,13 +50,19 @@ from distqa.checkpoint import (
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.ddp import compile_enabled
-from distqa.distributed import Runtime, all_gather_objects, barrier, broadcast_object, collective_timeouts_named
-from distqa.inference import Evaluation, Evaluator
-from distqa.model import forward, on_device, qa_loss
+from distqa.distributed import (
+    Runtime,
+    all_gather_objects,
+    barrier,
+    broadcast_object,
+    collective_timeouts_named,
+    on_device,
+)
 from distqa.optim import Precision
 from distqa.rng import capture_rng_state, restore_rng_state, seed_everything
 from distqa.rundir import versions
 from distqa.stop import StopSignal, TrainingStoppedError
+from distqa.tasks.base import Evaluation, Evaluator, Task
 from distqa.throughput import peak_bf16_flops
 from distqa.training_metrics import MetricsWindow, RankWindow, summarise
 
@@ -152,25 +158,26 @@ class Trainer:
     steps run.
     """
 
-    def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, ddp_model: nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                 precision: Precision, loader: DataLoader, plan: StepPlan, evaluator: Evaluator | None,
-                 resumed: TrainingCheckpoint | None, hosts: list[str] | None = None) -> None:
+    def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, task: Task, model: nn.Module,
+                 ddp_model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, loader: DataLoader,
+                 plan: StepPlan, evaluator: Evaluator | None, resumed: TrainingCheckpoint | None,
+                 hosts: list[str] | None = None) -> None:
         if not isinstance(loader.sampler, ResumableDistributedSampler):
             raise TypeError("the loader needs a ResumableDistributedSampler for exact resumption")
-        self.config, self.runtime, self.run_dir = config, runtime, run_dir
+        self.config, self.runtime, self.run_dir, self.task = config, runtime, run_dir, task
         self.model, self.ddp_model, self.optimizer, self.scheduler = model, ddp_model, optimizer, scheduler
         self.precision, self.loader, self.plan, self.evaluator = precision, loader, plan, evaluator
         self.sampler: ResumableDistributedSampler = loader.sampler
         self.progress = resumed.progress if resumed else Progress()
-        self.decoding: Decoding | None = resumed.decoding if resumed else None
-        """Decoding thresholds of the latest evaluation, saved with the checkpoints."""
+        self.task_state: dict[str, Any] | None = resumed.task_state if resumed else None
+        """The task's inference state from the latest evaluation, saved with the checkpoints as it is."""
         self.evaluation: dict[str, Any] | None = resumed.evaluation if resumed else None
         """Step and metrics of the latest evaluation, saved with the checkpoints."""
         self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
         """Every rank's host name, to name a slow one in the log."""
         self.peak_flops = self._peak_flops()
-        self.metrics = MetricsWindow(runtime.device, getattr(getattr(model, "encoder", None), "config", None))
+        self.metrics = MetricsWindow(runtime.device, lambda seq_len: task.flops_per_token(model, seq_len))
         """Loss, tokens and step times since the last log line (train_step feeds it)."""
         self.first_step = self.progress.step
 
@@ -237,8 +244,8 @@ class Trainer:
                 else contextlib.nullcontext()
             with skip_sync:
                 with self.precision.autocast():
-                    output = forward(self.ddp_model, batch)
-                    loss = qa_loss(output, batch) / self.plan.accumulation
+                    output = self.ddp_model(**{name: batch[name] for name in self.task.input_names})
+                    loss = self.task.loss(output, batch) / self.plan.accumulation
                 if syncing:  # what comes next waits for the other ranks: the rank's own work ends here
                     self.metrics.local_work_done()
                 self.precision.scaler.scale(loss).backward()
@@ -277,35 +284,35 @@ class Trainer:
         return path
 
     def _model_checkpoint_fields(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "config": self.config.to_dict(), "decoding": self.decoding,
+        return {"model": self.model.state_dict(), "config": self.config.to_dict(), "task_state": self.task_state,
                 "evaluation": self.evaluation, "progress": self.progress, "versions": versions()}
 
     # --- evaluation --------------------------------------------------------------------------
     def evaluate(self, tensorboard: Any = None) -> Evaluation:
-        """Score the validation split on all ranks; rank 0 logs it and keeps the best model."""
+        """Score the validation data on all ranks; rank 0 logs it and keeps the best model."""
         assert self.evaluator is not None
         started = time.perf_counter()
         evaluation = self.evaluator.evaluate(self.model, self.precision)
-        thresholds = evaluation.thresholds
-        self.decoding = Decoding(thresholds, self.config.max_answer_len)
-        metrics, step = evaluation.metrics, self.progress.step
+        self.task_state = evaluation.state
+        metrics, step, progress = evaluation.metrics, self.progress.step, self.progress
         self.evaluation = {"step": step, **metrics}
-        improved = metrics["micro_f1"] > self.progress.best_micro_f1
+        best = self.evaluator.best_metric
+        if best.name not in metrics:
+            raise KeyError(f"the evaluator of task {self.task.name!r} names {best.name!r} as its best metric "
+                           f"but returned only {sorted(metrics)}")
+        value = float(metrics[best.name])
+        improved = best.improves(value, progress.best_value if progress.best_metric == best.name else None)
         if improved:
-            self.progress.best_micro_f1 = float(metrics["micro_f1"])
+            progress.best_metric, progress.best_mode, progress.best_value = best.name, best.mode, value
         if self.runtime.is_main_process:
-            log.info("eval at step %d: micro-F1 %.4f (long %.4f, short %.4f; P %.4f R %.4f) on %d examples, "
-                     "thresholds long %.3f short %.3f, %.1f s%s", step, metrics["micro_f1"], metrics["long_f1"],
-                     metrics["short_f1"], metrics["precision"], metrics["recall"], metrics["examples"],
-                     thresholds.long, thresholds.short, time.perf_counter() - started,
+            log.info("eval at step %d: %s, %.1f s%s", step, evaluation.describe(), time.perf_counter() - started,
                      " (best so far)" if improved else "")
             if tensorboard is not None:
-                for name in ("micro_f1", "long_f1", "short_f1", "precision", "recall"):
-                    tensorboard.add_scalar(f"eval/{name}", metrics[name], step)
+                for name, metric in metrics.items():
+                    tensorboard.add_scalar(f"eval/{name}", metric, step)
             if improved:
                 ModelCheckpoint(**self._model_checkpoint_fields()).save(best_checkpoint_path(self.run_dir))
-                log.info("saved %s (micro-F1 %.4f at step %d)", best_checkpoint_path(self.run_dir),
-                         metrics["micro_f1"], step)
+                log.info("saved %s (%s %.4f at step %d)", best_checkpoint_path(self.run_dir), best.name, value, step)
         barrier()
         return evaluation
 

@@ -6,10 +6,11 @@ collective per log line, never per step. :func:`summarise` turns them into job-w
 
 - **samples/s**: optimizer steps × global batch / seconds of the window.
 - **tokens/s**: non-padding tokens (attention mask 1) of every rank per second; and the padded tokens
-  (every position of every window, which the model computes on) per second.
-- **MFU**: model FLOPs of the padded tokens (:func:`distqa.throughput.model_flops_per_token`, at each
-  batch's sequence length) per second, over the bf16 peak of the job's GPUs (``peak_tflops`` or the
-  table of :func:`distqa.throughput.peak_bf16_flops`); omitted on CPUs and unknown GPUs.
+  (every position of every window, which the model computes on) per second. A task whose batches have
+  no ``attention_mask`` column counts no tokens.
+- **MFU**: model FLOPs of the padded tokens (the task's ``flops_per_token``, at each batch's sequence
+  length) per second, over the bf16 peak of the job's GPUs (``peak_tflops`` or the table of
+  :func:`distqa.throughput.peak_bf16_flops`); omitted on CPUs, unknown GPUs and tasks that count no FLOPs.
 - **per-rank step times**, p50 and p95 over the window: the *step* time (wall, one optimizer step) and
   the *local* time (data loading, forward passes and the backward passes of the micro-batches before
   the last: what a rank does before the backward whose gradients are all-reduced). DDP makes every
@@ -26,14 +27,12 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
-from transformers import PretrainedConfig
 
 from distqa.distributed import all_gather_tensor
-from distqa.throughput import model_flops_per_token
 
 STRAGGLER_RATIO = 1.2
 """A rank whose local-time p50 is this many times the median rank's is named as a straggler."""
@@ -85,8 +84,10 @@ class MetricsWindow:
     before the backward that all-reduces, then :meth:`add`; every rank calls :meth:`flush` at log time.
     """
 
-    def __init__(self, device: torch.device, model_config: PretrainedConfig | None = None) -> None:
-        self.device, self.model_config = device, model_config
+    def __init__(self, device: torch.device,
+                 flops_per_token: Callable[[int], float | None] | None = None) -> None:
+        """``flops_per_token``: training FLOPs per token at a sequence length, None where not counted."""
+        self.device, self.flops_per_token = device, flops_per_token
         self.clock = _Clock(device)
         self._flops_by_seq_len: dict[int, float] = {}
         self._reset()
@@ -105,12 +106,13 @@ class MetricsWindow:
 
     def count_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
         """Count the tokens (and their model FLOPs) of one micro-batch."""
-        mask = batch["attention_mask"]
+        mask = batch.get("attention_mask")
+        if mask is None or mask.ndim != 2:
+            return
         self.sums[2] += mask.sum()
         batch_size, seq_len = mask.shape
         self.padded_tokens += batch_size * seq_len
-        if self.model_config is not None:
-            self.flops += batch_size * seq_len * self._flops_per_token(seq_len)
+        self.flops += batch_size * seq_len * self._flops_per_token(seq_len)
 
     def local_work_done(self) -> None:
         """Mark the end of this rank's own work in the step: the backward that waits for the others starts."""
@@ -146,7 +148,8 @@ class MetricsWindow:
 
     def _flops_per_token(self, seq_len: int) -> float:
         if seq_len not in self._flops_by_seq_len:
-            self._flops_by_seq_len[seq_len] = model_flops_per_token(self.model_config, seq_len)
+            counted = self.flops_per_token(seq_len) if self.flops_per_token is not None else None
+            self._flops_by_seq_len[seq_len] = counted or 0.0
         return self._flops_by_seq_len[seq_len]
 
 

@@ -1,5 +1,6 @@
 """The real image (./Dockerfile) runs a 2-node DDP training: two containers on a user-defined
-network, one torchrun agent each, meeting through scripts/worker.sh's c10d rendezvous.
+network, one torchrun agent each, meeting through scripts/worker.sh's c10d rendezvous; the built-in task
+and a fork's (examples/text_classification, outside the package) alike.
 
 Needs Docker and the built image: `make test-docker` (tests/docker/run.sh) builds both and sets
 DISTQA_TEST_IMAGE; without it these tests are skipped."""
@@ -37,13 +38,18 @@ def test_image_holds_no_secrets_and_runs_as_root() -> None:
     assert docker("run", "--rm", IMAGE).stdout.startswith("The in-job entry point")  # CMD: worker.sh --help
 
 
-def test_two_containers_train_to_a_checkpoint(tmp_path: Path) -> None:
+FORK = "examples.text_classification.task:TextClassification"
+BATCH = ["--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8", "--per-rank-batch-size", "4"]
+
+
+@pytest.mark.parametrize("task", ["dummy", FORK])
+def test_two_containers_train_to_a_checkpoint(task: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     network, nodes = f"distqa-test-{tag}", [f"distqa-node0-{tag}", f"distqa-node1-{tag}"]
     results = tmp_path / "results"  # shared storage: both containers mount it, as jobs mount a volume
     results.mkdir(mode=0o755)  # as `neuro-flow mkvolumes` leaves a folder: the owner's alone to write
-    trainer = [*FAST_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
-               "--per-rank-batch-size", "4"]
+    trainer = [*FAST_ARGS, *BATCH] if task == "dummy" else [
+        "--task", FORK, "--progress-bar", "false", "--tensorboard", "false", "--eval-every", "2", *BATCH]
     docker("network", "create", network)
     try:
         for rank, name in enumerate(nodes):
@@ -64,6 +70,10 @@ def test_two_containers_train_to_a_checkpoint(tmp_path: Path) -> None:
     run_dir = results / "docker"
     checkpoint = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert checkpoint["world_size"] == 2 and checkpoint["saved_by_rank"] == 0
+    assert checkpoint["config"]["task"] == task
+    if task == FORK:  # evaluated on both ranks, best.pt kept by the fork's own metric
+        best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
+        assert best["progress"]["best_metric"] == "accuracy"
     run = json.loads((run_dir / "run.json").read_text())
     assert (run["nodes"], run["backend"]) == (2, "gloo")
     assert "training finished at step 4" in logs[0]

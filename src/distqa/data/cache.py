@@ -40,8 +40,9 @@ import pyarrow as pa
 
 from distqa.answers import AnswerType
 from distqa.data.featurize import featurising_pool, join_parts, make_tasks, read_table, run_tasks
-from distqa.data.nq import BadLinePolicy, DataError, ScanResult, require_file, scan
+from distqa.data.nq import BadLinePolicy, ScanResult, require_file, scan
 from distqa.data.windows import WindowSettings, WindowStats
+from distqa.files import DataError
 
 log = logging.getLogger(__name__)
 

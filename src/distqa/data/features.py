@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.config import Config, ConfigError
+from distqa.config import ConfigError
 from distqa.data.cache import CacheRequest, build_cache, cached
-from distqa.data.nq import DataError
 from distqa.data.windows import WindowSettings
+from distqa.files import DataError
+from distqa.tasks.configs import NQConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -23,7 +24,7 @@ AUTO_BYTES_PER_PROCESS = 16 * 2**20
 takes about a second to start, which featurising a few MB never wins back."""
 
 
-def window_settings(config: Config) -> WindowSettings:
+def window_settings(config: NQConfig) -> WindowSettings:
     """The window settings of ``config`` (its run-defining NQ settings: see ``Config.run_defining``)."""
     try:
         return WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
@@ -32,14 +33,14 @@ def window_settings(config: Config) -> WindowSettings:
         raise ConfigError(str(err)) from None
 
 
-def nq_request(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
+def nq_request(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True) -> CacheRequest:
     """What determines the NQ features of ``source`` (default: ``config.nq_train_file``)."""
     return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, window_settings(config), labelled,
                                        config.validation_fraction)
 
 
-def find_features(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
+def find_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                   labelled: bool = True, hint: str = "") -> Path:
     """The directory of the NQ feature cache of ``source`` with the settings of ``config``; a
     :class:`DataError` with the command that builds it when there is none (``hint`` ends the message)."""
@@ -52,7 +53,7 @@ def find_features(config: Config, tokenizer: PreTrainedTokenizerBase, source: Pa
     return directory
 
 
-def prepare_nq(config: Config, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
+def prepare_nq(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True, **kwargs: Any) -> Path:
     """Build (or find) the NQ feature cache of ``source`` (default: ``config.nq_train_file``) with
     the settings of ``config``; returns its directory. ``kwargs`` override build_cache's arguments."""
@@ -67,13 +68,13 @@ def auto_num_proc(source_bytes: int) -> int:
     return max(1, min(os.cpu_count() or 1, -(-source_bytes // AUTO_BYTES_PER_PROCESS)))
 
 
-def require_nq_features(config: Config, tokenizer: PreTrainedTokenizerBase, world_size: int) -> Path:
-    """The NQ feature cache of ``config``; built here only when this is the whole job.
+def require_nq_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:
+    """The NQ feature cache of ``config``; built here only with ``build`` (a single process is the whole job).
 
     With several ranks it must exist before launch (``python -m distqa.prepare``): featurising
     inside the run would leave every other rank waiting in a collective until the timeout.
     """
-    if world_size == 1 and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
+    if build and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
         return prepare_nq(config, tokenizer, progress=config.progress_bar)
-    return find_features(config, tokenizer, hint=", before launching a multi-process run (the launcher scripts "
-                                                  "do this for you)")
+    return find_features(config, tokenizer, hint=", before launching a multi-process run, on storage every node "
+                                                  "mounts (the launcher scripts do this for you)")

@@ -32,15 +32,12 @@ from typing import Any, Literal
 import numpy as np
 
 from distqa.answers import AnswerType, Span
+from distqa.files import DataError
 
 log = logging.getLogger(__name__)
 
 BadLinePolicy = Literal["skip", "fail"]
 MAX_REPORTED_BAD_LINES = 20
-
-
-class DataError(ValueError):
-    """The input file cannot be used; the message names the file, line and field, and the fix."""
 
 
 class BadLine(ValueError):  # noqa: N818 - reads as "raise BadLine(reason)"

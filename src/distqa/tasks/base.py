@@ -1,0 +1,138 @@
+"""The task seam: what a run trains on and how it is scored. A fork implements one class, and nothing else.
+
+The trainer, the checkpoints, the doctor, the preflight and the launchers know only this interface; the
+built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task brings:
+
+- **its settings**: ``config_class``, a dataclass that extends :class:`~distqa.config.Config` with fields
+  made by a :class:`~distqa.config.Section`. Flags, ``DISTQA_*`` variables, presets, ``--help`` and
+  run-defining checks come from those fields (``python -m distqa.train --task NAME --help`` shows them);
+- **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
+  must exist before training (:meth:`Task.check`) and a cache built once (:meth:`Task.build_data`);
+- **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
+  called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch);
+- **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
+  ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
+- **its inference state**: :attr:`Evaluation.state` (NQ: the tuned decoding thresholds) is saved in every
+  checkpoint as it is and handed back on resume; the trainer never looks inside.
+
+What a task gets for free: DDP with the same global batch on any world size, exact resume, graceful stops
+and restarts, the preflight checks and the doctor, every launcher (docs/FORKING.md). A task is chosen with
+``--task NAME`` (registered in :data:`distqa.tasks.REGISTERED`) or ``--task package.module:ClassName``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from distqa.config import Config, Section
+from distqa.distributed import Runtime
+from distqa.optim import Precision
+
+log = logging.getLogger(__name__)
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class BestMetric:
+    """The metric that picks ``best.pt``, and whether higher or lower is better."""
+
+    name: str
+    mode: Literal["max", "min"] = "max"
+
+    def improves(self, value: float, best: float | None) -> bool:
+        """Whether ``value`` beats ``best`` (None: nothing to beat yet)."""
+        if best is None:
+            return True
+        return value > best if self.mode == "max" else value < best
+
+
+@dataclass(kw_only=True)
+class Evaluation:
+    """What one evaluation gives, the same on every rank."""
+
+    metrics: Mapping[str, float]
+    """Named numbers: each goes to the log and to TensorBoard as ``eval/<name>``."""
+    state: dict[str, Any] | None = None
+    """What inference needs besides the weights (plain Python values and tensors); saved in the checkpoints."""
+    summary: str = ""
+    """One log line; empty: the metrics, name by name."""
+
+    def describe(self) -> str:
+        return self.summary or ", ".join(f"{name} {value:.4g}" for name, value in self.metrics.items())
+
+
+class Evaluator(Protocol):
+    """Scores a model on the task's validation data. Every rank calls :meth:`evaluate` together (the ranks
+    share the work) and gets the same :class:`Evaluation`."""
+
+    best_metric: BestMetric
+
+    def evaluate(self, model: nn.Module, precision: Precision) -> Evaluation: ...
+
+
+class Task:
+    """Subclass it; see the module docstring. ``self.config`` is an instance of ``config_class``."""
+
+    name: ClassVar[str] = ""
+    """Short name, used in logs and in ``defines_run`` marks that name tasks."""
+    config_class: ClassVar[type[Config]] = Config
+    """The task's settings: Config plus its own fields."""
+    input_names: ClassVar[tuple[str, ...]] = ()
+    """The batch columns the model reads: the trainer calls ``model(**{name: batch[name]})``."""
+    prepare_sections: ClassVar[Sequence[Section]] = ()
+    """The settings sections ``python -m distqa.prepare`` shows for this task (with the preset and task);
+    none: the task has nothing to build before training."""
+
+    def __init__(self, config: Config) -> None:
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"task {self.name!r} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+
+    # --- before any process group exists --------------------------------------------------------
+    def check(self, build: bool) -> None:
+        """Raise ConfigError (or DataError) with the fix when this run could not read what it needs: a model
+        that does not load, a missing cache. Runs on every rank before any process group exists, and in the
+        doctor. ``build``: the run is a single process, so it may build a missing cache itself (nobody waits)."""
+
+    def build_data(self) -> Path | None:
+        """Build what the task reads once, before training (``python -m distqa.prepare``): a feature cache.
+        Returns where it is; None when the task has nothing to build."""
+        return None
+
+    # --- inside the process group, on every rank --------------------------------------------------
+    def setup(self, runtime: Runtime) -> None:
+        """Collective set-up before the data and the model are built (NQ: hub files downloaded once, by
+        rank 0, while the others wait)."""
+
+    def train_dataset(self) -> Dataset:
+        raise NotImplementedError(f"task {self.name!r} must define train_dataset()")
+
+    def collate(self, examples: Sequence[Mapping[str, Any]]) -> Batch:
+        """Examples of the dataset into one micro-batch (default: stacked by ``default_collate``)."""
+        return default_collate(examples)
+
+    def build_model(self) -> nn.Module:
+        """The model, randomly initialised or from pretrained weights; the same on every rank (the seed is set)."""
+        raise NotImplementedError(f"task {self.name!r} must define build_model()")
+
+    def loss(self, output: Any, batch: Batch) -> torch.Tensor:
+        """The scalar training loss of one micro-batch: ``output`` is what the model returned."""
+        raise NotImplementedError(f"task {self.name!r} must define loss()")
+
+    def evaluator(self, runtime: Runtime) -> Evaluator | None:
+        """The evaluation of this run; None: no evaluation, no ``best.pt`` (say why in the log)."""
+        log.warning("no evaluation and no best.pt: task %r defines no evaluator", self.name)
+        return None
+
+    def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
+        """Training FLOPs (forward and backward) per token at ``seq_len``, for the MFU in the logs; None: no MFU."""
+        return None

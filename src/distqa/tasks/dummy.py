@@ -1,0 +1,30 @@
+"""The ``dummy`` task: the whole pipeline with no download, on the synthetic DummyDataset (no validation split)."""
+
+from __future__ import annotations
+
+import logging
+
+from torch.utils.data import Dataset
+
+from distqa.data.dummy import DummyDataset
+from distqa.distributed import Runtime
+from distqa.tasks.base import Evaluator
+from distqa.tasks.configs import DummyConfig
+from distqa.tasks.qa import QATask
+
+log = logging.getLogger(__name__)
+
+
+class DummyTask(QATask):
+    name = "dummy"
+    config_class = DummyConfig
+    config: DummyConfig
+
+    def train_dataset(self) -> Dataset:
+        config = self.config
+        return DummyDataset.for_tokenizer(self.tokenizer, size=config.dummy_size, max_seq_len=config.max_seq_len,
+                                          max_question_len=config.max_question_len, seed=config.seed)
+
+    def evaluator(self, runtime: Runtime) -> Evaluator | None:
+        log.info("no evaluation: the dummy dataset has no validation split")
+        return None

@@ -1,0 +1,60 @@
+"""What the built-in question-answering tasks share: a ``transformers`` encoder with the span and answer-type
+heads (:mod:`distqa.model`), its tokenizer, and batches of windows cut to their longest window."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+from transformers import PreTrainedTokenizerBase
+
+from distqa.data.collate import collate_trimmed
+from distqa.distributed import Runtime, barrier
+from distqa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
+from distqa.pretrained import check_sources, fetch_once, load_tokenizer
+from distqa.tasks.base import Batch, Task
+from distqa.tasks.configs import QAConfig
+from distqa.throughput import model_flops_per_token
+
+
+class QATask(Task):
+    """Extractive QA over windows ``[CLS] question [SEP] document [SEP]`` (subclasses bring the data)."""
+
+    config_class = QAConfig
+    input_names = INPUT_NAMES
+    config: QAConfig
+
+    def __init__(self, config: QAConfig) -> None:
+        super().__init__(config)
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    def check(self, build: bool) -> None:
+        """The encoder config, the weights (unless from_scratch) and a local tokenizer load (one ConfigError
+        naming the path and the fix otherwise); hub names are checked when :meth:`setup` loads them."""
+        self._tokenizer = check_sources(self.config)
+
+    def setup(self, runtime: Runtime) -> None:
+        """Hub weights downloaded once, by global rank 0, while the others wait; then the tokenizer."""
+        fetch_once(self.config, runtime.rank, barrier)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """Loaded once: by :meth:`check` when local, else here (after :meth:`setup` for a hub name)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.config)
+        return self._tokenizer
+
+    def collate(self, examples: Sequence[Mapping[str, Any]]) -> Batch:
+        return collate_trimmed(examples) if self.config.trim_padding else default_collate(examples)
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.config)
+
+    def loss(self, output: QAOutput, batch: Batch) -> torch.Tensor:
+        return qa_loss(output, batch)
+
+    def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
+        return model_flops_per_token(model.encoder.config, seq_len)

@@ -1,0 +1,212 @@
+"""The task seam: choosing a task (a registered name or a fork's import path) and what a wrong choice says;
+the old --dataset name; a fork's settings declared wrongly; run-defining marks that name several tasks; a
+fork's own settings stopping a resume with other values; a fork's own entry module on every node."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from distqa.config import OPTIMISATION, Config, ConfigError, Section
+from distqa.settings import load_config
+from distqa.tasks import task_class
+from distqa.tasks.base import Task
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+
+pytestmark = pytest.mark.usefixtures("no_torchrun_env")
+MINE = Section("mine", "a test task")
+
+
+def load(*argv: str, environ: dict[str, str] | None = None, dotenv: Path | None = None) -> Config:
+    return load_config(list(argv), environ=environ or {}, dotenv_path=dotenv or Path("/nonexistent/.env"))
+
+
+def train(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "distqa.train", *argv], cwd=REPO_ROOT,
+                          env=env or clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120)
+
+
+# --- choosing a task ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def broken_package(tmp_path: Path) -> Path:
+    """A package of a fork's tasks that fail in the ways a fork's can: raising or not parsing on import."""
+    package = tmp_path / "forkpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "raises.py").write_text("import json\nSETTING = json.loads('{')\n")
+    (package / "bad_syntax.py").write_text("def broken(:\n    pass\n")
+    (package / "not_a_task.py").write_text("class Reader:\n    pass\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("task", "said"), [
+    ("nosuch", "task 'nosuch' is not a registered task (dummy, nq); a fork's own task is given as "
+               "package.module:ClassName (docs/FORKING.md)."),
+    ("forkpkg.missing:Task", "task 'forkpkg.missing:Task': no module named 'forkpkg.missing' on the Python path"),
+    ("forkpkg.raises:Task", "task 'forkpkg.raises:Task': importing forkpkg.raises failed: JSONDecodeError: "),
+    ("forkpkg.bad_syntax:Task", "task 'forkpkg.bad_syntax:Task': importing forkpkg.bad_syntax failed: SyntaxError: "),
+    ("forkpkg.not_a_task:Reader", "Reader in forkpkg.not_a_task is a class, not a subclass of Task"),
+    ("forkpkg.not_a_task:Nothing", "Nothing in forkpkg.not_a_task is not defined"),
+])
+def test_a_task_that_cannot_be_used_is_one_line_and_exit_2(task: str, said: str, broken_package: Path) -> None:
+    result = train("--task", task, env=clean_env(PYTHONPATH=str(broken_package)))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("distqa.train: configuration error: ") and said in line, line
+    assert "process group" not in result.stderr and "rank 0" not in result.stderr  # before any process group
+    if "raises" in task or "bad_syntax" in task:  # where it failed, as file:line
+        assert str(broken_package / "forkpkg") in line
+
+
+def test_registered_tasks_and_an_import_path_resolve_to_the_same_class() -> None:
+    assert task_class("nq") is task_class("distqa.tasks.nq:NQTask")
+    assert load("--task", "nq").task == "nq"
+    config = load("--task", "examples.text_classification.task:TextClassification")
+    assert type(config).__name__ == "TextClassificationConfig" and config.data_file.endswith("reviews.tsv")
+
+
+def test_the_old_name_dataset_still_loads_with_a_one_line_notice(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    preset = tmp_path / "old.toml"
+    preset.write_text('dataset = "nq"\n')
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("DISTQA_DATASET=nq\n")
+    with caplog.at_level(logging.WARNING, logger="distqa.settings"):
+        assert load("--dataset", "nq").task == "nq"
+        assert load("--preset", str(preset)).task == "nq"
+        assert load(dotenv=dotenv).task == "nq"
+        assert load("--preset", str(preset), "--task", "dummy").task == "dummy"  # a flag still wins
+    notices = [r.getMessage() for r in caplog.records]
+    assert notices[0] == "--dataset is deprecated: use --task (the same values)"
+    assert notices[1] == f"preset {preset} sets dataset, a deprecated name: use task (the same values)"
+    assert notices[2] == "the environment sets DISTQA_DATASET, a deprecated name: use DISTQA_TASK (the same values)"
+    with pytest.raises(ConfigError, match="--task dummy and --dataset nq disagree"):
+        load("--task", "dummy", "--dataset", "nq")
+
+
+def test_settings_of_another_task_in_the_environment_are_ignored_and_as_flags_refused() -> None:
+    assert load(environ={"DISTQA_NQ_CACHE_DIR": "/elsewhere"}).task == "dummy"  # a .env serving both tasks
+    with pytest.raises(ConfigError, match="environment variable DISTQA_NO_SUCH_SETTING is not a setting"):
+        load(environ={"DISTQA_NO_SUCH_SETTING": "1"})
+    with pytest.raises(ConfigError, match=re.escape("--dummy-size is a setting of task 'dummy', not of task 'nq': "
+                                                    "add --task dummy, or leave the flag out.")):
+        load("--task", "nq", "--dummy-size", "8")
+
+
+# --- a fork's settings declared wrongly ----------------------------------------------------------------
+
+@dataclass
+class NoSectionConfig(Config):
+    threshold: float = 0.5
+
+
+@dataclass
+class ListConfig(Config):
+    sizes: list[int] = MINE((), "Sizes.")  # noqa: RUF009 -- the unsupported type is what this test is about
+
+
+@dataclass
+class WrongDefaultConfig(Config):
+    words: int = MINE("many", "Words per text.")
+
+
+@dataclass
+class RetypedConfig(Config):
+    lr: int = OPTIMISATION(1, "A learning rate that is a whole number.")  # type: ignore[assignment]
+
+
+@dataclass
+class StringMarkConfig(Config):
+    source: str = MINE("a.tsv", "Where the data is.", defines_run="mine")  # type: ignore[arg-type]
+
+
+@dataclass
+class GoodConfig(Config):
+    words: int = MINE(8, "Words per text.", defines_run=True)
+    kind: Literal["a", "b"] = MINE("a", "Which kind.", defines_run=("good", "other"))
+
+
+def a_task(config_class: type[Config], name: str = "mine") -> type[Task]:
+    return type(f"{config_class.__name__}Task", (Task,), {"name": name, "config_class": config_class})
+
+
+NoSection, Listed, WrongDefault, Retyped, StringMark, Good = (
+    a_task(c) for c in (NoSectionConfig, ListConfig, WrongDefaultConfig, RetypedConfig, StringMarkConfig, GoodConfig))
+NotAConfig = type("NotAConfig", (Task,), {"config_class": dict})
+
+
+@pytest.mark.parametrize(("task", "said"), [
+    ("NoSection", "setting 'threshold' of test_tasks.NoSectionConfig has no section or no help text; declare it as "
+                  "MY_SECTION(default, 'what it means') with a distqa.config.Section"),
+    ("Listed", "setting 'sizes' of test_tasks.ListConfig has the type list[int], which settings cannot have; use "
+               "str, int, float, bool, a Literal of strings, or one of them | None."),
+    ("WrongDefault", "setting 'words' of test_tasks.WrongDefaultConfig: its default 'many' is not of its type"),
+    ("Retyped", "setting 'lr' of test_tasks.RetypedConfig redefines Config's lr with another type"),
+    ("StringMark", "setting 'source' of test_tasks.StringMarkConfig: defines_run must be True, False or a tuple"),
+    ("NotAConfig", "NotAConfig.config_class must be a dataclass that extends distqa.config.Config"),
+])
+def test_a_setting_declared_wrongly_is_named_with_the_fix(task: str, said: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load("--task", f"test_tasks:{task}")
+    assert said in str(raised.value)
+
+
+def test_a_forks_settings_come_from_flags_variables_and_presets_and_are_run_defining(tmp_path: Path) -> None:
+    preset = tmp_path / "mine.toml"
+    preset.write_text('task = "test_tasks:Good"\nwords = 12\n')
+    config = load("--preset", str(preset), "--kind", "b", environ={"DISTQA_LR": "0.002"})
+    assert (config.task, config.words, config.kind, config.lr) == ("test_tasks:Good", 12, "b", 0.002)
+    assert {"words", "task"} <= set(config.run_defining())
+    # A mark that names tasks defines the run of those tasks only (the task is known by what --task says).
+    marked = GoodConfig(task="good")
+    assert "kind" in marked.run_defining() and "kind" not in GoodConfig(task="third").run_defining()
+    help_text = subprocess.run([sys.executable, "-m", "distqa.train", "--task", "test_tasks:Good", "--help"],
+                               cwd=REPO_ROOT / "tests", env=clean_env(), capture_output=True, text=True,
+                               timeout=120).stdout
+    assert "\na test task:\n" in help_text and "--words INT" in help_text and "--dummy-size" not in help_text
+
+
+@pytest.mark.distributed
+def test_a_forks_run_defining_setting_stops_a_resume_with_another_value(tmp_path: Path) -> None:
+    args = ["--task", "examples.text_classification.task:TextClassification", "--output-dir", str(tmp_path),
+            "--max-steps", "2", "--progress-bar", "false", "--tensorboard", "false"]
+    assert train(*args).returncode == 0
+    refused = train(*args, "--embedding-dim", "16", "--max-steps", "4")
+    assert refused.returncode == 2
+    assert "belongs to a run with other settings (embedding_dim 32 -> 16)" in refused.stderr
+
+
+# --- a fork's own entry module on every node -----------------------------------------------------------
+
+@pytest.mark.distributed
+def test_the_local_launcher_starts_a_forks_entry_module_on_every_node(tmp_path: Path) -> None:
+    (tmp_path / "forkentry.py").write_text(textwrap.dedent("""
+        import os, sys
+        from pathlib import Path
+        Path(sys.argv[-1], f"rank-{os.environ['RANK']}").write_text(" ".join(sys.argv[1:]) + "\\n")
+    """))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()),
+                             "--run-id", "fork", "--entry-module", "forkentry", "--", "--my-flag", "1", str(out)],
+                            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, PYTHONPATH=str(tmp_path)),
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = {path.name: path.read_text() for path in out.iterdir()}
+    assert lines == {f"rank-{rank}": f"--run-name fork --my-flag 1 {out}\n" for rank in (0, 1)}
+    assert "prepare" not in result.stderr  # a fork's module gets its own arguments, not distqa's preparation
+
+
+def test_fast_args_are_the_dummy_tasks() -> None:
+    """The suite's small configuration is a dummy-task run (what the launcher tests start)."""
+    assert load(*FAST_ARGS).task == "dummy"
