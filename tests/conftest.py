@@ -98,8 +98,8 @@ def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
     raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
 
 
-def training_process(rank: int, output_dir: Path) -> int | None:
-    """PID of a live `distqa.train` worker with RANK=rank whose --output-dir is ``output_dir`` (a test's
+def training_process(rank: int, output_dir: Path, module: str = "distqa.train") -> int | None:
+    """PID of a live worker of ``module`` with RANK=rank whose --output-dir is ``output_dir`` (a test's
     tmp_path, so that another test run on the same machine is never the one signalled); not its agent."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -109,7 +109,7 @@ def training_process(rank: int, output_dir: Path) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline and b"torch.distributed.run" not in cmdline \
+        if module.encode() in cmdline and b"distqa.agent" not in cmdline and b"torch.distributed.run" not in cmdline \
                 and f"RANK={rank}".encode() in environ and str(output_dir).encode() in cmdline:
             return int(proc.name)
     return None

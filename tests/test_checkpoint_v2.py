@@ -46,7 +46,9 @@ def test_a_run_resumes_from_a_format_2_checkpoint_to_the_weights_the_old_code_re
     assert f"resumed from {checkpoints / 'step-00000002.pt'} at step 2" in result.stderr
     resumed = torch.load(checkpoints / "step-00000004.pt", weights_only=True)
     written_by_old_code = torch.load(FIXTURE / "step-00000004.pt", weights_only=True)
-    assert max_difference(resumed["model"], written_by_old_code["model"]) == 0
+    # Equal bit for bit on the CPU that wrote the fixture; another CPU's kernels round the last bits their own way
+    # (the old code itself, resuming this fixture on an AMD EPYC, ends 3.7e-9 away), hence the suite's resume bound.
+    assert max_difference(resumed["model"], written_by_old_code["model"]) < 1e-6
     assert resumed["format_version"] == 3 and resumed["config"]["task"] == "nq"
     assert resumed["task_state"] == written_by_old_code["decoding"]  # the thresholds tuned at step 4, alike
 

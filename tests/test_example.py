@@ -18,24 +18,46 @@ from conftest import REPO_ROOT, clean_env, final_weights, free_port, max_differe
 EXAMPLE = REPO_ROOT / "examples" / "text_classification"
 TASK = "examples.text_classification.task:TextClassification"
 PRESET = str(EXAMPLE / "preset.toml")
-STEPS = 400
-"""Enough steps after the first checkpoint (step 20) that the kill lands mid-run on any machine."""
-RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every", "100", "--log-every", "100",
+STEPS = 100
+FROZEN_AT = 30
+"""Node 1 stops dead before step 31 of the run that is killed: after the checkpoint of step 20, before the next."""
+RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every", "50", "--log-every", "50",
             "--progress-bar", "false", "--tensorboard", "false")
+FREEZE_RANK_1 = """
+import os, sys, time
+from pathlib import Path
+from distqa.trainer import Trainer
+from distqa.train import main
+
+train_step = Trainer.train_step
 
 
-def launch(run_id: str, output_dir: Path) -> subprocess.Popen[str]:
+def frozen_on_rank_1(self, micro_batches):  # the run's own step, but rank 1 never starts step FROZEN_AT + 1
+    if os.environ["RANK"] == "1" and self.progress.step == int(os.environ["FROZEN_AT"]):
+        Path(os.environ["FROZEN_MARK"]).touch()
+        time.sleep(3600)
+    return train_step(self, micro_batches)
+
+
+Trainer.train_step = frozen_on_rank_1
+sys.exit(main())
+"""
+"""An entry module for the run that is killed: the kill then lands mid-run at a known step on any machine (the
+example trains a step in milliseconds, faster than a test can watch for a checkpoint)."""
+
+
+def launch(run_id: str, output_dir: Path, *launcher_args: str, **env: str) -> subprocess.Popen[str]:
     """The example on 2 emulated nodes × 1 process, through the README's local launcher."""
     command = ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--run-id",
-               run_id, "--", "--preset", PRESET, "--output-dir", str(output_dir), *RUN_ARGS]
+               run_id, *launcher_args, "--", "--preset", PRESET, "--output-dir", str(output_dir), *RUN_ARGS]
     log = (output_dir / f"{run_id}.log").open("a")
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=log,
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, **env), stdout=log,
                             stderr=subprocess.STDOUT, text=True)
 
 
-def kill_node(rank: int, output_dir: Path) -> None:
+def kill_node(rank: int, output_dir: Path, module: str) -> None:
     """SIGKILL one emulated node whole: its worker, the worker's torchrun agent and the agent's worker.sh."""
-    worker = wait_for(lambda: training_process(rank, output_dir), timeout=60)
+    worker = wait_for(lambda: training_process(rank, output_dir, module), timeout=60)
     agent = parent_of(worker)
     for pid in (parent_of(agent), agent, worker):
         os.kill(pid, signal.SIGKILL)
@@ -54,16 +76,19 @@ def test_the_committed_data_is_what_the_generator_writes(tmp_path: Path) -> None
 
 @pytest.mark.distributed
 def test_two_nodes_resume_after_a_node_is_killed_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    killed = launch("killed", tmp_path)
+    (tmp_path / "freeze_rank_1.py").write_text(FREEZE_RANK_1)
+    frozen = tmp_path / "rank-1-frozen"
+    killed = launch("killed", tmp_path, "--entry-module", "freeze_rank_1", PYTHONPATH=str(tmp_path),
+                    FROZEN_AT=str(FROZEN_AT), FROZEN_MARK=str(frozen))
     try:
-        wait_for((tmp_path / "killed" / "checkpoints" / "step-00000020.pt").exists, timeout=240)
-        kill_node(1, tmp_path)
+        wait_for(frozen.exists, timeout=120)  # about 10 s on a quiet 2-core machine
+        kill_node(1, tmp_path, "freeze_rank_1")
         assert killed.wait(timeout=120) != 0, "the launcher noticed the lost node"
     finally:
         if killed.poll() is None:
             killed.kill()
     interrupted_at = max(int(p.stem.split("-")[1]) for p in (tmp_path / "killed" / "checkpoints").glob("step-*.pt"))
-    assert interrupted_at < STEPS, "the node was killed before the run ended"
+    assert interrupted_at == 20, "the newest checkpoint is the one before the freeze"
 
     again = launch("killed", tmp_path)  # the same run id: --resume auto picks the newest intact checkpoint
     uninterrupted = launch("uninterrupted", tmp_path)

@@ -1,8 +1,9 @@
 """Build once what a task reads before training: for ``--task nq``, the NQ feature cache that training reads.
 
-The committed NQ sample with the default (tiny-cpu) window settings::
+The committed NQ sample with the default (tiny-cpu) window settings (``nq`` is prepare's task when no flag,
+``DISTQA_TASK`` or preset names one)::
 
-    python -m distqa.prepare --task nq
+    python -m distqa.prepare
 
 The real data, 16 processes (the platform's ``prepare`` job runs this)::
 
@@ -42,13 +43,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     argv = list(sys.argv[1:] if argv is None else argv)
     # The launchers pass the trainer's own arguments with this flag: prepare what that run will read.
+    if "--only-if-nq" in argv:  # its name before tasks other than nq and dummy existed
+        logging.getLogger("distqa.prepare").warning("--only-if-nq is deprecated: use --only-if-needed")
+        argv = ["--only-if-needed" if arg == "--only-if-nq" else arg for arg in argv]
     for_training = "--only-if-needed" in argv
     argv = [arg for arg in argv if arg != "--only-if-needed"]
     try:
         config = load_config(argv, prog="python -m distqa.prepare",
                              sections=train_sections if for_training else prepare_sections, description=(
             "Build what a task reads before training (--task nq: the NQ feature cache). With --only-if-needed, "
-            "the arguments are a training command line (all of train's flags): prepare what that run reads."))
+            "the arguments are a training command line (all of train's flags): prepare what that run reads."),
+            # Alone, prepare builds what it always built: the NQ cache. A training command line (with
+            # --only-if-needed) means that run's task, whose default is train's.
+            default_task=None if for_training else "nq",
+            # Alone, it reads the data at once, in one process: the reader names a missing file.
+            check_data_paths=for_training)
         # The task is imported here, not at the top: it imports torch, and each featurising process re-imports
         # this module (multiprocessing's spawn); they need only the tokenizers library.
         task = make_task(config)
@@ -59,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"distqa.prepare: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the cache directory is not writable, the disk is full, …
-        print(f"distqa.prepare: error: {err}; check the cache directory and the free space there.", file=sys.stderr)
+        print(f"distqa.prepare: error: {err}; check that folder and the free space there.", file=sys.stderr)
         return 1
     if directory is None:
         logging.getLogger("distqa.prepare").info(

@@ -73,6 +73,8 @@ def load_config(
     prog: str = "python -m distqa.train",
     sections: SectionsOf = train_sections,
     description: str = "",
+    default_task: str | None = None,
+    check_data_paths: bool = True,
 ) -> Config:
     """Resolve defaults < preset < .env/environment < flags (those of ``sections``) into a checked config of
     the chosen task's class.
@@ -80,9 +82,12 @@ def load_config(
     ``environ`` defaults to ``os.environ``; its ``WORLD_SIZE`` (set by torchrun) is used to check
     that the global batch splits evenly (after :meth:`Config.for_world_size`), so a bad batch size fails
     before any rendezvous. The config returned is the one given; the trainer scales it to its world size.
+    ``default_task``: the entry point's task when no flag, variable or preset names one (``prepare``: nq).
+    ``check_data_paths``: False where the caller reads the task's data files at once itself (``prepare``), so a
+    missing one is named by the reader.
     """
     source = SettingSources.read(sys.argv[1:] if argv is None else argv,
-                                 os.environ if environ is None else environ, Path(dotenv_path))
+                                 os.environ if environ is None else environ, Path(dotenv_path), default_task)
     task = task_class(source.task)
     config_class = check_declarations(task.config_class)
     parser = build_arg_parser(prog, task, sections, description)
@@ -105,7 +110,7 @@ def load_config(
         values[name] = coerce_flag(name, raw, config_class)
 
     config = config_class(**values)
-    check_environment(config)
+    check_environment(config, check_data_paths)
     world_size = _world_size(os.environ if environ is None else environ)
     config.for_world_size(world_size).accumulation_steps(world_size)
     return config
@@ -124,14 +129,15 @@ class SettingSources:
     task: str
 
     @classmethod
-    def read(cls, argv: Sequence[str], environ: Mapping[str, str], dotenv_path: Path) -> SettingSources:
+    def read(cls, argv: Sequence[str], environ: Mapping[str, str], dotenv_path: Path,
+             default_task: str | None = None) -> SettingSources:
         merged = {**_read_dotenv(dotenv_path), **environ}
         env = {k: v for k, v in merged.items() if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "PRESET"}
         early, _ = _early_parser().parse_known_args(argv)
         preset = early.preset or merged.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET
         preset_path, preset_values = _read_preset(preset)
         # The task decides which settings exist, so it is chosen first, by the same precedence.
-        task = fields_of(Config)["task"].default
+        task = default_task or fields_of(Config)["task"].default
         task = _take_task(preset_values, "task", "dataset", f"preset {preset_path}") or task
         task = _take_task(env, ENV_PREFIX + "TASK", ENV_PREFIX + "DATASET", "the environment") or task
         if early.dataset is not None:
@@ -180,13 +186,13 @@ def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
     return config_class(**{name: value for name, value in values.items() if name in known} | overrides)
 
 
-def check_environment(config: Config) -> None:
+def check_environment(config: Config, check_data_paths: bool = True) -> None:
     """What this machine must provide for ``config``: local paths that exist (every setting declared with
     ``must_exist``), and no hub name while ``HF_HUB_OFFLINE`` is set. The entry points call it (through
     :func:`load_config`); a config rebuilt from a checkpoint for inference skips it, since the training data
     need not exist there."""
     for name, f in fields_of(type(config)).items():
-        if f.metadata.get("must_exist"):
+        if f.metadata.get("must_exist") and check_data_paths:
             _require_local(resolve_path(getattr(config, name)), name, hint=f.metadata["must_exist"])
     if isinstance(config, EncoderConfig):
         for name in ("model_name_or_path", "tokenizer_name_or_path"):

@@ -105,7 +105,8 @@ class Task:
 
     def build_data(self) -> Path | None:
         """Build what the task reads once, before training (``python -m distqa.prepare``): a feature cache.
-        Returns where it is; None when the task has nothing to build."""
+        Returns where it is; None when the task has nothing to build. An OSError (a folder not writable, a full
+        disk) should name the folder and the setting that chose it."""
         return None
 
     # --- inside the process group, on every rank --------------------------------------------------

@@ -38,7 +38,10 @@ class NQTask(QATask):
             raise DataError(f"feature cache: {err}") from None
 
     def build_data(self) -> Path:
-        return prepare_nq(self.config, self.tokenizer, progress=self.config.progress_bar)
+        try:
+            return prepare_nq(self.config, self.tokenizer, progress=self.config.progress_bar)
+        except OSError as err:  # not writable, a full disk: name the setting that chose the folder
+            raise OSError(err.errno, f"{err.strerror} (check nq_cache_dir)", err.filename) from None
 
     def train_dataset(self) -> Dataset:
         directory = find_features(self.config, self.tokenizer)
