@@ -86,6 +86,29 @@ def test_a_docker_sized_dev_shm_fails(tmp_path: Path) -> None:
     assert unused.returncode == 0 and unused.stdout.splitlines()[1].split()[10] == "0.1", unused.stdout
 
 
+def doctor_on_two_nodes(common: list[str], node_1_cwd: Path = REPO_ROOT,
+                        node_1_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """``worker.sh --doctor`` as node 0 (this checkout) and node 1 (``node_1_cwd``, with ``node_1_env`` added) on
+    loopback; rank 0's report fails (exit 1). Returns each node's outcome."""
+    env = clean_env(NODE_ADDR="127.0.0.1", NODE_CORES="1", PYTHON=sys.executable)
+    nodes = [
+        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "0", *common], cwd=REPO_ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "1", "--master-addr", "127.0.0.1", *common],
+                         cwd=node_1_cwd, env={**env, **(node_1_env or {})}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True),
+    ]
+    try:
+        outputs = [subprocess.CompletedProcess(node.args, 0, *node.communicate(timeout=150)) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, output in zip(nodes, outputs, strict=True):
+        output.returncode = node.returncode
+    assert outputs[0].returncode == 1, outputs[0].stdout + outputs[0].stderr
+    return outputs
+
+
 @pytest.mark.distributed
 def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path) -> None:
     """Two worker.sh agents on 127.0.0.1 (one rank each, c10d rendezvous): node 1 runs a copy of the
@@ -102,21 +125,8 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     common = ["--nnodes", "2", "--master-port", port, "--run-id", "doctor-test", "--nproc-per-node", "1",
               "--join-timeout", "60", "--doctor", "--", "--output-dir", str(tmp_path / "results"),
               "--allreduce-mb", "1", "--timeout-s", "60"]
-    env = clean_env(NODE_ADDR="127.0.0.1", NODE_CORES="1", PYTHON=sys.executable)
-    nodes = [
-        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "0", *common], cwd=REPO_ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "1", "--master-addr", "127.0.0.1", *common],
-                         cwd=REPO_ROOT, env={**env, "PYTHONPATH": str(stale / "src"), "DISTQA_LR": "0.001"},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-    ]
-    try:
-        outputs = [node.communicate(timeout=150) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    master_out, master_err = outputs[0]
-    assert nodes[0].returncode == 1, master_out + master_err
+    outputs = doctor_on_two_nodes(common, node_1_env={"PYTHONPATH": str(stale / "src"), "DISTQA_LR": "0.001"})
+    master_out = outputs[0].stdout
     table = master_out.splitlines()[:3]
     assert [row.split()[0] for row in table] == ["rank", "0", "1"]
     code, config = (table[0].split().index(column) for column in ("code", "config"))
@@ -126,7 +136,7 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     assert any("rank 1 (" in f and "runs other code" in f for f in found), found
     assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
     assert len(found) == 2, found
-    assert "FAIL" not in outputs[1][0], "only rank 0 prints the report"
+    assert "FAIL" not in outputs[1].stdout, "only rank 0 prints the report"
 
 
 @pytest.mark.distributed
@@ -143,20 +153,7 @@ def test_two_nodes_with_other_code_of_a_forks_task_are_named_by_rank_0(tmp_path:
               "--join-timeout", "60", "--doctor", "--", "--task",
               "examples.text_classification.task:TextClassification", "--output-dir", str(tmp_path / "results"),
               "--allreduce-mb", "1", "--timeout-s", "60"]
-    env = clean_env(NODE_ADDR="127.0.0.1", NODE_CORES="1", PYTHON=sys.executable)
-    nodes = [
-        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "0", *common], cwd=REPO_ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-        subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "1", "--master-addr", "127.0.0.1", *common],
-                         cwd=stale, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-    ]
-    try:
-        outputs = [node.communicate(timeout=150) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    master_out, master_err = outputs[0]
-    assert nodes[0].returncode == 1, master_out + master_err
+    master_out = doctor_on_two_nodes(common, node_1_cwd=stale)[0].stdout
     found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
     assert len(found) == 1 and "rank 1 (" in found[0] and "runs other code" in found[0], found
 
