@@ -59,4 +59,4 @@ def test_two_ranks_stop_together_after_the_patience_and_a_resume_stops_at_the_sa
 
     # Once stopped, a relaunch (--resume auto) does not train on.
     again = run_training([*ARGS, "--output-dir", str(tmp_path), "--run-name", "whole"], nproc=2)
-    assert f"already at step {stop_step}, where the run stopped" in again.stderr
+    assert f"already at step {stop_step}, where early stopping ended the run: nothing to do" in again.stderr

@@ -180,8 +180,8 @@ class Trainer:
                  config.global_batch_size, config.per_rank_batch_size, self.runtime.world_size,
                  self.plan.accumulation, self.precision.name, self.runtime.device)
         if 0 < config.stop_at_step <= progress.step or self._stops_early():
-            log.info("already at step %d, where the run stopped (%s): nothing to do", progress.step,
-                     "early stopping" if self._stops_early() else f"stop_at_step={config.stop_at_step}")
+            log.info("already at step %d, %s: nothing to do", progress.step, "where early stopping ended the run"
+                     if self._stops_early() else f"past stop_at_step={config.stop_at_step}")
             return progress
         metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
