@@ -71,6 +71,8 @@ class Progress:
     """Whether higher ('max') or lower ('min') values of it are better."""
     best_value: float | None = None
     """Its value for best.pt, the best evaluation so far."""
+    evaluations_without_improvement: int = 0
+    """Evaluations in a row that did not beat the best by more than early_stopping_min_delta (early stopping)."""
 
 
 @dataclass(kw_only=True)

@@ -122,6 +122,9 @@ class Config:
     lr: float = OPTIMISATION(5e-4, "Peak AdamW learning rate, reached at the end of the warm-up.")
     weight_decay: float = OPTIMISATION(0.01, "AdamW weight decay; biases and LayerNorm are never decayed.")
     warmup_steps: int = OPTIMISATION(10, "Optimizer steps of linear warm-up from 0 to lr.")
+    lr_schedule: Literal["linear", "cosine", "constant"] = OPTIMISATION(
+        "linear", "The learning rate after the warm-up: 'linear' falls to 0 at the last step, 'cosine' follows a "
+        "half cosine to 0, 'constant' stays at lr (transformers' get_*_schedule_with_warmup).", defines_run=True)
     max_grad_norm: float = OPTIMISATION(1.0, "Clip the global gradient norm to this (0 = no clipping).")
     epochs: int = OPTIMISATION(1, "Passes over the training data (ignored when max_steps > 0).")
     max_steps: int = OPTIMISATION(0, "Optimizer steps of the whole run; 0 = as many as `epochs` gives. "
@@ -138,6 +141,12 @@ class Config:
         0, "Evaluate on the task's validation data every N optimizer steps, and always at the end "
         "(0 = at the end only). All ranks share the work; the DummyDataset has no validation split.")
     eval_batch_size: int = EVALUATION(64, "Examples (windows) per forward pass on one rank in evaluation and predict.")
+    early_stopping_patience: int = EVALUATION(
+        0, "End the run after this many evaluations in a row that do not improve the task's best metric (the one "
+        "that keeps best.pt) by more than early_stopping_min_delta: every rank stops at the same step, with a "
+        "checkpoint, and exits 0. Needs eval_every > 0. 0 = never.")
+    early_stopping_min_delta: float = EVALUATION(
+        0.0, "How much an evaluation must beat the best so far by to count as an improvement for early stopping.")
 
     # --- distributed -------------------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = DISTRIBUTED(
@@ -182,7 +191,11 @@ class Config:
                     "keep_checkpoints", "log_every", "eval_batch_size", "stop_check_every")
         require_positive(self, positive)
         require_not_negative(self, ("num_workers", "warmup_steps", "max_steps", "checkpoint_every", "stop_at_step",
-                                    "weight_decay", "max_grad_norm", "eval_every"))
+                                    "weight_decay", "max_grad_norm", "eval_every", "early_stopping_patience",
+                                    "early_stopping_min_delta"))
+        if self.early_stopping_patience and not self.eval_every:
+            raise ConfigError(f"early_stopping_patience={self.early_stopping_patience} needs evaluations during the "
+                              "run: set eval_every (say, to a tenth of the steps), or leave early stopping off (0).")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}; typical values are 1e-5 .. 1e-3.")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
@@ -236,6 +249,16 @@ class Config:
         marked True, and those that name this config's task)."""
         marks = {f.name: f.metadata["defines_run"] for f in dataclasses.fields(self)}
         return tuple(name for name, mark in marks.items() if mark is True or (mark and self.task in mark))
+
+    def refuse_another_run(self, saved: dict[str, Any], path: str) -> None:
+        """ConfigError when the config ``saved`` in the checkpoint at ``path`` has other values of the run-defining
+        settings: resuming would continue another run (other data, another model) as if it were this one."""
+        current = self.to_dict()
+        changed = [f"{n} {saved[n]!r} -> {current[n]!r}" for n in self.run_defining()
+                   if n in saved and saved[n] != current[n]]
+        if changed:
+            raise ConfigError(f"the checkpoint {path} belongs to a run with other settings ({'; '.join(changed)}). "
+                              "Use another --run-name for the new run, or --resume none to start this one over.")
 
 
 def require_positive(config: Config, names: tuple[str, ...]) -> None:

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import get_linear_schedule_with_warmup
+from transformers import (
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
 
 from distqa.config import Config, ConfigError
 
@@ -29,8 +33,13 @@ def build_optimizer(model: nn.Module, config: Config, device: torch.device) -> t
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: Config,
                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up to ``lr`` over ``warmup_steps``, then linear decay to 0 at ``total_steps``."""
-    return get_linear_schedule_with_warmup(optimizer, min(config.warmup_steps, total_steps), total_steps)
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then ``lr_schedule``: linear or cosine decay to 0 at
+    ``total_steps``, or constant."""
+    warmup = min(config.warmup_steps, total_steps)
+    if config.lr_schedule == "constant":
+        return get_constant_schedule_with_warmup(optimizer, warmup)
+    decay = {"linear": get_linear_schedule_with_warmup, "cosine": get_cosine_schedule_with_warmup}
+    return decay[config.lr_schedule](optimizer, warmup, total_steps)
 
 
 @dataclass

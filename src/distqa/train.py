@@ -128,7 +128,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     seed_everything(config.seed + runtime.rank)
     log.info("model %s: %.1fM parameters", type(model).__name__, sum(p.numel() for p in model.parameters()) / 1e6)
 
-    # Optimisation: AdamW, linear warm-up and decay over the whole run, mixed precision for the device.
+    # Optimisation: AdamW, warm-up then the lr_schedule over the whole run, mixed precision for the device.
     optimizer = build_optimizer(model, config, runtime.device)
     scheduler = build_scheduler(optimizer, config, plan.total_steps)
     precision = Precision.choose(config.precision, runtime.device)
@@ -139,9 +139,15 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     # DDP: one replica per rank; gradients are averaged over the ranks in backward. Compiled on GPUs.
     ddp_model = training_module(model, runtime, config)
 
+    # Evaluation: the task's own, on all ranks; it picks best.pt and, with a patience, when to stop early.
+    evaluator = task.evaluator(runtime)
+    if evaluator is None and config.early_stopping_patience:
+        log.warning("early_stopping_patience %d is ignored: task %r has no evaluation", config.early_stopping_patience,
+                    task.name)
+
     trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model, ddp_model=ddp_model,
                       optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
-                      evaluator=task.evaluator(runtime), resumed=resumed, hosts=hosts)
+                      evaluator=evaluator, resumed=resumed, hosts=hosts)
     return trainer.fit()
 
 

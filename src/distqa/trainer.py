@@ -15,7 +15,8 @@ The loop knows its task only through :class:`~distqa.tasks.base.Task`: which bat
 reads, the loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and
 at the end, by all ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding
 thresholds) goes into the following checkpoints as it is, and the model with the best value of the
-evaluator's best metric so far is kept in ``checkpoints/best.pt``.
+evaluator's best metric so far is kept in ``checkpoints/best.pt``. With ``early_stopping_patience`` the run
+ends after that many evaluations without improvement, on every rank at the same step (the count is resumed).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, op
     try:
         if checkpoint is None:
             checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint, verify=False)
-        _check_same_run(config, checkpoint.config, chosen)
+        config.refuse_another_run(checkpoint.config, chosen)
         model.load_state_dict(checkpoint.model)
     except (CheckpointError, RuntimeError) as err:
         raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
@@ -138,16 +139,6 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, op
     log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen, checkpoint.progress.step,
              checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch)
     return checkpoint
-
-
-def _check_same_run(config: Config, saved: dict[str, Any], path: str) -> None:
-    """A checkpoint of other data or another model would "resume" into a different run: refuse."""
-    current = config.to_dict()
-    changed = [f"{n} {saved[n]!r} -> {current[n]!r}" for n in config.run_defining()
-               if n in saved and saved[n] != current[n]]
-    if changed:
-        raise ConfigError(f"the checkpoint {path} belongs to a run with other settings ({'; '.join(changed)}). "
-                          "Use another --run-name for the new run, or --resume none to start this one over.")
 
 
 class Trainer:
@@ -188,8 +179,9 @@ class Trainer:
                  "accumulation, precision %s, device %s", self.plan.total_steps, self.plan.steps_per_epoch,
                  config.global_batch_size, config.per_rank_batch_size, self.runtime.world_size,
                  self.plan.accumulation, self.precision.name, self.runtime.device)
-        if 0 < config.stop_at_step <= progress.step:
-            log.info("already at step %d, past stop_at_step=%d: nothing to do", progress.step, config.stop_at_step)
+        if 0 < config.stop_at_step <= progress.step or self._stops_early():
+            log.info("already at step %d, %s: nothing to do", progress.step, "where early stopping ended the run"
+                     if self._stops_early() else f"past stop_at_step={config.stop_at_step}")
             return progress
         metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
@@ -216,15 +208,21 @@ class Trainer:
                     if self.evaluator is not None and (last or _due(config.eval_every, progress.step)):
                         with metrics.paused():  # samples/s and ms/step measure training alone
                             self.evaluate(tensorboard)
-                    stopping = progress.step == config.stop_at_step
+                    early = not last and self._stops_early()
+                    stopping = progress.step == config.stop_at_step or early
                     saved = last or stopping or _due(config.checkpoint_every, progress.step)
                     if saved:
                         self.save_checkpoint()
                     if not last and (received := stop.agreed(progress.step)):
                         path = checkpoint_path(self.run_dir, progress.step) if saved else self.save_checkpoint()
                         raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
-                    if stopping:
+                    if early:
+                        log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
+                                 "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
+                                 progress.best_metric, config.early_stopping_min_delta, progress.best_value)
+                    elif stopping:
                         log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
+                    if stopping:
                         return progress
                 progress.epoch += 1
                 progress.samples_in_epoch = 0
@@ -301,7 +299,12 @@ class Trainer:
             raise KeyError(f"the evaluator of task {self.task.name!r} names {best.name!r} as its best metric "
                            f"but returned only {sorted(metrics)}")
         value = float(metrics[best.name])
-        improved = best.improves(value, progress.best_value if progress.best_metric == best.name else None)
+        previous = progress.best_value if progress.best_metric == best.name else None
+        improved = best.improves(value, previous)
+        # Rank 0 counts for early stopping and every rank takes its count: all stop at the same step.
+        progress.evaluations_without_improvement = broadcast_object(
+            0 if best.improves(value, previous, self.config.early_stopping_min_delta)
+            else progress.evaluations_without_improvement + 1)
         if improved:
             progress.best_metric, progress.best_mode, progress.best_value = best.name, best.mode, value
         if self.runtime.is_main_process:
@@ -317,6 +320,8 @@ class Trainer:
         return evaluation
 
     # --- helpers -----------------------------------------------------------------------------
+    def _stops_early(self) -> bool:
+        return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
     def _log_metrics(self, ranks: list[RankWindow], bar: tqdm, tensorboard: Any) -> None:
         """Rank 0: one line with the job's loss and throughput, one with every rank's step times."""
         if not self.runtime.is_main_process:
@@ -357,8 +362,7 @@ class Trainer:
         if self.config.peak_tflops:
             return self.config.peak_tflops * 1e12
         name = torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
-        peak = peak_bf16_flops(name)
-        if peak is None and self.runtime.is_main_process:
+        if (peak := peak_bf16_flops(name)) is None and self.runtime.is_main_process:
             log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.throughput's table; "
                      "set --peak-tflops", name)
         return peak

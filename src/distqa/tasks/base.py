@@ -48,11 +48,11 @@ class BestMetric:
     name: str
     mode: Literal["max", "min"] = "max"
 
-    def improves(self, value: float, best: float | None) -> bool:
-        """Whether ``value`` beats ``best`` (None: nothing to beat yet)."""
+    def improves(self, value: float, best: float | None, min_delta: float = 0.0) -> bool:
+        """Whether ``value`` beats ``best`` by more than ``min_delta`` (None: nothing to beat yet)."""
         if best is None:
             return True
-        return value > best if self.mode == "max" else value < best
+        return value > best + min_delta if self.mode == "max" else value < best - min_delta
 
 
 @dataclass(kw_only=True)
