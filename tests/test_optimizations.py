@@ -132,3 +132,47 @@ def test_a_grown_global_batch_is_what_the_run_uses_logs_and_saves(tmp_path: Path
     assert saved["lr"] == pytest.approx(1e-4 * 2 ** 0.5)
     assert "grow_global_batch: 2 ranks × 4 per rank: global batch 4 -> 8, lr 0.0001 -> 0.000141" in result.stderr
     assert "global batch 8 = 4 per rank × 2 ranks × 1 accumulation" in result.stderr
+
+
+@pytest.mark.distributed
+def test_activation_checkpointing_under_ddp_with_accumulation_ends_with_the_weights_of_a_run_without(
+        tmp_path: Path) -> None:
+    """2 gloo ranks × 2 accumulation steps, dropout on: the recomputed layers replay their dropout masks, so the
+    run with activation checkpointing ends where the run without it does (to 1e-5)."""
+    common = [*FAST_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "16", "--per-rank-batch-size", "4",
+              "--max-steps", "4", "--checkpoint-every", "0", "--dropout", "0.1"]
+    run_training([*common, "--run-name", "stored"], nproc=2)
+    run_training([*common, "--run-name", "recomputed", "--activation-checkpointing", "true"], nproc=2)
+    assert max_difference(final_weights(tmp_path / "stored"), final_weights(tmp_path / "recomputed")) < 1e-5
+
+
+def test_activation_checkpointing_compiled_gives_the_eager_gradients() -> None:
+    """torch.compile over the checkpointed encoder (one process): the same loss and gradients as eager, to float
+    rounding, and the layers really are checkpointed."""
+    config = load("--activation-checkpointing", "true", "--dropout", "0")
+    torch.manual_seed(0)
+    model = build_model(config)
+    assert model.encoder.is_activation_checkpointing
+    inputs = {"input_ids": torch.randint(5, 200, (4, 48)), "attention_mask": torch.ones(4, 48, dtype=torch.long)}
+
+    def gradients(module: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        output = module(**inputs)
+        loss = output.start_logits.logsumexp(-1).mean() + output.answer_type_logits.square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    model.train()
+    eager_loss, eager = gradients(model)
+    compiled_loss, compiled = gradients(torch.compile(model))
+    assert torch.allclose(eager_loss, compiled_loss, atol=1e-5) and len(eager) == len(compiled)
+    assert max((a - b).abs().max().item() for a, b in zip(eager, compiled, strict=True)) < 1e-4
+
+
+def test_activation_checkpointing_on_an_encoder_without_it_is_refused_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers  # only here: the class whose support this test takes away
+
+    monkeypatch.setattr(transformers.BertModel, "supports_gradient_checkpointing", False)
+    with pytest.raises(ConfigError, match=r"activation_checkpointing: transformers' BertModel cannot recompute"):
+        build_model(load("--activation-checkpointing", "true"))

@@ -12,6 +12,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from distqa.answers import AnswerType
+from distqa.config import ConfigError
 from distqa.pretrained import load_encoder, load_encoder_config
 from distqa.tasks.configs import QAConfig
 
@@ -94,4 +95,13 @@ def build_model(config: QAConfig) -> QAModel:
         for name in DROPOUT_ATTRIBUTES:
             if hasattr(encoder_config, name):
                 setattr(encoder_config, name, config.dropout)
-    return QAModel(load_encoder(config, encoder_config))
+    encoder = load_encoder(config, encoder_config)
+    if config.activation_checkpointing:
+        if not encoder.supports_gradient_checkpointing:
+            raise ConfigError(f"activation_checkpointing: transformers' {type(encoder).__name__} cannot recompute its "
+                              "layers; turn the setting off for this encoder.")
+        # Non-reentrant: the reentrant kind breaks DDP ("Expected to mark a variable ready only once",
+        # transformers#23018) and torch.compile; this one also replays the layer's dropout masks exactly.
+        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        encoder.config.use_cache = False  # an encoder caches no keys; said here, transformers does not warn of it
+    return QAModel(encoder)
