@@ -55,6 +55,7 @@ class MLflowTracker:
                  params: dict[str, str], on_run_id: Callable[[str], None]) -> None:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the log line below says it
         # One warning line when the server is gone, ours, not one per retry from the HTTP library.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         self.uri, self.run_id = uri, run_id
@@ -146,6 +147,9 @@ class MLflowTracker:
             if path.is_file():
                 self._client.log_artifact(self.run_id, str(path))
         self._client.set_terminated(self.run_id, status=status)
+        experiment_id = self._client.get_run(self.run_id).info.experiment_id
+        log.info("MLflow: run %s ended %s: %s/#/experiments/%s/runs/%s", self.run_id, status, self.uri.rstrip("/"),
+                 experiment_id, self.run_id)
 
 
 class RunRecord:
