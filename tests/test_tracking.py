@@ -1,8 +1,8 @@
 """``--tracker mlflow`` against a real MLflow tracking server (``mlflow server`` from ``.venv-mlflow``, made by
-``make setup``, on 127.0.0.1 with a SQLite store), read back with ``MlflowClient``: a 2-node run is one MLflow run
-whose parameters are ``config.json`` and whose metrics are the TensorBoard scalars at the same steps; a run stopped
-by SIGTERM and resumed is still one run with no step twice; a server killed mid-run or never there costs one
-warning, not the run or its weights."""
+``make setup``, on 127.0.0.1 with a SQLite store), read back with ``MlflowClient``: a 2-node run stopped by SIGTERM
+and resumed is one MLflow run whose parameters are ``config.json`` and whose metrics are the TensorBoard scalars at
+the same steps; a run resumed from an earlier checkpoint than its last log logs no step twice; the status follows
+how the run ended; a server killed mid-run or never there costs one warning, not the run or its weights."""
 
 from __future__ import annotations
 
@@ -33,11 +33,15 @@ from distqa.train import main
 train_step = Trainer.train_step
 
 
-def act_once_at_step(self, micro_batches):  # the run's own step; at a known step, the test's action
-    if self.progress.step == int(os.environ["AT_STEP"]) and not os.environ.get("ACTED"):
+def act_once_at_step(self, micro_batches):  # the run's own step; at a known step of rank 0, the test's action
+    if self.progress.step == int(os.environ["AT_STEP"]) and os.environ.get("RANK", "0") == "0" \
+            and not os.environ.get("ACTED"):
         os.environ["ACTED"] = "1"
-        target = os.environ["TARGET_PID"]  # "self", or a pid (negative: a process group)
-        os.kill(os.getpid() if target == "self" else int(target), getattr(signal, os.environ["SIGNAL"]))
+        if os.environ["SIGNAL"] == "RAISE":
+            raise RuntimeError("a crash the test injected")
+        target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
+        pid = {"self": os.getpid(), "parent": os.getppid()}.get(target) or int(target)
+        os.kill(pid, getattr(signal, os.environ["SIGNAL"]))
     return train_step(self, micro_batches)
 
 
@@ -91,22 +95,38 @@ def train(tmp_path: Path, uri: str, *args: str, script: Path | None = None,
                           text=True, timeout=180)
 
 
-def test_a_two_node_run_is_one_mlflow_run_with_its_config_and_its_tensorboard_scalars(tmp_path: Path) -> None:
+def test_a_two_node_run_stopped_and_resumed_is_one_mlflow_run_with_its_config_and_tensorboard_scalars(
+        tmp_path: Path) -> None:
+    """2 emulated nodes through the local launcher (the example's task, evaluated every 10 steps); at step 23 rank 0's
+    torchrun agent gets SIGTERM (a platform job at its life span): both nodes stop with a checkpoint (exit 75),
+    then the launcher run again resumes to the end."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with mlflow_server(tmp_path / "server") as (uri, _):
-        launched = subprocess.run(
+    (tmp_path / "at_step.py").write_text(AT_STEP)
+    run_dir = tmp_path / "tracked"
+
+    def launch(*launcher_args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--run-id",
-             "tracked", "--", "--preset", str(REPO_ROOT / "examples" / "text_classification" / "preset.toml"),
-             "--output-dir", str(tmp_path), "--max-steps", "40", "--eval-every", "10", "--log-every", "5",
+             "tracked", *launcher_args, "--", "--preset",
+             str(REPO_ROOT / "examples" / "text_classification" / "preset.toml"), "--output-dir", str(tmp_path),
+             "--max-steps", "40", "--eval-every", "10", "--log-every", "5", "--stop-check-every", "2",
              "--tracker", "mlflow", "--mlflow-experiment", "two-nodes", "--progress-bar", "false"],
             cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, MLFLOW_TRACKING_URI=uri,
-                                         MLFLOW_TRACKING_PASSWORD=SECRET),
+                                         MLFLOW_TRACKING_PASSWORD=SECRET, **env),
             capture_output=True, text=True, timeout=300)
-        assert launched.returncode == 0, launched.stdout + launched.stderr
+
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        stopped = launch("--entry-module", "at_step", PYTHONPATH=str(tmp_path), AT_STEP="23", SIGNAL="SIGTERM",
+                         TARGET_PID="parent")
+        assert stopped.returncode == 75, stopped.stdout + stopped.stderr
+        [run] = runs_of(uri, "two-nodes")
+        assert run.info.status == "KILLED"
+        resumed = launch()
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "resumed from" in resumed.stderr and "at step 24" in resumed.stderr
         [run] = runs_of(uri, "two-nodes")
         client = MlflowClient(uri)
-        run_dir = tmp_path / "tracked"
         config = json.loads((run_dir / "config.json").read_text())
         params = run.data.params
         assert {name: params[name] for name in config} == {name: str(value) for name, value in config.items()}
@@ -114,17 +134,17 @@ def test_a_two_node_run_is_one_mlflow_run_with_its_config_and_its_tensorboard_sc
         assert run.info.status == "FINISHED"
         assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.json", "run.json", "summary.json"}
 
-        [events] = (run_dir / "tensorboard").iterdir()
-        scalars = EventAccumulator(str(events)).Reload()
+        scalars = EventAccumulator(str(run_dir / "tensorboard")).Reload()  # both starts' event files
         tags = scalars.Tags()["scalars"]
         assert {"train/loss", "eval/accuracy", "ranks/step_p50_ms/rank_1"} <= set(tags)
         assert set(tags) == set(run.data.metrics)
         for tag in tags:
-            logged = [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, tag),
-                                                        key=lambda m: m.step)]
-            board = [(e.step, e.value) for e in scalars.Scalars(tag)]
+            logged = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag))
+            board = sorted((e.step, e.value) for e in scalars.Scalars(tag))
             assert [s for s, _ in logged] == [s for s, _ in board], tag
+            assert len({s for s, _ in logged}) == len(logged), f"{tag}: a step logged twice"
             assert [v for _, v in logged] == pytest.approx([v for _, v in board], rel=1e-6), tag  # TB keeps float32
+        assert max(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == 40
     saved = [run_dir / "config.json", run_dir / "run.json", run_dir / "summary.json", *run_dir.glob("logs/*")]
     assert all(SECRET not in path.read_text() for path in saved)
     assert SECRET not in json.dumps(params)
@@ -176,6 +196,18 @@ def test_a_server_killed_mid_run_or_never_there_costs_one_warning_not_the_run(tm
         assert len(warnings) == 1 and "MLflow tracking at http://127.0.0.1:" in warnings[0], warnings
         assert "training goes on without it" in warnings[0]
         assert max_difference(final_weights(tmp_path / name), final_weights(tmp_path / "untracked")) == 0
+
+
+def test_a_run_that_crashes_ends_its_mlflow_run_as_failed(tmp_path: Path) -> None:
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        crashed = train(tmp_path, uri, "--run-name", "crashed", "--mlflow-experiment", "crash", "--max-steps", "12",
+                        script=script, AT_STEP="3", SIGNAL="RAISE", TARGET_PID="self")
+        assert crashed.returncode != 0 and "a crash the test injected" in crashed.stderr
+        [run] = runs_of(uri, "crash")
+        assert run.info.status == "FAILED"
+    assert json.loads((tmp_path / "crashed" / "summary.json").read_text())["status"] == "FAILED"
 
 
 def test_mlflow_without_a_tracking_uri_is_refused_in_one_line() -> None:
