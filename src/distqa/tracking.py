@@ -64,9 +64,9 @@ class MLflowTracker:
         self._metrics: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step), not yet sent
         self._logged_up_to: dict[str, int] = {}  # per key, the last step the server has (a resumed run)
         self._failed = False
+        self._opened = threading.Event()  # set when the run is open, or tracking has failed
         self._thread = threading.Thread(target=self._work, name="mlflow-tracking", daemon=True)
         self._thread.start()
-        self._opened = threading.Event()  # set when the run is open, or tracking has failed
         self._calls.put(lambda: self._open(experiment, run_name, params, on_run_id))
         # Before the first step (not inside one): a resumed run must find the id in the first checkpoint.
         if not self._opened.wait(OPEN_TIMEOUT_S) and not self._failed:
@@ -75,12 +75,13 @@ class MLflowTracker:
 
     def log_metric(self, key: str, value: float, step: int) -> None:
         """Queue one scalar; sent with the others of its step (no waiting here)."""
-        self._metrics.append((key, float(value), int(time.time() * 1000), step))
+        if not self._failed:  # nothing piles up in a long run whose server has gone
+            self._metrics.append((key, float(value), int(time.time() * 1000), step))
 
     def flush(self) -> None:
         """Hand the queued scalars to the thread (the trainer calls it after each step's scalars)."""
-        if self._metrics and not self._failed:
-            metrics, self._metrics = self._metrics, []
+        metrics, self._metrics = self._metrics, []
+        if metrics and not self._failed:
             self._calls.put(lambda: self._send(metrics))
 
     def finish(self, status: str, artifacts: list[Path]) -> None:
