@@ -7,8 +7,8 @@
 #
 # Usage:
 #   scripts/run_distributed_on_platform.sh [--nodes N] [--preset NAME] [--run-id ID] [--port P]
-#       [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M] [--dry-run]
-#       [--] [TRAINER ARGS...]
+#       [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M]
+#       [--tracker none|mlflow] [--mlflow-uri URI] [--mlflow-token secret:NAME] [--dry-run] [--] [TRAINER ARGS...]
 #
 #   scripts/run_distributed_on_platform.sh --nodes 2                       # DummyDataset, tiny model
 #   scripts/run_distributed_on_platform.sh --nodes 4 --preset gpu-large -- --preset bert-base
@@ -41,6 +41,14 @@
 #   --poll S           seconds between status checks of the jobs (default 15)
 #   --entry-module M   the module every process of every node runs (python -m M; default distqa.train):
 #                      a fork's own entry point (worker.sh --entry-module); the image must hold it
+#   --tracker T        'mlflow': rank 0 logs the run to the MLflow server at --mlflow-uri (one MLflow run
+#                      across restarts; docs/PLATFORM.md "Tracking with MLflow"); default: DISTQA_TRACKER
+#                      (environment or .env), else none
+#   --mlflow-uri URI   the MLflow tracking server, e.g. the platform's MLflow app; default: MLFLOW_TRACKING_URI
+#                      (environment or .env)
+#   --mlflow-token S   a platform secret holding the server's token, as secret:NAME (`apolo secret add NAME
+#                      TOKEN`); the jobs get it as MLFLOW_TRACKING_TOKEN. Default: MLFLOW_TOKEN_SECRET
+#                      (environment or .env), else none. Never the token itself: job params are visible
 #   --dry-run          print the commands instead of running them
 # Arguments after -- go to the trainer (python -m distqa.train, or --entry-module) on every node; a fork's
 # task is one of them: -- --task examples.text_classification.task:TextClassification.
@@ -68,6 +76,9 @@ join_margin_s=300  # after a worker is scheduled: image pull, container start, p
 poll_s="${POLL_INTERVAL:-15}"
 dry_run=0
 entry_module=distqa.train
+tracker="$(setting DISTQA_TRACKER none)"
+mlflow_uri="$(setting MLFLOW_TRACKING_URI "")"
+mlflow_token="$(setting MLFLOW_TOKEN_SECRET "")"
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "run_distributed_on_platform.sh: $*" >&2; exit 2; }
@@ -84,6 +95,9 @@ while [[ $# -gt 0 ]]; do
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
         --entry-module) need_value "$@"; entry_module="$2"; shift 2 ;;
+        --tracker) need_value "$@"; tracker="$2"; shift 2 ;;
+        --mlflow-uri) need_value "$@"; mlflow_uri="$2"; shift 2 ;;
+        --mlflow-token) need_value "$@"; mlflow_token="$2"; shift 2 ;;
         --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
         --poll) need_value "$@"; poll_s="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
@@ -101,6 +115,11 @@ done
 (( timeout_s >= 1 )) || die "--timeout must be at least 1 second, got $timeout_s"
 [[ "$entry_module" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
     || die "--entry-module must be a dotted Python module name such as mytask.train, got '$entry_module'"
+[[ "$tracker" == none || "$tracker" == mlflow ]] || die "--tracker must be none or mlflow, got '$tracker'"
+[[ "$tracker" == none || -n "$mlflow_uri" ]] \
+    || die "--tracker mlflow needs --mlflow-uri (or MLFLOW_TRACKING_URI in the environment or .env)"
+[[ -z "$mlflow_token" || "$mlflow_token" =~ ^secret:[A-Za-z0-9_-]+$ ]] \
+    || die "--mlflow-token must name a platform secret as secret:NAME (not the token itself: job params are visible)"
 [[ "$run_id" =~ ^[a-z0-9]+(-[a-z0-9]+)*$ ]] \
     || die "--run-id must be lowercase letters and digits in groups joined by single '-' (it becomes part of job names), got '$run_id'"
 # The flow CLI reads a job's life_span as a number of seconds (Python's float, then int) or as
@@ -169,7 +188,8 @@ run_command() {  # run_command NODE_RANK MASTER_ADDR: the command that starts on
         --param nodes "$nodes" --param node_rank "$rank" --param master_addr "$master" \
         --param master_port "$port" --param run_id "$run_id" --param max_restarts "$max_restarts" \
         --param preset "$preset" --param life_span "$life_span" --param schedule_timeout "$timeout_s" \
-        --param join_timeout "$join_timeout_s" --param entry_module "$entry_module" --param args "$args_param"
+        --param join_timeout "$join_timeout_s" --param entry_module "$entry_module" --param tracker "$tracker" \
+        --param mlflow_uri "$mlflow_uri" --param mlflow_token "$mlflow_token" --param args "$args_param"
 }
 
 # The flow CLI finds .neuro/live.yml from its working directory up (apolo_flow.parser.find_workspace).

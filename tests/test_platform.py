@@ -350,3 +350,33 @@ def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> N
     wait_for(lambda: not run_processes("k"), timeout=30)
 
 
+
+
+def test_the_training_jobs_take_the_tracker_and_a_token_only_from_a_platform_secret(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--tracker mlflow reaches every node as params (the launcher's dry run) and, rendered by neuro-flow's own
+    evaluator, as the jobs' environment; a token given as itself, not as secret:NAME, is refused."""
+    monkeypatch.chdir(REPO_ROOT)
+    sys.path.insert(0, str(STANDIN.parent))
+    import platform_cli
+
+    result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "2", "--run-id", "t1", "--tracker", "mlflow",
+                             "--mlflow-uri", "https://mlflow.example", "--mlflow-token", "secret:mlflow-token"],
+                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for line in (line for line in result.stdout.splitlines() if " run " in line):
+        words = shlex.split(line)
+        params = {words[i + 1]: words[i + 2] for i, w in enumerate(words) if w == "--param"}
+        assert (params["tracker"], params["mlflow_uri"], params["mlflow_token"]) == (
+            "mlflow", "https://mlflow.example", "secret:mlflow-token")
+        for job_id, suffix in (("distributed_training", "t1-0"), ("train", None)):
+            job = platform_cli.render(job_id, suffix, {k: params[k] for k in ("tracker", "mlflow_uri", "mlflow_token")})
+            assert {k: job.env[k] for k in ("DISTQA_TRACKER", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN")} == {
+                "DISTQA_TRACKER": "mlflow", "MLFLOW_TRACKING_URI": "https://mlflow.example",
+                "MLFLOW_TRACKING_TOKEN": "secret:mlflow-token"}
+    default = platform_cli.render("distributed_training", "t1-0", {})
+    assert default.env["DISTQA_TRACKER"] == "none" and default.env["MLFLOW_TRACKING_TOKEN"] == ""
+    refused = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--tracker", "mlflow", "--mlflow-uri", "https://m.x",
+                              "--mlflow-token", "a-raw-token"], env=clean_env(), capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "secret:NAME" in refused.stderr

@@ -94,7 +94,8 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
-                                   "best_mode": None, "best_value": None, "evaluations_without_improvement": 0}
+                                   "best_mode": None, "best_value": None, "evaluations_without_improvement": 0,
+                                   "tracking_run_id": None}
     assert len(stopped["rng"]) == 2
     assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
     again = run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
@@ -107,7 +108,8 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
     ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
     assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": None,
-                                 "best_mode": None, "best_value": None, "evaluations_without_improvement": 0}
+                                 "best_mode": None, "best_value": None, "evaluations_without_improvement": 0,
+                                 "tracking_run_id": None}
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:

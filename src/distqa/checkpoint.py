@@ -73,6 +73,8 @@ class Progress:
     """Its value for best.pt, the best evaluation so far."""
     evaluations_without_improvement: int = 0
     """Evaluations in a row that did not beat the best by more than early_stopping_min_delta (early stopping)."""
+    tracking_run_id: str | None = None
+    """The MLflow run this training run logs into (``--tracker mlflow``): a resumed run goes on in it."""
 
 
 @dataclass(kw_only=True)

@@ -182,6 +182,12 @@ class Config:
         "looked up by GPU name (H100, H200, A100, L4, A10G, V100: distqa.throughput), no MFU on CPUs and "
         "unknown GPUs.")
     tensorboard: bool = LOGGING(True, "Write TensorBoard scalars to <run dir>/tensorboard (rank 0).")
+    tracker: Literal["none", "mlflow"] = LOGGING(
+        "none", "Where rank 0 also logs the run: 'mlflow' sends the resolved config as parameters and every "
+        "TensorBoard scalar to the MLflow tracking server at MLFLOW_TRACKING_URI (credentials from "
+        "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN in the environment or .env), one MLflow run "
+        "per training run across restarts; a server that cannot be reached costs one warning, not the run.")
+    mlflow_experiment: str = LOGGING("distqa", "The MLflow experiment of the run (created when missing).")
 
     # --- console -----------------------------------------------------------------------------------
     progress_bar: bool = CONSOLE(True, "Show a tqdm progress bar on rank 0.")

@@ -5,6 +5,7 @@
       run.json             git sha, world size, nodes, device, library versions
       logs/rank-<R>.log    one log file per global rank
       tensorboard/         scalars, written by rank 0
+      summary.json         how the run ended: status and final progress (rank 0, distqa.tracking)
       checkpoints/         step-<N>.pt, written by rank 0
 """
 

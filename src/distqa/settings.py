@@ -202,6 +202,9 @@ def check_environment(config: Config, check_data_paths: bool = True) -> None:
     if config.resume not in ("auto", "none"):
         _require_local(Path(config.resume), "resume", hint="use 'auto', 'none' or a "
                        "checkpoint file written by an earlier run")
+    if config.tracker == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
+        raise ConfigError("tracker: 'mlflow' needs MLFLOW_TRACKING_URI (the server's http(s) address) in the "
+                          "environment or .env; or --tracker none.")
 
 
 def _refuse_unknown(name: str, config_class: type[Config], message: str, ignored_in: str) -> None:

@@ -64,6 +64,7 @@ from distqa.settings import load_config
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
+from distqa.tracking import run_record
 from distqa.trainer import StepPlan, Trainer, resume
 
 log = logging.getLogger("distqa.train")
@@ -148,7 +149,9 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model, ddp_model=ddp_model,
                       optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
                       evaluator=evaluator, resumed=resumed, hosts=hosts)
-    return trainer.fit()
+    # The record: TensorBoard and the tracker on rank 0, closed with how the run ended.
+    with run_record(config, runtime, run_dir, trainer.progress) as record:
+        return trainer.fit(record)
 
 
 def build_loader(config: Config, runtime: Runtime, dataset: Dataset, collate: Callable[..., Any]) -> DataLoader:

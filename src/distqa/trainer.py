@@ -65,6 +65,7 @@ from distqa.rundir import versions
 from distqa.stop import StopSignal, TrainingStoppedError
 from distqa.tasks.base import Evaluation, Evaluator, Task
 from distqa.throughput import peak_bf16_flops
+from distqa.tracking import RunRecord
 from distqa.training_metrics import MetricsWindow, RankWindow, summarise
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class Trainer:
         self.first_step = self.progress.step
 
     # --- the loop ----------------------------------------------------------------------------
-    def fit(self) -> Progress:
+    def fit(self, record: RunRecord) -> Progress:
         config, progress = self.config, self.progress
         log.info("training %d steps (%d per epoch): global batch %d = %d per rank × %d ranks × %d "
                  "accumulation, precision %s, device %s", self.plan.total_steps, self.plan.steps_per_epoch,
@@ -185,7 +186,8 @@ class Trainer:
             return progress
         metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
-        with self._progress_bar() as bar, self._tensorboard() as tensorboard, stop.installed(), \
+        scalars = record.writer  # rank 0's TensorBoard and tracker; None elsewhere
+        with self._progress_bar() as bar, stop.installed(), \
                 collective_timeouts_named(self.runtime, lambda: progress.step):
             while progress.step < self.plan.total_steps:
                 self.sampler.set_epoch(progress.epoch)
@@ -204,10 +206,10 @@ class Trainer:
                     bar.update(1)
                     last = progress.step == self.plan.total_steps
                     if progress.step % config.log_every == 0 or last:
-                        self._log_metrics(metrics.flush(), bar, tensorboard)
+                        self._log_metrics(metrics.flush(), bar, scalars)
                     if self.evaluator is not None and (last or _due(config.eval_every, progress.step)):
                         with metrics.paused():  # samples/s and ms/step measure training alone
-                            self.evaluate(tensorboard)
+                            self.evaluate(scalars)
                     early = not last and self._stops_early()
                     stopping = progress.step == config.stop_at_step or early
                     saved = last or stopping or _due(config.checkpoint_every, progress.step)
@@ -286,7 +288,7 @@ class Trainer:
                 "evaluation": self.evaluation, "progress": self.progress, "versions": versions()}
 
     # --- evaluation --------------------------------------------------------------------------
-    def evaluate(self, tensorboard: Any = None) -> Evaluation:
+    def evaluate(self, scalars: RunRecord | None = None) -> Evaluation:
         """Score the validation data on all ranks; rank 0 logs it and keeps the best model."""
         assert self.evaluator is not None
         started = time.perf_counter()
@@ -310,9 +312,10 @@ class Trainer:
         if self.runtime.is_main_process:
             log.info("eval at step %d: %s, %.1f s%s", step, evaluation.describe(), time.perf_counter() - started,
                      " (best so far)" if improved else "")
-            if tensorboard is not None:
+            if scalars is not None:
                 for name, metric in metrics.items():
-                    tensorboard.add_scalar(f"eval/{name}", metric, step)
+                    scalars.add_scalar(f"eval/{name}", metric, step)
+                scalars.flush()
             if improved:
                 ModelCheckpoint(**self._model_checkpoint_fields()).save(best_checkpoint_path(self.run_dir))
                 log.info("saved %s (%s %.4f at step %d)", best_checkpoint_path(self.run_dir), best.name, value, step)
@@ -322,7 +325,7 @@ class Trainer:
     # --- helpers -----------------------------------------------------------------------------
     def _stops_early(self) -> bool:
         return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
-    def _log_metrics(self, ranks: list[RankWindow], bar: tqdm, tensorboard: Any) -> None:
+    def _log_metrics(self, ranks: list[RankWindow], bar: tqdm, scalars: RunRecord | None) -> None:
         """Rank 0: one line with the job's loss and throughput, one with every rank's step times."""
         if not self.runtime.is_main_process:
             return
@@ -345,17 +348,18 @@ class Trainer:
             log.warning("straggler: rank %d (%s) takes %.0f ms of local work per step (p50), the median rank "
                         "%.0f ms; the others wait for it in every all-reduce", window.straggler,
                         self.hosts[window.straggler], 1000 * slow.local_p50, 1000 * window.local_p50_median)
-        if tensorboard is not None:
-            scalars = {"loss": window.loss, "lr": lr, "grad_norm": window.grad_norm,
+        if scalars is not None:
+            values = {"loss": window.loss, "lr": lr, "grad_norm": window.grad_norm,
                        "samples_per_s": window.samples_per_s, "step_time_s": step_time,
                        "tokens_per_s": window.tokens_per_s, "padded_tokens_per_s": window.padded_tokens_per_s}
             if window.mfu is not None:
-                scalars["mfu"] = window.mfu
-            for name, value in scalars.items():
-                tensorboard.add_scalar(f"train/{name}", value, step)
+                values["mfu"] = window.mfu
+            for name, value in values.items():
+                scalars.add_scalar(f"train/{name}", value, step)
             for rank, w in enumerate(ranks):
                 for name in ("step_p50", "step_p95", "local_p50", "local_p95"):
-                    tensorboard.add_scalar(f"ranks/{name}_ms/rank_{rank}", 1000 * getattr(w, name), step)
+                    scalars.add_scalar(f"ranks/{name}_ms/rank_{rank}", 1000 * getattr(w, name), step)
+            scalars.flush()
 
     def _peak_flops(self) -> float | None:
         """Dense bf16 peak FLOP/s of one rank's device (config, else by GPU name); None logs no MFU."""
@@ -379,20 +383,6 @@ class Trainer:
                 yield bar
         finally:
             bar.close()
-
-    @contextlib.contextmanager
-    def _tensorboard(self) -> Iterator[Any]:
-        if not (self.runtime.is_main_process and self.config.tensorboard):
-            yield None
-            return
-        # Here, not at the top: it imports tensorboard's protobufs, which runs with tensorboard false never need.
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(self.run_dir / "tensorboard")
-        try:
-            yield writer
-        finally:
-            writer.close()
 
 
 def _due(every: int, step: int) -> bool:

@@ -1,0 +1,220 @@
+"""``--tracker mlflow`` against a real MLflow tracking server (``mlflow server`` from ``.venv-mlflow``, made by
+``make setup``, on 127.0.0.1 with a SQLite store), read back with ``MlflowClient``: a 2-node run stopped by SIGTERM
+and resumed is one MLflow run whose parameters are ``config.json`` and whose metrics are the TensorBoard scalars at
+the same steps; a run resumed from an earlier checkpoint than its last log logs no step twice; the status follows
+how the run ended; a server killed mid-run or never there costs one warning, not the run or its weights."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference, wait_for
+
+MLFLOW = REPO_ROOT / ".venv-mlflow" / "bin" / "mlflow"
+pytestmark = [pytest.mark.distributed,
+              pytest.mark.skipif(not MLFLOW.exists(), reason="no .venv-mlflow: run `make setup`")]
+SECRET = "not-to-be-logged-7f3a"
+AT_STEP = """
+import os, signal, sys
+from distqa.trainer import Trainer
+from distqa.train import main
+
+train_step = Trainer.train_step
+
+
+def act_once_at_step(self, micro_batches):  # the run's own step; at a known step of rank 0, the test's action
+    if self.progress.step == int(os.environ["AT_STEP"]) and os.environ.get("RANK", "0") == "0" \
+            and not os.environ.get("ACTED"):
+        os.environ["ACTED"] = "1"
+        if os.environ["SIGNAL"] == "RAISE":
+            raise RuntimeError("a crash the test injected")
+        target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
+        pid = {"self": os.getpid(), "parent": os.getppid()}.get(target) or int(target)
+        os.kill(pid, getattr(signal, os.environ["SIGNAL"]))
+    return train_step(self, micro_batches)
+
+
+Trainer.train_step = act_once_at_step
+sys.exit(main())
+"""
+"""A training run that sends a signal at a step it reaches (to itself, or to the server): no race with the clock."""
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real tracking server on a free loopback port, its store and artifacts under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with (root / "server.log").open("wb") as server_log:
+        server = subprocess.Popen(
+            [str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination",
+             str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            cwd=root, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: healthy(uri) or server.poll() is not None, timeout=120)  # about 6 s quiet
+        assert server.poll() is None, (root / "server.log").read_text()
+        yield uri, server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+
+
+def healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def runs_of(uri: str, experiment: str) -> list:
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+def train(tmp_path: Path, uri: str, *args: str, script: Path | None = None,
+          **env: str) -> subprocess.CompletedProcess[str]:
+    entry = [str(script)] if script else ["-m", "distqa.train"]
+    return subprocess.run([sys.executable, *entry, *FAST_ARGS, "--output-dir", str(tmp_path), "--progress-bar", "false",
+                           "--tracker", "mlflow", *args], cwd=REPO_ROOT,
+                          env=clean_env(OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=uri, **env), capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_a_two_node_run_stopped_and_resumed_is_one_mlflow_run_with_its_config_and_tensorboard_scalars(
+        tmp_path: Path) -> None:
+    """2 emulated nodes through the local launcher (the example's task, evaluated every 10 steps); at step 23 rank 0's
+    torchrun agent gets SIGTERM (a platform job at its life span): both nodes stop with a checkpoint (exit 75),
+    then the launcher run again resumes to the end."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "at_step.py").write_text(AT_STEP)
+    run_dir = tmp_path / "tracked"
+
+    def launch(*launcher_args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--run-id",
+             "tracked", *launcher_args, "--", "--preset",
+             str(REPO_ROOT / "examples" / "text_classification" / "preset.toml"), "--output-dir", str(tmp_path),
+             "--max-steps", "40", "--eval-every", "10", "--log-every", "5", "--stop-check-every", "2",
+             "--tracker", "mlflow", "--mlflow-experiment", "two-nodes", "--progress-bar", "false"],
+            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, MLFLOW_TRACKING_URI=uri,
+                                         MLFLOW_TRACKING_PASSWORD=SECRET, **env),
+            capture_output=True, text=True, timeout=300)
+
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        stopped = launch("--entry-module", "at_step", PYTHONPATH=str(tmp_path), AT_STEP="23", SIGNAL="SIGTERM",
+                         TARGET_PID="parent")
+        assert stopped.returncode == 75, stopped.stdout + stopped.stderr
+        [run] = runs_of(uri, "two-nodes")
+        assert run.info.status == "KILLED"
+        resumed = launch()
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "resumed from" in resumed.stderr and "at step 24" in resumed.stderr
+        [run] = runs_of(uri, "two-nodes")
+        client = MlflowClient(uri)
+        config = json.loads((run_dir / "config.json").read_text())
+        params = run.data.params
+        assert {name: params[name] for name in config} == {name: str(value) for name, value in config.items()}
+        assert params["world_size"] == "2" and params["version.torch"].startswith("2.")
+        assert run.info.status == "FINISHED"
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.json", "run.json", "summary.json"}
+
+        scalars = EventAccumulator(str(run_dir / "tensorboard")).Reload()  # both starts' event files
+        tags = scalars.Tags()["scalars"]
+        assert {"train/loss", "eval/accuracy", "ranks/step_p50_ms/rank_1"} <= set(tags)
+        assert set(tags) == set(run.data.metrics)
+        for tag in tags:
+            logged = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag))
+            board = sorted((e.step, e.value) for e in scalars.Scalars(tag))
+            assert [s for s, _ in logged] == [s for s, _ in board], tag
+            assert len({s for s, _ in logged}) == len(logged), f"{tag}: a step logged twice"
+            assert [v for _, v in logged] == pytest.approx([v for _, v in board], rel=1e-6), tag  # TB keeps float32
+        assert max(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == 40
+    saved = [run_dir / "config.json", run_dir / "run.json", run_dir / "summary.json", *run_dir.glob("logs/*")]
+    assert all(SECRET not in path.read_text() for path in saved)
+    assert SECRET not in json.dumps(params)
+
+
+def test_a_run_stopped_by_sigterm_and_resumed_is_one_run_with_no_step_twice(tmp_path: Path) -> None:
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    args = ["--run-name", "stopped", "--mlflow-experiment", "stop", "--max-steps", "30", "--log-every", "2",
+            "--checkpoint-every", "5", "--stop-check-every", "2"]
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        stopped = train(tmp_path, uri, *args, script=script, AT_STEP="11", SIGNAL="SIGTERM", TARGET_PID="self")
+        assert stopped.returncode == 75, stopped.stderr
+        [run] = runs_of(uri, "stop")
+        assert run.info.status == "KILLED"
+        checkpoints = tmp_path / "stopped" / "checkpoints"
+        newest = max(checkpoints.glob("step-*.pt"))
+        assert newest.name == "step-00000012.pt"  # the stop's own checkpoint, after the step logged last
+        for path in checkpoints.glob("step-00000012.pt*"):
+            path.unlink()  # resume from step 10: steps 11-12 are trained and logged again
+        resumed = train(tmp_path, uri, *args)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "resumed from" in resumed.stderr and "at step 10" in resumed.stderr
+        [run] = runs_of(uri, "stop")
+        assert run.info.status == "FINISHED"
+        client = MlflowClient(uri)
+        for key in run.data.metrics:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert len(steps) == len(set(steps)), f"{key} logged a step twice: {sorted(steps)}"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == list(range(2, 31, 2))
+
+
+def test_a_server_killed_mid_run_or_never_there_costs_one_warning_not_the_run(tmp_path: Path) -> None:
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    untracked = subprocess.run([sys.executable, "-m", "distqa.train", *FAST_ARGS, "--output-dir", str(tmp_path),
+                                "--run-name", "untracked", "--max-steps", "12", "--log-every", "2",
+                                "--progress-bar", "false"], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+                               capture_output=True, text=True, timeout=180)
+    assert untracked.returncode == 0, untracked.stderr
+    with mlflow_server(tmp_path / "server") as (uri, server):
+        killed = train(tmp_path, uri, "--run-name", "killed", "--max-steps", "12", "--log-every", "2", script=script,
+                       AT_STEP="5", SIGNAL="SIGKILL", TARGET_PID=str(-server.pid))  # the server's whole session
+    never = train(tmp_path, f"http://127.0.0.1:{free_port()}", "--run-name", "never", "--max-steps", "12",
+                  "--log-every", "2")
+    for result, name in ((killed, "killed"), (never, "never")):
+        assert result.returncode == 0, result.stderr
+        warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
+        assert len(warnings) == 1 and "MLflow tracking at http://127.0.0.1:" in warnings[0], warnings
+        assert "training goes on without it" in warnings[0]
+        assert max_difference(final_weights(tmp_path / name), final_weights(tmp_path / "untracked")) == 0
+
+
+def test_a_run_that_crashes_ends_its_mlflow_run_as_failed(tmp_path: Path) -> None:
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        crashed = train(tmp_path, uri, "--run-name", "crashed", "--mlflow-experiment", "crash", "--max-steps", "12",
+                        script=script, AT_STEP="3", SIGNAL="RAISE", TARGET_PID="self")
+        assert crashed.returncode != 0 and "a crash the test injected" in crashed.stderr
+        [run] = runs_of(uri, "crash")
+        assert run.info.status == "FAILED"
+    assert json.loads((tmp_path / "crashed" / "summary.json").read_text())["status"] == "FAILED"
+
+
+def test_mlflow_without_a_tracking_uri_is_refused_in_one_line() -> None:
+    env = {k: v for k, v in clean_env().items() if k != "MLFLOW_TRACKING_URI"}
+    result = subprocess.run([sys.executable, "-m", "distqa.train", "--tracker", "mlflow"], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "distqa.train: configuration error: tracker: 'mlflow' needs MLFLOW_TRACKING_URI (the server's http(s) "
+        "address) in the environment or .env; or --tracker none."]
