@@ -71,7 +71,8 @@ def main() -> None:
 
     config = bench_config("--dummy-size", "256")
     runtime = local_runtime("cpu")
-    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as work, mlflow_server(Path(work)) as uri:
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as work, \
+            mlflow_server(Path(work) / "server") as (uri, _):
         trainer = build_our_trainer(config, runtime, dummy_dataset(config), Path(work) / "run")
         batches = list(itertools.islice(iter(trainer.loader), 4 * trainer.plan.accumulation))
         board = SummaryWriter(Path(work) / "tensorboard")
@@ -108,25 +109,30 @@ def recorded_step(train_step: object, record: RunRecord, progress: Progress) -> 
 
 
 @contextlib.contextmanager
-def mlflow_server(work: Path) -> Iterator[str]:
-    """``mlflow server`` on a free loopback port with its store under ``work``; its whole session killed on exit."""
+def mlflow_server(work: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``mlflow server`` on a free loopback port, its store, artifacts and log (``server.log``) under ``work``;
+    its whole session killed on exit. Yields its address and its process (tests/test_tracking.py uses it too)."""
+    work.mkdir(parents=True, exist_ok=True)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{work}/mlflow.db", "--artifacts-destination",
-         str(work / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with (work / "server.log").open("wb") as server_log:
+        server = subprocess.Popen(
+            [str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{work}/mlflow.db", "--artifacts-destination",
+             str(work / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            cwd=work, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120  # about 6 s on a quiet machine
+        deadline = time.monotonic() + 120  # a hang guard: about 6 s on a quiet 2-core machine
         while not healthy(uri):
             if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit(f"the MLflow server on {uri} did not answer within 120 s")
+                raise RuntimeError(f"the MLflow server on {uri} did not answer within 120 s:\n"
+                                   f"{(work / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
-        yield uri
+        yield uri, server
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
 
 

@@ -6,22 +6,19 @@ how the run ended; a server killed mid-run or never there costs one warning, not
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference, wait_for
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference
 
-MLFLOW = REPO_ROOT / ".venv-mlflow" / "bin" / "mlflow"
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from tracking_overhead import MLFLOW, mlflow_server  # the benchmark's server, started the same way
+
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not MLFLOW.exists(), reason="no .venv-mlflow: run `make setup`")]
 SECRET = "not-to-be-logged-7f3a"
@@ -49,35 +46,6 @@ Trainer.train_step = act_once_at_step
 sys.exit(main())
 """
 """A training run that sends a signal at a step it reaches (to itself, or to the server): no race with the clock."""
-
-
-@contextlib.contextmanager
-def mlflow_server(root: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real tracking server on a free loopback port, its store and artifacts under ``root``."""
-    root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    with (root / "server.log").open("wb") as server_log:
-        server = subprocess.Popen(
-            [str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination",
-             str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            cwd=root, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: healthy(uri) or server.poll() is not None, timeout=120)  # about 6 s quiet
-        assert server.poll() is None, (root / "server.log").read_text()
-        yield uri, server
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-
-
-def healthy(uri: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def runs_of(uri: str, experiment: str) -> list:
