@@ -25,7 +25,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from distqa.answers import Answer
-from distqa.checkpoint import CheckpointError, ModelCheckpoint, load_checkpoint
 from distqa.config import ConfigError
 from distqa.data.cache import NQWindows, open_examples
 from distqa.data.collate import collate_trimmed
@@ -45,6 +44,7 @@ from distqa.decode import (
     tune_thresholds,
 )
 from distqa.distributed import Runtime, all_gather_objects, barrier, on_device
+from distqa.hf_format import load_model_checkpoint
 from distqa.metric import score_answers
 from distqa.model import INPUT_NAMES, build_model, forward
 from distqa.optim import Precision
@@ -171,15 +171,10 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, path: Path | str, runtime: Runtime, long_threshold: float | None = None,
                         short_threshold: float | None = None, **overrides: Any) -> Predictor:
-        """Load ``best.pt`` or a ``step-*.pt``; ``overrides`` replace config values (None = keep)."""
+        """Load ``best.pt``, a ``step-*.pt`` or a directory written by ``python -m distqa.export``; ``overrides``
+        replace config values (None = keep)."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"checkpoint {path} does not exist; train first (see the README) or pass "
-                              "results/<run>/checkpoints/best.pt")
-        try:
-            checkpoint = load_checkpoint(path, ModelCheckpoint)
-        except CheckpointError as err:
-            raise ConfigError(str(err)) from None
+        checkpoint = load_model_checkpoint(path)
         config = saved_config(checkpoint.config, device=runtime.device.type,
                               **{k: v for k, v in overrides.items() if v is not None})
         if not isinstance(config, NQConfig):

@@ -49,7 +49,7 @@ SETTINGS = ("long_threshold", "short_threshold", "eval_batch_size", "device", "n
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m distqa.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, type=Path,
-                        help="best.pt or a step-*.pt written by distqa.train")
+                        help="best.pt or a step-*.pt written by distqa.train, or a directory written by distqa.export")
     parser.add_argument("--input", required=True, type=Path, help="NQ jsonl: the test file or a train-format file")
     parser.add_argument("--output", required=True, type=Path, help="submission CSV to write (rank 0)")
     overrides = parser.add_argument_group(

@@ -1,0 +1,120 @@
+"""``python -m distqa.export``: a checkpoint becomes a Hugging Face directory that transformers loads offline, with
+our logits, and that ``predict --checkpoint DIR`` reads to the file it writes from ``best.pt``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, clean_env
+from distqa.hf_format import EXTRA_HEADS, RUN_FILE, load_model_checkpoint
+from distqa.model import build_model
+from distqa.settings import saved_config
+
+NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
+"""An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
+
+
+def run(module: str, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = clean_env(OMP_NUM_THREADS="1", **({"HF_HOME": str(home)} if home else {}))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def export(checkpoint: Path, output: Path) -> Path:
+    result = run("distqa.export", "--checkpoint", str(checkpoint), "--output", str(output))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return output
+
+
+@pytest.fixture(scope="module")
+def nq_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(NQ_FIXTURE / "best.pt", tmp_path_factory.mktemp("export") / "model")
+
+
+def transformers_logits(directory: Path, inputs: dict[str, torch.Tensor], home: Path) -> dict[str, list]:
+    """Start and end logits of ``AutoModelForQuestionAnswering.from_pretrained(directory)``, in a process of its
+    own with an empty HF_HOME and HF_HUB_OFFLINE=1: nothing but the directory can be read."""
+    script = (
+        "import json, sys, torch\n"
+        "from transformers import AutoModelForQuestionAnswering\n"
+        "inputs = {k: torch.tensor(v) for k, v in json.loads(sys.stdin.read()).items()}\n"
+        f"model = AutoModelForQuestionAnswering.from_pretrained({str(directory)!r}).eval()\n"
+        "with torch.no_grad():\n"
+        "    out = model(**inputs)\n"
+        "print(json.dumps({'start': out.start_logits.tolist(), 'end': out.end_logits.tolist(), "
+        "'class': type(model).__name__}))\n")
+    result = subprocess.run([sys.executable, "-c", script], input=json.dumps({k: v.tolist() for k, v in inputs.items()}),
+                            cwd=directory.parent, env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(home)),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def our_logits(checkpoint: Path, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    saved = load_model_checkpoint(checkpoint)
+    model = build_model(saved_config(saved.config, from_scratch=True))
+    model.load_state_dict(saved.model)
+    with torch.no_grad():
+        out = model.eval()(**inputs)
+    return out.start_logits, out.end_logits
+
+
+def window_inputs(tokenizer_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    encoded = tokenizer(["who wrote the book", "when was it built"],
+                        ["the book was written by ada lovelace in london", "it was built in 1889 for the fair"],
+                        padding=True, return_tensors="pt")
+    return dict(encoded)
+
+
+def test_transformers_loads_the_export_offline_with_our_logits(nq_export: Path, tmp_path: Path) -> None:
+    assert {"config.json", "model.safetensors", "tokenizer.json", EXTRA_HEADS, RUN_FILE} <= \
+        {p.name for p in nq_export.iterdir()}
+    inputs = window_inputs(nq_export)
+    theirs = transformers_logits(nq_export, inputs, home=tmp_path / "empty-hf-home")
+    start, end = our_logits(NQ_FIXTURE / "best.pt", inputs)
+    assert theirs["class"] == "BertForQuestionAnswering"
+    assert torch.allclose(torch.tensor(theirs["start"]), start, atol=1e-6, rtol=0)
+    assert torch.allclose(torch.tensor(theirs["end"]), end, atol=1e-6, rtol=0)
+    assert not any((tmp_path / "empty-hf-home").rglob("*.safetensors"))  # nothing fetched
+
+
+def test_predict_reads_the_export_to_the_same_submission_byte_for_byte(nq_export: Path, tmp_path: Path) -> None:
+    submission = tmp_path / "submission.csv"
+    result = run("distqa.predict", "--checkpoint", str(nq_export), "--input", "data/nq-sample/simplified-nq-test.jsonl",
+                 "--output", str(submission), "--nq-cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    assert submission.read_bytes() == (NQ_FIXTURE / "expected-submission.csv").read_bytes()
+    exported, original = load_model_checkpoint(nq_export), load_model_checkpoint(NQ_FIXTURE / "best.pt")
+    assert exported.task_state == original.task_state and exported.evaluation == original.evaluation
+    assert all(torch.equal(exported.model[name], tensor) for name, tensor in original.model.items())
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda d: (d / "model").mkdir() or (d / "model" / "x").write_text(""), "exists and is not an empty directory"),
+    (lambda d: None, "does not exist"),
+])
+def test_what_cannot_be_exported_is_one_line_and_exit_2(make, said: str, tmp_path: Path) -> None:
+    make(tmp_path)
+    checkpoint = NQ_FIXTURE / "best.pt" if "exists" in said else tmp_path / "missing.pt"
+    result = run("distqa.export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "model"))
+    assert result.returncode == 2, result.stderr
+    assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_plain_transformers_directory_is_not_taken_for_an_export(nq_export: Path, tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (plain / name).write_bytes((nq_export / name).read_bytes())
+    result = run("distqa.predict", "--checkpoint", str(plain), "--input", "data/nq-sample/simplified-nq-test.jsonl",
+                 "--output", str(tmp_path / "s.csv"))
+    assert result.returncode == 2 and f"without {RUN_FILE}" in result.stderr, result.stderr
