@@ -47,9 +47,6 @@ and NCCL's buffers (together about 1 GiB on an H100 with NCCL; a guess with room
 ALLOCATOR_SLACK = 0.10
 """PyTorch's caching allocator rounds blocks up and fragments under changing batch shapes: the tensors' peak
 may need this fraction more of reserved memory (the doctor's margin; bench/gpu.sh reports the real peak)."""
-GPU_SIZES_GB = ((16, "V100 16GB"), (24, "L4 or A10G (24 GB)"), (32, "V100 32GB"), (40, "A100 40GB"),
-                (80, "A100 80GB or H100 80GB"), (141, "H200 (141 GB)"))
-"""Memory of the GPUs distqa.throughput knows, in GB (10^9 bytes, as sold), smallest first."""
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -276,13 +273,16 @@ def forward_transient(encoder: Encoder, batch: int, seq: int, kernels: Kernels) 
     """Bytes a layer's forward holds beyond what it keeps, at its end: five fp32 tensors of the residual stream
     (the layer's input, the first LayerNorm's output still needed as the residual, the second's being written
     and the sums before them; counted on CPU) and a low-precision one; eager BERT attention also returns its
-    probabilities (the fp32 dropout output, when the matmul kept a cast copy instead) until the layer returns."""
-    tokens, h = batch * seq, encoder.hidden
+    probabilities (the fp32 dropout output, when the matmul kept a cast copy instead) until the layer returns.
+    DeBERTa's attention holds three seq × seq tensors at once while it sums its content and position terms."""
+    tokens, h, scores = batch * seq, encoder.hidden, batch * encoder.heads * seq ** 2
     total = tokens * (5 * 4 * h + kernels.compute * h)
-    if not kernels.fused_attention and not encoder.relative_span:
+    if encoder.relative_span:  # the content-content scores, the position terms and their sum: three at once
+        return max(total, 3 * scores * kernels.compute)
+    if not kernels.fused_attention:
         softmax = kernels.softmax(4)
         if softmax != kernels.attention_compute:
-            total += batch * encoder.heads * seq ** 2 * softmax
+            total += scores * softmax
     return total
 
 
@@ -305,9 +305,9 @@ def count_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
         return build()
 
 
-GPU_MEMORY_BYTES = ((16.9e9, "V100 16GB"), (24.1e9, "L4 or A10G (24 GB)"), (34.0e9, "V100 32GB"),
-                    (42.3e9, "A100 40GB"), (85.0e9, "A100 80GB or H100 80GB"), (150.0e9, "H200 (141 GB)"))
-"""The GPUs distqa.throughput knows, smallest first, with the memory torch reports for them
+GPU_MEMORY_BYTES = ((24.1e9, "L4 or A10G (24 GB)"), (42.3e9, "A100 40GB"), (85.0e9, "A100 80GB or H100 80GB"),
+                    (150.0e9, "H200 (141 GB)"))
+"""The bf16 GPUs distqa.throughput knows, smallest first, with the memory torch reports for them
 (``torch.cuda.get_device_properties(...).total_memory``, a little more than the name's GB for HBM cards)."""
 
 
