@@ -227,9 +227,9 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
         return "memory: not estimated"
     if memory is None:
         return f"memory: not estimated (task {task.name or config.task!r} defines no training_memory)"
-    gpu = runtime.device.type == "cuda" or gpu_memory_gb > 0
-    precision = Precision.choose(config.precision, runtime.device).name if runtime.device.type == "cuda" or \
-        config.precision != "auto" else "bf16" if gpu else "fp32"
+    gpu = gpu_memory_gb > 0 or any(report.device_memory_bytes for report in reports)
+    precision = config.precision if config.precision != "auto" else \
+        Precision.choose("auto", runtime.device).name if runtime.device.type == "cuda" else "bf16" if gpu else "fp32"
     world_size = runtime.world_size
     accumulation = config.for_world_size(world_size).accumulation_steps(world_size)
     checkpointing = getattr(config, "activation_checkpointing", None)  # a setting of transformers encoders' tasks
