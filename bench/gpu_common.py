@@ -57,9 +57,18 @@ class's defaults, which are theirs (GELU, dropout 0.1)."""
 MODELS = ("bert-base", "tiny")
 
 
-def encoder_config(name: str) -> PretrainedConfig:
-    """The config of ``name`` (a key of :data:`BERT_SIZES` or :data:`LARGE_ENCODERS`), with random weights to come."""
+TINY_SIZES = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512,
+              "vocab_size": 1268, "position_buckets": 32}
+"""What ``tiny=True`` replaces in a config: a model of the same family that steps in milliseconds on CPU
+(data/tiny-bert's sizes; DeBERTa keeps 32 relative-position buckets, fewer than a smoke run's tokens)."""
+
+
+def encoder_config(name: str, tiny: bool = False) -> PretrainedConfig:
+    """The config of ``name`` (a key of :data:`BERT_SIZES` or :data:`LARGE_ENCODERS`), with random weights to come;
+    ``tiny``: the same family at :data:`TINY_SIZES`."""
     config_class, sizes = LARGE_ENCODERS.get(name) or (BertConfig, BERT_SIZES[name])
+    if tiny:
+        sizes = sizes | {key: value for key, value in TINY_SIZES.items() if key in sizes}
     return config_class(**sizes)
 
 
@@ -85,15 +94,16 @@ def model_name(args: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def model_flags(name: str) -> Iterator[list[str]]:
-    """Flags of ``distqa.train`` (and of :func:`harness.bench_config`) that select model ``name`` with random
-    weights and the offline tokenizer; a BERT-size config lives in a temporary directory for the block."""
+def model_flags(name: str, tiny: bool = False) -> Iterator[list[str]]:
+    """Flags of ``distqa.train`` (and of :func:`harness.bench_config`) that select model ``name`` (``tiny``: its
+    family at :data:`TINY_SIZES`) with random weights and the offline tokenizer; a config of these sizes lives in
+    a temporary directory for the block."""
     tokenizer = ["--tokenizer-name-or-path", str(TINY_MODEL_DIR), "--from-scratch", "true"]
     if name == "tiny":
         yield ["--model-name-or-path", str(TINY_MODEL_DIR), *tokenizer]
         return
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as directory:
-        encoder_config(name).save_pretrained(directory)
+        encoder_config(name, tiny).save_pretrained(directory)
         yield ["--model-name-or-path", str(directory), *tokenizer]
 
 
