@@ -238,7 +238,7 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
     estimate = memory.estimate(step)
     line = (f"memory per rank: {estimate.describe()}, estimated for micro-batch {step.micro_batch} × {memory.seq_len} "
             f"tokens, {precision}, {memory.attention} attention, activation checkpointing "
-            f"{'on' if checkpointing else 'off'}{', on CUDA' if gpu else ' on CPU'} (distqa.memory)")
+            f"{'on' if checkpointing else 'off'}, on {'CUDA' if gpu else 'CPU'} (distqa.memory)")
     for report in reports:
         total = int(gpu_memory_gb * GB) if gpu_memory_gb else report.device_memory_bytes
         if total is None or needed_bytes(estimate.peak) <= total:

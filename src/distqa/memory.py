@@ -120,8 +120,10 @@ class StepMemory:
         return sum(self.parts.values())
 
     def describe(self) -> str:
-        shown = ", ".join(f"{name} {size / GiB:.2f}" for name, size in self.parts.items() if size)
-        return f"{self.peak / GiB:.1f} GiB at the {self.moment} ({shown} GiB)"
+        """The peak and its parts, in GiB (MiB for a peak under 1 GiB)."""
+        unit, size, decimals = ("GiB", GiB, 2) if self.peak >= GiB else ("MiB", 2**20, 1)
+        shown = ", ".join(f"{name} {part / size:.{decimals}f}" for name, part in self.parts.items() if part)
+        return f"{self.peak / size:.1f} {unit} at the {self.moment} ({shown} {unit})"
 
 
 @dataclass(frozen=True)
