@@ -225,6 +225,8 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
     except ConfigError as err:  # the encoder's config cannot be read here (a hub name without network)
         reports[0].problems.append(f"memory: cannot estimate it: {err}")
         return "memory: not estimated"
+    except ValueError as err:  # an encoder config distqa.memory cannot read its sizes from
+        return f"memory: not estimated ({err})"
     if memory is None:
         return f"memory: not estimated (task {task.name or config.task!r} defines no training_memory)"
     gpu = gpu_memory_gb > 0 or any(report.device_memory_bytes for report in reports)
@@ -238,7 +240,8 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
     estimate = memory.estimate(step)
     line = (f"memory per rank: {estimate.describe()}, estimated for micro-batch {step.micro_batch} × {memory.seq_len} "
             f"tokens, {precision}, {memory.attention} attention, activation checkpointing "
-            f"{'on' if checkpointing else 'off'}, on {'CUDA' if gpu else 'CPU'} (distqa.memory)")
+            f"{'on' if checkpointing else 'off'}, on {'CUDA' if gpu else 'CPU'} (distqa.memory"
+            f"{'' if memory.encoder.counted else f'; {memory.encoder.model_type} counted as BERT layers'})")
     for report in reports:
         total = int(gpu_memory_gb * GB) if gpu_memory_gb else report.device_memory_bytes
         if total is None or needed_bytes(estimate.peak) <= total:

@@ -14,12 +14,14 @@ and the activations are derived from the encoder's sizes. One rank of a step hol
   encoder layer (:func:`layer_activations`; DeBERTa's disentangled attention adds its own terms), times the
   layers, plus the embeddings and the QA heads. With activation checkpointing a layer keeps only its input
   (fp32) and is recomputed, with its weight copies, one layer at a time in the backward.
-- **a transient** on top: the gradients of the layer being differentiated (:func:`backward_transient`).
+- **a transient** on top: at the end of a layer's forward the residual stream's fp32 tensors still referenced
+  (:func:`forward_transient`), in the backward the gradients of the layer being differentiated
+  (:func:`backward_transient`).
 
-The peak is the largest of the step's moments: the start of the backward (everything above) and, where it
-is larger, the end of the forward with checkpointing (autocast's cache still holds every weight copy) or the
-end of the backward (every gradient, plus the embedding's gradient as a dense tensor before DDP copies it
-into its bucket).
+The peak is the largest of the step's moments: the end of the forward (every activation kept, autocast's
+cache still holding every weight and bias copy), the start of the backward, with checkpointing the backward
+of a recomputed layer, and the end of the backward (every gradient, plus the embedding's gradient as a
+dense tensor before DDP copies it into its bucket).
 
 What the kernels keep depends on the device, and is taken from their source: on CUDA a dropout keeps a
 1-byte mask (``native_dropout``), on CPU a noise tensor of its input's dtype (``at::dropout``); CUDA's
@@ -48,7 +50,7 @@ ALLOCATOR_SLACK = 0.10
 """PyTorch's caching allocator rounds blocks up and fragments under changing batch shapes: the tensors' peak
 may need this fraction more of reserved memory (the doctor's margin; bench/gpu.sh reports the real peak)."""
 
-Precision = Literal["fp32", "bf16", "fp16"]
+PrecisionName = Literal["fp32", "bf16", "fp16"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,15 @@ class Encoder:
     """DeBERTa: rows of relative-position embeddings each layer attends over (2 × position buckets); 0: none."""
     position_terms: int = 0
     """DeBERTa: how many of its position-to-content and content-to-position terms the attention adds (0..2)."""
+
+    COUNTED_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "deberta-v2")
+    """Model types whose layers the activations follow op by op: BERT's layer (RoBERTa's and ELECTRA's are
+    copies of it in transformers) and DeBERTa-v2's; tests/test_memory.py measures BERT and DeBERTa-v3. Another
+    type (ModernBERT's gated feed-forward, DistilBERT) is counted as BERT layers of its sizes, an approximation."""
+
+    @property
+    def counted(self) -> bool:
+        return self.model_type in self.COUNTED_TYPES
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> Encoder:
@@ -87,7 +98,7 @@ class Encoder:
         return cls(model_type=config.model_type, layers=int(first("num_hidden_layers", "n_layers")),
                    hidden=int(first("hidden_size", "dim")), intermediate=int(first("intermediate_size", "hidden_dim")),
                    heads=int(first("num_attention_heads", "n_heads")), vocab=int(config.vocab_size),
-                   hidden_dropout=float(first("hidden_dropout_prob", "dropout")),
+                   hidden_dropout=float(first("hidden_dropout_prob", "dropout", "mlp_dropout")),
                    attention_dropout=float(first("attention_probs_dropout_prob", "attention_dropout")),
                    relative_span=span, position_terms=terms)
 
@@ -97,7 +108,7 @@ class Step:
     """The settings of a training step that its memory depends on, besides the model."""
 
     micro_batch: int
-    precision: Precision
+    precision: PrecisionName
     device_type: str
     """'cuda' or 'cpu': the kernels, and so what they keep, differ (module docstring)."""
     activation_checkpointing: bool = False
