@@ -230,8 +230,12 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
     if memory is None:
         return f"memory: not estimated (task {task.name or config.task!r} defines no training_memory)"
     gpu = gpu_memory_gb > 0 or any(report.device_memory_bytes for report in reports)
-    precision = config.precision if config.precision != "auto" else \
-        Precision.choose("auto", runtime.device).name if runtime.device.type == "cuda" else "bf16" if gpu else "fp32"
+    if config.precision != "auto":
+        precision = config.precision
+    elif runtime.device.type == "cuda":  # bf16, or fp16 where the GPU has no bf16: the same bytes
+        precision = Precision.choose("auto", runtime.device).name
+    else:  # auto is fp32 on CPU; the GPU of --gpu-memory-gb is taken to have bf16
+        precision = "bf16" if gpu else "fp32"
     world_size = runtime.world_size
     accumulation = config.for_world_size(world_size).accumulation_steps(world_size)
     checkpointing = getattr(config, "activation_checkpointing", None)  # a setting of transformers encoders' tasks
