@@ -28,10 +28,13 @@ from transformers import BertConfig, DebertaV2Config, PretrainedConfig
 from distqa.config import TINY_MODEL_DIR
 from distqa.ddp import wrap_ddp
 from distqa.distributed import local_runtime
+from distqa.doctor import check_memory
 from distqa.memory import GiB, Step, TrainingMemory, count_on_meta, fixes, needed_bytes, smallest_gpu
 from distqa.model import build_model, qa_loss
 from distqa.optim import Precision, build_optimizer
+from distqa.preflight import rank_report
 from distqa.settings import load_config
+from distqa.tasks import make_task
 from distqa.tasks.configs import QAConfig
 
 from conftest import REPO_ROOT, clean_env, free_port
@@ -249,10 +252,6 @@ def test_the_doctor_fails_a_preset_that_does_not_fit_naming_the_fixes(tmp_path: 
 
 def test_each_rank_is_checked_against_its_own_gpu(tmp_path: Path) -> None:
     """Two ranks on different GPUs (their reports as CUDA would fill them): only the small one fails."""
-    from distqa.doctor import check_memory  # an entry point's function, imported here only (tests/test_structure.py)
-    from distqa.preflight import rank_report
-    from distqa.tasks import make_task
-
     config = large("bert-large", tmp_path, "--global-batch-size", "64", "--output-dir", str(tmp_path))
     runtime = dataclasses.replace(local_runtime("cpu"), world_size=2)
     reports = [dataclasses.replace(rank_report(config, runtime), rank=rank, device_memory_bytes=int(total))
