@@ -3,6 +3,7 @@ heads (:mod:`distqa.model`), its tokenizer, and batches of windows cut to their 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from distqa.data.collate import collate_trimmed
 from distqa.distributed import Runtime, barrier
+from distqa.memory import TrainingMemory, count_on_meta
 from distqa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
 from distqa.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.tasks.base import Batch, Task
@@ -58,3 +60,9 @@ class QATask(Task):
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
         return model_flops_per_token(model.encoder.config, seq_len)
+
+    def training_memory(self) -> TrainingMemory:
+        """The model of these settings counted on the meta device: from its config alone, no weights loaded."""
+        model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
+        return TrainingMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
+                                       self.config.attn_implementation)
