@@ -16,6 +16,7 @@ from distqa.config import TINY_MODEL_DIR
 from distqa.data.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
 from distqa.data.nq import BadLine, DataError, parse_example, scan
 from distqa.data.sampler import ResumableDistributedSampler
+from distqa.data.template import PairTemplate
 from distqa.data.windows import (
     Featurizer,
     WindowSettings,
@@ -36,14 +37,14 @@ from nq_examples import (
 )
 
 TOKENIZER = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+TEMPLATE = PairTemplate.of(TOKENIZER.backend_tokenizer)  # [CLS] question [SEP] document [SEP]
 # Small windows: a few dozen tokens give many window boundaries per document.
 SMALL = WindowSettings(max_seq_len=32, max_question_len=8, doc_stride=7, negative_keep_rate=1.0, seed=0)
 
 
 def featurizer(settings: WindowSettings = SMALL, by_word: bool = True) -> Featurizer:
     """The tiny BERT's featurizer; ``by_word=False`` forces the whole-document path."""
-    made = Featurizer(TOKENIZER.backend_tokenizer, TOKENIZER.cls_token_id, TOKENIZER.sep_token_id,
-                      TOKENIZER.pad_token_id, settings)
+    made = Featurizer(TOKENIZER.backend_tokenizer, TOKENIZER.pad_token_id, settings)
     assert made.by_word  # WordPiece behind the BERT pre-tokenizer: each word tokenises alone
     made.by_word = by_word
     return made
@@ -57,7 +58,8 @@ def decoded_spans(features, row: int, window: int) -> Span:
     """The window's label mapped back to document tokens through the stored maps only."""
     w = {name: values[window] for name, values in features.windows.items()}
     return window_span_to_tokens(features.examples["piece_to_token"][row], int(w["doc_start"]),
-                                 int(w["question_len"]), int(w["start_position"]), int(w["end_position"]))
+                                 TEMPLATE.document_offset(int(w["question_len"])), int(w["start_position"]),
+                                 int(w["end_position"]))
 
 
 # --- windows: labels survive the round trip ------------------------------------------------------
@@ -137,14 +139,16 @@ def test_word_cache_and_whole_document_paths_give_identical_features() -> None:
 def test_byte_level_bpe_tokenizers_map_pieces_to_their_words() -> None:
     """Tokenizers whose pieces carry the preceding space take the whole-document path; blanked
     tags and the spaces between words never become pieces, and every piece maps to its word."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator([" ".join(WORDS + UNICODE_WORDS)] * 20, trainers.BpeTrainer(
         vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    made = Featurizer(bpe, cls_id=0, sep_id=1, pad_id=2, settings=WindowSettings(512, 16, 100, 1.0, 0))
+    bpe.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> $B </s>",
+                                                       special_tokens=[("<s>", 0), ("</s>", 1)])
+    made = Featurizer(bpe, pad_id=2, settings=WindowSettings(512, 16, 100, 1.0, 0))
     assert not made.by_word
     rng = random.Random(17)
     examples = [parse(random_record(rng, i)) for i in range(20)]

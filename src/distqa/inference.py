@@ -72,9 +72,11 @@ class _IndexedWindows(Dataset):
 
 
 @torch.no_grad()
-def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
+def score_windows(model: nn.Module, windows: NQWindows, runtime: Runtime, precision: Precision,
                   batch_size: int, max_answer_len: int) -> WindowSpans:
-    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank."""
+    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
+    in each window's document part (``windows.document_begin`` to ``document_end``)."""
+    bounds = torch.from_numpy(np.stack([windows.document_begin, windows.document_end], axis=1))
     dataset = _IndexedWindows(windows)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
     # Windows are only read, never compiled for: every batch is cut to its longest window.
@@ -88,8 +90,9 @@ def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precisio
             inputs = on_device(batch, runtime.device, INPUT_NAMES)
             with precision.autocast():
                 output = forward(model, inputs)
+            begin, end = bounds[batch["window"]].to(runtime.device).unbind(dim=1)
             found = top_spans(output.start_logits, output.end_logits,
-                              document_mask(inputs["attention_mask"], inputs["token_type_ids"]),
+                              document_mask(begin, end, inputs["input_ids"].shape[1]),
                               output.answer_type_logits, max_answer_len)
             parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
     finally:

@@ -24,7 +24,7 @@ from distqa.config import (
     require_positive,
     resolve_path,
 )
-from distqa.data.windows import check_window_shape
+from distqa.data.template import check_window_shape
 
 
 @dataclass
