@@ -13,7 +13,6 @@ into answers is :mod:`distqa.decode`'s.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,7 +187,7 @@ class Predictor:
         if not isinstance(config, NQConfig):
             raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; this predicts Natural Questions "
                               "(task 'nq') only.")
-        model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
+        model = build_model(config, weights_from_checkpoint=True)
         model.load_state_dict(checkpoint.model)
         model.to(runtime.device).eval()
         decoding = Decoding.from_dict(checkpoint.task_state) if checkpoint.task_state else None

@@ -40,9 +40,11 @@ class EncoderConfig(Config):
         "", "Tokenizer directory or hub name; empty means the same as model_name_or_path.")
 
     # --- model -------------------------------------------------------------------------------------
-    from_scratch: bool = MODEL(
-        True, "Initialise the encoder randomly from the model's config instead of loading its "
-        "weights (the offline tiny model has no weights).")
+    from_scratch: Literal["auto", True, False] = MODEL(
+        "auto", "Random encoder weights instead of the pretrained ones. auto: pretrained weights where "
+        "model_name_or_path has them, random ones where it has none (a directory of a config alone, such as the "
+        "offline data/tiny-bert); true: random even where there are pretrained weights; false: pretrained weights "
+        "or a configuration error. The log says which. A preset's true applies to the preset's own model only.")
     dropout: float | None = MODEL(
         None, "Override the encoder's hidden and attention dropout (0 <= p < 1); none keeps the "
         "model's own.")
