@@ -57,4 +57,4 @@ class QATask(Task):
         return qa_loss(output, batch)
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
-        return model_flops_per_token(model.encoder.config, seq_len)
+        return model_flops_per_token(model.encoder, seq_len)
