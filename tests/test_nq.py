@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -30,6 +31,7 @@ from nq_examples import (
     UNDECODABLE_REASONS,
     UNICODE_WORDS,
     WORDS,
+    check_labels_recover_the_gold,
     document,
     line,
     random_record,
@@ -69,23 +71,7 @@ def test_gold_spans_survive_the_round_trip_at_window_boundaries_with_tags_inside
     rng = random.Random(7)
     examples = [parse(random_record(rng, i)) for i in range(150)]
     features = featurizer(by_word=by_word).featurize(examples, keep_all=True)
-    positives = 0
-    for window in range(len(features.windows["input_ids"])):
-        row = int(features.windows["example_index"][window])
-        example, answer_type = examples[row], AnswerType(int(features.windows["answer_type"][window]))
-        if features.windows["start_position"][window] == 0:
-            assert answer_type == AnswerType.UNKNOWN
-            continue
-        positives += 1
-        targets = example.targets
-        assert answer_type == targets.answer_type
-        span = decoded_spans(features, row, window)
-        if answer_type == AnswerType.SHORT:
-            assert span in targets.short
-        else:  # the long answer's words, which identify the annotated candidate, tags included
-            assert containing_candidate(example.candidates, span) == targets.long_candidate
-            assert tuple(example.candidates[targets.long_candidate, :2]) == (targets.long.start, targets.long.end)
-    assert positives > 100
+    assert check_labels_recover_the_gold(examples, features, TEMPLATE) > 100
 
 
 def test_every_window_is_labelled_iff_a_target_fits_in_it() -> None:
@@ -449,6 +435,22 @@ def test_cached_windows_read_like_dummy_items(tmp_path: Path) -> None:
         [0] * (SMALL.max_seq_len - length)
     with pytest.raises(IndexError):
         windows[len(windows)]
+
+
+def test_a_cache_written_before_templates_were_stored_reads_the_same(tmp_path: Path) -> None:
+    """BERT caches keep their fingerprints (their windows did not change); their manifests name no template, and
+    read as the only one they could hold, [CLS] q [SEP] d [SEP]. Any other template changes the fingerprint."""
+    bert = request(sample_file(tmp_path))
+    directory = build_cache(bert, tmp_path / "cache", num_proc=1, progress=False)
+    now = [NQWindows(directory, "train")[i] for i in range(5)]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest.pop("template") == TEMPLATE.to_dict()
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    before = [NQWindows(directory, "train")[i] for i in range(5)]
+    for mine, old in zip(now, before, strict=True):
+        assert all(np.array_equal(mine[name], old[name]) for name in mine)
+    roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), middle_types=(0, 0)))
+    assert roberta_like.fingerprint() != bert.fingerprint()
 
 
 @pytest.mark.parametrize(("size", "world_size"), [(103, 4), (100, 4), (7, 2), (5, 1)])
