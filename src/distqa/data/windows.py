@@ -287,17 +287,23 @@ def pieces_of(document: str, blanked: str, ids: Sequence[int],
     """(piece ids, whitespace-token index of each piece) of ``blanked`` (= ``blank_tags(document)``)
     tokenised into ``ids`` with character ``offsets``.
 
-    Pieces made only of blanked space (byte-level BPE and SentencePiece tokenizers emit them) are
-    dropped. A piece belongs to the token that holds its last character.
+    A piece with text belongs to the token that holds its last character. A piece of space alone (byte-level
+    BPE's ``Ġ``, SentencePiece's ``▁``; its offsets may be empty) is the leading space of the word right after
+    it when a character of text follows (``Ġ`` ``P`` ``aris``): it belongs to that word, as in the tokenizer's
+    own encoding of the text. Any other is a run of blanked tag space and is dropped.
     """
     if not ids:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
     token_starts = np.concatenate([[0], np.flatnonzero(_chars(document) == SPACE) + 1])
     spans = np.asarray(offsets, dtype=np.int64)
-    last_char = spans[:, 1] - 1
-    real = (spans[:, 1] > spans[:, 0]) & (_chars(blanked)[np.maximum(last_char, 0)] != SPACE)
-    piece_to_token = np.searchsorted(token_starts, last_char[real], side="right") - 1
-    return np.asarray(ids, dtype=np.int64)[real], piece_to_token.astype(np.int32)
+    is_text = _chars(blanked) != SPACE
+    text_before = np.concatenate([[0], np.cumsum(is_text)])  # characters of text before each position
+    has_text = text_before[spans[:, 1]] > text_before[spans[:, 0]]
+    text_follows = (spans[:, 1] < len(is_text)) & is_text[np.minimum(spans[:, 1], len(is_text) - 1)]
+    kept = has_text | text_follows
+    anchor = np.where(has_text, spans[:, 1] - 1, spans[:, 1])[kept]  # the character whose token it is
+    piece_to_token = np.searchsorted(token_starts, anchor, side="right") - 1
+    return np.asarray(ids, dtype=np.int64)[kept], piece_to_token.astype(np.int32)
 
 
 def _chars(text: str) -> np.ndarray:
