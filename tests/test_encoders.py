@@ -125,7 +125,7 @@ def test_two_training_steps_then_decoded_spans_lie_inside_the_document(tiny_enco
     config = load(*QA_ARGS, *WINDOWS, "--task", "nq", "--model-name-or-path", str(tiny_encoder.directory),
                   "--nq-cache-dir", str(tmp_path / "cache"), "--output-dir", str(tmp_path), "--max-steps", "2",
                   "--global-batch-size", "8", "--per-rank-batch-size", "8", "--checkpoint-every", "0",
-                  "--validation-fraction", "0.05", "--device", "cpu", "--precision", "fp32")
+                  "--validation-fraction", "0.03", "--eval-batch-size", "64", "--device", "cpu", "--precision", "fp32")
     task = make_task(config)
     task.check(build=True)
     runtime = local_runtime("cpu")
@@ -134,7 +134,7 @@ def test_two_training_steps_then_decoded_spans_lie_inside_the_document(tiny_enco
     predictor = Predictor.from_checkpoint(tmp_path / config.run_name / "checkpoints" / "best.pt", runtime)
     directory = next((tmp_path / "cache").iterdir())
     windows = NQWindows(directory, "validation")
-    spans = score_windows(predictor.model, windows, runtime, Precision.choose("fp32", runtime.device), 16, 30)
+    spans = score_windows(predictor.model, windows, runtime, Precision.choose("fp32", runtime.device), 64, 30)
     special = set(tiny_encoder.tokenizer.all_special_ids) - {tiny_encoder.tokenizer.unk_token_id}
     found = np.isfinite(spans.score)
     assert found.any()
@@ -227,7 +227,7 @@ def test_naming_a_model_with_weights_loads_them_whatever_the_preset(pretrained_d
 
 def test_a_weightless_model_is_random_under_auto_and_refused_under_false(tmp_path: Path) -> None:
     check_sources(load("--model-name-or-path", "data/tiny-bert"))  # auto: random weights, fine
-    with pytest.raises(ConfigError, match="holds a config but no weights .* from_scratch is false"):
+    with pytest.raises(ConfigError, match=r"holds a config but no weights .* from_scratch is false"):
         check_sources(load("--model-name-or-path", "data/tiny-bert", "--from-scratch", "false"))
     with pytest.raises(ConfigError, match=r"from_scratch: invalid value 'maybe' .* choose one of \['auto', 'true', "
                                           r"'false'\]"):
