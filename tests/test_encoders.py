@@ -232,3 +232,14 @@ def test_a_weightless_model_is_random_under_auto_and_refused_under_false(tmp_pat
     with pytest.raises(ConfigError, match=r"from_scratch: invalid value 'maybe' .* choose one of \['auto', 'true', "
                                           r"'false'\]"):
         load("--from-scratch", "maybe")
+
+
+@pytest.mark.parametrize("tiny_encoder", ["roberta"], indirect=True)
+def test_roberta_windows_hold_four_special_tokens_and_512_positions(tiny_encoder: TinyEncoder) -> None:
+    """Refused before any process group, naming the setting: a stride that fits BERT's windows (64 - 16 - 3 = 45
+    document tokens) but not RoBERTa's (44), and a window longer than roberta-base's 514 - 2 positions."""
+    roberta = str(tiny_encoder.directory)
+    with pytest.raises(ConfigError, match=r"doc_stride \(45\) must be between 1 and .* - 4 \(special tokens\) = 44"):
+        make_task(load(*QA_ARGS, "--task", "nq", "--model-name-or-path", roberta, "--doc-stride", "45")).check(False)
+    with pytest.raises(ConfigError, match=r"max_seq_len \(513\) exceeds the 512 positions of the encoder"):
+        check_sources(load("--model-name-or-path", roberta, "--max-seq-len", "513", "--max-question-len", "16"))

@@ -48,6 +48,10 @@ HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "pytorch_model*.bin"
 """What :func:`fetch_once` downloads of a hub repository: configs, tokenizer files and PyTorch weights,
 not the TensorFlow, Flax, ONNX or Core ML copies many repositories also hold."""
 
+PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
+"""Model types whose position ids start after the padding id (RoBERTa's ``create_position_ids_from_input_ids``):
+roberta-base's 514 position embeddings hold windows of 512 tokens."""
+
 log = logging.getLogger(__name__)
 _cached: set[str] = set()  # hub names fetch_once has put into HF_HOME: loaded with local_files_only
 
@@ -121,9 +125,12 @@ def load_encoder_config(config: QAConfig) -> PretrainedConfig:
             f"model_name_or_path={config.model_name_or_path!r}: cannot load an encoder config from "
             f"{config.model_source} ({_first_line(err)}). Give a directory holding config.json (and weights, "
             "or --from-scratch true) or a hub name such as bert-base-uncased.") from None
-    if config.max_seq_len > encoder_config.max_position_embeddings:
-        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the encoder's max_position_embeddings "
-                          f"({encoder_config.max_position_embeddings}); lower max_seq_len.")
+    positions = encoder_config.max_position_embeddings
+    if encoder_config.model_type in PADDING_OFFSET_POSITIONS:  # positions count from pad_token_id + 1
+        positions -= encoder_config.pad_token_id + 1
+    if config.max_seq_len > positions:
+        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the {positions} positions of the encoder "
+                          f"(max_position_embeddings {encoder_config.max_position_embeddings}); lower max_seq_len.")
     return encoder_config
 
 

@@ -73,10 +73,13 @@ class EncoderConfig(Config):
 
 @dataclass
 class QAConfig(EncoderConfig):
-    """Extractive question answering over windows ``[CLS] question [SEP] document [SEP]``: the built-in tasks."""
+    """Extractive question answering over windows in the tokenizer's pair format (``[CLS] question [SEP] document
+    [SEP]`` for BERT): the built-in tasks."""
 
     # --- windows -----------------------------------------------------------------------------------
-    max_seq_len: int = WINDOWS(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.", defines_run=True)
+    max_seq_len: int = WINDOWS(
+        128, "Tokens per window: the tokenizer's pair format ([CLS] question [SEP] document [SEP] for BERT, "
+        "<s> question </s></s> document </s> for RoBERTa) + pad.", defines_run=True)
     max_question_len: int = WINDOWS(32, "Most question tokens kept in a window.", defines_run=True)
 
     # --- training data -----------------------------------------------------------------------------
@@ -115,7 +118,7 @@ class NQConfig(QAConfig):
     # --- windows (with the tokenizer, what the NQ feature cache's fingerprint covers) --------------
     doc_stride: int = WINDOWS(
         64, "Document wordpieces between the starts of consecutive windows of one document; at most "
-        "max_seq_len - max_question_len - 3.", defines_run=True)
+        "max_seq_len - max_question_len - the tokenizer's special tokens (3; 4 for RoBERTa).", defines_run=True)
     negative_keep_rate: float = WINDOWS(
         0.1, "Fraction of training windows without an answer that are kept (0..1, deterministic by "
         "nq_seed); 1 keeps every window. Validation always keeps every window.", defines_run=True)
