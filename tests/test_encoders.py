@@ -70,7 +70,7 @@ def test_windows_are_what_the_tokenizer_makes_of_the_pair(tiny_encoder: TinyEnco
     length, question_len = int(features.windows["length"][0]), int(features.windows["question_len"][0])
     own = tokenizer.backend_tokenizer.encode(record["question_text"], record["document_text"])
     assert features.windows["input_ids"][0][:length].tolist() == own.ids
-    assert template.token_type_ids(question_len, length, 64)[:length].tolist() == own.type_ids
+    assert template.token_type_ids(question_len, (np.arange(64) < length).astype(int))[:length].tolist() == own.type_ids
     assert [i for i, s in enumerate(own.sequence_ids) if s == 1] == list(
         range(template.document_offset(question_len), length - len(template.suffix)))
     assert window_span_to_tokens(features.examples["piece_to_token"][0], 0, template.document_offset(question_len),

@@ -449,7 +449,7 @@ def test_a_cache_written_before_templates_were_stored_reads_the_same(tmp_path: P
     before = [NQWindows(directory, "train")[i] for i in range(5)]
     for mine, old in zip(now, before, strict=True):
         assert all(np.array_equal(mine[name], old[name]) for name in mine)
-    roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), middle_types=(0, 0)))
+    roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), document_type=0))
     assert roberta_like.fingerprint() != bert.fingerprint()
 
 

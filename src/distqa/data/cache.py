@@ -304,12 +304,11 @@ class NQWindows:
             raise IndexError(f"window {index} out of range for {self.num_rows} windows")
         chunk = int(np.searchsorted(self.chunk_starts, index, side="right")) - 1
         input_ids = self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64)
-        length = self.columns["length"][index]
+        attention_mask = (self.positions < self.columns["length"][index]).astype(np.int64)
         return {
             "input_ids": input_ids,
-            "attention_mask": (self.positions < length).astype(np.int64),
-            "token_type_ids": self.template.token_type_ids(self.columns["question_len"][index], length,
-                                                           self.max_seq_len),
+            "attention_mask": attention_mask,
+            "token_type_ids": self.template.token_type_ids(self.columns["question_len"][index], attention_mask),
             "start_positions": self.columns["start_position"][index],
             "end_positions": self.columns["end_position"][index],
             "answer_type": self.columns["answer_type"][index],

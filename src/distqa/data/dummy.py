@@ -94,7 +94,7 @@ class DummyDataset(Dataset):
         input_ids[:len(tokens)] = tokens
         attention_mask = np.zeros(self.max_seq_len, dtype=np.int64)
         attention_mask[:len(tokens)] = 1
-        token_type_ids = self.template.token_type_ids(question_len, len(tokens), self.max_seq_len)
+        token_type_ids = self.template.token_type_ids(question_len, attention_mask)
         return {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),

@@ -16,6 +16,7 @@ Free of torch and transformers: the featurising processes build windows with it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,8 +31,8 @@ special tokens (a post-processor whose tokens depended on the text could not be 
 
 @dataclass(frozen=True)
 class PairTemplate:
-    """``prefix question middle document suffix``: the special token ids of each part and the token type
-    (segment) ids of every part."""
+    """``prefix question middle document suffix``: the special token ids of each part, and the token type
+    (segment id) of the question's side (prefix, question, middle) and of the document's (document, suffix)."""
 
     prefix: tuple[int, ...]
     """Special tokens before the question (``[CLS]``, ``<s>``): position 0 is the null answer."""
@@ -39,20 +40,13 @@ class PairTemplate:
     """Between the question and the document (``[SEP]``, ``</s></s>``)."""
     suffix: tuple[int, ...]
     """After the document (``[SEP]``, ``</s>``)."""
-    prefix_types: tuple[int, ...]
-    question_type: int
-    middle_types: tuple[int, ...]
-    document_type: int
-    suffix_types: tuple[int, ...]
+    question_type: int = 0
+    document_type: int = 1
 
     def __post_init__(self) -> None:
         if not self.prefix:
             raise ValueError("the tokenizer puts no special token before the question of a pair; windows need "
                              "one first ([CLS] or <s>) for the null answer")
-        for part in ("prefix", "middle", "suffix"):
-            if len(getattr(self, part)) != len(getattr(self, f"{part}_types")):
-                raise ValueError(f"template {part}: {len(getattr(self, part))} ids but "
-                                 f"{len(getattr(self, f'{part}_types'))} token types")
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> PairTemplate:
@@ -83,16 +77,13 @@ class PairTemplate:
         ``doc_stride`` would leave document tokens out of every window."""
         check_window_shape(max_seq_len, max_question_len, doc_stride, self.special_count)
 
-    def token_type_ids(self, question_len: int, length: int, max_seq_len: int) -> np.ndarray:
-        """The token types of a window of ``length`` tokens with ``question_len`` question tokens (0 on padding)."""
-        types = np.zeros(max_seq_len, dtype=np.int64)
-        begin, end = self.document_offset(question_len), length - len(self.suffix)
-        types[:len(self.prefix)] = self.prefix_types
-        types[len(self.prefix):len(self.prefix) + question_len] = self.question_type
-        types[len(self.prefix) + question_len:begin] = self.middle_types
-        types[begin:end] = self.document_type
-        types[end:length] = self.suffix_types
-        return types
+    def token_type_ids(self, question_len: int, attention_mask: np.ndarray) -> np.ndarray:
+        """The token types of a window with ``question_len`` question tokens whose ``attention_mask`` is 1 on its
+        tokens and 0 on its padding (type 0 there)."""
+        document_side = _positions(len(attention_mask)) >= self.document_offset(question_len)
+        if (self.question_type, self.document_type) == (0, 1):  # BERT's, read for every item: the fast way
+            return attention_mask * document_side
+        return attention_mask * np.where(document_side, self.document_type, self.question_type)
 
     def window(self, question: np.ndarray, document: np.ndarray) -> np.ndarray:
         """The ids of one window, unpadded: what the tokenizer's post-processor makes of the pair."""
@@ -110,7 +101,12 @@ class PairTemplate:
     def bert(cls, cls_id: int, sep_id: int) -> PairTemplate:
         """``[CLS] question [SEP] document [SEP]``, types 0 up to the first [SEP] and 1 after: the only layout the
         NQ feature caches had before the template was read from the tokenizer (and so not stored with them)."""
-        return cls((cls_id,), (sep_id,), (sep_id,), (0,), 0, (0,), 1, (1,))
+        return cls((cls_id,), (sep_id,), (sep_id,), question_type=0, document_type=1)
+
+
+@functools.cache
+def _positions(length: int) -> np.ndarray:
+    return np.arange(length)
 
 
 def _split(encoding: Encoding) -> PairTemplate:
@@ -121,13 +117,14 @@ def _split(encoding: Encoding) -> PairTemplate:
             or len(question) != question[-1] - question[0] + 1 or len(document) != document[-1] - document[0] + 1:
         raise ValueError(f"the tokenizer's pair encoding is not specials, question, specials, document, specials "
                          f"(sequence ids {sequences})")
-    if len({types[i] for i in question}) != 1 or len({types[i] for i in document}) != 1:
-        raise ValueError(f"the tokenizer's token types vary inside the question or the document ({types})")
     parts = slice(0, question[0]), slice(question[-1] + 1, document[0]), slice(document[-1] + 1, len(ids))
+    question_side = [*types[parts[0]], *types[parts[1]], *(types[i] for i in question)]
+    document_side = [*types[parts[2]], *(types[i] for i in document)]
+    if len(set(question_side)) != 1 or len(set(document_side)) != 1:
+        raise ValueError(f"the tokenizer's token types are not one for the question's side and one for the "
+                         f"document's ({types})")
     prefix, middle, suffix = (tuple(ids[part]) for part in parts)
-    prefix_types, middle_types, suffix_types = (tuple(types[part]) for part in parts)
-    return PairTemplate(prefix, middle, suffix, prefix_types, types[question[0]], middle_types, types[document[0]],
-                        suffix_types)
+    return PairTemplate(prefix, middle, suffix, question_side[0], document_side[0])
 
 
 def check_window_shape(max_seq_len: int, max_question_len: int, doc_stride: int | None = None,
