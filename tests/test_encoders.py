@@ -156,6 +156,7 @@ def test_the_attention_kernel_and_the_flop_count_are_the_encoders_own(tiny_encod
     config = load(*QA_ARGS, "--model-name-or-path", str(tiny_encoder.directory))
     with caplog.at_level(logging.INFO):
         model = build_model(config)
+    assert model.uses_token_types == (tiny_encoder.family in ("bert", "electra"))  # DeBERTa-v3: type_vocab_size 0
     kernel = "eager" if tiny_encoder.family == "deberta-v3" else "sdpa"
     assert model.encoder.config._attn_implementation == kernel
     assert ("no SDPA kernel for DebertaV2Model" in caplog.text) == (kernel == "eager")
