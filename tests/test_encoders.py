@@ -15,7 +15,7 @@ from torch import nn
 
 from distqa.answers import Span
 from distqa.config import ConfigError
-from distqa.data.cache import NQWindows, open_examples
+from distqa.data.cache import CacheRequest, NQWindows, open_examples
 from distqa.data.dummy import DummyDataset
 from distqa.data.nq import parse_example
 from distqa.data.template import PairTemplate
@@ -37,6 +37,7 @@ from nq_examples import check_labels_recover_the_gold
 
 PAIR_FORMAT = {"roberta": "<s> Q </s> </s> D </s>"}
 """What each family's tokenizer makes of a (question, document) pair; the others: [CLS] Q [SEP] D [SEP]."""
+WORDPIECE = ("bert", "distilbert", "electra")
 SAMPLE = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-train.jsonl"
 WINDOWS = ["--max-seq-len", "64", "--max-question-len", "16", "--doc-stride", "32"]
 
@@ -58,6 +59,10 @@ def test_windows_are_what_the_tokenizer_makes_of_the_pair(tiny_encoder: TinyEnco
                        for name, ids in parts.items() if ids or name in "QD")
     assert written == PAIR_FORMAT.get(tiny_encoder.family, "[CLS] Q [SEP] D [SEP]")
     assert template.special_count == tokenizer.num_special_tokens_to_add(pair=True)
+    # Caches of the WordPiece families keep their fingerprints (the same windows as before templates were read);
+    # the others had other windows then (BERT's template, leading-space pieces dropped): theirs change.
+    request = CacheRequest.from_tokenizer(SAMPLE, tokenizer, WindowSettings(64, 16, 32, 1.0, 0))
+    assert ("special_ids" in request.hashed_settings()) == (tiny_encoder.family in WORDPIECE)
     # An NQ example whose document fits one window: the window is tokenizer(question, document), token types
     # included, and its label maps back to the gold answer.
     words = ["The", "old", "stone", "bridge", "crosses", "the", "river", "north", "of", "Paris", "in", "1999", "."]

@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from distqa.answers import AnswerType, Span
-from distqa.config import TINY_MODEL_DIR
+from distqa.config import REPO_ROOT, TINY_MODEL_DIR
 from distqa.data.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
 from distqa.data.nq import BadLine, DataError, parse_example, scan
 from distqa.data.sampler import ResumableDistributedSampler
@@ -451,6 +451,10 @@ def test_a_cache_written_before_templates_were_stored_reads_the_same(tmp_path: P
         assert all(np.array_equal(mine[name], old[name]) for name in mine)
     roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), document_type=0))
     assert roberta_like.fingerprint() != bert.fingerprint()
+    # the very fingerprint the code before templates gave the committed sample (commit 0a8a2dc): caches are kept
+    sample = CacheRequest.from_tokenizer(REPO_ROOT / "data" / "nq-sample" / "simplified-nq-train.jsonl", TOKENIZER,
+                                         WindowSettings(128, 32, 64, 0.1, 0), validation_fraction=0.1)
+    assert sample.fingerprint() == "ffc2d0639fe616fa"
 
 
 @pytest.mark.parametrize(("size", "world_size"), [(103, 4), (100, 4), (7, 2), (5, 1)])

@@ -37,12 +37,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from tokenizers import Tokenizer
 
 from distqa.answers import AnswerType
 from distqa.data.featurize import featurising_pool, join_parts, make_tasks, read_table, run_tasks
 from distqa.data.nq import BadLinePolicy, ScanResult, require_file, scan
 from distqa.data.template import PairTemplate
-from distqa.data.windows import WindowSettings, WindowStats
+from distqa.data.windows import WindowSettings, WindowStats, tokenizes_words_independently
 from distqa.files import DataError
 
 log = logging.getLogger(__name__)
@@ -85,22 +86,9 @@ class CacheRequest:
         The input is identified by its size and 16 sampled blocks rather than a full hash (a full
         read of 16 GB would cost minutes at every start), and not by its path or mtime, which
         change when the file is copied to storage.
-
-        The window template is the tokenizer's (its post-processor is in ``tokenizer_json``, hashed whole),
-        so the tokenizer covers it. But caches of earlier versions wrote ``[CLS] q [SEP] d [SEP]`` whatever
-        the tokenizer's template, under the same hash: any other template is hashed too, so those are never
-        reused, while the BERT-family caches (the same windows now as then) keep their fingerprints.
         """
         digest = hashlib.sha256()
-        template = self.template
-        if template.middle and template == PairTemplate.bert(template.prefix[0], template.middle[0]):
-            layout: dict[str, Any] = {"special_ids": [template.prefix[0], template.middle[0], self.pad_id]}
-        else:
-            layout = {"template": template.to_dict(), "pad_id": self.pad_id}
-        digest.update(json.dumps({
-            "format": FORMAT_VERSION, "labelled": self.labelled, "settings": asdict(self.settings),
-            "validation_fraction": self.validation_fraction, **layout,
-        }, sort_keys=True).encode())
+        digest.update(json.dumps(self.hashed_settings(), sort_keys=True).encode())
         digest.update(hashlib.sha256(self.tokenizer_json.encode()).digest())
         size = self.source.stat().st_size
         digest.update(str(size).encode())
@@ -109,6 +97,25 @@ class CacheRequest:
                 file.seek(size * block // SAMPLE_BLOCKS)
                 digest.update(file.read(SAMPLE_BLOCK_BYTES))
         return digest.hexdigest()[:16]
+
+    def hashed_settings(self) -> dict[str, Any]:
+        """What the fingerprint hashes besides the tokenizer and the input.
+
+        The window template is the tokenizer's (its post-processor is in ``tokenizer_json``, hashed whole),
+        so the tokenizer covers it. But caches of earlier versions wrote ``[CLS] q [SEP] d [SEP]`` whatever
+        the tokenizer's template, and dropped the leading-space pieces of byte-level BPE and SentencePiece
+        words, under the same hash. So only BERT-family caches (the same windows now as then) keep their
+        fingerprints; any other template or tokenizer kind hashes its template too, and is never served an
+        old cache.
+        """
+        template = self.template
+        bert = template.middle and template == PairTemplate.bert(template.prefix[0], template.middle[0])
+        if bert and tokenizes_words_independently(Tokenizer.from_str(self.tokenizer_json)):
+            layout: dict[str, Any] = {"special_ids": [template.prefix[0], template.middle[0], self.pad_id]}
+        else:
+            layout = {"template": template.to_dict(), "pad_id": self.pad_id}
+        return {"format": FORMAT_VERSION, "labelled": self.labelled, "settings": asdict(self.settings),
+                "validation_fraction": self.validation_fraction, **layout}
 
     def directory(self, cache_dir: Path) -> Path:
         return Path(cache_dir) / f"{self.source.stem}-{self.fingerprint()}"
