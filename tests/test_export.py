@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env
-from distqa.hf_format import EXTRA_HEADS, RUN_FILE, load_model_checkpoint
+from conftest import QA_ARGS, REPO_ROOT, TinyEncoder, clean_env
+from distqa.checkpoint import ModelCheckpoint, Progress
+from distqa.config import ConfigError
+from distqa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
 from distqa.model import build_model
-from distqa.settings import saved_config
+from distqa.rundir import versions
+from distqa.settings import load_config, saved_config
 
 NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 """An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
@@ -118,3 +121,36 @@ def test_a_plain_transformers_directory_is_not_taken_for_an_export(nq_export: Pa
     result = run("distqa.predict", "--checkpoint", str(plain), "--input", "data/nq-sample/simplified-nq-test.jsonl",
                  "--output", str(tmp_path / "s.csv"))
     assert result.returncode == 2 and f"without {RUN_FILE}" in result.stderr, result.stderr
+
+
+def test_every_family_with_a_qa_outputs_head_exports_with_our_logits(tiny_encoder: TinyEncoder, tmp_path: Path) -> None:
+    """A model of each encoder family (random weights), exported and loaded by transformers' own question-answering
+    class, gives our start and end logits to 1e-6; ModernBERT, whose head has layers before its classifier, is
+    refused in one line, with nothing left at the output."""
+    config = load_config([*QA_ARGS, "--model-name-or-path", str(tiny_encoder.directory)], environ={},
+                         dotenv_path="/nonexistent")
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    for head in (model.span_head, model.answer_type_head):  # not the initial ones: every weight must arrive
+        torch.nn.init.normal_(head.weight)
+    checkpoint = ModelCheckpoint(model=model.state_dict(), config=config.to_dict(), task_state={"threshold": 0.5},
+                                 evaluation=None, progress=Progress(step=3), versions=versions())
+    output = tmp_path / "model"
+    if tiny_encoder.family == "modernbert":
+        with pytest.raises(ConfigError, match="ModernBertForQuestionAnswering has no qa_outputs"):
+            export_model(checkpoint, output)
+        assert not output.exists() and not list(tmp_path.iterdir())
+        return
+    export_model(checkpoint, output)
+    from transformers import AutoModelForQuestionAnswering  # here: the module's other tests load it in a subprocess
+
+    theirs = AutoModelForQuestionAnswering.from_pretrained(output, local_files_only=True).eval()
+    inputs = {name: tensor for name, tensor in window_inputs(output).items() if name != "token_type_ids"
+              or model.uses_token_types}
+    with torch.no_grad():
+        ours, exported = model(**inputs), theirs(**inputs)
+    assert torch.allclose(exported.start_logits, ours.start_logits, atol=1e-6, rtol=0)
+    assert torch.allclose(exported.end_logits, ours.end_logits, atol=1e-6, rtol=0)
+    back = load_model_checkpoint(output)
+    assert back.task_state == {"threshold": 0.5} and back.progress.step == 3
+    assert all(torch.equal(back.model[name], tensor) for name, tensor in checkpoint.model.items())
