@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import QA_ARGS, REPO_ROOT, TinyEncoder, clean_env
 from distqa.checkpoint import ModelCheckpoint, Progress
 from distqa.config import ConfigError
 from distqa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
 from distqa.model import build_model
 from distqa.rundir import versions
 from distqa.settings import load_config, saved_config
+
+from conftest import QA_ARGS, REPO_ROOT, TinyEncoder, clean_env
 
 NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 """An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
@@ -52,7 +53,8 @@ def transformers_logits(directory: Path, inputs: dict[str, torch.Tensor], home: 
         "    out = model(**inputs)\n"
         "print(json.dumps({'start': out.start_logits.tolist(), 'end': out.end_logits.tolist(), "
         "'class': type(model).__name__}))\n")
-    result = subprocess.run([sys.executable, "-c", script], input=json.dumps({k: v.tolist() for k, v in inputs.items()}),
+    given = json.dumps({name: tensor.tolist() for name, tensor in inputs.items()})
+    result = subprocess.run([sys.executable, "-c", script], input=given,
                             cwd=directory.parent, env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(home)),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
