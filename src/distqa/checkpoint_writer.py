@@ -48,7 +48,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +60,14 @@ from distqa.stop import StopWindow
 
 log = logging.getLogger(__name__)
 
-Save = Callable[[Mapping[str, Any], Path], None]
-"""Writes one checkpoint's state to a path: :func:`distqa.checkpoint.save_checkpoint` (tests and benchmarks
-pass a slower stand-in storage)."""
-
-
 class CheckpointWriter:
     """Rank 0's checkpoint files, written in a background thread (or, with ``background`` false, at once)."""
 
     def __init__(self, run_dir: Path, keep_checkpoints: int, device: torch.device, *, background: bool = True,
-                 stop_window: StopWindow | None = None, save: Save = save_checkpoint) -> None:
+                 stop_window: StopWindow | None = None) -> None:
         self.run_dir, self.keep_checkpoints, self.background = run_dir, keep_checkpoints, background
         self.stop_window = stop_window
         """The graceful stop's deadline that the first write is compared with; None: no deadline is known."""
-        self.save = save
         cuda = device.type == "cuda"
         self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
                                                     use_async_staging=False, use_non_blocking_copy=cuda))
@@ -141,7 +135,7 @@ class CheckpointWriter:
     def _write(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
         for state, path in zip(states, paths, strict=True):
             started = time.perf_counter()
-            self.save(state, path)
+            save_checkpoint(state, path)
             seconds, size = time.perf_counter() - started, path.stat().st_size
             log.info("saved checkpoint %s (%.1f MB, %.2f s%s)", path, size / 1e6, seconds,
                      ", in the background" if self.background else "")
