@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -29,7 +31,19 @@ from distqa.distributed import local_runtime
 from distqa.files import DiskFullError
 from distqa.stop import StopWindow, graceful_stop_window
 
-from conftest import FAST_ARGS, REPO_ROOT, WORKER, clean_env, final_weights, free_port, max_difference, run_training
+from conftest import (
+    FAST_ARGS,
+    REPO_ROOT,
+    WORKER,
+    clean_env,
+    final_weights,
+    finish,
+    free_port,
+    max_difference,
+    node_output,
+    run_training,
+    start_node,
+)
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from harness import bench_config, build_our_trainer, dummy_dataset  # the trainer as distqa.train builds it
@@ -332,3 +346,37 @@ def test_resume_reads_the_checkpoint_once_per_node(tmp_path: Path) -> None:
         assert on_node[other]["read"] < size / 2, f"rank {other} read from storage: {on_node[other]}"
     logs = [(tmp_path / "audited" / "logs" / f"rank-{rank}.log").read_text() for rank in range(4)]
     assert all(f"resumed from {checkpoint} at step 2" in log for log in logs)
+
+
+@pytest.mark.distributed
+def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_path: Path) -> None:
+    """Node 1 runs in a mount namespace of its own with an empty tmpfs over the results folder (output_dir not
+    on storage every node mounts). Rank 0 picks the checkpoint a one-process run left; node 1 cannot read it, and
+    both ranks end with the same line naming node 1 and the fix, before any training."""
+    results = tmp_path / "results"
+    results.mkdir()
+    namespace = ["unshare", "--mount", "--map-root-user"] if os.geteuid() else ["unshare", "--mount"]
+    probe = subprocess.run([*namespace, "mount", "-t", "tmpfs", "tmpfs", str(results)], capture_output=True, text=True,
+                           timeout=30)
+    if shutil.which("unshare") is None or probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
+    run_training([*FAST_ARGS, "--output-dir", str(results), "--run-name", "unshared", "--max-steps", "1"])
+    checkpoint = checkpoint_path(results / "unshared", 1)
+
+    port = free_port()
+    node_0 = start_node(0, 2, port, "unshared", results)
+    with (tmp_path / "node-1.out").open("w") as sink:
+        node_1 = subprocess.Popen(
+            [*namespace, "sh", "-c", f'mount -t tmpfs tmpfs {results} && exec "$@"', "sh", "bash", WORKER, "--nnodes",
+             "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", "unshared",
+             "--nproc-per-node", "1", "--", *FAST_ARGS, "--output-dir", str(results), "--max-steps", "2"],
+            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1"),
+            stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    finish(node_0, timeout=180)
+    finish(node_1, timeout=60)
+    line = (f"distqa.train: configuration error: cannot resume from {checkpoint}: node 1 (rank 1): {checkpoint} cannot "
+            f"be read ([Errno 2] No such file or directory: '{checkpoint}'). Every node must see the run directory "
+            "(output_dir on storage that all nodes mount); use --resume none to start fresh.")
+    for output in (node_output(results, "unshared", 0).read_text(), (tmp_path / "node-1.out").read_text()):
+        assert line in output.splitlines(), output  # (the agent's ChildFailedError report follows, as torchrun's own)
+    assert node_0.returncode != 0 and node_1.returncode != 0

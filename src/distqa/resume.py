@@ -120,8 +120,8 @@ def read_once_per_node(path: Path, size: int, runtime: Runtime, timeout_s: float
     if problems:
         if data is not None:
             data.close()
-        raise ConfigError(f"cannot resume from {path}: {problems[0]}. Every node must see the run directory "
-                          "(output_dir on storage that all nodes mount); use --resume none to start fresh.")
+        raise ConfigError(f"cannot resume from {path}: {problems[0].rstrip('.')}. Every node must see the run "
+                          "directory (output_dir on storage that all nodes mount); use --resume none to start fresh.")
     if group is not None:
         data = data if data is not None else mmap.mmap(-1, size)
         broadcast_buffer(data, first, group)
