@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,13 +54,25 @@ SMALL_STEPS = ("--max-seq-len", "64", "--max-question-len", "16", "--global-batc
                "8", "--dummy-size", "64", "--warmup-steps", "1", "--log-every", "1")
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for a trainer run in this process (on a shared 2-core machine two threads spin-wait
+    for each other: steps of seconds instead of tens of milliseconds); the previous number is restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def a_trainer(tmp_path: Path, *flags: str):
     """The real Trainer over the tiny model, one process, checkpoints into tmp_path."""
     config = bench_config(*SMALL_STEPS, *flags)
     return build_our_trainer(config, local_runtime("cpu"), dummy_dataset(config), tmp_path)
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 # --- saves off the step ---------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("background", [True, False], ids=["background", "blocking"])
 def test_the_step_after_a_save_starts_before_its_write_ends(
         background: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,6 +110,7 @@ def test_the_step_after_a_save_starts_before_its_write_ends(
     assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_a_full_disk_in_a_background_write_ends_the_run_at_the_next_save(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The write of step 4 fails with ENOSPC in the writer's thread; the next save (step 6) raises the DiskFullError
