@@ -68,9 +68,9 @@ class CheckpointWriter:
         self.run_dir, self.keep_checkpoints, self.background = run_dir, keep_checkpoints, background
         self.stop_window = stop_window
         """The graceful stop's deadline that the first write is compared with; None: no deadline is known."""
-        cuda = device.type == "cuda"
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=cuda))
+        self._cuda = device.type == "cuda"
+        self._stager: DefaultStager | None = None
+        """Holds the host copy of the state between saves (made at the first background save)."""
         self._thread: threading.Thread | None = None
         self._writing: list[Path] = []
         self._error: BaseException | None = None
@@ -94,6 +94,9 @@ class CheckpointWriter:
         if not self.background:
             self._write(states, paths, prune)
             return
+        if self._stager is None:
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self._cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=self._cuda))
         # One call: tensors shared by the files (best.pt's model is the step checkpoint's) are copied once.
         snapshot = self._stager.stage(states)
         self._writing = paths
@@ -124,7 +127,9 @@ class CheckpointWriter:
                 log.error("the checkpoint write in flight failed as well: %s", err)
             raise
         finally:
-            self._stager.close()
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
 
     def _write_in_background(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
         try:
