@@ -60,6 +60,7 @@ from distqa.stop import StopWindow
 
 log = logging.getLogger(__name__)
 
+
 class CheckpointWriter:
     """Rank 0's checkpoint files, written in a background thread (or, with ``background`` false, at once)."""
 
