@@ -13,7 +13,6 @@ into answers is :mod:`distqa.decode`'s.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,9 +71,11 @@ class _IndexedWindows(Dataset):
 
 
 @torch.no_grad()
-def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
+def score_windows(model: nn.Module, windows: NQWindows, runtime: Runtime, precision: Precision,
                   batch_size: int, max_answer_len: int) -> WindowSpans:
-    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank."""
+    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
+    in each window's document part (``windows.document_begin`` to ``document_end``)."""
+    bounds = torch.from_numpy(np.stack([windows.document_begin, windows.document_end], axis=1))
     dataset = _IndexedWindows(windows)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
     # Windows are only read, never compiled for: every batch is cut to its longest window.
@@ -88,8 +89,9 @@ def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precisio
             inputs = on_device(batch, runtime.device, INPUT_NAMES)
             with precision.autocast():
                 output = forward(model, inputs)
+            begin, end = bounds[batch["window"]].to(runtime.device).unbind(dim=1)
             found = top_spans(output.start_logits, output.end_logits,
-                              document_mask(inputs["attention_mask"], inputs["token_type_ids"]),
+                              document_mask(begin, end, inputs["input_ids"].shape[1]),
                               output.answer_type_logits, max_answer_len)
             parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
     finally:
@@ -185,7 +187,7 @@ class Predictor:
         if not isinstance(config, NQConfig):
             raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; this predicts Natural Questions "
                               "(task 'nq') only.")
-        model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
+        model = build_model(config, weights_from_checkpoint=True)
         model.load_state_dict(checkpoint.model)
         model.to(runtime.device).eval()
         decoding = Decoding.from_dict(checkpoint.task_state) if checkpoint.task_state else None
