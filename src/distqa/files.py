@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import shutil
 import zlib
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+WRITE_BUFFER_BYTES = 1 << 20
 
 
 
@@ -51,19 +53,23 @@ class _DigestingWriter:
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Digest:
-    """Write through ``write(file)`` to a temporary sibling, fsync, then rename over ``path``: readers
-    see the old file or the complete new one, never a partial one (a kill mid-write included).
+    """Write through ``write(file)`` to a temporary sibling, fsync, then rename over ``path`` and fsync the
+    folder: readers see the old file or the complete new one, never a partial one (a kill mid-write
+    included), and once this returns the new one survives a crash of the machine too.
     Returns the size and CRC-32 of the bytes written. A full disk raises :class:`DiskFullError`
     naming the folder and its free space; the file that was there before is left untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        # A 1 MiB buffer gathers torch.save's hundreds of small writes into a few system calls: fewer round
+        # trips to a network volume, and fewer GIL hand-overs when a background thread writes.
+        with open(tmp, "wb", buffering=WRITE_BUFFER_BYTES) as f:
             writer = _DigestingWriter(f)
             write(writer)  # type: ignore[arg-type]  # a write-only stand-in for the file
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_folder(path.parent)
         return Digest(writer.size, writer.crc32)
     except OSError as err:
         if err.errno not in OUT_OF_SPACE:
@@ -73,6 +79,15 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Digest:
                             "write elsewhere") from err
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (the rename is an entry of the folder, not of the file)."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def free_space(folder: Path) -> str:
@@ -91,6 +106,26 @@ def file_digest(path: Path, chunk_bytes: int = 16 << 20) -> Digest:
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
     return Digest(size, crc)
+
+
+def read_with_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[mmap.mmap, Digest]:
+    """The whole file in anonymous memory (one open, one pass), with the size and CRC-32 of its bytes.
+    The memory is file-like (``read``/``seek``: ``torch.load`` reads it) and a writable buffer; close it
+    when done. A file that changes size while it is read raises OSError."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        memory = mmap.mmap(-1, max(size, 1))  # an anonymous map cannot be empty
+        view, crc, done = memoryview(memory), 0, 0
+        try:
+            while done < size and (count := f.readinto(view[done:min(done + chunk_bytes, size)])):
+                crc = zlib.crc32(view[done:done + count], crc)
+                done += count
+        finally:
+            view.release()
+    if done != size:
+        memory.close()
+        raise OSError(errno.EIO, f"{path} changed size while it was read ({done} of {size} bytes)")
+    return memory, Digest(size, crc)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

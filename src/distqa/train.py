@@ -58,6 +58,7 @@ from distqa.distributed import (
 from distqa.files import DataError, DiskFullError
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
+from distqa.resume import resume
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.settings import load_config
@@ -65,7 +66,7 @@ from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
 from distqa.tracking import run_record
-from distqa.trainer import StepPlan, Trainer, resume
+from distqa.trainer import StepPlan, Trainer
 
 log = logging.getLogger("distqa.train")
 
