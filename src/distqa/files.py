@@ -7,6 +7,7 @@ import json
 import mmap
 import os
 import shutil
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,3 +133,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` as indented, key-sorted JSON, written atomically."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def print_error(line: str) -> None:
+    """``line`` and its newline on stderr in one write: the ranks of a job share their agent's pipe, and with
+    ``PYTHONUNBUFFERED`` print() writes the text and the newline apart, so two ranks' lines could run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
