@@ -48,7 +48,7 @@ from dotenv import load_dotenv
 
 from distqa.config import Config, ConfigError
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.files import DataError
+from distqa.files import DataError, print_error
 from distqa.flags import build_arg_parser
 from distqa.memory import GiB, Step, fixes, needed_bytes
 from distqa.optim import Precision
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             task = task_class(SettingSources.read(argv, os.environ, Path(".env")).task)
         except ConfigError as err:
-            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            print_error(f"distqa.doctor: configuration error: {err}")
             return 2
         add_doctor_flags(build_arg_parser(PROG, task, description=__doc__.split("\n")[0])).print_help()
         return 0
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = make_task(config)
     except ConfigError as err:
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            print_error(f"distqa.doctor: configuration error: {err}")
             return 2
         # The other ranks would wait for this one until the timeout: join them, and let rank 0 report it.
         config, config_error = Config(), f"configuration error: {err}"
