@@ -1,5 +1,8 @@
 """Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
 
+:func:`score_windows` (the model over any task's windows, shared by all ranks) and :func:`load_trained` (a
+checkpoint's model) serve SQuAD's evaluation and prediction too (:mod:`distqa.squad_inference`).
+
 Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
 ``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
 per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,7 @@ from distqa.optim import Precision
 from distqa.pretrained import load_tokenizer
 from distqa.settings import saved_config
 from distqa.tasks.base import BestMetric, Evaluation
-from distqa.tasks.configs import NQConfig
+from distqa.tasks.configs import NQConfig, QAConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +75,15 @@ class _IndexedWindows(Dataset):
         return {**self.windows[index], "window": index}
 
 
+ContextMask = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
+"""The positions of a batch (on the CPU) where an answer may lie, as a bool (batch, positions) tensor."""
+
+
 @torch.no_grad()
 def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
-                  batch_size: int, max_answer_len: int) -> WindowSpans:
-    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank."""
+                  batch_size: int, max_answer_len: int, context_mask: ContextMask | None = None) -> WindowSpans:
+    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
+    where ``context_mask`` allows (default: an NQ window's document part, :func:`~distqa.decode.document_mask`)."""
     dataset = _IndexedWindows(windows)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
     # Windows are only read, never compiled for: every batch is cut to its longest window.
@@ -88,9 +97,9 @@ def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precisio
             inputs = on_device(batch, runtime.device, INPUT_NAMES)
             with precision.autocast():
                 output = forward(model, inputs)
-            found = top_spans(output.start_logits, output.end_logits,
-                              document_mask(inputs["attention_mask"], inputs["token_type_ids"]),
-                              output.answer_type_logits, max_answer_len)
+            mask = (context_mask(batch).to(runtime.device) if context_mask is not None
+                    else document_mask(inputs["attention_mask"], inputs["token_type_ids"]))
+            found = top_spans(output.start_logits, output.end_logits, mask, output.answer_type_logits, max_answer_len)
             parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
     finally:
         model.train(was_training)
@@ -173,21 +182,8 @@ class Predictor:
                         short_threshold: float | None = None, **overrides: Any) -> Predictor:
         """Load ``best.pt`` or a ``step-*.pt``; ``overrides`` replace config values (None = keep)."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"checkpoint {path} does not exist; train first (see the README) or pass "
-                              "results/<run>/checkpoints/best.pt")
-        try:
-            checkpoint = load_checkpoint(path, ModelCheckpoint)
-        except CheckpointError as err:
-            raise ConfigError(str(err)) from None
-        config = saved_config(checkpoint.config, device=runtime.device.type,
-                              **{k: v for k, v in overrides.items() if v is not None})
-        if not isinstance(config, NQConfig):
-            raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; this predicts Natural Questions "
-                              "(task 'nq') only.")
-        model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
-        model.load_state_dict(checkpoint.model)
-        model.to(runtime.device).eval()
+        model, config, checkpoint = load_trained(path, runtime, NQConfig, **overrides)
+        assert isinstance(config, NQConfig)
         decoding = Decoding.from_dict(checkpoint.task_state) if checkpoint.task_state else None
         if decoding is None and (long_threshold is None or short_threshold is None):
             log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0: "
@@ -223,3 +219,37 @@ class Predictor:
     def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
         """The submission rows of ``predictions`` under this predictor's thresholds."""
         return {p.example_id: p.answer(self.thresholds) for p in predictions}
+
+
+def load_trained(path: Path, runtime: Runtime, config_class: type[QAConfig],
+                 **overrides: Any) -> tuple[nn.Module, QAConfig, ModelCheckpoint]:
+    """The model of the checkpoint at ``path`` (``best.pt`` or a ``step-*.pt``) on the runtime's device, in eval mode,
+    with its config (``overrides`` replace values; None = keep), which must be a ``config_class``; one ConfigError
+    naming the file and the fix otherwise."""
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist; train first (see the README) or pass "
+                          "results/<run>/checkpoints/best.pt")
+    try:
+        checkpoint = load_checkpoint(path, ModelCheckpoint)
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from None
+    config = saved_config(checkpoint.config, device=runtime.device.type,
+                          **{k: v for k, v in overrides.items() if v is not None})
+    if not isinstance(config, config_class):
+        raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; predict and evaluate answer with "
+                          "checkpoints of the question-answering tasks 'nq' and 'squad' only.")
+    model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
+    model.load_state_dict(checkpoint.model)
+    model.to(runtime.device).eval()
+    return model, config, checkpoint
+
+
+def checkpoint_task(path: Path) -> str | None:
+    """The task a checkpoint was trained on, read without loading its weights (memory-mapped); None when the file
+    cannot be read that way (:func:`load_trained` then says why)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a missing, damaged or foreign file: loading it properly reports which
+        return None
+    config = state.get("config") if isinstance(state, dict) else None
+    return config.get("task", config.get("dataset")) if isinstance(config, dict) else None

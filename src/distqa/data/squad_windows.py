@@ -1,0 +1,172 @@
+"""Question-context windows of SQuAD examples, cut by the tokenizer itself and labelled from character offsets.
+
+The tokenizer encodes each (question, context) pair with its own pair template (``[CLS] q [SEP] c [SEP]`` for BERT,
+``<s> q </s></s> c </s>`` for RoBERTa, …), truncating only the context to ``max_seq_len`` tokens and returning the
+rest as overflowing windows that share ``window_overlap`` context tokens with the one before: ``tokenizers``' own
+truncation with a stride, which is what ``tokenizer(question, context, truncation="only_second", stride=…,
+return_overflowing_tokens=True)`` runs in ``transformers`` (and run_qa.py with it). A question longer than
+``max_question_len`` tokens is cut at a token boundary first, so every window has room for context.
+
+Labels, as run_qa.py's ``prepare_train_features`` gives them: a window whose context part holds the whole first
+answer points at its first and last token (the tokens whose character offsets cover it); every other window, and
+every window of an unanswerable question, points at position 0, the template's first special token (the null
+answer). No window is dropped.
+
+What a window keeps: its ids padded to ``max_seq_len``, its length, where its context part starts and ends and
+where token type 1 starts (the template's segments), and each context token's character offsets, which map a
+predicted span back to text. Free of torch and transformers: the featurising processes import only ``tokenizers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from distqa.answers import AnswerType
+
+
+@dataclass(frozen=True)
+class SquadWindowSettings:
+    max_seq_len: int
+    max_question_len: int
+    window_overlap: int
+
+
+@dataclass
+class SquadStats:
+    """Counts over some examples; add them up with ``+=``."""
+
+    examples: int = 0
+    windows: int = 0
+    positive: int = 0
+    """Windows labelled with an answer."""
+    answerable: int = 0
+    unanswerable: int = 0
+    unreachable: int = 0
+    """Answerable examples whose first answer lies whole in no window (every window points at the null answer)."""
+
+    def __iadd__(self, other: SquadStats) -> SquadStats:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+
+WINDOW_COLUMNS = {"length": np.int16, "context_start": np.int16, "context_end": np.int16, "segment_start": np.int16,
+                  "example_index": np.int32, "start_position": np.int16, "end_position": np.int16,
+                  "answer_type": np.int8}
+"""The scalar columns of a window (besides ``input_ids`` and the context tokens' ``offsets``), with their types."""
+
+
+@dataclass
+class SquadFeatures:
+    """The windows of some examples: ``input_ids`` (windows, max_seq_len), the :data:`WINDOW_COLUMNS`, and the
+    (start, end) character offsets of the context tokens of all windows, flattened, ``offset_counts`` per window."""
+
+    input_ids: np.ndarray
+    columns: dict[str, np.ndarray]
+    offsets: np.ndarray
+    offset_counts: np.ndarray
+    stats: SquadStats
+
+
+class SquadFeaturizer:
+    """Cuts (question, context, answer) triples into labelled windows; ``tokenizer_json`` is a fast tokenizer's
+    ``backend_tokenizer.to_str()`` (its pair template included)."""
+
+    def __init__(self, tokenizer_json: str, pad_id: int, settings: SquadWindowSettings) -> None:
+        self.settings, self.pad_id = settings, pad_id
+        self.questions = Tokenizer.from_str(tokenizer_json)
+        self.questions.no_padding()
+        self.questions.no_truncation()
+        self.pairs = Tokenizer.from_str(tokenizer_json)
+        self.pairs.no_padding()
+        processor = self.pairs.post_processor
+        specials = processor.num_special_tokens_to_add(True) if processor is not None else 0
+        room = settings.max_seq_len - settings.max_question_len - specials
+        if not 0 <= settings.window_overlap < room:
+            # tokenizers panics (a Rust backtrace) past this bound; say which settings to change instead.
+            raise ValueError(f"window_overlap ({settings.window_overlap}) must be below max_seq_len - "
+                             f"max_question_len - {specials} special tokens of this tokenizer's pair template = {room}")
+        self.pairs.enable_truncation(settings.max_seq_len, stride=settings.window_overlap, strategy="only_second")
+        vocab_size = self.pairs.get_vocab_size(with_added_tokens=True)
+        self.id_dtype = np.uint16 if vocab_size <= 2**16 else np.int32
+
+    def capped_questions(self, questions: Sequence[str]) -> list[str]:
+        """Each question cut after its ``max_question_len``-th token (at that token's last character)."""
+        limit = self.settings.max_question_len
+        encodings = self.questions.encode_batch(list(questions), add_special_tokens=False)
+        return [q if len(e.ids) <= limit else q[:e.offsets[limit - 1][1]]
+                for q, e in zip(questions, encodings, strict=True)]
+
+    def featurize(self, questions: Sequence[str], contexts: Sequence[str],
+                  answers: Sequence[tuple[int, int] | None]) -> SquadFeatures:
+        """The windows of each example, in order; ``answers`` holds the first answer's character span (start,
+        end exclusive) per example, None for an unanswerable one (or an unlabelled input)."""
+        pairs = list(zip(self.capped_questions(questions), contexts, strict=True))
+        encodings = self.pairs.encode_batch(pairs) if pairs else []
+        stats = SquadStats(examples=len(pairs))
+        ids: list[list[int]] = []
+        offsets: list[np.ndarray] = []
+        columns: dict[str, list[int]] = {name: [] for name in WINDOW_COLUMNS}
+        for index, (encoding, answer) in enumerate(zip(encodings, answers, strict=True)):
+            labelled = False
+            for window in (encoding, *encoding.overflowing):
+                row = self._window(window, answer)
+                labelled |= row["answer_type"] == AnswerType.SHORT
+                for name, value in row.items():
+                    columns[name].append(value)
+                columns["example_index"].append(index)
+                ids.append(window.ids)
+                offsets.append(np.asarray(window.offsets[row["context_start"]:row["context_end"]], dtype=np.int32))
+            stats.windows += 1 + len(encoding.overflowing)
+            stats.answerable += answer is not None
+            stats.unanswerable += answer is None
+            stats.unreachable += answer is not None and not labelled
+        input_ids = np.full((len(ids), self.settings.max_seq_len), self.pad_id, dtype=self.id_dtype)
+        for row_index, row_ids in enumerate(ids):
+            input_ids[row_index, :len(row_ids)] = row_ids
+        typed = {name: np.asarray(columns[name], dtype=kind) for name, kind in WINDOW_COLUMNS.items()}
+        stats.positive = int((typed["answer_type"] == AnswerType.SHORT).sum())
+        flat = np.concatenate(offsets).reshape(-1) if offsets else np.empty(0, dtype=np.int32)
+        counts = np.array([len(o) for o in offsets], dtype=np.int32)
+        return SquadFeatures(input_ids, typed, flat, counts, stats)
+
+    def _window(self, window: Encoding, answer: tuple[int, int] | None) -> dict[str, int]:
+        """One window's scalar columns, but its example index."""
+        sequence_ids, type_ids = window.sequence_ids, window.type_ids
+        length = len(sequence_ids)
+        if sequence_ids[0] is not None:
+            raise ValueError("the tokenizer's pair template does not begin with a special token ([CLS] or <s>), "
+                             "which the null answer needs; use an encoder family whose template does")
+        if 1 in sequence_ids:
+            context_start = sequence_ids.index(1)
+            context_end = length - sequence_ids[::-1].index(1)
+        else:  # the context is only characters the tokenizer drops: nothing to point at
+            context_start = context_end = length
+        segment_start = type_ids.index(1) if 1 in type_ids else length
+        if any(type_ids[:segment_start]) or not all(type_ids[segment_start:]):
+            raise ValueError(f"the tokenizer's pair template gives the token types {type_ids[:12]}…, not zeros then "
+                             "ones; windows of this tokenizer cannot be stored")
+        row = {"length": length, "context_start": context_start, "context_end": context_end,
+               "segment_start": segment_start, "start_position": 0, "end_position": 0,
+               "answer_type": int(AnswerType.UNKNOWN)}
+        if answer is None or context_start == context_end:
+            return row
+        spans = np.asarray(window.offsets[context_start:context_end], dtype=np.int64)
+        start_char, end_char = answer
+        if spans[0, 0] <= start_char and spans[-1, 1] >= end_char:
+            first = int(np.searchsorted(spans[:, 0], start_char, side="right")) - 1
+            last = min(int(np.searchsorted(spans[:, 1], end_char, side="left")), len(spans) - 1)
+            row.update(start_position=context_start + first, end_position=context_start + last,
+                       answer_type=int(AnswerType.SHORT))
+        return row
+
+
+def answer_span(text: str, start: int) -> tuple[int, int]:
+    """The characters of an answer without the white space around it: (start, end exclusive)."""
+    stripped = text.strip()
+    start += len(text) - len(text.lstrip())
+    return start, start + len(stripped)
