@@ -117,15 +117,14 @@ def make_article(seed: int, index: int, paragraphs: int = PARAGRAPHS_PER_ARTICLE
         paragraph.filler(0, 20)
         questions = []
         for q in range(rng.randint(2, 4)):
-            answerable = rng.random() >= unanswerable
-            if answerable:
-                entity, attribute = rng.choice(facts)
-            else:  # stated for the other entity, or another attribute of this one
-                entity, attribute = rng.choice(entities), rng.choice([a for _, a in facts] + [rng.choice(ATTRIBUTES)])
-                if (entity, attribute) in facts:
-                    entity = entities[1 - entities.index(entity)]
-                if (entity, attribute) in facts:
-                    continue
+            entity, attribute = rng.choice(facts)
+            if rng.random() < unanswerable:  # that attribute of the other entity, or another attribute of this one
+                other = entities[1 - entities.index(entity)]
+                if rng.random() < 0.5 and (other, attribute) not in facts:
+                    entity = other
+                else:
+                    while (entity, attribute) in facts:
+                        attribute = rng.choice(ATTRIBUTES)
             span = paragraph.values.get((entity, attribute))
             answers = [{"text": paragraph.context[span[0]:span[1]], "answer_start": span[0]}] if span else []
             questions.append({"question": question_for(AnswerType.SHORT, entity, attribute),
