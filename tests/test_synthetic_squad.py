@@ -67,6 +67,21 @@ def test_json_lines_hold_the_same_questions_in_the_hugging_face_schema(tmp_path:
 def test_the_command_line_refuses_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--output", str(tmp_path / "x.json"), "--articles", "0"])
-    assert "need --articles >= 1" in capsys.readouterr().err
+    assert "need --articles, --paragraphs, --facts >= 1" in capsys.readouterr().err
     assert main(["--output", str(tmp_path / "x.json"), "--articles", "2", "--unanswerable", "0"]) == 0
     assert "0 unanswerable" in capsys.readouterr().err
+
+
+def test_the_difficulty_options() -> None:
+    articles = [make_article(7, i, facts=1, plausible=0.0, unanswerable=0.5, filler_words=5) for i in range(20)]
+    paragraphs = [p for a in articles for p in a["paragraphs"]]
+    assert all(p["context"].count(" of the ") == 1 for p in paragraphs)  # one fact each
+    assert max(len(p["context"].split()) for p in paragraphs) <= 6 + 11 + 1  # a filler sentence, the fact, a stop
+    unanswerable = 0
+    for article in articles:  # an unanswerable question names an entity whose words the article never uses
+        text = " ".join(p["context"] for p in article["paragraphs"])
+        for qa in (qa for p in article["paragraphs"] for qa in p["qas"] if qa["is_impossible"]):
+            unanswerable += 1
+            modifier, noun = qa["question"].split(" of the ")[1].split()
+            assert modifier.title() not in text.split() and noun.title() not in text.split(), qa["question"]
+    assert unanswerable > 20

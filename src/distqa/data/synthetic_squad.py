@@ -11,13 +11,17 @@ checks the sample).
 
 The task, learnable from one window of 128 tokens. An article is about two entities ("<modifier> <noun>" pairs
 of :mod:`distqa.data.synthetic_text`, written "Northern River"; sometimes sharing a word). Each paragraph is filler
-text (words that are single wordpieces of the tiny tokenizer) holding 2-3 value facts about them,
+text (words that are single wordpieces of the tiny tokenizer) holding 2-3 value facts about them (``--facts``),
 "The <attribute> of the <Entity> is <value> ." (a value is 1-4 words: a name, a year, "42 km", a Unicode word).
 Each question names an entity and an attribute, "what is the <attribute> of the <entity>":
 
 - answerable: the paragraph states that fact; the answer is its value, with its character offset;
-- unanswerable (SQuAD v2; ``unanswerable`` of the questions): the paragraph states that attribute of the other
-  entity, or another attribute of this one, so a model must match both words, not just the phrasing.
+- unanswerable (SQuAD v2; ``--unanswerable`` of the questions): the paragraph states that attribute of the other
+  entity, or another attribute of this one, so a model must match both words, not just the phrasing; with
+  ``--plausible`` below 1, that share of them, the rest ask about an entity the article never names (easier).
+
+Fewer facts, fewer plausible unanswerable questions and shorter filler (``--filler-words``) make it easier:
+``scripts/train_synthetic_squad.sh`` uses 1-2 facts, half plausible, filler of at most 10 words.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ from distqa.files import atomic_write
 PARAGRAPHS_PER_ARTICLE = 3
 UNANSWERABLE = 1 / 3
 """Share of unanswerable questions (SQuAD v2.0's training set has a third, its dev set half)."""
+FACTS = 3
+"""Most facts a paragraph states (at least one fewer, and one)."""
+PLAUSIBLE = 1.0
+"""Share of the unanswerable questions that use the paragraph's words (SQuAD v2.0's are written to be plausible)."""
+FILLER_WORDS = 25
 SHARED_WORD_RATE = 0.3
 """Share of articles whose two entities share their modifier or their noun."""
 
@@ -90,9 +99,12 @@ class Paragraph:
         return " ".join(self.words)
 
 
-def make_article(seed: int, index: int, paragraphs: int = PARAGRAPHS_PER_ARTICLE,
-                 unanswerable: float = UNANSWERABLE) -> dict[str, Any]:
-    """Article ``index`` of the stream ``seed``, in SQuAD v2.0's layout."""
+def make_article(seed: int, index: int, paragraphs: int = PARAGRAPHS_PER_ARTICLE, unanswerable: float = UNANSWERABLE,
+                 facts: int = FACTS, plausible: float = PLAUSIBLE, filler_words: int = FILLER_WORDS) -> dict[str, Any]:
+    """Article ``index`` of the stream ``seed``, in SQuAD v2.0's layout. The difficulty: a paragraph states
+    ``facts - 1`` to ``facts`` facts (at least one); ``plausible`` of the unanswerable questions use words of the
+    paragraph, the others ask about an entity the article never names; each fact follows a sentence of 3 to
+    ``filler_words`` words (shorter contexts fit shorter windows)."""
     rng = random.Random(f"synthetic-squad:{seed}:{index}")
     first = (rng.choice(MODIFIERS), rng.choice(NOUNS))
     while True:
@@ -105,25 +117,28 @@ def make_article(seed: int, index: int, paragraphs: int = PARAGRAPHS_PER_ARTICLE
     article: dict[str, Any] = {"title": f"{first[0]} {first[1]}".title(), "paragraphs": []}
     for p in range(paragraphs):
         paragraph = Paragraph(rng)
-        facts: list[tuple[tuple[str, str], str]] = []
-        count = rng.randint(2, 3)
-        while len(facts) < count:
+        stated: list[tuple[tuple[str, str], str]] = []
+        count = rng.randint(max(1, facts - 1), facts)
+        while len(stated) < count:
             fact = (rng.choice(entities), rng.choice(ATTRIBUTES))
-            if fact not in facts:
-                facts.append(fact)
-        for entity, attribute in facts:
-            paragraph.filler(3, 25)
+            if fact not in stated:
+                stated.append(fact)
+        for entity, attribute in stated:
+            paragraph.filler(3, filler_words)
             paragraph.fact(entity, attribute)
-        paragraph.filler(0, 20)
+        paragraph.filler(0, filler_words - 5)
         questions = []
         for q in range(rng.randint(2, 4)):
-            entity, attribute = rng.choice(facts)
-            if rng.random() < unanswerable:  # that attribute of the other entity, or another attribute of this one
-                other = entities[1 - entities.index(entity)]
-                if rng.random() < 0.5 and (other, attribute) not in facts:
+            entity, attribute = rng.choice(stated)
+            if rng.random() < unanswerable:
+                other, kind = entities[1 - entities.index(entity)], rng.random()
+                if kind >= plausible:  # about an entity the article never names
+                    while set(entity) & {*first, *second}:
+                        entity = (rng.choice(MODIFIERS), rng.choice(NOUNS))
+                elif kind < plausible / 2 and (other, attribute) not in stated:  # the attribute of the other entity
                     entity = other
-                else:
-                    while (entity, attribute) in facts:
+                else:  # another attribute of this entity
+                    while (entity, attribute) in stated:
                         attribute = rng.choice(ATTRIBUTES)
             span = paragraph.values.get((entity, attribute))
             answers = [{"text": paragraph.context[span[0]:span[1]], "answer_start": span[0]}] if span else []
@@ -170,10 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="stream seed: article i depends only on (seed, i)")
     parser.add_argument("--paragraphs", type=int, default=PARAGRAPHS_PER_ARTICLE, help="paragraphs per article")
     parser.add_argument("--unanswerable", type=float, default=UNANSWERABLE, help="share of unanswerable questions")
+    parser.add_argument("--facts", type=int, default=FACTS, help="most facts per paragraph (one fewer at least)")
+    parser.add_argument("--plausible", type=float, default=PLAUSIBLE,
+                        help="share of unanswerable questions using the paragraph's words (the rest: an absent entity)")
+    parser.add_argument("--filler-words", type=int, default=FILLER_WORDS,
+                        help="most words of the filler sentence before each fact (at least 5)")
     args = parser.parse_args(argv)
-    if args.articles < 1 or args.paragraphs < 1 or not 0 <= args.unanswerable <= 1:
-        parser.error("need --articles >= 1, --paragraphs >= 1 and 0 <= --unanswerable <= 1")
-    counts = write(args.output, args.articles, args.seed, paragraphs=args.paragraphs, unanswerable=args.unanswerable)
+    if (args.articles < 1 or args.paragraphs < 1 or args.facts < 1 or args.filler_words < 5
+            or not 0 <= args.unanswerable <= 1 or not 0 <= args.plausible <= 1):
+        parser.error("need --articles, --paragraphs, --facts >= 1, --filler-words >= 5 and 0 <= --unanswerable, "
+                     "--plausible <= 1")
+    counts = write(args.output, args.articles, args.seed, paragraphs=args.paragraphs, unanswerable=args.unanswerable,
+                   facts=args.facts, plausible=args.plausible, filler_words=args.filler_words)
     print(f"{args.output}: " + ", ".join(f"{count} {name}" for name, count in counts.items()), file=sys.stderr)
     return 0
 
