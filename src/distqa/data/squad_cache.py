@@ -176,6 +176,12 @@ def _init_worker(request: SquadCacheRequest, parallel_tokenizer: bool) -> None:
     _featurizer = SquadFeaturizer(request.tokenizer_json, request.pad_id, request.settings)
 
 
+def _run(examples: Sequence[SquadExample]) -> Run:
+    """What a featurising process needs of some questions: the first answer's characters only."""
+    return ([e.question for e in examples], [e.context for e in examples],
+            [answer_span(*e.answers[0]) if e.answers else None for e in examples])
+
+
 def _featurize(run: Run) -> SquadFeatures:
     assert _featurizer is not None, "worker not initialised"
     return _featurizer.featurize(*run)
@@ -198,13 +204,12 @@ def _featurized(runs: Iterator[Run], pool: ProcessPoolExecutor | None, num_proc:
 def _write_split(directory: Path, examples: list[SquadExample], pool: ProcessPoolExecutor | None,
                  num_proc: int, featurizer: SquadFeaturizer) -> SquadStats:
     directory.mkdir()
-    size = max(1, min(QUESTIONS_PER_TASK, -(-len(examples) // (4 * num_proc))))
-    runs = ((([e.question for e in part], [e.context for e in part],
-              [answer_span(*e.answers[0]) if e.answers else None for e in part]))
-            for part in (examples[i:i + size] for i in range(0, len(examples), size)))
+    size = max(1, min(QUESTIONS_PER_TASK, -(-len(examples) // (4 * num_proc))))  # about four runs per process
+    starts = range(0, len(examples), size)
+    runs = (_run(examples[first:first + size]) for first in starts)
     stats = SquadStats()
     with _ArrowFile(directory / "windows.arrow") as windows, _ArrowFile(directory / "examples.arrow") as rows:
-        for first, features in zip(range(0, len(examples), size), _featurized(runs, pool, num_proc), strict=True):
+        for first, features in zip(starts, _featurized(runs, pool, num_proc), strict=True):
             windows.write(_window_table(features, first))
             rows.write(_example_table(examples[first:first + size]))
             stats += features.stats
