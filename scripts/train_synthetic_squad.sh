@@ -39,12 +39,13 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# Short contexts (filler sentences of at most 10 words between the facts) fit windows of 80 tokens.
+# The generator's difficulty: one fact per paragraph after a filler sentence of at most 10 words (contexts that fit
+# windows of 48 tokens); the unanswerable questions ask about an entity the article never names.
 mkdir -p "$data_dir"
-for split in train:0:1500 dev:1:100 test:2:100; do
+for split in train:0:1000 dev:1:100 test:2:100; do
     IFS=: read -r name seed articles <<< "$split"
     "$PYTHON" -m distqa.data.synthetic_squad --output "$data_dir/$name.json" --articles "$articles" --seed "$seed" \
-        --filler-words 10
+        --facts 1 --plausible 0 --filler-words 10
 done
 
 cache=()
