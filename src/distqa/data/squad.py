@@ -277,24 +277,23 @@ def _answers(record: dict[str, Any], context: str, check: AnswerCheck) -> tuple[
     value = record.get("answers", _MISSING)
     if value is _MISSING:
         raise BadRecord("field 'answers' is missing (an unanswerable question has an empty one)")
-    found: list[tuple[Any, Any, str, str]] = []  # text, start, and where each is
     if isinstance(value, dict):  # the Hugging Face schema: parallel lists
         texts = _list(value, "text", "answers.")
         starts = _list(value, "answer_start", "answers.") if check == "train" else [-1] * len(texts)
         if len(starts) != len(texts):
             raise BadRecord(f"field 'answers' has {len(texts)} texts but {len(starts)} answer_starts")
-        found = [(t, s, f"answers.text[{i}]", f"answers.answer_start[{i}]")
-                 for i, (t, s) in enumerate(zip(texts, starts, strict=True))]
+        found, where = list(zip(texts, starts, strict=True)), "answers.{0}[{1}]"
     elif isinstance(value, list):  # SQuAD's: a list of objects
+        found, where = [], "answers[{1}].{0}"
         for i, answer in enumerate(value):
             if not isinstance(answer, dict):
                 raise BadRecord(f"field 'answers[{i}]' should be an object, got {type(answer).__name__}")
-            start = answer.get("answer_start", _MISSING) if check == "train" else -1
-            found.append((answer.get("text", _MISSING), start, f"answers[{i}].text", f"answers[{i}].answer_start"))
+            found.append((answer.get("text", _MISSING),
+                          answer.get("answer_start", _MISSING) if check == "train" else -1))
     else:
         raise BadRecord(f"field 'answers' should be a list (SQuAD) or an object of lists text and answer_start "
                         f"(Hugging Face), got {type(value).__name__}")
-    answers = tuple(_answer(text, start, text_at, start_at, context, check) for text, start, text_at, start_at in found)
+    answers = tuple(_answer(text, start, where, i, context, check) for i, (text, start) in enumerate(found))
     impossible = record.get("is_impossible", _MISSING)
     if impossible is not _MISSING and check == "train":
         if not isinstance(impossible, bool):
@@ -314,23 +313,25 @@ def _list(record: dict[str, Any], name: str, where: str) -> list[Any]:
     return value
 
 
-def _answer(text: Any, start: Any, text_at: str, start_at: str, context: str, check: AnswerCheck) -> tuple[str, int]:
-    if text is _MISSING:
-        raise BadRecord(f"field '{text_at}' is missing")
+def _answer(text: Any, start: Any, where: str, index: int, context: str, check: AnswerCheck) -> tuple[str, int]:
+    """One answer, checked; ``where.format(field, index)`` names its fields in messages."""
     if not isinstance(text, str):
+        text_at = where.format("text", index)
+        if text is _MISSING:
+            raise BadRecord(f"field '{text_at}' is missing")
         raise BadRecord(f"field '{text_at}' should be a string, got {type(text).__name__} {text!r:.40}")
     if check != "train":
         return text, -1
+    if type(start) is int and start >= 0 and context[start:start + len(text)] == text and text.strip():
+        return text, start  # the common case, checked at once
+    start_at = where.format("answer_start", index)
     if not text.strip():
-        raise BadRecord(f"field '{text_at}' is empty")
+        raise BadRecord(f"field '{where.format('text', index)}' is empty")
     if start is _MISSING:
         raise BadRecord(f"field '{start_at}' is missing")
     if not isinstance(start, int) or isinstance(start, bool):
         raise BadRecord(f"field '{start_at}' should be an integer, got {type(start).__name__} {start!r:.40}")
     there = context[start:start + len(text)] if start >= 0 else ""
-    if there != text:
-        raise BadRecord(f"field '{start_at}' is {start}, which does not point at its text {text!r:.60} (the context "
-                        f"there reads {there!r:.60}); answer_start is the character index of the answer in the "
-                        "context, from 0")
-    return text, start
-
+    raise BadRecord(f"field '{start_at}' is {start}, which does not point at its text {text!r:.60} (the context "
+                    f"there reads {there!r:.60}); answer_start is the character index of the answer in the context, "
+                    "from 0")

@@ -123,7 +123,7 @@ def build_squad_cache(request: SquadCacheRequest, cache_dir: Path, num_proc: int
             stats = {}
             for split, examples in splits.items():
                 log.info("featurising %d %s questions with %d process(es)", len(examples), split, num_proc)
-                stats[split] = _write_split(building / split, examples, pool, num_proc, featurizer)
+                stats[split] = _write_split(building, split, examples, pool, num_proc, featurizer)
             summary = _summary(request, read, stats, read_seconds, time.perf_counter() - started)
             (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
     log.info("SQuAD feature cache ready: %s\n%s", final, format_summary(summary))
@@ -157,8 +157,9 @@ def hold_out(examples: Sequence[SquadExample], fraction: float) -> tuple[list[Sq
 # --- featurising processes ----------------------------------------------------------------------------
 
 _featurizer: SquadFeaturizer | None = None
-Run = tuple[list[str], list[str], list["tuple[int, int] | None"]]
-"""Questions, contexts and first-answer character spans of a run of questions: one task of a process."""
+Run = tuple[list[str], list[str], list["tuple[int, int] | None"], bool]
+"""Questions, contexts, first-answer character spans of a run of questions, and whether to keep the offsets: one
+task of a featurising process."""
 
 
 def checked_featurizer(request: SquadCacheRequest) -> SquadFeaturizer:
@@ -176,10 +177,11 @@ def _init_worker(request: SquadCacheRequest, parallel_tokenizer: bool) -> None:
     _featurizer = SquadFeaturizer(request.tokenizer_json, request.pad_id, request.settings)
 
 
-def _run(examples: Sequence[SquadExample]) -> Run:
-    """What a featurising process needs of some questions: the first answer's characters only."""
+def _run(examples: Sequence[SquadExample], split: str) -> Run:
+    """What a featurising process needs of some questions: the first answer's characters only; and whether their
+    windows keep the context tokens' offsets (not in training: nothing decodes its windows)."""
     return ([e.question for e in examples], [e.context for e in examples],
-            [answer_span(*e.answers[0]) if e.answers else None for e in examples])
+            [answer_span(*e.answers[0]) if e.answers else None for e in examples], split != "train")
 
 
 def _featurize(run: Run) -> SquadFeatures:
@@ -201,12 +203,13 @@ def _featurized(runs: Iterator[Run], pool: ProcessPoolExecutor | None, num_proc:
         yield pending.popleft().result()
 
 
-def _write_split(directory: Path, examples: list[SquadExample], pool: ProcessPoolExecutor | None,
+def _write_split(building: Path, split: str, examples: list[SquadExample], pool: ProcessPoolExecutor | None,
                  num_proc: int, featurizer: SquadFeaturizer) -> SquadStats:
+    directory = building / split
     directory.mkdir()
     size = max(1, min(QUESTIONS_PER_TASK, -(-len(examples) // (4 * num_proc))))  # about four runs per process
     starts = range(0, len(examples), size)
-    runs = (_run(examples[first:first + size]) for first in starts)
+    runs = (_run(examples[first:first + size], split) for first in starts)
     stats = SquadStats()
     with _ArrowFile(directory / "windows.arrow") as windows, _ArrowFile(directory / "examples.arrow") as rows:
         for first, features in zip(starts, _featurized(runs, pool, num_proc), strict=True):
@@ -346,7 +349,8 @@ class SquadWindows:
         }
 
     def offsets(self) -> list[np.ndarray]:
-        """Every window's context-token character offsets, (tokens, 2) each (for decoding; one pass)."""
+        """Every window's context-token character offsets, (tokens, 2) each (for decoding; one pass). The training
+        split keeps none (nothing decodes its windows): there each is empty."""
         rows: list[np.ndarray] = []
         for chunk in self.offsets_column.chunks:
             bounds = chunk.offsets.to_numpy()

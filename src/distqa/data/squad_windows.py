@@ -19,6 +19,8 @@ predicted span back to text. Free of torch and transformers: the featurising pro
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,6 +95,25 @@ class SquadFeaturizer:
         self.pairs.enable_truncation(settings.max_seq_len, stride=settings.window_overlap, strategy="only_second")
         vocab_size = self.pairs.get_vocab_size(with_added_tokens=True)
         self.id_dtype = np.uint16 if vocab_size <= 2**16 else np.int32
+        self._check_template()
+
+    def _check_template(self) -> None:
+        """What the windows assume of the pair template, checked once on a probe pair (the template is the same for
+        every pair): it begins with a special token (the null answer's position), and its token types are zeros,
+        then ones (stored as where the ones start)."""
+        probe = self.pairs.encode("a question", "a context")
+        if probe.sequence_ids[0] is not None:
+            raise ValueError("the tokenizer's pair template does not begin with a special token ([CLS] or <s>), "
+                             "which the null answer needs; use an encoder family whose template does")
+        types = probe.type_ids
+        if types != sorted(types) or not set(types) <= {0, 1}:
+            raise ValueError(f"the tokenizer's pair template gives the token types {types}, not zeros then ones; "
+                             "windows of this tokenizer cannot be stored")
+        # Where the template puts type 1 and the context's end, the same in every window: type 1 starts this far from
+        # the context's first token (None: there is no type 1), and this many special tokens follow the context.
+        context = probe.sequence_ids.index(1)
+        self.segment_from_context = types.index(1) - context if 1 in types else None
+        self.trailing_specials = probe.sequence_ids[::-1].index(1)
 
     def capped_questions(self, questions: Sequence[str]) -> list[str]:
         """Each question cut after its ``max_question_len``-th token (at that token's last character)."""
@@ -101,68 +122,60 @@ class SquadFeaturizer:
         return [q if len(e.ids) <= limit else q[:e.offsets[limit - 1][1]]
                 for q, e in zip(questions, encodings, strict=True)]
 
-    def featurize(self, questions: Sequence[str], contexts: Sequence[str],
-                  answers: Sequence[tuple[int, int] | None]) -> SquadFeatures:
+    def featurize(self, questions: Sequence[str], contexts: Sequence[str], answers: Sequence[tuple[int, int] | None],
+                  keep_offsets: bool = True) -> SquadFeatures:
         """The windows of each example, in order; ``answers`` holds the first answer's character span (start,
-        end exclusive) per example, None for an unanswerable one (or an unlabelled input)."""
+        end exclusive) per example, None for an unanswerable one (or an unlabelled input). ``keep_offsets`` False
+        leaves the context tokens' offsets out (training windows: nothing decodes them)."""
         pairs = list(zip(self.capped_questions(questions), contexts, strict=True))
         encodings = self.pairs.encode_batch(pairs) if pairs else []
         stats = SquadStats(examples=len(pairs))
-        ids: list[list[int]] = []
-        offsets: list[np.ndarray] = []
-        columns: dict[str, list[int]] = {name: [] for name in WINDOW_COLUMNS}
+        ids: list[int] = []  # of every window, one after the other
+        offsets: list[tuple[int, int]] = []  # the context tokens' of every window, one after the other
+        counts: list[int] = []
+        rows: list[tuple[int, ...]] = []  # the WINDOW_COLUMNS of each window, in their order
         for index, (encoding, answer) in enumerate(zip(encodings, answers, strict=True)):
             labelled = False
+            # The question part is the same in every window of a pair: its context starts at the same position.
+            sequence_ids = encoding.sequence_ids
+            context_start = sequence_ids.index(1) if 1 in sequence_ids else len(sequence_ids) - self.trailing_specials
             for window in (encoding, *encoding.overflowing):
-                row = self._window(window, answer)
-                labelled |= row["answer_type"] == AnswerType.SHORT
-                for name, value in row.items():
-                    columns[name].append(value)
-                columns["example_index"].append(index)
-                ids.append(window.ids)
-                offsets.append(np.asarray(window.offsets[row["context_start"]:row["context_end"]], dtype=np.int32))
+                row, context_offsets = self._window(window, context_start, answer, index, keep_offsets)
+                labelled |= row[-1] == AnswerType.SHORT
+                rows.append(row)
+                ids += window.ids
+                if keep_offsets:
+                    offsets += context_offsets
+                    counts.append(len(context_offsets))
             stats.windows += 1 + len(encoding.overflowing)
             stats.answerable += answer is not None
             stats.unanswerable += answer is None
             stats.unreachable += answer is not None and not labelled
-        input_ids = np.full((len(ids), self.settings.max_seq_len), self.pad_id, dtype=self.id_dtype)
-        for row_index, row_ids in enumerate(ids):
-            input_ids[row_index, :len(row_ids)] = row_ids
-        typed = {name: np.asarray(columns[name], dtype=kind) for name, kind in WINDOW_COLUMNS.items()}
+        table = np.array(rows, dtype=np.int64).reshape(-1, len(WINDOW_COLUMNS))
+        input_ids = np.full((len(rows), self.settings.max_seq_len), self.pad_id, dtype=self.id_dtype)
+        input_ids[np.arange(self.settings.max_seq_len) < table[:, :1]] = ids  # row by row, up to each one's length
+        typed = {name: table[:, i].astype(kind) for i, (name, kind) in enumerate(WINDOW_COLUMNS.items())}
         stats.positive = int((typed["answer_type"] == AnswerType.SHORT).sum())
-        flat = np.concatenate(offsets).reshape(-1) if offsets else np.empty(0, dtype=np.int32)
-        counts = np.array([len(o) for o in offsets], dtype=np.int32)
-        return SquadFeatures(input_ids, typed, flat, counts, stats)
+        flat = np.array(offsets, dtype=np.int32).reshape(-1)
+        counts_array = np.array(counts, dtype=np.int32) if keep_offsets else np.zeros(len(rows), dtype=np.int32)
+        return SquadFeatures(input_ids, typed, flat, counts_array, stats)
 
-    def _window(self, window: Encoding, answer: tuple[int, int] | None) -> dict[str, int]:
-        """One window's scalar columns, but its example index."""
-        sequence_ids, type_ids = window.sequence_ids, window.type_ids
-        length = len(sequence_ids)
-        if sequence_ids[0] is not None:
-            raise ValueError("the tokenizer's pair template does not begin with a special token ([CLS] or <s>), "
-                             "which the null answer needs; use an encoder family whose template does")
-        if 1 in sequence_ids:
-            context_start = sequence_ids.index(1)
-            context_end = length - sequence_ids[::-1].index(1)
-        else:  # the context is only characters the tokenizer drops: nothing to point at
-            context_start = context_end = length
-        segment_start = type_ids.index(1) if 1 in type_ids else length
-        if any(type_ids[:segment_start]) or not all(type_ids[segment_start:]):
-            raise ValueError(f"the tokenizer's pair template gives the token types {type_ids[:12]}…, not zeros then "
-                             "ones; windows of this tokenizer cannot be stored")
-        row = {"length": length, "context_start": context_start, "context_end": context_end,
-               "segment_start": segment_start, "start_position": 0, "end_position": 0,
-               "answer_type": int(AnswerType.UNKNOWN)}
-        if answer is None or context_start == context_end:
-            return row
-        spans = np.asarray(window.offsets[context_start:context_end], dtype=np.int64)
-        start_char, end_char = answer
-        if spans[0, 0] <= start_char and spans[-1, 1] >= end_char:
-            first = int(np.searchsorted(spans[:, 0], start_char, side="right")) - 1
-            last = min(int(np.searchsorted(spans[:, 1], end_char, side="left")), len(spans) - 1)
-            row.update(start_position=context_start + first, end_position=context_start + last,
-                       answer_type=int(AnswerType.SHORT))
-        return row
+    def _window(self, window: Encoding, context_start: int, answer: tuple[int, int] | None, index: int,
+                keep_offsets: bool) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+        """One window's :data:`WINDOW_COLUMNS` (``index``: its example's), and its context tokens' character offsets
+        (when kept, or needed for the labels). The context runs from ``context_start`` to the trailing specials."""
+        length = len(window)
+        context_end = max(context_start, length - self.trailing_specials)
+        segment_start = length if self.segment_from_context is None else context_start + self.segment_from_context
+        spans = window.offsets[context_start:context_end] if answer is not None or keep_offsets else []
+        start = end = 0
+        answer_type = AnswerType.UNKNOWN
+        if answer is not None and spans and spans[0][0] <= answer[0] and spans[-1][1] >= answer[1]:
+            # The last token that starts at or before the answer, the first that ends at or after it.
+            start = context_start + bisect.bisect_right(spans, answer[0], key=operator.itemgetter(0)) - 1
+            end = context_start + min(bisect.bisect_left(spans, answer[1], key=operator.itemgetter(1)), len(spans) - 1)
+            answer_type = AnswerType.SHORT
+        return (length, context_start, context_end, segment_start, index, start, end, int(answer_type)), spans
 
 
 def answer_span(text: str, start: int) -> tuple[int, int]:
