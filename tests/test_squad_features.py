@@ -123,6 +123,16 @@ def test_a_long_question_is_cut_at_a_token_boundary_and_a_tight_window_is_refuse
         SquadConfig(max_seq_len=48, max_question_len=16, window_overlap=28)
 
 
+def test_a_tokenizer_whose_pair_template_has_no_leading_special_token_is_refused(tmp_path: Path) -> None:
+    """The null answer is position 0: the template must put a special token there ([CLS], <s>)."""
+    without_template = json.loads(TOKENIZER.backend_tokenizer.to_str()) | {"post_processor": None}
+    request = SquadCacheRequest(str(SAMPLE / "dev.json"), "", 0.0, True, SETTINGS, json.dumps(without_template),
+                                TOKENIZER.pad_token_id)
+    with pytest.raises(ConfigError, match=r"the tokenizer's pair template does not begin with a special token "
+                                          r"\(\[CLS\] or <s>\).*use an encoder family whose template does\.$"):
+        build_squad_cache(request, tmp_path / "cache")
+
+
 # --- the cache ---------------------------------------------------------------------------------------
 
 def request_for(train: Path, validation: str = "", fraction: float = 0.0) -> SquadCacheRequest:

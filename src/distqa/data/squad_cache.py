@@ -167,7 +167,7 @@ def checked_featurizer(request: SquadCacheRequest) -> SquadFeaturizer:
     try:
         return SquadFeaturizer(request.tokenizer_json, request.pad_id, request.settings)
     except ValueError as err:
-        raise ConfigError(f"{err}; change the window settings, or the tokenizer.") from None
+        raise ConfigError(f"{err}.") from None
 
 
 def _init_worker(request: SquadCacheRequest, parallel_tokenizer: bool) -> None:
