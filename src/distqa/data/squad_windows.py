@@ -91,8 +91,8 @@ class SquadFeaturizer:
         if not 0 <= settings.window_overlap < room:
             # tokenizers panics (a Rust backtrace) past this bound; say which settings to change instead.
             raise ValueError(f"window_overlap ({settings.window_overlap}) must be below max_seq_len - "
-                             f"max_question_len - {specials} special tokens of this tokenizer's pair template = {room}; "
-                             "lower window_overlap or max_question_len, or raise max_seq_len")
+                             f"max_question_len - {specials} special tokens of this tokenizer's pair template = "
+                             f"{room}; lower window_overlap or max_question_len, or raise max_seq_len")
         self.pairs.enable_truncation(settings.max_seq_len, stride=settings.window_overlap, strategy="only_second")
         vocab_size = self.pairs.get_vocab_size(with_added_tokens=True)
         self.id_dtype = np.uint16 if vocab_size <= 2**16 else np.int32
