@@ -146,11 +146,12 @@ def hold_out(examples: Sequence[SquadExample], fraction: float) -> tuple[list[Sq
     by_context: dict[str, int] = {}
     for example in examples:
         by_context[example.context] = by_context.get(example.context, 0) + 1
-    target, held = round(fraction * len(examples)), set()
+    target, held, count = round(fraction * len(examples)), set(), 0
     for context in sorted(by_context, key=lambda c: hashlib.sha256(c.encode()).digest()):
-        if sum(by_context[c] for c in held) >= target:
+        if count >= target:
             break
         held.add(context)
+        count += by_context[context]
     return [e for e in examples if e.context not in held], [e for e in examples if e.context in held]
 
 
