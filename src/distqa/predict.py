@@ -17,7 +17,7 @@ A checkpoint of the ``squad`` task answers a file in the SQuAD schema (a SQuAD .
 Hugging Face schema, or hf:NAME:SPLIT; answers in it are ignored) and writes the official predictions JSON,
 ``{question id: answer text}`` with ``""`` for no answer, using the no-answer threshold tuned in training::
 
-    python -m distqa.predict --checkpoint results/squad-sample/checkpoints/best.pt \
+    python -m distqa.predict --checkpoint results/squad-sample/checkpoints/best.pt \\
         --input data/squad-sample/dev.json --output predictions.json
     python -m distqa.score --format squad --gold data/squad-sample/dev.json --predictions predictions.json
 
