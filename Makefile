@@ -16,7 +16,8 @@ ARGS ?=
 # lines for its targets, and accepts --quick (BENCH_ARGS=--quick: a smoke run in about a minute); one that
 # cannot run here (bench/comm_hook.py without root) prints a SKIP line instead.
 BENCH_SCRIPTS := bench/step_overhead.py bench/hf_trainer.py bench/optimizations.py bench/ddp_overhead.py \
-	bench/comm_hook.py bench/loader_vs_step.py bench/nq_pipeline.py bench/tracking_overhead.py bench/squad_pipeline.py
+	bench/comm_hook.py bench/loader_vs_step.py bench/nq_pipeline.py bench/tracking_overhead.py \
+	bench/checkpoint_io.py bench/squad_pipeline.py
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of issue 13 in one command, ending with one table and the goals as PASS/MISS lines:
 #
-#   bench/gpu.sh                        # one GPU: BERT-base (random weights), about 10 minutes on an H100
+#   bench/gpu.sh                        # one GPU: BERT-base and the large encoders (random weights), 20+ minutes
 #   bench/gpu.sh --quick                # the same parts, fewer steps (a smoke run on the GPU)
 #   bench/gpu.sh --device cpu --quick   # a smoke run on CPU with the tiny model (tests/test_gpu_bench.py)
 #   bench/gpu.sh --out DIR              # keep each part's JSON and log in DIR (default: a temporary folder)
@@ -11,6 +11,9 @@
 #                           GradScaler: samples/s, tokens/s, MFU, peak memory
 #   bench/gpu_startup.py    process-group start-up at world size 1 under torchrun (NCCL on the GPU)
 #   bench/gpu_inference.py  `python -m distqa.evaluate` and `python -m distqa.predict` on a small NQ cache
+#   bench/gpu_large.py      BERT-large, RoBERTa-large, DeBERTa-v3-large at seq 512, micro-batch 8 and 32, activation
+#                           checkpointing off and on, compiled: samples/s, MFU, peak memory against the estimate
+#                           (about 10 minutes alone: `bench/gpu_large.py --json DIR/large.json`, then gpu_report.py)
 #   bench/gpu_report.py     the table and the goals (>= 40 % MFU at seq 512 bf16; >= 1.3 x the HF Trainer)
 # A part that fails does not stop the others; the script then exits 1. PYTHON picks the interpreter
 # (default: the repository's .venv/bin/python, as scripts/common.sh finds it).
@@ -62,6 +65,7 @@ run_part training "$PYTHON" bench/gpu_bert.py --device "$device" "${quick[@]}" -
 run_part startup env BENCH_LAUNCHED_AT="$(date +%s.%N)" "$PYTHON" -m torch.distributed.run --standalone \
     --nproc-per-node 1 bench/gpu_startup.py --device "$device" --json "$out/startup.json"
 run_part inference "$PYTHON" bench/gpu_inference.py --device "$device" "${quick[@]}" --json "$out/inference.json"
+run_part large "$PYTHON" bench/gpu_large.py --device "$device" "${quick[@]}" --json "$out/large.json"
 
 echo
 "$PYTHON" bench/gpu_report.py "$out" || failed=1

@@ -1,10 +1,12 @@
 """What the parts of bench/gpu.sh share: the model they build, the device they run on, the JSON they write.
 
 No GPU machine reaches a model hub, and throughput needs no pretrained weights: the model is a BERT of
-bert-base-uncased's sizes (:data:`BERT_SIZES`), written as a ``config.json`` into a temporary directory and
-built with random weights (``from_scratch``), with the offline tokenizer of ``data/tiny-bert`` (its ids
-all fall inside bert-base's vocabulary). On CPU (``--device cpu``, the smoke run of the tests) the model
-is the tiny BERT of ``data/tiny-bert`` itself: BERT-base on two cores would take minutes per step.
+bert-base-uncased's sizes (:data:`BERT_SIZES`), or one of the large encoders of the presets
+(:data:`LARGE_ENCODERS`), written as a ``config.json`` into a temporary directory and built with random
+weights (``from_scratch``), with the offline tokenizer of ``data/tiny-bert`` (its ids all fall inside every
+one of these vocabularies). On CPU (``--device cpu``, the smoke run of the tests) the model is the tiny BERT
+of ``data/tiny-bert`` itself, or a tiny encoder of the same family: a large one on two cores would take
+minutes per step.
 
 Each part writes one JSON file (``--json``); ``bench/gpu_report.py`` prints them as one table.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import BertConfig
+from transformers import BertConfig, DebertaV2Config, PretrainedConfig, RobertaConfig
 
 from distqa.config import TINY_MODEL_DIR
 from distqa.files import write_json
@@ -35,7 +37,39 @@ BERT_SIZES: dict[str, dict[str, int]] = {
 """bert-base-uncased's and bert-large-uncased's sizes (their hub config.json files); the rest is BertConfig's
 defaults, which are theirs (GELU, type vocabulary 2, LayerNorm eps 1e-12)."""
 
+LARGE_ENCODERS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "bert-large": (BertConfig, BERT_SIZES["bert-large"]),
+    "roberta-large": (RobertaConfig, {
+        "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096,
+        "vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
+    "deberta-v3-large": (DebertaV2Config, {
+        "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096,
+        "vocab_size": 128100, "max_position_embeddings": 512, "type_vocab_size": 0, "layer_norm_eps": 1e-7,
+        "relative_attention": True, "max_relative_positions": -1, "position_buckets": 256,
+        "norm_rel_ebd": "layer_norm", "share_att_key": True, "pos_att_type": ["p2c", "c2p"],
+        "position_biased_input": False, "pad_token_id": 0}),
+}
+"""The encoders of the large presets, by the preset's model (bert-large-uncased, roberta-large,
+microsoft/deberta-v3-large): the config class and the sizes of each hub config.json; the rest is the
+class's defaults, which are theirs (GELU, dropout 0.1)."""
+
 MODELS = ("bert-base", "tiny")
+
+
+TINY_SIZES = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512,
+              "vocab_size": 1268, "position_buckets": 32}
+"""What ``tiny=True`` replaces in a config: a model of the same family that steps in milliseconds on CPU
+(data/tiny-bert's sizes; DeBERTa keeps 32 relative-position buckets, fewer than a smoke run's tokens)."""
+
+
+def encoder_config(name: str, tiny: bool = False) -> PretrainedConfig:
+    """The config of ``name`` (a key of :data:`BERT_SIZES` or :data:`LARGE_ENCODERS`), with random weights to come;
+    ``tiny``: the same family at :data:`TINY_SIZES`."""
+    config_class, sizes = LARGE_ENCODERS.get(name) or (BertConfig, BERT_SIZES[name])
+    if tiny:
+        sizes = sizes | {key: value for key, value in TINY_SIZES.items() if key in sizes}
+    return config_class(**sizes)
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,15 +94,16 @@ def model_name(args: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def model_flags(name: str) -> Iterator[list[str]]:
-    """Flags of ``distqa.train`` (and of :func:`harness.bench_config`) that select model ``name`` with random
-    weights and the offline tokenizer; a BERT-size config lives in a temporary directory for the block."""
+def model_flags(name: str, tiny: bool = False) -> Iterator[list[str]]:
+    """Flags of ``distqa.train`` (and of :func:`harness.bench_config`) that select model ``name`` (``tiny``: its
+    family at :data:`TINY_SIZES`) with random weights and the offline tokenizer; a config of these sizes lives in
+    a temporary directory for the block."""
     tokenizer = ["--tokenizer-name-or-path", str(TINY_MODEL_DIR), "--from-scratch", "true"]
     if name == "tiny":
         yield ["--model-name-or-path", str(TINY_MODEL_DIR), *tokenizer]
         return
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as directory:
-        BertConfig(**BERT_SIZES[name]).save_pretrained(directory)
+        encoder_config(name, tiny).save_pretrained(directory)
         yield ["--model-name-or-path", str(directory), *tokenizer]
 
 

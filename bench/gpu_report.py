@@ -1,6 +1,6 @@
-"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference) and the goals.
+"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_large) and the goals.
 
-    .venv/bin/python bench/gpu_report.py DIR     # DIR holds training.json, startup.json, inference.json
+    .venv/bin/python bench/gpu_report.py DIR     # DIR holds training.json, startup.json, inference.json, large.json
 
 Goals (issue 13), each a PASS/MISS line (harness.Target):
 
@@ -22,7 +22,7 @@ from typing import Any
 from harness import Target
 
 MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
-PARTS = ("training", "startup", "inference")
+PARTS = ("training", "startup", "inference", "large")
 
 
 def main() -> None:
@@ -46,6 +46,8 @@ def main() -> None:
         print_startup(parts["startup"])
     if "inference" in parts:
         print_inference(parts["inference"])
+    if "large" in parts:
+        failed |= print_large(parts["large"])
     for name in missing:
         print(f"\n{name}: FAILED, no figures (its error is in bench/gpu.sh's output above)")
     print()
@@ -93,6 +95,27 @@ def print_inference(part: dict[str, Any]) -> None:
     for row in part["rows"]:
         print(f"  {row['name']:<9} {row['windows']:5d} windows  {row['seconds']:7.2f} s  "
               f"{row['windows_per_s']:8.1f} windows/s")
+
+
+def print_large(part: dict[str, Any]) -> bool:
+    """The large encoders' rows, the measured peak next to distqa.memory's estimate; True when a row failed."""
+    how = "compiled" if part["compiled"] else "not compiled"
+    print(f"\nlarge encoders at seq {part['seq_len']}, bf16, {how} (random weights, DummyDataset windows padded to "
+          f"the sequence length); median of {part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up "
+          "steps; the estimate is distqa.memory's for the eager step in one process:")
+    header = ("model", "micro-batch", "checkpointing", "samples/s", "MFU", "peak mem", "estimate", "peak/estimate")
+    rows = [header] + [(
+        row["model"], str(row["micro_batch"]), "on" if row["activation_checkpointing"] else "off",
+        _figure(row["samples_per_s"], ".1f"), _mfu(row["mfu"], part["device_type"]),
+        _figure(row["peak_memory_gib"], ".2f", " GiB"), _figure(row["estimated_peak_gib"], ".2f", " GiB"),
+        _figure(row["peak_memory_gib"] and row["peak_memory_gib"] / row["estimated_peak_gib"], ".2f"),
+        ) for row in part["rows"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row, source in zip(rows, [None, *part["rows"]], strict=True):
+        cells = (cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths,
+                                                                                                          strict=True)))
+        print("  " + "  ".join(cells) + (f"  {source['note']}" if source and source["note"] else ""))
+    return any(row["note"].startswith("FAILED") for row in part["rows"])
 
 
 def print_goals(training: dict[str, Any] | None) -> None:

@@ -38,7 +38,9 @@
 #   --life-span SPAN    the job's life span or time limit (the same forms, or neuro-flow's seconds such
 #                       as 3600.5): without --stop-after, stop after SPAN minus a tenth of it, at most
 #                       15 min before the end (1d → 23h45m, 1h → 54m), so the stop and its checkpoint
-#                       come before the platform's kill; .neuro/live.yml passes the job's life_span
+#                       come before the platform's kill; .neuro/live.yml passes the job's life_span.
+#                       Exports WORKER_STOP_WINDOW_S (the seconds from the stop to the end), which the
+#                       trainer compares with its first checkpoint write
 #   --dry-run           print the torchrun command instead of running it
 #   --doctor            run the preflight doctor (python -m distqa.doctor) instead of training, with the
 #                       same torchrun line and arguments: rank 0 prints a table of every rank and what
@@ -139,6 +141,9 @@ if [[ -n "$life_span" ]]; then
     # start-up before this script runs (the platform counts the life span from the job's start).
     margin=$(( life_s / 10 < 900 ? life_s / 10 : 900 ))
     if (( stop_after == 0 && life_s > 0 )); then stop_after=$(( life_s - margin > 1 ? life_s - margin : 1 )); fi
+    # The time the stop has before the job's end: the trainer warns at its first checkpoint when writing one
+    # takes longer (distqa.stop.graceful_stop_window).
+    if (( stop_after > 0 && life_s > stop_after )); then export WORKER_STOP_WINDOW_S=$(( life_s - stop_after )); fi
 fi
 for name in nnodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"

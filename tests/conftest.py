@@ -11,11 +11,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from distqa.tiny import FAMILIES as ENCODER_FAMILIES
+from distqa.tiny import build_family_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
@@ -153,3 +158,21 @@ def unwritable_mount() -> Iterator[tuple[Path, list[str]]]:
     finally:
         mount.chmod(0o755)
         shutil.rmtree(base)
+
+
+@dataclass(frozen=True)
+class TinyEncoder:
+    """A tiny model directory of one encoder family (tokenizer trained here, the family's config, no weights)."""
+
+    family: str
+    directory: Path
+    tokenizer: PreTrainedTokenizerBase
+
+
+@pytest.fixture(scope="session", params=list(ENCODER_FAMILIES))
+def tiny_encoder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
+    """Each encoder family of ``distqa.tiny`` in turn, built once per session (a second or two each): a test that
+    takes this fixture runs once per family (``tests/test_encoders.py``; a task's featurisation adds its own)."""
+    family = request.param
+    directory = build_family_dir(family, REPO_ROOT / "data" / "tokenizer-corpus.txt", tmp_path_factory.mktemp(family))
+    return TinyEncoder(family, directory, AutoTokenizer.from_pretrained(directory))

@@ -7,6 +7,10 @@ import random
 from pathlib import Path
 from typing import Any
 
+from distqa.answers import AnswerType
+from distqa.data.template import PairTemplate
+from distqa.data.windows import Features, containing_candidate, window_span_to_tokens
+
 WORDS = ["the", "river", "flows", "north", "past", "old", "stone", "bridges", "while", "children", "play", "near",
          "quiet", "gardens", "and", "merchants", "sell", "bread", "cheese", "wine", "honey", "apples", "fish",
          "during", "summer", "festival", "nights"]
@@ -71,6 +75,31 @@ def random_record(rng: random.Random, example_id: int, max_blocks: int = 8) -> d
         if not short:
             answer = "long"
     return line(example_id, tokens, candidates, question, answer, candidate, short)
+
+
+def check_labels_recover_the_gold(examples: list, features: Features, template: PairTemplate) -> int:
+    """Every labelled window's span, mapped back to document tokens through the stored maps alone, is a gold
+    answer of its example: a short answer itself, or words of the annotated long-answer candidate (which the
+    span identifies, tags included); every other window points at the first token. Returns the positives."""
+    positives = 0
+    for window in range(len(features.windows["input_ids"])):
+        w = {name: int(values[window]) for name, values in features.windows.items() if name != "input_ids"}
+        row, answer_type = w["example_index"], AnswerType(w["answer_type"])
+        if w["start_position"] == 0:
+            assert answer_type == AnswerType.UNKNOWN and w["end_position"] == 0
+            continue
+        positives += 1
+        targets, example = examples[row].targets, examples[row]
+        assert answer_type == targets.answer_type
+        span = window_span_to_tokens(features.examples["piece_to_token"][row], w["doc_start"],
+                                     template.document_offset(w["question_len"]), w["start_position"],
+                                     w["end_position"])
+        if answer_type == AnswerType.SHORT:
+            assert span in targets.short, (example.example_id, span, targets.short)
+        else:  # the long answer's words, which identify the annotated candidate, tags included
+            assert containing_candidate(example.candidates, span) == targets.long_candidate
+            assert tuple(example.candidates[targets.long_candidate, :2]) == (targets.long.start, targets.long.end)
+    return positives
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any] | str | bytes]) -> Path:

@@ -28,6 +28,7 @@ EXPECTED_TARGETS = {
     "bench/loader_vs_step.py": ["loader / step"],
     "bench/nq_pipeline.py": ["(a) / (b)", "(c) / (a)", "peak RSS", "reading"],
     "bench/tracking_overhead.py": ["with MLflow / TensorBoard alone"],
+    "bench/checkpoint_io.py": ["background / no saves", "blocking / background", "background / blocking"],
     "bench/squad_pipeline.py": ["ours / run_qa questions/s, 1 process"],
 }
 MULTI_PROCESS = {"bench/ddp_overhead.py", "bench/comm_hook.py"}

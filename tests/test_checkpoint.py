@@ -180,7 +180,7 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(
     with caplog.at_level(logging.ERROR, logger="distqa.checkpoint"):
         found = newest_intact_checkpoint(tmp_path)
     assert found is not None
-    path, checkpoint = found
+    path, checkpoint = found.path, found.checkpoint
     assert path == checkpoint_path(tmp_path, 2) and checkpoint.progress.step == 2
     assert torch.equal(checkpoint.model["w"], torch.full((1000,), 2.0))
     reports = [r.getMessage() for r in caplog.records]

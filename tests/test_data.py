@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
 from distqa.answers import AnswerType
 from distqa.data.dummy import DummyDataset
 from distqa.data.sampler import ResumableDistributedSampler
+from distqa.data.template import PairTemplate
 
 
 def make(seed: int = 0, size: int = 400, max_seq_len: int = 96) -> DummyDataset:
-    return DummyDataset(size=size, max_seq_len=max_seq_len, max_question_len=24, vocab_size=500, cls_id=2,
-                        sep_id=3, pad_id=0, first_word_id=5, seed=seed)
+    return DummyDataset(size=size, max_seq_len=max_seq_len, max_question_len=24, template=PairTemplate.bert(2, 3),
+                        word_ids=np.arange(5, 500), pad_id=0, seed=seed)
 
 
 def test_items_depend_only_on_seed_and_index() -> None:

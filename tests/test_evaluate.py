@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from distqa.answers import Answer, AnswerType, Gold, Span
+from distqa.data.template import PairTemplate
 from distqa.decode import (
     ANSWER_EVERYTHING,
     ExampleColumns,
@@ -34,11 +35,11 @@ LENGTH, QUESTION_LEN = 12, 2
 DOC = range(QUESTION_LEN + 2, LENGTH - 1)
 
 
-def window_masks(batch: int = 1, length: int = LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
-    attention = torch.zeros(batch, 16, dtype=torch.long)
-    attention[:, :length] = 1
-    token_types = attention * (torch.arange(16) >= QUESTION_LEN + 2)
-    return attention, token_types
+def window_mask(batch: int = 1, length: int = LENGTH) -> torch.Tensor:
+    """The document mask of ``batch`` windows of ``length`` tokens in BERT's template."""
+    template = PairTemplate.bert(cls_id=2, sep_id=3)
+    begin = torch.full((batch,), template.document_offset(QUESTION_LEN))
+    return document_mask(begin, torch.full((batch,), length - len(template.suffix)), 16)
 
 
 def logits_with(points: dict[int, float], base: float = -5.0) -> torch.Tensor:
@@ -50,15 +51,12 @@ def logits_with(points: dict[int, float], base: float = -5.0) -> torch.Tensor:
 
 def spans_of(start: dict[int, float], end: dict[int, float], max_answer_len: int = 30,
              types: list[float] | None = None) -> WindowSpans:
-    attention, token_types = window_masks()
     type_logits = torch.tensor([types or [0.0, 0, 0, 1, 0]])
-    return top_spans(logits_with(start), logits_with(end), document_mask(attention, token_types), type_logits,
-                     max_answer_len)
+    return top_spans(logits_with(start), logits_with(end), window_mask(), type_logits, max_answer_len)
 
 
 def test_the_document_part_excludes_question_cls_and_both_seps() -> None:
-    attention, token_types = window_masks()
-    assert document_mask(attention, token_types)[0].nonzero().flatten().tolist() == list(DOC)
+    assert window_mask()[0].nonzero().flatten().tolist() == list(DOC)
 
 
 def test_the_best_span_is_scored_against_the_null_answer() -> None:
@@ -92,9 +90,8 @@ def test_the_maximum_answer_length_excludes_longer_spans() -> None:
 
 
 def test_a_window_without_document_has_no_span() -> None:
-    attention, token_types = window_masks(length=QUESTION_LEN + 3)  # [CLS] q q [SEP] [SEP]
-    found = top_spans(torch.randn(1, 16), torch.randn(1, 16), document_mask(attention, token_types),
-                      torch.zeros(1, 5), 30)
+    no_document = window_mask(length=QUESTION_LEN + 3)  # [CLS] q q [SEP] [SEP]
+    found = top_spans(torch.randn(1, 16), torch.randn(1, 16), no_document, torch.zeros(1, 5), 30)
     assert not found.score.isfinite().any()
 
 
@@ -122,7 +119,7 @@ def windows_of(*spans: tuple[int, float, int, int],
         score[row, 0], start[row, 0], end[row, 0] = value, s, e
     type_logits = np.tile(np.array(types or [0.0, 0, 0, 1, 0], dtype=np.float32), (n, 1))
     layout = WindowLayout(np.zeros(n, dtype=np.int64), np.array([d for d, *_ in spans]),
-                          np.full(n, QUESTION_LEN))
+                          np.full(n, QUESTION_LEN + 2))
     return WindowSpans(score, start, end, type_logits), layout
 
 
@@ -177,7 +174,7 @@ def test_examples_collect_their_windows_wherever_they_are() -> None:
     score = np.array([[1.0], [5.0], [2.0], [0.5]], dtype=np.float32)
     start = np.array([[4], [5], [6], [7]])
     spans = WindowSpans(score, start, start, np.tile(np.array([0, 0, 0, 1.0, 0]), (4, 1)))
-    layout = WindowLayout(np.array([1, 0, 1, 0]), np.zeros(4, dtype=np.int64), np.full(4, QUESTION_LEN))
+    layout = WindowLayout(np.array([1, 0, 1, 0]), np.zeros(4, dtype=np.int64), np.full(4, QUESTION_LEN + 2))
     examples = ExampleColumns(np.array([7, 8]), [PIECE_TO_TOKEN, PIECE_TO_TOKEN], [CANDIDATES, CANDIDATES])
     first, second = decode(spans, layout, examples)
     assert (first.example_id, first.score, first.short) == (7, 5.0, Span(2, 3))

@@ -40,9 +40,17 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     inference = json.loads((out / "inference.json").read_text())
     assert {row["name"] for row in inference["rows"]} == {"evaluate", "predict"}
     assert all(row["windows"] > 0 and row["seconds"] > 0 for row in inference["rows"])
+    large = json.loads((out / "large.json").read_text())  # the large encoders' families at tiny sizes
+    rows = {(row["model"], row["micro_batch"], row["activation_checkpointing"]): row for row in large["rows"]}
+    assert {model for model, _, _ in rows} == {f"{name} (tiny sizes)" for name in ("bert-large", "roberta-large",
+                                                                                  "deberta-v3-large")}
+    assert len(rows) == 12 and not large["compiled"]
+    assert all(row["samples_per_s"] > 0 and row["estimated_peak_gib"] > 0 and "FAILED" not in row["note"]
+               for row in rows.values()), large["rows"]
 
     report = result.stdout
-    for heading in ("training: tiny", "process-group start-up", "evaluation and prediction"):
+    headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "large encoders at seq 64")
+    for heading in headings:
         assert heading in report, report
     assert re.search(r"^(PASS|MISS)  ours / hf \(run_qa \+ bf16\), seq 512, samples/s +[0-9.]+", report, re.MULTILINE)
     assert re.search(r"^n/a   MFU, ours bf16 seq 512", report, re.MULTILINE), report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -12,10 +13,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from distqa.answers import AnswerType, Span
-from distqa.config import TINY_MODEL_DIR
+from distqa.config import REPO_ROOT, TINY_MODEL_DIR
 from distqa.data.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
 from distqa.data.nq import BadLine, DataError, parse_example, scan
 from distqa.data.sampler import ResumableDistributedSampler
+from distqa.data.template import PairTemplate
 from distqa.data.windows import (
     Featurizer,
     WindowSettings,
@@ -29,6 +31,7 @@ from nq_examples import (
     UNDECODABLE_REASONS,
     UNICODE_WORDS,
     WORDS,
+    check_labels_recover_the_gold,
     document,
     line,
     random_record,
@@ -36,14 +39,14 @@ from nq_examples import (
 )
 
 TOKENIZER = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+TEMPLATE = PairTemplate.of(TOKENIZER.backend_tokenizer)  # [CLS] question [SEP] document [SEP]
 # Small windows: a few dozen tokens give many window boundaries per document.
 SMALL = WindowSettings(max_seq_len=32, max_question_len=8, doc_stride=7, negative_keep_rate=1.0, seed=0)
 
 
 def featurizer(settings: WindowSettings = SMALL, by_word: bool = True) -> Featurizer:
     """The tiny BERT's featurizer; ``by_word=False`` forces the whole-document path."""
-    made = Featurizer(TOKENIZER.backend_tokenizer, TOKENIZER.cls_token_id, TOKENIZER.sep_token_id,
-                      TOKENIZER.pad_token_id, settings)
+    made = Featurizer(TOKENIZER.backend_tokenizer, TOKENIZER.pad_token_id, settings)
     assert made.by_word  # WordPiece behind the BERT pre-tokenizer: each word tokenises alone
     made.by_word = by_word
     return made
@@ -57,7 +60,8 @@ def decoded_spans(features, row: int, window: int) -> Span:
     """The window's label mapped back to document tokens through the stored maps only."""
     w = {name: values[window] for name, values in features.windows.items()}
     return window_span_to_tokens(features.examples["piece_to_token"][row], int(w["doc_start"]),
-                                 int(w["question_len"]), int(w["start_position"]), int(w["end_position"]))
+                                 TEMPLATE.document_offset(int(w["question_len"])), int(w["start_position"]),
+                                 int(w["end_position"]))
 
 
 # --- windows: labels survive the round trip ------------------------------------------------------
@@ -67,23 +71,7 @@ def test_gold_spans_survive_the_round_trip_at_window_boundaries_with_tags_inside
     rng = random.Random(7)
     examples = [parse(random_record(rng, i)) for i in range(150)]
     features = featurizer(by_word=by_word).featurize(examples, keep_all=True)
-    positives = 0
-    for window in range(len(features.windows["input_ids"])):
-        row = int(features.windows["example_index"][window])
-        example, answer_type = examples[row], AnswerType(int(features.windows["answer_type"][window]))
-        if features.windows["start_position"][window] == 0:
-            assert answer_type == AnswerType.UNKNOWN
-            continue
-        positives += 1
-        targets = example.targets
-        assert answer_type == targets.answer_type
-        span = decoded_spans(features, row, window)
-        if answer_type == AnswerType.SHORT:
-            assert span in targets.short
-        else:  # the long answer's words, which identify the annotated candidate, tags included
-            assert containing_candidate(example.candidates, span) == targets.long_candidate
-            assert tuple(example.candidates[targets.long_candidate, :2]) == (targets.long.start, targets.long.end)
-    assert positives > 100
+    assert check_labels_recover_the_gold(examples, features, TEMPLATE) > 100
 
 
 def test_every_window_is_labelled_iff_a_target_fits_in_it() -> None:
@@ -137,14 +125,16 @@ def test_word_cache_and_whole_document_paths_give_identical_features() -> None:
 def test_byte_level_bpe_tokenizers_map_pieces_to_their_words() -> None:
     """Tokenizers whose pieces carry the preceding space take the whole-document path; blanked
     tags and the spaces between words never become pieces, and every piece maps to its word."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator([" ".join(WORDS + UNICODE_WORDS)] * 20, trainers.BpeTrainer(
         vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    made = Featurizer(bpe, cls_id=0, sep_id=1, pad_id=2, settings=WindowSettings(512, 16, 100, 1.0, 0))
+    bpe.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> $B </s>",
+                                                       special_tokens=[("<s>", 0), ("</s>", 1)])
+    made = Featurizer(bpe, pad_id=2, settings=WindowSettings(512, 16, 100, 1.0, 0))
     assert not made.by_word
     rng = random.Random(17)
     examples = [parse(random_record(rng, i)) for i in range(20)]
@@ -445,6 +435,26 @@ def test_cached_windows_read_like_dummy_items(tmp_path: Path) -> None:
         [0] * (SMALL.max_seq_len - length)
     with pytest.raises(IndexError):
         windows[len(windows)]
+
+
+def test_a_cache_written_before_templates_were_stored_reads_the_same(tmp_path: Path) -> None:
+    """BERT caches keep their fingerprints (their windows did not change); their manifests name no template, and
+    read as the only one they could hold, [CLS] q [SEP] d [SEP]. Any other template changes the fingerprint."""
+    bert = request(sample_file(tmp_path))
+    directory = build_cache(bert, tmp_path / "cache", num_proc=1, progress=False)
+    now = [NQWindows(directory, "train")[i] for i in range(5)]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest.pop("template") == TEMPLATE.to_dict()
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    before = [NQWindows(directory, "train")[i] for i in range(5)]
+    for mine, old in zip(now, before, strict=True):
+        assert all(np.array_equal(mine[name], old[name]) for name in mine)
+    roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), document_type=0))
+    assert roberta_like.fingerprint() != bert.fingerprint()
+    # the very fingerprint the code before templates gave the committed sample (commit 0a8a2dc): caches are kept
+    sample = CacheRequest.from_tokenizer(REPO_ROOT / "data" / "nq-sample" / "simplified-nq-train.jsonl", TOKENIZER,
+                                         WindowSettings(128, 32, 64, 0.1, 0), validation_fraction=0.1)
+    assert sample.fingerprint() == "ffc2d0639fe616fa"
 
 
 @pytest.mark.parametrize(("size", "world_size"), [(103, 4), (100, 4), (7, 2), (5, 1)])

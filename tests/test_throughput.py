@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, DistilBertConfig
+from transformers import BertConfig, BertModel, ModernBertConfig
 
-from distqa.throughput import mfu, model_flops_per_token, non_embedding_parameters, peak_bf16_flops
+from distqa.throughput import encoder_on_meta, mfu, model_flops_per_token, non_embedding_parameters, peak_bf16_flops
 
 BERT_BASE = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                        intermediate_size=3072, max_position_embeddings=512)
@@ -19,34 +19,37 @@ def test_bert_base_flops_per_token_match_a_hand_count():
     layer_norms = 2 * (768 + 768)                        # 3,072
     per_layer = q_k_v_output + feed_forward + layer_norms
     assert per_layer == 7_087_872
-    assert non_embedding_parameters(BERT_BASE) == 12 * per_layer == 85_054_464
+    embeddings_layer_norm = 768 + 768                    # counted like every LayerNorm; the tables are not
+    non_embedding = 12 * per_layer + embeddings_layer_norm
+    assert non_embedding_parameters(encoder_on_meta(BERT_BASE)) == non_embedding == 85_056_000
     # Attention scores and their weighted sum: 2 matmuls × 2·h·s FLOPs forward per token per layer, ×3 with backward.
     seq = 384
     attention = 3 * 2 * (2 * 768 * seq) * 12
-    assert model_flops_per_token(BERT_BASE, seq) == 6 * 85_054_464 + attention == 552_794_112
+    assert model_flops_per_token(BERT_BASE, seq) == 6 * non_embedding + attention == 552_803_328
     # seq 512: only the attention term grows, by 12 · L · h per token of sequence
     assert model_flops_per_token(BERT_BASE, 512) - model_flops_per_token(BERT_BASE, 384) == 12 * 12 * 768 * 128
 
 
-def test_non_embedding_parameters_are_those_of_transformers_own_encoder_layers():
-    # An independent count: the encoder layers transformers builds (on the meta device: no memory, no time).
+def test_non_embedding_parameters_leave_out_the_embedding_tables_and_the_pooler():
+    # An independent count: transformers' own BERT-base (on the meta device: no memory, no time).
     with torch.device("meta"):
         encoder = BertModel(BERT_BASE, add_pooling_layer=True)
-    layers = sum(p.numel() for p in encoder.encoder.parameters())
-    everything = sum(p.numel() for p in encoder.parameters())
-    assert non_embedding_parameters(BERT_BASE) == layers
-    # and what is left out is the embeddings and the pooler: the published 110M of BERT-base
-    embeddings = sum(p.numel() for p in encoder.embeddings.parameters())
+    tables = sum(p.numel() for name, p in encoder.named_parameters() if name.endswith("embeddings.weight"))
     pooler = sum(p.numel() for p in encoder.pooler.parameters())
-    assert everything == layers + embeddings + pooler == 109_482_240
+    assert non_embedding_parameters(encoder) == sum(p.numel() for p in encoder.parameters()) - tables - pooler
+    assert tables == (30522 + 512 + 2) * 768 and sum(p.numel() for p in encoder.parameters()) == 109_482_240
+    # the model given or its config: the same count (the config's on a meta-device instance)
+    assert model_flops_per_token(encoder, 128) == model_flops_per_token(BERT_BASE, 128)
 
 
-def test_a_config_without_layer_sizes_is_refused_by_name():
-    # DistilBERT names its feed-forward width hidden_dim
-    with pytest.raises(ValueError, match=r"DistilBertConfig.*intermediate_size"):
-        model_flops_per_token(DistilBertConfig(), 128)
+def test_modernbert_base_counts_its_gated_feed_forward():
+    """The issue's case: BERT's formula on ModernBERT-base's sizes gave 91.0 M layer parameters; its modules
+    hold 110.3 M (a gated feed-forward of 2 × 1152 inputs, no biases): everything but its 50368 × 768 table."""
+    config = ModernBertConfig()  # ModernBERT-base
+    encoder = encoder_on_meta(config)
+    assert non_embedding_parameters(encoder) == 149_014_272 - 50368 * 768 == 110_331_648
     with pytest.raises(ValueError, match="seq_len"):
-        model_flops_per_token(BERT_BASE, 0)
+        model_flops_per_token(config, 0)
 
 
 @pytest.mark.parametrize(("device_name", "tflops"), [

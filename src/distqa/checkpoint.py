@@ -5,11 +5,14 @@ tensors and Python containers, so it loads with ``weights_only=True`` (no pickle
 It is written to a temporary name, flushed to disk and renamed: a job killed mid-write leaves the
 previous checkpoint intact and never a truncated file under a real name. A full disk fails the write
 with :class:`~distqa.files.DiskFullError` (folder and free space named), the previous file intact.
+The trainer writes through :mod:`distqa.checkpoint_writer` (rank 0, in the background, from a host copy
+of the step's state).
 
 Integrity: next to every checkpoint, ``step-00000100.pt.crc32`` (JSON) holds the size and CRC-32 of
 its bytes, computed while they are written (no second pass). Loading compares the size first (a file
 truncated by a full disk or a copy that stopped is caught without reading it), then the CRC-32 (bit
-rot; about 2.5 GB/s on one core, so well under a second per GB next to the read itself). A sidecar
+rot), computed while the file is read into memory, which is the one read of it (:func:`read_checkpoint`;
+about 2.5 GB/s of CRC on one core). A sidecar
 rather than a hash inside the file: ``torch.save``'s zip archive has no room for a checksum of
 itself, and a sidecar can be checked without unpickling anything. A checkpoint without its sidecar
 (an older release's, or a kill between the two renames) is loaded unverified; torch's zip reader
@@ -31,15 +34,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import mmap
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, Generic, NamedTuple, TypeVar
 
 import torch
 
-from distqa.files import Digest, atomic_write, file_digest
+from distqa.files import Digest, atomic_write, file_digest, read_with_digest
 
 log = logging.getLogger(__name__)
 
@@ -155,23 +159,59 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
 def verify_checkpoint(path: Path) -> bool:
     """Raise :class:`CheckpointError` naming the file when its bytes differ from those written (size
     first, then CRC-32); True when verified, False when there is no sidecar to verify against."""
+    expected = _sidecar_digest(path)
+    if expected is None:
+        return False
+    _check_size(path, expected)
+    _check_digest(path, file_digest(path), expected)
+    return True
+
+
+def read_checkpoint(path: Path, verify: bool = True) -> mmap.mmap:
+    """The bytes of a checkpoint file in memory, read once (one open, one pass; :func:`parse_checkpoint`
+    loads them); with ``verify``, the size is compared with the sidecar's before reading and the CRC-32,
+    computed in the same pass, after. Raises :class:`CheckpointError` naming the file. Close it when done."""
+    expected = _sidecar_digest(path) if verify else None
+    if expected is not None:
+        _check_size(path, expected)  # a truncated file is refused without reading it
+    try:
+        data, actual = read_with_digest(path)
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read ({err}).") from err
+    if expected is not None:
+        try:
+            _check_digest(path, actual, expected)
+        except CheckpointError:
+            data.close()
+            raise
+    return data
+
+
+def _sidecar_digest(path: Path) -> Digest | None:
+    """What the sidecar says was written; None when there is no sidecar."""
     sidecar = digest_path(path)
     try:
-        expected = Digest(**json.loads(sidecar.read_text()))
+        return Digest(**json.loads(sidecar.read_text()))
     except FileNotFoundError:
-        return False
+        return None
     except (OSError, ValueError, TypeError) as err:
         raise CheckpointError(f"{sidecar} is unreadable ({err}); cannot verify {path}.") from err
+
+
+def _check_size(path: Path, expected: Digest) -> None:
     try:
         size = path.stat().st_size
     except OSError as err:
         raise CheckpointError(f"{path} cannot be read ({err}).") from err
     if size != expected.size:
         raise CheckpointError(f"{path} is truncated or damaged: {size} bytes, {expected.size} were written.")
-    actual = file_digest(path)
+
+
+def _check_digest(path: Path, actual: Digest, expected: Digest) -> None:
+    if actual.size != expected.size:
+        raise CheckpointError(f"{path} is truncated or damaged: {actual.size} bytes, {expected.size} were written.")
     if actual.crc32 != expected.crc32:
         raise CheckpointError(f"{path} is corrupted: CRC-32 {actual.crc32:08x}, {expected.crc32:08x} was written.")
-    return True
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -192,14 +232,22 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         digest_path(old).unlink(missing_ok=True)
 
 
-def newest_intact_checkpoint(run_dir: Path, kind: type[C] = TrainingCheckpoint) -> tuple[Path, C] | None:  # type: ignore[assignment]
+class IntactCheckpoint(NamedTuple, Generic[C]):
+    path: Path
+    checkpoint: C
+    data: mmap.mmap
+    """The file's bytes as read (once) for ``checkpoint``: resume hands them on to the other ranks of the node."""
+
+
+def newest_intact_checkpoint(run_dir: Path, kind: type[C] = TrainingCheckpoint) -> IntactCheckpoint[C] | None:  # type: ignore[assignment]
     """The newest step checkpoint that verifies and loads, with its contents; None if there is none.
 
     Each damaged newer one is reported in one line and renamed ``<name>.corrupt`` (kept for a look,
     never chosen or counted by pruning again). Rank 0 only: it renames files."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return path, load_checkpoint(path, kind)
+            data = read_checkpoint(path)
+            return IntactCheckpoint(path, parse_checkpoint(data, path, kind), data)
         except CheckpointError as err:
             quarantined = path.with_name(path.name + ".corrupt")
             path.replace(quarantined)
@@ -224,14 +272,23 @@ def best_checkpoint_path(run_dir: Path) -> Path:
 
 
 def load_checkpoint(path: Path, kind: type[C] = TrainingCheckpoint, verify: bool = True) -> C:  # type: ignore[assignment]
-    """Load on the CPU as ``kind`` (a step checkpoint also loads as a :class:`ModelCheckpoint`); raises
-    :class:`CheckpointError` naming the file when it is damaged (:func:`verify_checkpoint`, unless
-    ``verify`` is false because another rank has just verified it) or not a checkpoint of this recipe
-    and version."""
-    if verify:
-        verify_checkpoint(path)
+    """Load on the CPU as ``kind`` (a step checkpoint also loads as a :class:`ModelCheckpoint`), reading the
+    file once; raises :class:`CheckpointError` naming the file when it is damaged (:func:`read_checkpoint`,
+    verified unless ``verify`` is false because another rank has just verified it) or not a checkpoint of
+    this recipe and version."""
+    data = read_checkpoint(path, verify)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return parse_checkpoint(data, path, kind)
+    finally:
+        data.close()
+
+
+def parse_checkpoint(data: IO[bytes] | mmap.mmap, path: Path | str, kind: type[C] = TrainingCheckpoint) -> C:  # type: ignore[assignment]
+    """The checkpoint in ``data`` (the bytes of the file ``path``, which messages name) as ``kind``; the
+    tensors are copied out, so ``data`` may be closed after."""
+    data.seek(0)
+    try:
+        state = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
                               "pass another file or --resume none.") from err

@@ -168,6 +168,10 @@ class Config:
         "starts fresh, or a path to a checkpoint file.")
     checkpoint_every: int = CHECKPOINTS(50, "Save a checkpoint every N optimizer steps (0 = only at the end).")
     keep_checkpoints: int = CHECKPOINTS(3, "Newest step checkpoints kept in the run directory.")
+    checkpoint_in_background: bool = CHECKPOINTS(
+        True, "Rank 0 copies the step's state to host memory and writes the checkpoint in a background thread "
+        "while training goes on (one write at a time; a stop and the end wait for it). false: training waits "
+        "for each write, and no host copy is kept (a host short of memory).")
     stop_at_step: int = CHECKPOINTS(
         0, "End this invocation after this optimizer step, with a checkpoint, while the schedule "
         "still targets max_steps: splits a long run over time-limited jobs. 0 = never.")

@@ -4,10 +4,10 @@ Decoding follows the BERT baseline for Natural Questions (Alberti et al., 2019):
 
 1. **Per window** (:func:`top_spans`, on the device): the best spans ``(start, end)`` with
    ``start <= end``, at most ``max_answer_len`` wordpieces, both inside the window's document part
-   (never the question, [CLS] or [SEP]). A span's score is ``start_logit[start] + end_logit[end]``
-   minus the null score ``start_logit[0] + end_logit[0]`` of [CLS]: above 0 the window prefers the
-   span to "no answer here". Only the ``TOP_K`` best starts and ends are paired, as in HF's
-   ``utils_qa``.
+   (never the question or a special token: :func:`document_mask`, from the tokenizer's pair template).
+   A span's score is ``start_logit[start] + end_logit[end]`` minus the null score ``start_logit[0] +
+   end_logit[0]`` of the first token ([CLS], <s>): above 0 the window prefers the span to "no answer
+   here". Only the ``TOP_K`` best starts and ends are paired, as in HF's ``utils_qa``.
 2. **Per example** (:func:`decode`): the best-scoring span over all of the example's windows,
    mapped back to whitespace-token indices of the original document. Overlapping windows see an
    answer near one window's edge whole in the next one, so a span never needs to cross a boundary.
@@ -62,11 +62,12 @@ class WindowSpans(NamedTuple):
     """(windows, 5) answer-type logits, in :class:`AnswerType` order."""
 
 
-def document_mask(attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-    """Positions of the document part: segment 1, minus the window's final [SEP]."""
-    length = attention_mask.sum(dim=1, keepdim=True)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    return token_type_ids.bool() & (positions < length - 1)
+def document_mask(document_begin: torch.Tensor, document_end: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(windows, seq_len) True at the positions of each window's document tokens: from ``document_begin`` up to
+    ``document_end`` (exclusive), per window; the tokenizer's sequence ids put them there (the windows'
+    :class:`~distqa.data.template.PairTemplate`)."""
+    positions = torch.arange(seq_len, device=document_begin.device)
+    return (positions >= document_begin[:, None]) & (positions < document_end[:, None])
 
 
 def top_spans(start_logits: torch.Tensor, end_logits: torch.Tensor, doc_mask: torch.Tensor,
@@ -156,11 +157,13 @@ class WindowLayout(NamedTuple):
 
     example_index: np.ndarray
     doc_start: np.ndarray
-    question_len: np.ndarray
+    """The document piece each window's document part starts with."""
+    document_begin: np.ndarray
+    """The window position of that piece (after the question and the template's special tokens)."""
 
     @classmethod
     def of(cls, windows: NQWindows) -> WindowLayout:
-        return cls(windows.columns["example_index"], windows.columns["doc_start"], windows.columns["question_len"])
+        return cls(windows.columns["example_index"], windows.columns["doc_start"], windows.document_begin)
 
 
 class ExampleColumns(NamedTuple):
@@ -211,7 +214,7 @@ def _decode_example(example_id: int, windows: np.ndarray, spans: WindowSpans, la
     def token_span(flat: int) -> tuple[int, Span]:
         window, which = windows[flat // spans.score.shape[1]], flat % spans.score.shape[1]
         return window, window_span_to_tokens(piece_to_token, int(layout.doc_start[window]),
-                                             int(layout.question_len[window]), int(spans.start[window, which]),
+                                             int(layout.document_begin[window]), int(spans.start[window, which]),
                                              int(spans.end[window, which]))
 
     best_window, best = token_span(ranked[0])

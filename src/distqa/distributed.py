@@ -190,6 +190,30 @@ def broadcast_object(obj: Any) -> Any:
     return holder[0]
 
 
+def node_local_group(runtime: Runtime, timeout_s: float) -> tuple[dist.ProcessGroup | None, int]:
+    """Collective. A gloo group of this node's ranks (host memory, whatever the training backend), and the
+    global rank of the node's first rank, which acts for the node; no group (None) in a single process or
+    where every node runs one rank. Nodes are told apart by torchrun's ``GROUP_RANK`` (``node_rank``)."""
+    if not dist.is_initialized():
+        return None, runtime.rank
+    ranks_of_node: dict[int, list[int]] = {}
+    for rank, node in enumerate(all_gather_objects(runtime.node_rank)):
+        ranks_of_node.setdefault(node, []).append(rank)
+    first = ranks_of_node[runtime.node_rank][0]
+    if all(len(ranks) == 1 for ranks in ranks_of_node.values()):
+        return None, first
+    group, _ = dist.new_subgroups_by_enumeration(list(ranks_of_node.values()), timeout=timedelta(seconds=timeout_s),
+                                                 backend="gloo")
+    return group, first
+
+
+def broadcast_buffer(buffer: Any, src: int, group: dist.ProcessGroup) -> None:
+    """The bytes of global rank ``src``'s ``buffer`` into ``buffer`` on every rank of ``group`` (a writable
+    buffer of the same size on each, such as an anonymous ``mmap``): gloo's binomial tree, so ``src`` sends
+    at most log2(ranks) copies."""
+    dist.broadcast(torch.frombuffer(buffer, dtype=torch.uint8), src=src, group=group)
+
+
 # What gloo raises on a rank whose collective waited dist_timeout_s for a peer (third_party/gloo/gloo/
 # transport/tcp/unbound_buffer.cc). NCCL does not raise: its watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING)
 # logs "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=…)" and aborts the process,

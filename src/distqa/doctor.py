@@ -22,7 +22,9 @@ per failed check saying what to fix. Checks: the world size (``--expect-world-si
 ``--allreduce-mb`` with its result checked and its bandwidth measured; /dev/shm size; free disk and
 writability of the results directory; what the task reads (its ``check``: the model's sources, NQ's
 feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
-interfaces that exist and are up.
+interfaces that exist and are up; the estimated peak memory of a training step against each rank's GPU
+(``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine), with the fix when it
+does not fit (:mod:`distqa.memory`).
 
 Exit status: 0 when every check passed, 1 when one failed (every rank exits so, and torchrun with it),
 2 for a setting that is wrong in itself.
@@ -31,6 +33,7 @@ Exit status: 0 when every check passed, 1 when one failed (every rank exits so, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import statistics
@@ -45,8 +48,10 @@ from dotenv import load_dotenv
 
 from distqa.config import Config, ConfigError
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.files import DataError
+from distqa.files import DataError, print_error
 from distqa.flags import build_arg_parser
+from distqa.memory import GiB, Step, fixes, needed_bytes
+from distqa.optim import Precision
 from distqa.preflight import (
     GB,
     RankReport,
@@ -84,6 +89,10 @@ def add_doctor_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                        help="Fail when the results directory's disk has less free space than this (GB).")
     group.add_argument("--timeout-s", type=int, default=120, metavar="S",
                        help="Seconds a collective of the doctor may wait for the other ranks.")
+    group.add_argument("--gpu-memory-gb", type=float, default=0, metavar="GB",
+                       help="Check the estimated memory of a training step against a GPU of this many GB (10^9 bytes, "
+                            "as nvidia-smi's total: 24 for an L4, 85 for an 80 GB H100) instead of each rank's own; "
+                            "on a CPU machine, as if the run had such GPUs. 0 = each rank's GPU (none on CPU).")
     return parser
 
 
@@ -94,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             task = task_class(SettingSources.read(argv, os.environ, Path(".env")).task)
         except ConfigError as err:
-            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            print_error(f"distqa.doctor: configuration error: {err}")
             return 2
         add_doctor_flags(build_arg_parser(PROG, task, description=__doc__.split("\n")[0])).print_help()
         return 0
@@ -108,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = make_task(config)
     except ConfigError as err:
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            print(f"distqa.doctor: configuration error: {err}", file=sys.stderr)
+            print_error(f"distqa.doctor: configuration error: {err}")
             return 2
         # The other ranks would wait for this one until the timeout: join them, and let rank 0 report it.
         config, config_error = Config(), f"configuration error: {err}"
@@ -156,9 +165,12 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     bandwidth, bandwidth_problems = allreduce_smoke_test(runtime, options.allreduce_mb, options.min_bandwidth_gbs)
     failures = []
     if runtime.is_main_process:
+        memory = check_memory(config, runtime, reports, task, options.gpu_memory_gb) if task and not config_error \
+            else "memory: not estimated (no valid settings)"
         failures = disagreements(reports, options.expect_world_size) + bandwidth_problems + node_problems(reports)
         print(format_table(reports), flush=True)
         print(bandwidth, flush=True)
+        print(memory, flush=True)
         for failure in failures:
             print(f"FAIL {failure}", flush=True)
         print(f"doctor: {len(failures)} problem(s)" if failures else
@@ -203,6 +215,62 @@ def allreduce_smoke_test(runtime: Runtime, size_mb: float, min_bus_gbs: float,
                f"{1000 * seconds:.1f} ms median of {repeats}, algorithm bandwidth {algorithm:.2f} GB/s, "
                f"bus bandwidth {bus:.2f} GB/s")
     return summary, problems
+
+
+def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], task: Task, gpu_memory_gb: float) -> str:
+    """Rank 0: the estimated peak of one training step per rank, as one line; each rank whose GPU (or the GPU of
+    ``gpu_memory_gb``) it does not fit gets a problem naming the fixes (added to its report's problems)."""
+    try:
+        memory = task.training_memory()
+    except ConfigError as err:  # the encoder's config cannot be read here (a hub name without network)
+        reports[0].problems.append(f"memory: cannot estimate it: {err}")
+        return "memory: not estimated"
+    except ValueError as err:  # an encoder config distqa.memory cannot read its sizes from
+        return f"memory: not estimated ({err})"
+    if memory is None:
+        return f"memory: not estimated (task {task.name or config.task!r} defines no training_memory)"
+    gpu = gpu_memory_gb > 0 or any(report.device_memory_bytes for report in reports)
+    if config.precision != "auto":
+        precision = config.precision
+    elif runtime.device.type == "cuda":  # bf16, or fp16 where the GPU has no bf16: the same bytes
+        precision = Precision.choose("auto", runtime.device).name
+    else:  # auto is fp32 on CPU; the GPU of --gpu-memory-gb is taken to have bf16
+        precision = "bf16" if gpu else "fp32"
+    world_size = runtime.world_size
+    accumulation = config.for_world_size(world_size).accumulation_steps(world_size)
+    checkpointing = getattr(config, "activation_checkpointing", None)  # a setting of transformers encoders' tasks
+    step = Step(micro_batch=config.per_rank_batch_size, precision=precision, device_type="cuda" if gpu else "cpu",
+                activation_checkpointing=bool(checkpointing), gradients_persist=world_size > 1 or accumulation > 1)
+    estimate = memory.estimate(step)
+    line = (f"memory per rank: {estimate.describe()}, estimated for micro-batch {step.micro_batch} × {memory.seq_len} "
+            f"tokens, {precision}, {memory.attention} attention, activation checkpointing "
+            f"{'on' if checkpointing else 'off'}, on {'CUDA' if gpu else 'CPU'} (distqa.memory"
+            f"{'' if memory.encoder.counted else f'; {memory.encoder.model_type} counted as BERT layers'})")
+    for report in reports:
+        total = int(gpu_memory_gb * GB) if gpu_memory_gb else report.device_memory_bytes
+        if total is None or needed_bytes(estimate.peak) <= total:
+            continue
+        where = f"a GPU of {gpu_memory_gb:g} GB (--gpu-memory-gb)" if gpu_memory_gb else "this GPU"
+        remedies = fixes(memory, step, total, lambda micro_batch: _keeps_global_batch(config, micro_batch, world_size),
+                         can_checkpoint=checkpointing is not None)
+        report.problems.append(
+            f"memory: a training step needs about {needed_bytes(estimate.peak) / GiB:.1f} GiB (its estimated peak, "
+            f"{estimate.peak / GiB:.1f} GiB, with the allocator's margin and CUDA's and NCCL's own) and {where} has "
+            f"{total / GiB:.1f} GiB; fix: {', or '.join(remedies)}")
+    if not gpu:
+        line += "; --gpu-memory-gb N checks it against a GPU of N GB"
+    return line
+
+
+def _keeps_global_batch(config: Config, micro_batch: int, world_size: int) -> bool:
+    """Whether ``micro_batch`` per rank is accepted at ``world_size`` with the run's global batch unchanged (more
+    micro-batches per step instead of a batch grown by ``grow_global_batch``)."""
+    try:
+        smaller = dataclasses.replace(config, per_rank_batch_size=micro_batch).for_world_size(world_size)
+        smaller.accumulation_steps(world_size)
+    except ConfigError:
+        return False
+    return smaller.global_batch_size == config.for_world_size(world_size).global_batch_size
 
 
 def _synchronize(runtime: Runtime) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from distqa.config import ConfigError
 from distqa.data.features import find_features
 from distqa.data.squad_features import find_squad_features
 from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
-from distqa.files import DataError
+from distqa.files import DataError, print_error
 from distqa.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
 from distqa.inference import Evaluator, Predictor, checkpoint_task
 from distqa.metric import write_submission
@@ -87,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     write_submission(args.output, {p.example_id: p.answer(evaluation.thresholds)
                                                    for p in evaluation.predictions})
     except (ConfigError, DataError, FileNotFoundError) as err:
-        print(f"distqa.evaluate: error: {err}", file=sys.stderr)
+        print_error(f"distqa.evaluate: error: {err}")
         return 2
     return 0
 

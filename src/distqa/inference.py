@@ -16,9 +16,7 @@ into answers is :mod:`distqa.decode`'s.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,15 +73,13 @@ class _IndexedWindows(Dataset):
         return {**self.windows[index], "window": index}
 
 
-ContextMask = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
-"""The positions of a batch (on the CPU) where an answer may lie, as a bool (batch, positions) tensor."""
-
-
 @torch.no_grad()
 def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
-                  batch_size: int, max_answer_len: int, context_mask: ContextMask | None = None) -> WindowSpans:
+                  batch_size: int, max_answer_len: int) -> WindowSpans:
     """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
-    where ``context_mask`` allows (default: an NQ window's document part, :func:`~distqa.decode.document_mask`)."""
+    in each window's document part, from ``windows.document_begin`` up to ``document_end`` (arrays by window:
+    :class:`~distqa.data.cache.NQWindows`, :class:`~distqa.data.squad_cache.SquadWindows`)."""
+    bounds = torch.from_numpy(np.stack([windows.document_begin, windows.document_end], axis=1))
     dataset = _IndexedWindows(windows)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
     # Windows are only read, never compiled for: every batch is cut to its longest window.
@@ -97,9 +93,10 @@ def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precisio
             inputs = on_device(batch, runtime.device, INPUT_NAMES)
             with precision.autocast():
                 output = forward(model, inputs)
-            mask = (context_mask(batch).to(runtime.device) if context_mask is not None
-                    else document_mask(inputs["attention_mask"], inputs["token_type_ids"]))
-            found = top_spans(output.start_logits, output.end_logits, mask, output.answer_type_logits, max_answer_len)
+            begin, end = bounds[batch["window"]].to(runtime.device).unbind(dim=1)
+            found = top_spans(output.start_logits, output.end_logits,
+                              document_mask(begin, end, inputs["input_ids"].shape[1]),
+                              output.answer_type_logits, max_answer_len)
             parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
     finally:
         model.train(was_training)
@@ -238,7 +235,7 @@ def load_trained(path: Path, runtime: Runtime, config_class: type[QAConfig],
     if not isinstance(config, config_class):
         raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; predict and evaluate answer with "
                           "checkpoints of the question-answering tasks 'nq' and 'squad' only.")
-    model = build_model(dataclasses.replace(config, from_scratch=True))  # the weights come from the file
+    model = build_model(config, weights_from_checkpoint=True)
     model.load_state_dict(checkpoint.model)
     model.to(runtime.device).eval()
     return model, config, checkpoint

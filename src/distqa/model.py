@@ -88,14 +88,15 @@ def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return sum(losses) / len(losses)
 
 
-def build_model(config: QAConfig) -> QAModel:
-    """Encoder from any BERT-family name or directory (randomly initialised with ``from_scratch``)."""
+def build_model(config: QAConfig, weights_from_checkpoint: bool = False) -> QAModel:
+    """Encoder from any name or directory of the encoder families (pretrained or random weights by
+    ``from_scratch``); ``weights_from_checkpoint``: random ones that the caller replaces with a checkpoint's."""
     encoder_config = load_encoder_config(config)
     if config.dropout is not None:
         for name in DROPOUT_ATTRIBUTES:
             if hasattr(encoder_config, name):
                 setattr(encoder_config, name, config.dropout)
-    encoder = load_encoder(config, encoder_config)
+    encoder = load_encoder(config, encoder_config, weights_from_checkpoint)
     if config.activation_checkpointing:
         if not encoder.supports_gradient_checkpointing:
             raise ConfigError(f"activation_checkpointing: transformers' {type(encoder).__name__} cannot recompute its "

@@ -45,7 +45,7 @@ from dotenv import load_dotenv
 from distqa.config import ConfigError
 from distqa.data.nq import require_file
 from distqa.data.squad import hub_name, source_path
-from distqa.files import DataError
+from distqa.files import DataError, print_error
 from distqa.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
 from distqa.metric import write_submission
 from distqa.squad_metric import write_predictions
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log.info("wrote %s: %d examples, %d long and %d short answers", args.output, len(answers),
                          sum(bool(a.long) for a in answers.values()), sum(bool(a.short) for a in answers.values()))
     except (ConfigError, DataError) as err:
-        print(f"distqa.predict: error: {err}", file=sys.stderr)
+        print_error(f"distqa.predict: error: {err}")
         return 2
     return 0
 

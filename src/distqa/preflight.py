@@ -63,6 +63,8 @@ class RankReport:
     config: dict[str, Any]
     shm_bytes: int | None = None
     free_disk_bytes: int | None = None
+    device_memory_bytes: int | None = None
+    """The GPU's memory as CUDA reports it (``total_memory``); None on CPU."""
     problems: list[str] = field(default_factory=list)
     """Failed checks of this rank's node, each saying what to fix."""
 
@@ -115,6 +117,7 @@ def rank_report(config: Config, runtime: Runtime, problems: list[str] | None = N
         device=str(runtime.device), device_name=torch.cuda.get_device_name(runtime.device) if cuda else "cpu",
         gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0, versions=library_versions(),
         code_hash=code_hash(code_packages(task)), config_hash=config_hash(config), config=config.to_dict(),
+        device_memory_bytes=torch.cuda.get_device_properties(runtime.device).total_memory if cuda else None,
         problems=list(problems or []))
 
 

@@ -9,6 +9,14 @@ path and the fix; the loaders below translate what is left (a hub name that does
 A hub name is downloaded once per run into ``HF_HOME`` (shared storage on the platform):
 :func:`fetch_once` lets global rank 0 fetch it while the others wait at a barrier, after which every
 rank loads from the cache without asking the hub again.
+
+Pretrained or random weights (``from_scratch``, :func:`weights_choice`): ``auto`` loads the pretrained weights
+where the model has them and starts from random ones only where it has none (a directory of a config alone,
+such as ``data/tiny-bert``); ``true`` and ``false`` force either. Every rank logs which one happened, in one
+line, so naming a model with weights never trains random ones silently.
+
+The attention kernel (:func:`attention_kernel`): transformers has no SDPA kernel for some encoders
+(DeBERTa-v2/v3); those fall back to ``eager`` with one warning.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any
 
 import huggingface_hub
 from transformers import (
+    MODEL_MAPPING,
     AutoConfig,
     AutoModel,
     AutoTokenizer,
@@ -38,6 +47,10 @@ WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHT
 HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "pytorch_model*.bin"]
 """What :func:`fetch_once` downloads of a hub repository: configs, tokenizer files and PyTorch weights,
 not the TensorFlow, Flax, ONNX or Core ML copies many repositories also hold."""
+
+PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
+"""Model types whose position ids start after the padding id (RoBERTa's ``create_position_ids_from_input_ids``):
+roberta-base's 514 position embeddings hold windows of 512 tokens."""
 
 log = logging.getLogger(__name__)
 _cached: set[str] = set()  # hub names fetch_once has put into HF_HOME: loaded with local_files_only
@@ -94,7 +107,7 @@ def check_sources(config: QAConfig) -> PreTrainedTokenizerBase | None:
     model_dir = Path(config.model_source)
     if model_dir.is_dir():
         load_encoder_config(config)
-        if not config.from_scratch and not any((model_dir / f).is_file() for f in WEIGHT_FILES):
+        if config.from_scratch is False and not has_weights(model_dir):
             raise ConfigError(
                 f"model_name_or_path={config.model_name_or_path!r}: {model_dir} holds a config but no weights "
                 f"({' or '.join(WEIGHT_FILES[::2])}) and from_scratch is false. Train from random weights with "
@@ -112,31 +125,69 @@ def load_encoder_config(config: QAConfig) -> PretrainedConfig:
             f"model_name_or_path={config.model_name_or_path!r}: cannot load an encoder config from "
             f"{config.model_source} ({_first_line(err)}). Give a directory holding config.json (and weights, "
             "or --from-scratch true) or a hub name such as bert-base-uncased.") from None
-    if config.max_seq_len > encoder_config.max_position_embeddings:
-        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the encoder's max_position_embeddings "
-                          f"({encoder_config.max_position_embeddings}); lower max_seq_len.")
+    positions = encoder_config.max_position_embeddings
+    if encoder_config.model_type in PADDING_OFFSET_POSITIONS:  # positions count from pad_token_id + 1
+        positions -= encoder_config.pad_token_id + 1
+    if config.max_seq_len > positions:
+        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the {positions} positions of the encoder "
+                          f"(max_position_embeddings {encoder_config.max_position_embeddings}); lower max_seq_len.")
     return encoder_config
 
 
-def load_encoder(config: QAConfig, encoder_config: PretrainedConfig) -> PreTrainedModel:
-    """The pretrained weights, or random ones with ``from_scratch``, with the attention kernel of
-    ``attn_implementation``."""
-    attention = {"attn_implementation": config.attn_implementation}
+def has_weights(model_dir: Path) -> bool:
+    """Whether a local model directory holds PyTorch weights that ``from_pretrained`` reads."""
+    return any((model_dir / name).is_file() for name in WEIGHT_FILES)
+
+
+def weights_choice(config: EncoderConfig) -> tuple[bool, str]:
+    """Whether the encoder of ``config`` starts from its pretrained weights, and, where it does not, why (for
+    the log). A hub name is taken to have weights (its load says so otherwise, naming --from-scratch true)."""
+    model_dir = Path(config.model_source)
+    local_without_weights = model_dir.is_dir() and not has_weights(model_dir)
+    if config.from_scratch is True:
+        unused = "" if local_without_weights else f"; the pretrained weights of {config.model_name_or_path} are unused"
+        return False, f"from_scratch is true{unused}"
+    if config.from_scratch == "auto" and local_without_weights:
+        return False, (f"{config.model_name_or_path} holds a config but no weights ({' or '.join(WEIGHT_FILES[::2])}), "
+                       "and from_scratch is auto")
+    return True, ""
+
+
+def attention_kernel(config: QAConfig, encoder_config: PretrainedConfig) -> str:
+    """``config.attn_implementation``, or ``eager`` (with one warning) where transformers has no SDPA kernel for
+    this encoder. transformers says so with a plain ValueError (``_sdpa_can_dispatch``), the type of every other
+    load error; so the model class is asked first (its ``_supports_sdpa``), and no message is read."""
+    if config.attn_implementation != "sdpa" or type(encoder_config) not in MODEL_MAPPING:
+        return config.attn_implementation  # a config AutoModel does not know: its own error names it
+    model_class = MODEL_MAPPING[type(encoder_config)]
+    if model_class._supports_sdpa:
+        return "sdpa"
+    log.warning("attn_implementation: transformers has no SDPA kernel for %s (%s); using 'eager' (set "
+                "--attn-implementation eager to say so)", model_class.__name__, config.model_name_or_path)
+    return "eager"
+
+
+def load_encoder(config: QAConfig, encoder_config: PretrainedConfig, weights_from_checkpoint: bool = False
+                 ) -> PreTrainedModel:
+    """The pretrained weights, or random ones (:func:`weights_choice`, logged in one line), with the attention
+    kernel of :func:`attention_kernel`. ``weights_from_checkpoint``: random ones that the caller replaces at once
+    with a checkpoint's (``predict``), said by the caller."""
+    attention = {"attn_implementation": attention_kernel(config, encoder_config)}
+    pretrained, why_not = weights_choice(config)
+    if weights_from_checkpoint or not pretrained:
+        if not weights_from_checkpoint:
+            (log.warning if config.from_scratch is True else log.info)("random weights: %s", why_not)
+        return AutoModel.from_config(encoder_config, **attention)
     try:
-        if config.from_scratch:
-            return AutoModel.from_config(encoder_config, **attention)
-        return _from_pretrained(AutoModel.from_pretrained, config.model_source, config=encoder_config, **attention)
+        encoder = _from_pretrained(AutoModel.from_pretrained, config.model_source, config=encoder_config,
+                                   **attention)
     except (OSError, ValueError) as err:
-        if config.attn_implementation in str(err):  # transformers names the kernel an encoder lacks
-            raise ConfigError(
-                f"attn_implementation={config.attn_implementation!r}: the encoder of {config.model_name_or_path!r} "
-                f"does not support it ({_first_line(err)}). Use --attn-implementation eager.") from None
-        if config.from_scratch:
-            raise
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: cannot load pretrained weights from "
             f"{config.model_source} ({_first_line(err)}). Use --from-scratch true for random weights, a hub "
             "name such as bert-base-uncased, or a directory holding config.json and model.safetensors.") from None
+    log.info("loaded pretrained weights from %s", config.model_source)
+    return encoder
 
 
 def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:

@@ -2,8 +2,9 @@
 
 A raw value is a string (an environment variable, a ``.env`` line, a flag) or a TOML value (a preset); each
 becomes the field's type, or a :class:`~distqa.config.ConfigError` that names the setting and where the value
-came from. Settings are ``str``, ``int``, ``float``, ``bool``, a ``Literal`` of strings, or one of them
-``| None`` (written ``none`` on the command line).
+came from. Settings are ``str``, ``int``, ``float``, ``bool``, a ``Literal`` of strings (and booleans: ``Literal["auto",
+True, False]``, written ``auto``, ``true`` or ``false``), or one of them ``| None`` (written ``none`` on the command
+line).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def base_type(hint: Any) -> tuple[Any, bool]:
     base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
     if isinstance(base, types.UnionType) or not (
             base in (str, int, float, bool) or (typing.get_origin(base) is Literal
-                                                and all(isinstance(a, str) for a in typing.get_args(base)))):
+                                                and all(isinstance(a, str | bool) for a in typing.get_args(base)))):
         raise TypeError(hint)
     return base, optional
 
@@ -48,8 +49,11 @@ def coerce(name: str, raw: Any, source: str, config_class: type[Config]) -> Any:
 def parse_value(kind: Any, raw: Any) -> Any:
     """Strings (environment, flags) are parsed; TOML values must already have the right type."""
     if typing.get_origin(kind) is Literal:
-        if raw not in typing.get_args(kind):
-            raise ValueError(f"choose one of {list(typing.get_args(kind))}")
+        choices = typing.get_args(kind)
+        if isinstance(raw, str) and raw not in choices and True in choices and raw.lower() in BOOLEANS:
+            raw = BOOLEANS[raw.lower()]  # a Literal with booleans: "true" is True
+        if not any(raw == choice and type(raw) is type(choice) for choice in choices):
+            raise ValueError(f"choose one of {[_written(choice) for choice in choices]}")
         return raw
     if kind is bool:
         if isinstance(raw, str) and raw.lower() in BOOLEANS:
@@ -77,10 +81,15 @@ BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
              "false": False, "0": False, "no": False, "off": False}
 
 
+def _written(choice: str | bool) -> str:
+    """A Literal's choice as it is written on the command line."""
+    return str(choice).lower() if isinstance(choice, bool) else choice
+
+
 def metavar(name: str, config_class: type[Config]) -> str:
     base, _ = base_type(types_of(config_class)[name])
     if typing.get_origin(base) is Literal:
-        return "{" + ",".join(typing.get_args(base)) + "}"
+        return "{" + ",".join(map(_written, typing.get_args(base))) + "}"
     return getattr(base, "__name__", "VALUE").upper()
 
 

@@ -94,6 +94,7 @@ def load_config(
     flags = parse_flags(parser, source.argv, config_class, source.task)
 
     values: dict[str, Any] = {"preset": source.preset, "task": source.task}
+    later: set[str] = set()  # the settings the environment or a flag set, over the preset's
     for name, raw in source.preset_values.items():
         if name in fields_of(config_class):
             values[name] = coerce(name, raw, f"preset {source.preset_path}", config_class)
@@ -104,10 +105,14 @@ def load_config(
         name = key[len(ENV_PREFIX):].lower()
         if name in fields_of(config_class):
             values[name] = coerce(name, raw, f"environment variable {key}", config_class)
+            later.add(name)
         else:
             _refuse_unknown(name, config_class, f"environment variable {key} is not a setting", "")
     for name, raw in flags.items():
         values[name] = coerce_flag(name, raw, config_class)
+        later.add(name)
+    if issubclass(config_class, EncoderConfig):
+        _preset_random_weights_for_its_model_only(values, later, source, config_class)
 
     config = config_class(**values)
     check_environment(config, check_data_paths)
@@ -145,6 +150,23 @@ class SettingSources:
             if early.task is not None and early.task != early.dataset:
                 raise ConfigError(f"--task {early.task} and --dataset {early.dataset} disagree; give --task alone.")
         return cls(list(argv), env, preset, preset_path, preset_values, early.task or early.dataset or task)
+
+
+def _preset_random_weights_for_its_model_only(values: dict[str, Any], later: set[str], source: SettingSources,
+                                              config_class: type[Config]) -> None:
+    """A preset's ``from_scratch = true`` is for the preset's own model (a weightless one, such as the tiny
+    model's): when the environment or a flag names another model and says nothing of from_scratch, it becomes
+    ``auto`` again, with a notice, so naming a pretrained model never trains random weights unasked."""
+    if values.get("from_scratch") is not True or "from_scratch" in later or "model_name_or_path" not in later:
+        return
+    default = fields_of(config_class)["model_name_or_path"].default
+    preset_model = source.preset_values.get("model_name_or_path", default)
+    if values["model_name_or_path"] == preset_model:
+        return
+    log.warning("preset %s: its from_scratch = true is for its own model (%s), not for %s: from_scratch is auto "
+                "(pretrained weights where the model has them); set --from-scratch true for random weights",
+                source.preset_path, preset_model, values["model_name_or_path"])
+    values["from_scratch"] = "auto"
 
 
 def _take_task(values: dict[str, Any], key: str, old_key: str, place: str) -> str | None:

@@ -14,7 +14,6 @@ inference state: stored in the checkpoints, read back by :class:`SquadPredictor`
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,6 @@ from distqa.tasks.base import BestMetric, Evaluation
 from distqa.tasks.configs import SquadConfig
 
 log = logging.getLogger(__name__)
-
-
-def context_mask(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The positions of each window's context part (where an answer may start and end)."""
-    positions = torch.arange(batch["input_ids"].shape[1])
-    return (positions >= batch["context_start"][:, None]) & (positions < batch["context_end"][:, None])
 
 
 @dataclass(frozen=True)
@@ -110,8 +103,7 @@ class SquadEvaluator:
         return self.examples.num_rows
 
     def evaluate(self, model: nn.Module, precision: Precision) -> SquadEvaluation:
-        spans = score_windows(model, self.windows, self.runtime, precision, self.batch_size, self.max_answer_len,
-                              context_mask)
+        spans = score_windows(model, self.windows, self.runtime, precision, self.batch_size, self.max_answer_len)
         predictions = decode_answers(spans, self.windows, self.examples)
         threshold = self.threshold
         if threshold is None:
@@ -181,7 +173,7 @@ class SquadPredictor:
         precision = Precision.choose(self.config.precision, self.runtime.device)
         with torch.inference_mode():
             spans = score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
-                                  self.max_answer_len, context_mask)
+                                  self.max_answer_len)
         return decode_answers(spans, windows, open_examples(directory, "test"))
 
     def answers(self, predictions: list[SquadPrediction]) -> dict[str, str]:

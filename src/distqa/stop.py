@@ -5,7 +5,9 @@ Who sends the signal: torchrun's agent, which on its own SIGTERM/SIGINT/SIGHUP/S
 at its life span, a preempted node, Slurm's ``--signal``, Ctrl-C) sends the same signal to its
 workers' process groups, waits ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (default 30) and then
 SIGKILLs them (``torch/distributed/elastic/multiprocessing/api.py``, ``SubprocessContext._close``).
-So the stop — at most ``stop_check_every`` steps plus one checkpoint write — must fit in that time.
+So the stop — at most ``stop_check_every`` steps plus one checkpoint write — must fit in that time:
+:func:`graceful_stop_window` is that time, which the checkpoint writer compares with its first write
+(:mod:`distqa.checkpoint_writer`).
 
 A signal reaches only the workers of the node whose agent got it; the others learn of it through the
 agreement, a one-element all-reduce (MAX) every ``stop_check_every`` steps. A second signal ends the
@@ -23,7 +25,8 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -37,6 +40,10 @@ STOPPED_EXIT_CODE = 75
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REPORT_DIR_VARIABLE = "WORKER_STOP_REPORT_DIR"
+WORKER_WINDOW_VARIABLE = "WORKER_STOP_WINDOW_S"
+"""Seconds between ``worker.sh``'s own stop (``--life-span``, ``--stop-after``) and the end of the job's life span,
+exported by ``worker.sh`` when it knows both."""
+TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 
 
 class TrainingStoppedError(Exception):
@@ -93,3 +100,53 @@ class StopSignal:
         if step % self.every:
             return 0
         return all_reduce_max(self.received, self.device)
+
+
+@dataclass(frozen=True)
+class StopWindow:
+    """The time a graceful stop has from its signal to SIGKILL, and where that time is set."""
+
+    seconds: float
+    what: str
+    """The window in words, with the setting that makes it ("the 30 s torchrun waits … (TORCH_ELASTIC_…)")."""
+    fix: str
+    """How to make it longer."""
+
+
+def graceful_stop_window(environ: Mapping[str, str] | None = None) -> StopWindow | None:
+    """The shorter of the two deadlines a graceful stop can meet, None when neither applies (a process that
+    torchrun did not start, with no life span: nobody is known to SIGKILL it).
+
+    - torchrun's agent (which sets ``TORCHELASTIC_RUN_ID`` for its workers) SIGKILLs its workers
+      ``--shutdown-timeout`` s after passing them a SIGTERM: ``PET_SHUTDOWN_TIMEOUT`` (the flag's variable,
+      ``torch/distributed/run.py``), else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30
+      (``torch/distributed/launcher/api.py``, ``LaunchConfig.__post_init__``); the flag itself is not visible
+      here, and ``worker.sh`` does not pass it.
+    - ``worker.sh --life-span`` stops the workers ``WORKER_STOP_WINDOW_S`` s before the job's life span ends."""
+    environ = os.environ if environ is None else environ
+    windows: list[StopWindow] = []
+    if "TORCHELASTIC_RUN_ID" in environ:
+        name = next((n for n in ("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") if environ.get(n)),
+                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+        seconds = _seconds(environ.get(name), TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_S)
+        if seconds is not None:
+            windows.append(StopWindow(
+                seconds, f"the {seconds:g} s torchrun waits between SIGTERM and SIGKILL ({name})",
+                f"a longer {name} in the environment of worker.sh (the platform: defaults.env of .neuro/live.yml)"))
+    seconds = _seconds(environ.get(WORKER_WINDOW_VARIABLE), None)
+    if seconds is not None:
+        windows.append(StopWindow(seconds, f"the {seconds:g} s that worker.sh --life-span leaves between its stop "
+                                           f"and the end of the job ({WORKER_WINDOW_VARIABLE})",
+                                  "a longer life span, or an earlier worker.sh --stop-after"))
+    return min(windows, key=lambda window: window.seconds, default=None)
+
+
+def _seconds(raw: str | None, default: float | None) -> float | None:
+    """A window in seconds from a variable; ``default`` when unset, None when it is not a number (torchrun
+    refuses such a value itself before any worker starts)."""
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        return None

@@ -55,9 +55,10 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import DataError, DiskFullError
+from distqa.files import DataError, DiskFullError, print_error
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
+from distqa.resume import resume
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.settings import load_config
@@ -65,7 +66,7 @@ from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
 from distqa.tracking import run_record
-from distqa.trainer import StepPlan, Trainer, resume
+from distqa.trainer import StepPlan, Trainer
 
 log = logging.getLogger("distqa.train")
 
@@ -97,16 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stopped.write_report(runtime.rank)
                 return STOPPED_EXIT_CODE
     except ConfigError as err:
-        print(f"distqa.train: configuration error: {err}", file=sys.stderr)
+        print_error(f"distqa.train: configuration error: {err}")
         return 2
     except DataError as err:
-        print(f"distqa.train: data error: {err}", file=sys.stderr)
+        print_error(f"distqa.train: data error: {err}")
         return 2
     except CollectiveTimeoutError as err:  # a peer stalled; this rank leaves (torchrun then ends the others)
-        print(f"distqa.train: collective timeout: {err}", file=sys.stderr)
+        print_error(f"distqa.train: collective timeout: {err}")
         return 1
     except DiskFullError as err:  # rank 0, writing a checkpoint; the newest complete one is intact
-        print(f"distqa.train: disk full: {err.strerror}. Resume later with --resume auto.", file=sys.stderr)
+        print_error(f"distqa.train: disk full: {err.strerror}. Resume later with --resume auto.")
         return 1
     return 0
 

@@ -1,5 +1,5 @@
 """The training loop: accumulate (no_sync) → step → schedule → log (rank 0) → evaluate (all ranks)
-→ checkpoint (rank 0, atomic).
+→ checkpoint (rank 0, atomic, written in the background: :mod:`distqa.checkpoint_writer`).
 
 The job consumes one global batch per optimizer step whatever its world size: every rank runs
 ``accumulation`` micro-batches of ``per_rank_batch_size`` and DDP averages the gradients once, on the
@@ -8,8 +8,8 @@ in the current epoch, which together with the RNG states makes a resumed run con
 the interrupted one stopped.
 
 ``distqa.train`` builds every object the loop uses, in order (:class:`StepPlan`, the scheduler and
-precision, :func:`resume` into them, the DDP wrap of :mod:`distqa.ddp`), and hands them to :class:`Trainer`,
-which only runs.
+precision, :func:`distqa.resume.resume` into them, the DDP wrap of :mod:`distqa.ddp`), and hands them to
+:class:`Trainer`, which only runs.
 
 The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model
 reads, the loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and
@@ -36,18 +36,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from distqa.checkpoint import (
-    CheckpointError,
-    ModelCheckpoint,
-    Progress,
-    TrainingCheckpoint,
-    best_checkpoint_path,
-    checkpoint_path,
-    load_checkpoint,
-    newest_intact_checkpoint,
-    prune_checkpoints,
-    remove_stale_temporaries,
-)
+from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path, checkpoint_path
+from distqa.checkpoint_writer import CheckpointWriter
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
 from distqa.ddp import compile_enabled
@@ -60,10 +50,10 @@ from distqa.distributed import (
     on_device,
 )
 from distqa.optim import Precision
-from distqa.rng import capture_rng_state, restore_rng_state, seed_everything
+from distqa.rng import capture_rng_state
 from distqa.rundir import versions
-from distqa.stop import StopSignal, TrainingStoppedError
-from distqa.tasks.base import Evaluation, Evaluator, Task
+from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
+from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops
 from distqa.tracking import RunRecord
 from distqa.training_metrics import MetricsWindow, RankWindow, summarise
@@ -90,56 +80,6 @@ class StepPlan:
                 f"the dataset ({len(sampler.dataset)} examples) is smaller than one global batch "
                 f"({config.global_batch_size}); use more data or a smaller global_batch_size.")
         return cls(accumulation, steps_per_epoch, config.max_steps or config.epochs * steps_per_epoch)
-
-
-def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-           scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision) -> TrainingCheckpoint | None:
-    """Load the checkpoint named by ``config.resume`` into the model, optimizer, scheduler, scaler and
-    this rank's random generators; None when the run starts from scratch. Rank 0 picks the file so
-    that all ranks agree. Call it before the DDP wrap (which broadcasts rank 0's weights)."""
-    chosen, problem, checkpoint = None, None, None
-    if runtime.is_main_process:
-        for stale in remove_stale_temporaries(run_dir):
-            log.info("removed %s, left by an interrupted checkpoint write", stale)
-        # Rank 0 verifies and loads first, so that a damaged file is skipped (auto) or refused (a
-        # given path) by every rank alike; the others then load the file it chose without verifying.
-        try:
-            if config.resume == "auto":
-                found = newest_intact_checkpoint(run_dir, TrainingCheckpoint)
-                if found:
-                    chosen, checkpoint = str(found[0]), found[1]
-            elif config.resume != "none":
-                chosen = config.resume
-                checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint)
-        except CheckpointError as err:
-            problem = str(err)
-    chosen, problem = broadcast_object((chosen, problem))
-    if problem is not None:
-        raise ConfigError(f"cannot resume from {chosen}: {problem}\nUse --resume none or another "
-                          "--run-name to start fresh.")
-    if chosen is None:
-        log.info("starting from scratch (no checkpoint to resume)")
-        return None
-    try:
-        if checkpoint is None:
-            checkpoint = load_checkpoint(Path(chosen), TrainingCheckpoint, verify=False)
-        config.refuse_another_run(checkpoint.config, chosen)
-        model.load_state_dict(checkpoint.model)
-    except (CheckpointError, RuntimeError) as err:
-        raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
-                          "--run-name to start fresh.") from err
-    optimizer.load_state_dict(checkpoint.optimizer)
-    scheduler.load_state_dict(checkpoint.scheduler)
-    precision.scaler.load_state_dict(checkpoint.scaler)
-    if len(checkpoint.rng) == runtime.world_size:
-        restore_rng_state(checkpoint.rng[runtime.rank])
-    else:  # the data order still resumes exactly; only dropout draws differ
-        log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
-                    len(checkpoint.rng), runtime.world_size)
-        seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
-    log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen, checkpoint.progress.step,
-             checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch)
-    return checkpoint
 
 
 class Trainer:
@@ -172,6 +112,10 @@ class Trainer:
         self.metrics = MetricsWindow(runtime.device, lambda seq_len: task.flops_per_token(model, seq_len))
         """Loss, tokens and step times since the last log line (train_step feeds it)."""
         self.first_step = self.progress.step
+        self.checkpoints = CheckpointWriter(run_dir, config.keep_checkpoints, runtime.device,
+                                            background=config.checkpoint_in_background,
+                                            stop_window=graceful_stop_window())
+        """Rank 0's checkpoint files, written off the step (the other ranks never submit any)."""
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -187,7 +131,7 @@ class Trainer:
         metrics = self.metrics
         stop = StopSignal(self.runtime.device, config.stop_check_every)
         scalars = record.writer  # rank 0's TensorBoard and tracker; None elsewhere
-        with self._progress_bar() as bar, stop.installed(), \
+        with self._progress_bar() as bar, stop.installed(), self.checkpoints.finishing(), \
                 collective_timeouts_named(self.runtime, lambda: progress.step):
             while progress.step < self.plan.total_steps:
                 self.sampler.set_epoch(progress.epoch)
@@ -207,16 +151,18 @@ class Trainer:
                     last = progress.step == self.plan.total_steps
                     if progress.step % config.log_every == 0 or last:
                         self._log_metrics(metrics.flush(), bar, scalars)
+                    best = False
                     if self.evaluator is not None and (last or _due(config.eval_every, progress.step)):
                         with metrics.paused():  # samples/s and ms/step measure training alone
-                            self.evaluate(scalars)
+                            best = self.evaluate(scalars)
                     early = not last and self._stops_early()
                     stopping = progress.step == config.stop_at_step or early
                     saved = last or stopping or _due(config.checkpoint_every, progress.step)
-                    if saved:
-                        self.save_checkpoint()
+                    if saved or best:
+                        self.save_checkpoint(step=saved, best=best)
                     if not last and (received := stop.agreed(progress.step)):
                         path = checkpoint_path(self.run_dir, progress.step) if saved else self.save_checkpoint()
+                        self.finish_checkpoints()
                         raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
                     if early:
                         log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
@@ -225,9 +171,11 @@ class Trainer:
                     elif stopping:
                         log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
                     if stopping:
+                        self.finish_checkpoints()
                         return progress
                 progress.epoch += 1
                 progress.samples_in_epoch = 0
+            self.finish_checkpoints()
         log.info("training finished at step %d", progress.step)
         return progress
 
@@ -260,36 +208,41 @@ class Trainer:
         return loss_sum, grad_norm
 
     # --- checkpoints -------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Collective: every rank contributes its RNG state, rank 0 writes, all wait for the file."""
-        rng_states = all_gather_objects(capture_rng_state())
+    def save_checkpoint(self, step: bool = True, best: bool = False) -> Path:
+        """Collective with ``step`` (every rank contributes its RNG state): rank 0 hands the step checkpoint,
+        and with ``best`` best.pt, to its writer, which copies this step's state to host memory and writes
+        the files in the background (distqa.checkpoint_writer). Returns the step checkpoint's path."""
+        rng_states = all_gather_objects(capture_rng_state()) if step else []
         path = checkpoint_path(self.run_dir, self.progress.step)
         if self.runtime.is_main_process:
-            started = time.perf_counter()
-            TrainingCheckpoint(
-                **self._model_checkpoint_fields(),
-                optimizer=self.optimizer.state_dict(),
-                scheduler=self.scheduler.state_dict(),
-                scaler=self.precision.scaler.state_dict(),
-                rng=rng_states,
-                world_size=self.runtime.world_size,
-                saved_by_rank=self.runtime.rank,
-            ).save(path)
-            prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
-            log.info("saved checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6,
-                     time.perf_counter() - started)
-        # Nobody runs ahead of a checkpoint that is still being written: a crash right after this
-        # step can always resume from it.
-        barrier()
+            fields = self._model_checkpoint_fields()
+            files: dict[Path, ModelCheckpoint] = {}
+            if step:
+                files[path] = TrainingCheckpoint(
+                    **fields, optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+                    scaler=self.precision.scaler.state_dict(), rng=rng_states, world_size=self.runtime.world_size,
+                    saved_by_rank=self.runtime.rank)
+            if best:
+                files[best_checkpoint_path(self.run_dir)] = ModelCheckpoint(**fields)
+            self.checkpoints.submit(files)
         return path
+
+    def finish_checkpoints(self) -> None:
+        """Collective, before the loop ends or stops: rank 0 waits until its files are complete and durable
+        (raising a write's error), and the others wait for rank 0: on a stop, the first worker to exit has the
+        agents end the rest (distqa.agent), which must not catch rank 0 mid-write."""
+        if self.runtime.is_main_process:
+            self.checkpoints.wait()
+        barrier()
 
     def _model_checkpoint_fields(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "config": self.config.to_dict(), "task_state": self.task_state,
                 "evaluation": self.evaluation, "progress": self.progress, "versions": versions()}
 
     # --- evaluation --------------------------------------------------------------------------
-    def evaluate(self, scalars: RunRecord | None = None) -> Evaluation:
-        """Score the validation data on all ranks; rank 0 logs it and keeps the best model."""
+    def evaluate(self, scalars: RunRecord | None = None) -> bool:
+        """Score the validation data on all ranks; rank 0 logs it. True when the model is the best so far
+        (best.pt is to be saved)."""
         assert self.evaluator is not None
         started = time.perf_counter()
         evaluation = self.evaluator.evaluate(self.model, self.precision)
@@ -316,11 +269,7 @@ class Trainer:
                 for name, metric in metrics.items():
                     scalars.add_scalar(f"eval/{name}", metric, step)
                 scalars.flush()
-            if improved:
-                ModelCheckpoint(**self._model_checkpoint_fields()).save(best_checkpoint_path(self.run_dir))
-                log.info("saved %s (%s %.4f at step %d)", best_checkpoint_path(self.run_dir), best.name, value, step)
-        barrier()
-        return evaluation
+        return improved
 
     # --- helpers -----------------------------------------------------------------------------
     def _stops_early(self) -> bool:

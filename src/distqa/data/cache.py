@@ -39,11 +39,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from tokenizers import Tokenizer
 
 from distqa.answers import AnswerType
 from distqa.data.featurize import featurising_pool, join_parts, make_tasks, read_table, run_tasks
 from distqa.data.nq import BadLinePolicy, ScanResult, require_file, scan
-from distqa.data.windows import WindowSettings, WindowStats
+from distqa.data.template import PairTemplate
+from distqa.data.windows import WindowSettings, WindowStats, tokenizes_words_independently
 from distqa.files import DataError
 
 log = logging.getLogger(__name__)
@@ -63,20 +65,22 @@ class CacheRequest:
     settings: WindowSettings
     validation_fraction: float
     tokenizer_json: str
-    cls_id: int
-    sep_id: int
+    template: PairTemplate
+    """The tokenizer's pair format (read from ``tokenizer_json``'s post-processor)."""
     pad_id: int
 
     @classmethod
     def from_tokenizer(cls, source: Path, tokenizer: Any, settings: WindowSettings, labelled: bool = True,
                        validation_fraction: float = 0.0) -> CacheRequest:
-        """``tokenizer``: a ``transformers`` fast tokenizer."""
+        """``tokenizer``: a ``transformers`` fast tokenizer. ValueError when its pair template leaves
+        ``settings`` no room for the document (naming the setting)."""
         if not getattr(tokenizer, "is_fast", False):
             raise DataError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; NQ featurisation "
                             "needs one (a tokenizer.json; every BERT-family model on the hub has one)")
+        template = PairTemplate.of(tokenizer.backend_tokenizer)
+        template.check_shape(settings.max_seq_len, settings.max_question_len, settings.doc_stride)
         return cls(require_file(source), labelled, settings, validation_fraction if labelled else 0.0,
-                   tokenizer.backend_tokenizer.to_str(), tokenizer.cls_token_id, tokenizer.sep_token_id,
-                   tokenizer.pad_token_id)
+                   tokenizer.backend_tokenizer.to_str(), template, tokenizer.pad_token_id)
 
     def fingerprint(self) -> str:
         """Hash of the input's content sample and size, the tokenizer and every window setting.
@@ -86,14 +90,29 @@ class CacheRequest:
         change when the file is copied to storage.
         """
         digest = hashlib.sha256()
-        digest.update(json.dumps({
-            "format": FORMAT_VERSION, "labelled": self.labelled, "settings": asdict(self.settings),
-            "validation_fraction": self.validation_fraction,
-            "special_ids": [self.cls_id, self.sep_id, self.pad_id],
-        }, sort_keys=True).encode())
+        digest.update(json.dumps(self.hashed_settings(), sort_keys=True).encode())
         digest.update(hashlib.sha256(self.tokenizer_json.encode()).digest())
         hash_source(digest, self.source)
         return digest.hexdigest()[:16]
+
+    def hashed_settings(self) -> dict[str, Any]:
+        """What the fingerprint hashes besides the tokenizer and the input.
+
+        The window template is the tokenizer's (its post-processor is in ``tokenizer_json``, hashed whole),
+        so the tokenizer covers it. But caches of earlier versions wrote ``[CLS] q [SEP] d [SEP]`` whatever
+        the tokenizer's template, and dropped the leading-space pieces of byte-level BPE and SentencePiece
+        words, under the same hash. So only BERT-family caches (the same windows now as then) keep their
+        fingerprints; any other template or tokenizer kind hashes its template too, and is never served an
+        old cache.
+        """
+        template = self.template
+        bert = template.middle and template == PairTemplate.bert(template.prefix[0], template.middle[0])
+        if bert and tokenizes_words_independently(Tokenizer.from_str(self.tokenizer_json)):
+            layout: dict[str, Any] = {"special_ids": [template.prefix[0], template.middle[0], self.pad_id]}
+        else:
+            layout = {"template": template.to_dict(), "pad_id": self.pad_id}
+        return {"format": FORMAT_VERSION, "labelled": self.labelled, "settings": asdict(self.settings),
+                "validation_fraction": self.validation_fraction, **layout}
 
     def directory(self, cache_dir: Path) -> Path:
         return Path(cache_dir) / f"{self.source.stem}-{self.fingerprint()}"
@@ -238,6 +257,7 @@ def _summary(request: CacheRequest, scanned: ScanResult, stats: dict[str, Window
         "source_bytes": request.source.stat().st_size,
         "labelled": request.labelled,
         "settings": asdict(request.settings),
+        "template": request.template.to_dict(),
         "validation_fraction": request.validation_fraction,
         "lines": scanned.total_lines,
         "examples": len(scanned),
@@ -279,8 +299,8 @@ class NQWindows:
     """The windows of one split of a cache as a map-style dataset of DummyDataset-shaped items.
 
     Items are dicts of numpy arrays (the DataLoader's default collate turns them into tensors);
-    ``attention_mask`` and ``token_type_ids`` are rebuilt from the stored lengths. The token ids
-    stay memory-mapped: opening a cache of any size takes milliseconds and no RAM.
+    ``attention_mask`` and ``token_type_ids`` are rebuilt from the stored lengths and the cache's window
+    template. The token ids stay memory-mapped: opening a cache of any size takes milliseconds and no RAM.
     """
 
     def __init__(self, directory: Path, split: str = "train") -> None:
@@ -301,6 +321,11 @@ class NQWindows:
                  "answer_type")
         self.columns = {name: table.column(name).to_numpy().astype(np.int64) for name in small}
         self.positions = np.arange(self.max_seq_len)
+        self.template = window_template(Path(directory))
+        self.document_begin = self.template.document_offset(self.columns["question_len"])
+        """Window position of each window's first document token."""
+        self.document_end = self.columns["length"] - len(self.template.suffix)
+        """Window position after each window's last document token."""
 
     def __len__(self) -> int:
         return self.num_rows
@@ -310,17 +335,22 @@ class NQWindows:
             raise IndexError(f"window {index} out of range for {self.num_rows} windows")
         chunk = int(np.searchsorted(self.chunk_starts, index, side="right")) - 1
         input_ids = self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64)
-        length = self.columns["length"][index]
-        attention_mask = (self.positions < length).astype(np.int64)
-        token_type_ids = attention_mask * (self.positions >= self.columns["question_len"][index] + 2)
+        attention_mask = (self.positions < self.columns["length"][index]).astype(np.int64)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "token_type_ids": token_type_ids,
+            "token_type_ids": self.template.token_type_ids(self.columns["question_len"][index], attention_mask),
             "start_positions": self.columns["start_position"][index],
             "end_positions": self.columns["end_position"][index],
             "answer_type": self.columns["answer_type"][index],
         }
+
+
+def window_template(directory: Path) -> PairTemplate:
+    """The window template of a cache, from its manifest; a manifest without one was written before the
+    template was read from the tokenizer, with ``[CLS] q [SEP] d [SEP]`` (whose ids reading never needs)."""
+    template = load_manifest(directory).get("template")
+    return PairTemplate.from_dict(template) if template else PairTemplate.bert(cls_id=-1, sep_id=-1)
 
 
 def open_examples(directory: Path, split: str) -> pa.Table:

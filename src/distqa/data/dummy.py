@@ -4,13 +4,17 @@ Use it to try the whole pipeline (multi-node launch, DDP, checkpoints) with no d
 a function of ``(seed, index)`` alone, so every rank, worker and restart sees the same example at the
 same index without touching any global random state.
 
-A window is ``[CLS] question [SEP] document [SEP] [PAD]…`` with token types 0 for the question part
-and 1 for the document part. About a third of the documents are shorter than the window (padding).
+A window is the tokenizer's own pair format (:class:`~distqa.data.template.PairTemplate`: ``[CLS] question
+[SEP] document [SEP] [PAD]…`` for BERT, with token types 0 for the question part and 1 for the document
+part; ``<s> question </s></s> document </s>`` for RoBERTa), and its words are drawn from the ids that are
+no special token, wherever the vocabulary puts those. About a third of the documents are shorter than the
+window (padding).
 The labels are learnable, so the loss visibly falls:
 
 * the first question token is a marker that names the answer type;
 * for answerable windows, the last question tokens reappear in the document right before the answer
-  span (the "clue" a reader model learns to look for); unknown windows point start and end at [CLS].
+  span (the "clue" a reader model learns to look for); unknown windows point start and end at the first
+  token ([CLS], <s>).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from distqa.answers import AnswerType
-from distqa.data.windows import check_window_shape
+from distqa.data.template import PairTemplate
 
 # Roughly the NQ mix per window: most windows hold no answer.
 ANSWER_TYPE_WEIGHTS = {AnswerType.UNKNOWN: 0.45, AnswerType.YES: 0.05, AnswerType.NO: 0.05,
@@ -32,26 +36,28 @@ LONG_SPAN = (8, 40)
 
 
 class DummyDataset(Dataset):
-    def __init__(self, size: int, max_seq_len: int, max_question_len: int, vocab_size: int,
-                 cls_id: int, sep_id: int, pad_id: int, first_word_id: int, seed: int = 0) -> None:
-        """``first_word_id``: ids below it are special tokens and never drawn as words."""
-        check_window_shape(max_seq_len, max_question_len)
-        if vocab_size - first_word_id <= len(AnswerType):
-            raise ValueError(f"vocab_size {vocab_size} is too small for DummyDataset")
+    def __init__(self, size: int, max_seq_len: int, max_question_len: int, template: PairTemplate,
+                 word_ids: np.ndarray, pad_id: int, seed: int = 0) -> None:
+        """``template``: the tokenizer's pair format; ``word_ids``: the ids drawn as words (no special token)."""
+        template.check_shape(max_seq_len, max_question_len)
+        if len(word_ids) <= 2 * len(AnswerType):
+            raise ValueError(f"DummyDataset needs more than {2 * len(AnswerType)} ids that are no special token, "
+                             f"got {len(word_ids)}")
         self.size, self.max_seq_len, self.max_question_len = size, max_seq_len, max_question_len
-        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.template, self.pad_id = template, pad_id
         self.seed = seed
         # The answer-type markers take the first word ids; the remaining ids are ordinary words.
-        self.markers = np.arange(first_word_id, first_word_id + len(AnswerType))
-        self.word_ids = (first_word_id + len(AnswerType), vocab_size)
+        self.markers = np.asarray(word_ids[:len(AnswerType)], dtype=np.int64)
+        self.words = np.asarray(word_ids[len(AnswerType):], dtype=np.int64)
         self.types = np.array(list(ANSWER_TYPE_WEIGHTS))
         self.type_p = np.array(list(ANSWER_TYPE_WEIGHTS.values()))
 
     @classmethod
     def for_tokenizer(cls, tokenizer: PreTrainedTokenizerBase, **kwargs: int) -> DummyDataset:
-        first_word_id = max(tokenizer.all_special_ids) + 1
-        return cls(vocab_size=len(tokenizer), cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id,
-                   pad_id=tokenizer.pad_token_id, first_word_id=first_word_id, **kwargs)
+        """Windows in the pair format of ``tokenizer`` (a fast one), words from its ids that are no special token."""
+        word_ids = np.setdiff1d(np.arange(len(tokenizer)), tokenizer.all_special_ids)
+        return cls(template=PairTemplate.of(tokenizer.backend_tokenizer), word_ids=word_ids,
+                   pad_id=tokenizer.pad_token_id, **kwargs)
 
     def __len__(self) -> int:
         return self.size
@@ -63,14 +69,14 @@ class DummyDataset(Dataset):
         answer_type = AnswerType(int(rng.choice(self.types, p=self.type_p)))
 
         question_len = int(rng.integers(CLUE_LENGTH + 2, self.max_question_len + 1))
-        room = self.max_seq_len - question_len - 3
+        room = self.max_seq_len - question_len - self.template.special_count
         doc_len = room if rng.random() < 0.65 else int(rng.integers(1, room + 1))
-        question = rng.integers(*self.word_ids, size=question_len)
+        question = self.words[rng.integers(len(self.words), size=question_len)]
         question[0] = self.markers[answer_type]
-        document = rng.integers(*self.word_ids, size=doc_len)
+        document = self.words[rng.integers(len(self.words), size=doc_len)]
 
-        start = end = 0  # [CLS]: no answer in this window
-        doc_offset = question_len + 2  # [CLS] question [SEP]
+        start = end = 0  # the first token ([CLS], <s>): no answer in this window
+        doc_offset = self.template.document_offset(question_len)
         if answer_type != AnswerType.UNKNOWN and doc_len > CLUE_LENGTH:
             longest = doc_len - CLUE_LENGTH
             if answer_type == AnswerType.LONG:
@@ -84,12 +90,11 @@ class DummyDataset(Dataset):
             answer_type = AnswerType.UNKNOWN  # a one- or two-token document has no room for an answer
 
         input_ids = np.full(self.max_seq_len, self.pad_id, dtype=np.int64)
-        tokens = np.concatenate([[self.cls_id], question, [self.sep_id], document, [self.sep_id]])
+        tokens = self.template.window(question, document)
         input_ids[:len(tokens)] = tokens
         attention_mask = np.zeros(self.max_seq_len, dtype=np.int64)
         attention_mask[:len(tokens)] = 1
-        token_type_ids = np.zeros(self.max_seq_len, dtype=np.int64)
-        token_type_ids[doc_offset:len(tokens)] = 1
+        token_type_ids = self.template.token_type_ids(question_len, attention_mask)
         return {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),

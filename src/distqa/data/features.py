@@ -35,9 +35,16 @@ def window_settings(config: NQConfig) -> WindowSettings:
 
 def nq_request(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True) -> CacheRequest:
-    """What determines the NQ features of ``source`` (default: ``config.nq_train_file``)."""
-    return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, window_settings(config), labelled,
-                                       config.validation_fraction)
+    """What determines the NQ features of ``source`` (default: ``config.nq_train_file``); a ConfigError when the
+    tokenizer's pair template does not fit the window settings."""
+    settings = window_settings(config)
+    try:
+        return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, settings, labelled,
+                                           config.validation_fraction)
+    except ValueError as err:
+        if isinstance(err, DataError):
+            raise
+        raise ConfigError(f"the windows of tokenizer {config.tokenizer_source}: {err}") from None
 
 
 def find_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,

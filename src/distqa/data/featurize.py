@@ -77,8 +77,8 @@ def _init_worker(request: CacheRequest, parallel_tokenizer: bool) -> None:
     global _featurizer
     if not parallel_tokenizer:  # one process per core already; the Rust thread pool would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _featurizer = Featurizer(Tokenizer.from_str(request.tokenizer_json), request.cls_id, request.sep_id,
-                             request.pad_id, request.settings)
+    _featurizer = Featurizer(Tokenizer.from_str(request.tokenizer_json), request.pad_id, request.settings,
+                             request.template)
 
 
 def _featurize_task(task: Task) -> tuple[int, dict[str, WindowStats]]:

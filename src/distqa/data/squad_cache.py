@@ -328,6 +328,10 @@ class SquadWindows:
         self.columns = {name: table.column(name).to_numpy().astype(np.int64) for name in self.SCALARS}
         self.offsets_column = table.column("offsets")
         self.positions = np.arange(self.max_seq_len)
+        self.document_begin = self.columns["context_start"]
+        """Window position of each window's first context token (where answers may lie: ``score_windows``)."""
+        self.document_end = self.columns["context_end"]
+        """Window position after each window's last context token."""
 
     def __len__(self) -> int:
         return self.num_rows
@@ -345,8 +349,6 @@ class SquadWindows:
             "start_positions": columns["start_position"],
             "end_positions": columns["end_position"],
             "answer_type": columns["answer_type"],
-            "context_start": columns["context_start"],
-            "context_end": columns["context_end"],
         }
 
     def offsets(self) -> list[np.ndarray]:

@@ -1,7 +1,9 @@
 """Tokenise each NQ document once and cut it into labelled model windows.
 
-A window is ``[CLS] question [SEP] document piece slice [SEP] [PAD]…`` of ``max_seq_len`` tokens;
-consecutive windows start ``doc_stride`` pieces apart, so every piece is in at least one window.
+A window is the tokenizer's own pair format (:class:`~distqa.data.template.PairTemplate`: ``[CLS] question
+[SEP] document piece slice [SEP]`` for BERT, ``<s> question </s></s> … </s>`` for RoBERTa) padded to
+``max_seq_len`` tokens; consecutive windows start ``doc_stride`` pieces apart, so every piece is in at
+least one window.
 
 HTML tag tokens (``<P>``, ``</Td>``, …: a whole whitespace token of the form ``</?Name>``) are kept
 out of the model input. They mark structure the long-answer candidates already describe, and as
@@ -23,10 +25,10 @@ neither runs the tokenizer once per word.
 
 Labels: a window is positive when one target span lies wholly inside its document part: the first
 such short span for SHORT examples, the long answer for LONG, YES and NO ones. Its start/end are
-positions in the window and its answer type is the example's. Every other window points at
-[CLS] (position 0) with answer type UNKNOWN, and is kept with probability ``negative_keep_rate``,
-drawn from a generator seeded by (seed, example_id): the same windows survive in every run and for
-any number of processes.
+positions in the window and its answer type is the example's. Every other window points at the
+template's first token ([CLS], <s>: position 0) with answer type UNKNOWN, and is kept with
+probability ``negative_keep_rate``, drawn from a generator seeded by (seed, example_id): the same
+windows survive in every run and for any number of processes.
 """
 
 from __future__ import annotations
@@ -43,24 +45,12 @@ from tokenizers import Tokenizer
 
 from distqa.answers import AnswerType, Span
 from distqa.data.nq import NQExample
+from distqa.data.template import PairTemplate, check_window_shape
 
 TAG_TOKEN = re.compile(r"(?<![^ ])</?[A-Za-z][A-Za-z0-9]*>(?![^ ])")
 """An HTML tag that is a whole whitespace token, as in NQ's document_text."""
 
 SPACE = ord(" ")
-
-
-def check_window_shape(max_seq_len: int, max_question_len: int, doc_stride: int | None = None) -> None:
-    """The rule of a window's shape, for every user of it: ``[CLS] question [SEP] document [SEP]`` leaves
-    room for at least one document token, and windows ``doc_stride`` pieces apart leave no piece of the
-    document out. A ValueError naming the setting and the bound otherwise."""
-    if max_question_len + 4 > max_seq_len:
-        raise ValueError(f"max_question_len ({max_question_len}) leaves no room for the document in "
-                         f"max_seq_len ({max_seq_len}); use max_question_len <= max_seq_len - 4.")
-    room = max_seq_len - max_question_len - 3
-    if doc_stride is not None and not 1 <= doc_stride <= room:
-        raise ValueError(f"doc_stride ({doc_stride}) must be between 1 and the document part of a window, "
-                         f"max_seq_len - max_question_len - 3 = {room}; otherwise some text is in no window.")
 
 
 @dataclass(frozen=True)
@@ -111,15 +101,19 @@ class Features:
 class Featurizer:
     """Turns batches of :class:`NQExample` into window and example columns.
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer`` (``PreTrainedTokenizerFast.backend_tokenizer``).
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (``PreTrainedTokenizerFast.backend_tokenizer``); the window
+    template is its own (:meth:`PairTemplate.of`) unless ``template`` is given. ValueError naming the setting
+    when ``settings`` leave the template's windows no room for the document.
     """
 
-    def __init__(self, tokenizer: Tokenizer, cls_id: int, sep_id: int, pad_id: int,
-                 settings: WindowSettings) -> None:
+    def __init__(self, tokenizer: Tokenizer, pad_id: int, settings: WindowSettings,
+                 template: PairTemplate | None = None) -> None:
         self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a private copy: no padding/truncation
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.template = template or PairTemplate.of(self.tokenizer)
+        self.template.check_shape(settings.max_seq_len, settings.max_question_len, settings.doc_stride)
+        self.pad_id = pad_id
         self.settings = settings
         vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.id_dtype = np.uint16 if vocab_size <= 2**16 else np.int32
@@ -169,9 +163,10 @@ class Featurizer:
 
     def _windows(self, index: int, example: NQExample, question_ids: np.ndarray, piece_ids: np.ndarray,
                  piece_to_token: np.ndarray, keep_all: bool, out: dict[str, list[np.ndarray]]) -> WindowStats:
-        settings, length = self.settings, self.settings.max_seq_len
+        settings, length, template = self.settings, self.settings.max_seq_len, self.template
         num_question = len(question_ids)
-        room = length - num_question - 3
+        room = length - num_question - template.special_count
+        doc_offset = template.document_offset(num_question)
         num_pieces = len(piece_ids)
         count = 1 if num_pieces <= room else 1 + math.ceil((num_pieces - room) / settings.doc_stride)
         starts = np.arange(count, dtype=np.int64) * settings.doc_stride
@@ -188,8 +183,8 @@ class Featurizer:
             if first > last:
                 continue  # the span holds only tags: no piece can point at it
             inside = ~labelled & (first >= starts) & (last < starts + room)
-            start_pos[inside] = (first - starts[inside] + num_question + 2)
-            end_pos[inside] = (last - starts[inside] + num_question + 2)
+            start_pos[inside] = (first - starts[inside] + doc_offset)
+            end_pos[inside] = (last - starts[inside] + doc_offset)
             types[inside] = answer_type
             labelled |= inside
 
@@ -210,15 +205,14 @@ class Featurizer:
 
         kept_starts = starts[keep]
         input_ids = np.full((len(kept_starts), length), self.pad_id, dtype=self.id_dtype)
-        input_ids[:, 0] = self.cls_id
-        input_ids[:, 1:1 + num_question] = question_ids
-        input_ids[:, 1 + num_question] = self.sep_id
+        input_ids[:, :doc_offset] = np.concatenate([template.prefix, question_ids, template.middle])
         doc_lengths = np.minimum(num_pieces - kept_starts, room)
         for row, (start, doc_length) in enumerate(zip(kept_starts.tolist(), doc_lengths.tolist(), strict=True)):
-            input_ids[row, num_question + 2:num_question + 2 + doc_length] = piece_ids[start:start + doc_length]
-            input_ids[row, num_question + 2 + doc_length] = self.sep_id
+            end = doc_offset + doc_length
+            input_ids[row, doc_offset:end] = piece_ids[start:start + doc_length]
+            input_ids[row, end:end + len(template.suffix)] = template.suffix
         out["input_ids"].append(input_ids)
-        out["length"].append((num_question + 3 + doc_lengths).astype(np.int16))
+        out["length"].append((num_question + template.special_count + doc_lengths).astype(np.int16))
         out["question_len"].append(np.full(len(kept_starts), num_question, dtype=np.int16))
         out["example_index"].append(np.full(len(kept_starts), index, dtype=np.int32))
         out["doc_start"].append(kept_starts.astype(np.int32))
@@ -293,17 +287,23 @@ def pieces_of(document: str, blanked: str, ids: Sequence[int],
     """(piece ids, whitespace-token index of each piece) of ``blanked`` (= ``blank_tags(document)``)
     tokenised into ``ids`` with character ``offsets``.
 
-    Pieces made only of blanked space (byte-level BPE and SentencePiece tokenizers emit them) are
-    dropped. A piece belongs to the token that holds its last character.
+    A piece with text belongs to the token that holds its last character. A piece of space alone (byte-level
+    BPE's ``Ġ``, SentencePiece's ``▁``; its offsets may be empty) is the leading space of the word right after
+    it when a character of text follows (``Ġ`` ``P`` ``aris``): it belongs to that word, as in the tokenizer's
+    own encoding of the text. Any other is a run of blanked tag space and is dropped.
     """
     if not ids:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
     token_starts = np.concatenate([[0], np.flatnonzero(_chars(document) == SPACE) + 1])
     spans = np.asarray(offsets, dtype=np.int64)
-    last_char = spans[:, 1] - 1
-    real = (spans[:, 1] > spans[:, 0]) & (_chars(blanked)[np.maximum(last_char, 0)] != SPACE)
-    piece_to_token = np.searchsorted(token_starts, last_char[real], side="right") - 1
-    return np.asarray(ids, dtype=np.int64)[real], piece_to_token.astype(np.int32)
+    is_text = _chars(blanked) != SPACE
+    text_before = np.concatenate([[0], np.cumsum(is_text)])  # characters of text before each position
+    has_text = text_before[spans[:, 1]] > text_before[spans[:, 0]]
+    text_follows = (spans[:, 1] < len(is_text)) & is_text[np.minimum(spans[:, 1], len(is_text) - 1)]
+    kept = has_text | text_follows
+    anchor = np.where(has_text, spans[:, 1] - 1, spans[:, 1])[kept]  # the character whose token it is
+    piece_to_token = np.searchsorted(token_starts, anchor, side="right") - 1
+    return np.asarray(ids, dtype=np.int64)[kept], piece_to_token.astype(np.int32)
 
 
 def _chars(text: str) -> np.ndarray:
@@ -319,10 +319,11 @@ def token_span_to_pieces(piece_to_token: np.ndarray, span: Span) -> tuple[int, i
     return first, last
 
 
-def window_span_to_tokens(piece_to_token: np.ndarray, doc_start: int, question_len: int,
+def window_span_to_tokens(piece_to_token: np.ndarray, doc_start: int, document_offset: int,
                           start_position: int, end_position: int) -> Span:
-    """A span of window positions (inclusive, inside the document part) as document tokens."""
-    offset = doc_start - (question_len + 2)
+    """A span of window positions (inclusive, inside the document part) as document tokens; ``document_offset``
+    is the window position of the piece ``doc_start`` (:meth:`PairTemplate.document_offset`)."""
+    offset = doc_start - document_offset
     return Span(int(piece_to_token[start_position + offset]), int(piece_to_token[end_position + offset]) + 1)
 
 

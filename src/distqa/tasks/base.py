@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import nn
@@ -35,6 +35,9 @@ from torch.utils.data import Dataset, default_collate
 from distqa.config import Config, Section
 from distqa.distributed import Runtime
 from distqa.optim import Precision
+
+if TYPE_CHECKING:
+    from distqa.memory import TrainingMemory
 
 log = logging.getLogger(__name__)
 
@@ -136,4 +139,10 @@ class Task:
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
         """Training FLOPs (forward and backward) per token at ``seq_len``, for the MFU in the logs; None: no MFU."""
+        return None
+
+    def training_memory(self) -> TrainingMemory | None:
+        """How a training step's memory depends on its settings, for the doctor's memory check: a transformers
+        encoder's task returns ``TrainingMemory.of_model`` of its model built by ``distqa.memory.count_on_meta``
+        (no weights loaded). None: the doctor prints no estimate."""
         return None

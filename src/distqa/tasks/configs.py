@@ -26,7 +26,7 @@ from distqa.config import (
     require_positive,
     resolve_path,
 )
-from distqa.data.windows import check_window_shape
+from distqa.data.template import check_window_shape
 
 
 @dataclass
@@ -42,9 +42,11 @@ class EncoderConfig(Config):
         "", "Tokenizer directory or hub name; empty means the same as model_name_or_path.")
 
     # --- model -------------------------------------------------------------------------------------
-    from_scratch: bool = MODEL(
-        True, "Initialise the encoder randomly from the model's config instead of loading its "
-        "weights (the offline tiny model has no weights).")
+    from_scratch: Literal["auto", True, False] = MODEL(
+        "auto", "Random encoder weights instead of the pretrained ones. auto: pretrained weights where "
+        "model_name_or_path has them, random ones where it has none (a directory of a config alone, such as the "
+        "offline data/tiny-bert); true: random even where there are pretrained weights; false: pretrained weights "
+        "or a configuration error. The log says which. A preset's true applies to the preset's own model only.")
     dropout: float | None = MODEL(
         None, "Override the encoder's hidden and attention dropout (0 <= p < 1); none keeps the "
         "model's own.")
@@ -73,10 +75,13 @@ class EncoderConfig(Config):
 
 @dataclass
 class QAConfig(EncoderConfig):
-    """Extractive question answering over windows ``[CLS] question [SEP] document [SEP]``: the built-in tasks."""
+    """Extractive question answering over windows in the tokenizer's pair format (``[CLS] question [SEP] document
+    [SEP]`` for BERT): the built-in tasks."""
 
     # --- windows -----------------------------------------------------------------------------------
-    max_seq_len: int = WINDOWS(128, "Tokens per window: [CLS] question [SEP] document [SEP] + pad.", defines_run=True)
+    max_seq_len: int = WINDOWS(
+        128, "Tokens per window: the tokenizer's pair format ([CLS] question [SEP] document [SEP] for BERT, "
+        "<s> question </s></s> document </s> for RoBERTa) + pad.", defines_run=True)
     max_question_len: int = WINDOWS(32, "Most question tokens kept in a window.", defines_run=True)
 
     # --- training data -----------------------------------------------------------------------------
@@ -115,7 +120,7 @@ class NQConfig(QAConfig):
     # --- windows (with the tokenizer, what the NQ feature cache's fingerprint covers) --------------
     doc_stride: int = WINDOWS(
         64, "Document wordpieces between the starts of consecutive windows of one document; at most "
-        "max_seq_len - max_question_len - 3.", defines_run=True)
+        "max_seq_len - max_question_len - the tokenizer's special tokens (3; 4 for RoBERTa).", defines_run=True)
     negative_keep_rate: float = WINDOWS(
         0.1, "Fraction of training windows without an answer that are kept (0..1, deterministic by "
         "nq_seed); 1 keeps every window. Validation always keeps every window.", defines_run=True)

@@ -22,6 +22,7 @@ class DummyTask(QATask):
 
     def train_dataset(self) -> Dataset:
         config = self.config
+        self.window_template()  # a hub tokenizer is checked here, once loaded
         return DummyDataset.for_tokenizer(self.tokenizer, size=config.dummy_size, max_seq_len=config.max_seq_len,
                                           max_question_len=config.max_question_len, seed=config.seed)
 

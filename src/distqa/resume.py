@@ -1,0 +1,129 @@
+"""Resume: rank 0 picks the checkpoint, one rank per node reads it, and every rank loads it into its objects.
+
+Reading a checkpoint from shared storage once per rank (64 reads of a 5 GB file at 64 GPUs) costs what the
+storage can serve, whatever the node count; here each node reads it once:
+
+- rank 0 picks the file (``--resume auto``: the newest that verifies,
+  :func:`~distqa.checkpoint.newest_intact_checkpoint`; or ``--resume PATH``) and reads it once, its size and
+  CRC-32 checked in the same pass;
+- the first rank of each other node reads the same file once, verified the same way (a node that cannot
+  read it, or reads other bytes, stops every rank with one line naming the node: ``output_dir`` must be
+  storage every node sees);
+- the other ranks of a node receive the bytes from its first rank over a node-local gloo group
+  (:func:`~distqa.distributed.node_local_group`: memory to memory, a binomial tree, so the first rank sends
+  at most log2(ranks per node) copies, and storage sees one read per node whatever the ranks per node).
+
+Every rank then loads the bytes into its model, optimizer, scheduler, scaler and its own RNG streams. Each rank
+holds the file's bytes in memory until it has loaded them (the price of not reading it again).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from distqa.checkpoint import (
+    CheckpointError,
+    TrainingCheckpoint,
+    newest_intact_checkpoint,
+    parse_checkpoint,
+    read_checkpoint,
+    remove_stale_temporaries,
+)
+from distqa.config import Config, ConfigError
+from distqa.distributed import Runtime, all_gather_objects, broadcast_buffer, broadcast_object, node_local_group
+from distqa.optim import Precision
+from distqa.rng import restore_rng_state, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+           scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision) -> TrainingCheckpoint | None:
+    """Collective. Load the checkpoint named by ``config.resume`` into the model, optimizer, scheduler, scaler
+    and this rank's random generators; None when the run starts from scratch. Call it before the DDP wrap
+    (which broadcasts rank 0's weights)."""
+    chosen, problem, data, checkpoint = None, None, None, None
+    if runtime.is_main_process:
+        for stale in remove_stale_temporaries(run_dir):
+            log.info("removed %s, left by an interrupted checkpoint write", stale)
+        # Rank 0 chooses, so that a damaged file is skipped (auto) or refused (a given path) by every rank alike.
+        try:
+            if config.resume == "auto":
+                found = newest_intact_checkpoint(run_dir, TrainingCheckpoint)
+                if found:
+                    chosen, checkpoint, data = str(found.path), found.checkpoint, found.data
+            elif config.resume != "none":
+                chosen = config.resume
+                data = read_checkpoint(Path(chosen))
+                checkpoint = parse_checkpoint(data, chosen, TrainingCheckpoint)
+        except CheckpointError as err:
+            problem = str(err)
+            if data is not None:
+                data.close()
+    chosen, problem, size = broadcast_object((chosen, problem, len(data) if data is not None else 0))
+    if problem is not None:
+        raise ConfigError(f"cannot resume from {chosen}: {problem}\nUse --resume none or another "
+                          "--run-name to start fresh.")
+    if chosen is None:
+        log.info("starting from scratch (no checkpoint to resume)")
+        return None
+    data = read_once_per_node(Path(chosen), size, runtime, config.dist_timeout_s, data)
+    try:
+        if checkpoint is None:
+            checkpoint = parse_checkpoint(data, chosen, TrainingCheckpoint)
+        config.refuse_another_run(checkpoint.config, chosen)
+        model.load_state_dict(checkpoint.model)
+    except (CheckpointError, RuntimeError) as err:
+        raise ConfigError(f"cannot resume from {chosen}: {err}\nUse --resume none or another "
+                          "--run-name to start fresh.") from err
+    finally:
+        data.close()
+    optimizer.load_state_dict(checkpoint.optimizer)
+    scheduler.load_state_dict(checkpoint.scheduler)
+    precision.scaler.load_state_dict(checkpoint.scaler)
+    if len(checkpoint.rng) == runtime.world_size:
+        restore_rng_state(checkpoint.rng[runtime.rank])
+    else:  # the data order still resumes exactly; only dropout draws differ
+        log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
+                    len(checkpoint.rng), runtime.world_size)
+        seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
+    log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen, checkpoint.progress.step,
+             checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch)
+    return checkpoint
+
+
+def read_once_per_node(path: Path, size: int, runtime: Runtime, timeout_s: float,
+                       data: mmap.mmap | None) -> mmap.mmap:
+    """Collective. The bytes of ``path`` (``size`` of them, as rank 0 read them) on every rank: ``data`` where
+    this rank has read them already (rank 0), else read by the first rank of each node and sent to the others
+    of its node. Raises :class:`ConfigError` on every rank, naming the node, when a node cannot read them."""
+    group, first = node_local_group(runtime, timeout_s)
+    problem = None
+    if runtime.rank == first and data is None:
+        started = time.perf_counter()
+        try:
+            data = read_checkpoint(path)
+            if len(data) != size:
+                raise CheckpointError(f"{path} has {len(data)} bytes here, {size} on node 0")
+        except CheckpointError as err:
+            problem = f"node {runtime.node_rank} (rank {runtime.rank}): {err}"
+        else:
+            log.info("read %s (%.1f MB) in %.1f s, once for the %d rank(s) of node %d", path, size / 1e6,
+                     time.perf_counter() - started, runtime.local_world_size, runtime.node_rank)
+    problems = [p for p in all_gather_objects(problem) if p is not None]
+    if problems:
+        if data is not None:
+            data.close()
+        raise ConfigError(f"cannot resume from {path}: {problems[0].rstrip('.')}. Every node must see the run "
+                          "directory (output_dir on storage that all nodes mount); use --resume none to start fresh.")
+    if group is not None:
+        data = data if data is not None else mmap.mmap(-1, size)
+        broadcast_buffer(data, first, group)
+    assert data is not None
+    return data
