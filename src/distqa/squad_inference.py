@@ -69,7 +69,8 @@ def decode_answers(spans: WindowSpans, windows: SquadWindows, examples: pa.Table
         first = int(spans.start[window, 0] - context_start[window])
         last = int(spans.end[window, 0] - context_start[window])
         characters = offsets[window]
-        text = context[characters[first, 0]:characters[last, 1]]
+        # Byte-level BPE and SentencePiece pieces carry the space before their word, and so may their offsets.
+        text = context[characters[first, 0]:characters[last, 1]].strip()
         predictions.append(SquadPrediction(question_id, text, float(best[window])))
     return predictions
 
