@@ -63,7 +63,7 @@ def transformers_logits(directory: Path, inputs: dict[str, torch.Tensor], home: 
 
 def our_logits(checkpoint: Path, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     saved = load_model_checkpoint(checkpoint)
-    model = build_model(saved_config(saved.config, from_scratch=True))
+    model = build_model(saved_config(saved.config), weights_from_checkpoint=True)
     model.load_state_dict(saved.model)
     with torch.no_grad():
         out = model.eval()(**inputs)
@@ -156,3 +156,78 @@ def test_every_family_with_a_qa_outputs_head_exports_with_our_logits(tiny_encode
     back = load_model_checkpoint(output)
     assert back.task_state == {"threshold": 0.5} and back.progress.step == 3
     assert all(torch.equal(back.model[name], tensor) for name, tensor in checkpoint.model.items())
+
+
+# --- a squad checkpoint, and transformers 4's question-answering pipeline ---------------------------------------
+
+TRANSFORMERS4 = REPO_ROOT / ".venv-transformers4" / "bin" / "python"
+"""transformers 4 (``make setup``): transformers 5 removed the question-answering pipeline."""
+SQUAD_DEV = REPO_ROOT / "data" / "squad-sample" / "dev.json"
+
+
+@pytest.fixture(scope="module")
+def squad_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """best.pt of a few steps of the tiny-squad preset (the committed SQuAD v2 sample), and its export beside it."""
+    output = tmp_path_factory.mktemp("squad")
+    result = run("distqa.train", "--preset", "tiny-squad", "--output-dir", str(output), "--run-name", "squad",
+                 "--squad-cache-dir", str(output / "cache"), "--max-steps", "6", "--eval-every", "3",
+                 "--checkpoint-every", "0", "--progress-bar", "false", "--tensorboard", "false")
+    assert result.returncode == 0, result.stderr
+    checkpoint = output / "squad" / "checkpoints" / "best.pt"
+    export(checkpoint, output / "model")
+    return checkpoint
+
+
+def predict_squad(checkpoint: Path, output: Path, *extra: str) -> dict[str, str]:
+    result = run("distqa.predict", "--checkpoint", str(checkpoint), "--input", str(SQUAD_DEV), "--output", str(output),
+                 "--squad-cache-dir", str(output.parent / "cache"), *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(output.read_text())
+
+
+def test_a_squad_export_predicts_the_same_file_byte_for_byte_with_our_logits(squad_run: Path, tmp_path: Path) -> None:
+    exported = squad_run.parents[2] / "model"
+    from_checkpoint = predict_squad(squad_run, tmp_path / "from-best.json")
+    predict_squad(exported, tmp_path / "from-export.json")
+    assert (tmp_path / "from-export.json").read_bytes() == (tmp_path / "from-best.json").read_bytes()
+    assert len(from_checkpoint) == 119
+    from transformers import AutoModelForQuestionAnswering  # here: the module's other tests load it in a subprocess
+
+    theirs = AutoModelForQuestionAnswering.from_pretrained(exported, local_files_only=True).eval()
+    inputs = window_inputs(exported)
+    start, end = our_logits(squad_run, inputs)
+    with torch.no_grad():
+        out = theirs(**inputs)
+    assert torch.allclose(out.start_logits, start, atol=1e-6, rtol=0)
+    assert torch.allclose(out.end_logits, end, atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(not TRANSFORMERS4.exists(), reason="no .venv-transformers4: run `make setup`")
+def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_run: Path, tmp_path: Path) -> None:
+    """``pipeline("question-answering", model=DIR)`` in a process of its own (transformers 4, an empty HF_HOME,
+    offline) answers every answerable question of the sample with the span our predict gives. Our predict is asked
+    to answer every question (a threshold below any score), the pipeline to keep to our windows and span length and
+    to answer with tokens, not whole words; every context fits one window (max_seq_len 128), where the pipeline's
+    per-window probabilities rank spans as our logits do."""
+    exported = squad_run.parents[2] / "model"
+    ours = predict_squad(exported, tmp_path / "predictions.json", "--no-answer-threshold=-1e9")
+    config = json.loads((exported / "distqa.json").read_text())["config"]
+    questions = [{"id": qa["id"], "question": qa["question"], "context": paragraph["context"]}
+                 for article in json.loads(SQUAD_DEV.read_text())["data"] for paragraph in article["paragraphs"]
+                 for qa in paragraph["qas"] if qa["answers"]]
+    script = (
+        "import json, sys\n"
+        "from transformers import pipeline\n"
+        "settings, questions = json.loads(sys.stdin.read())\n"
+        f"qa = pipeline('question-answering', model={str(exported)!r}, device='cpu')\n"
+        "print(json.dumps({q['id']: qa(question=q['question'], context=q['context'], align_to_words=False, "
+        "handle_impossible_answer=False, **settings)['answer'] for q in questions}))\n")
+    settings = {"max_seq_len": config["max_seq_len"], "doc_stride": config["window_overlap"],
+                "max_question_len": config["max_question_len"], "max_answer_len": config["max_answer_len"]}
+    result = subprocess.run([str(TRANSFORMERS4), "-c", script], input=json.dumps([settings, questions]),
+                            cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "empty")),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    served = json.loads(result.stdout.splitlines()[-1])
+    assert len(served) == len(questions) > 50 and len(set(served.values())) > 20  # spans, not one answer for all
+    assert served == {question_id: ours[question_id] for question_id in served}

@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def export_model(checkpoint: ModelCheckpoint, output: Path) -> Path:
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty directory; choose a new one (an export "
                           "never overwrites).")
-    model = build_model(replace(config, from_scratch=True))  # the weights come from the checkpoint
+    model = build_model(config, weights_from_checkpoint=True)
     model.load_state_dict(checkpoint.model)
     hf_model = _hf_question_answering(model)
     staging = output.with_name(f".{output.name}.tmp")
@@ -64,6 +64,7 @@ def export_model(checkpoint: ModelCheckpoint, output: Path) -> Path:
     try:
         hf_model.save_pretrained(staging)
         load_tokenizer(config).save_pretrained(staging)
+        _readable_by_transformers_4(staging / "tokenizer_config.json")
         save_file({f"answer_type_head.{name}": tensor.contiguous() for name, tensor in
                    model.answer_type_head.state_dict().items()}, staging / EXTRA_HEADS)
         run = {"format_version": FORMAT_VERSION, "config": checkpoint.config, "task_state": checkpoint.task_state,
@@ -81,6 +82,16 @@ def export_model(checkpoint: ModelCheckpoint, output: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output
+
+
+def _readable_by_transformers_4(tokenizer_config: Path) -> None:
+    """Name transformers 5's generic tokenizer class (``TokenizersBackend``, over ``tokenizer.json``) as transformers 4
+    knows it, ``PreTrainedTokenizerFast``; both versions read that name. transformers 5 removed the
+    question-answering pipeline, so ``pipeline("question-answering", model=DIR)`` runs under transformers 4."""
+    settings = json.loads(tokenizer_config.read_text())
+    if settings.get("tokenizer_class") == "TokenizersBackend":
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+        tokenizer_config.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def _hf_question_answering(model: QAModel) -> PreTrainedModel:
@@ -117,6 +128,20 @@ def load_model_checkpoint(path: Path) -> ModelCheckpoint:
         raise ConfigError(str(err)) from None
 
 
+def checkpoint_task(path: Path) -> str | None:
+    """The task a checkpoint (a file, or an exported directory) was trained on, read without loading its weights (a
+    file is memory-mapped); None when it cannot be read that way (:func:`load_model_checkpoint` then says why)."""
+    try:
+        if path.is_dir():
+            config = json.loads((path / RUN_FILE).read_text()).get("config")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            config = state.get("config") if isinstance(state, dict) else None
+    except Exception:  # a missing, damaged or foreign file: loading it properly reports which
+        return None
+    return config.get("task", config.get("dataset")) if isinstance(config, dict) else None
+
+
 def _read_export(directory: Path) -> ModelCheckpoint:
     run_file = directory / RUN_FILE
     if not run_file.is_file():
@@ -139,7 +164,7 @@ def _read_export(directory: Path) -> ModelCheckpoint:
     # qa_outputs' bias is dropped: our span head has none, and a constant on every position changes no answer.
     state["span_head.weight"] = hf_model.qa_outputs.weight.detach()
     state.update(heads)
-    model = build_model(replace(qa_config, from_scratch=True))
+    model = build_model(qa_config, weights_from_checkpoint=True)
     model.load_state_dict(state)  # checks that every weight is there, and nothing else
     return ModelCheckpoint(model=model.state_dict(), config=config, task_state=run["task_state"],
                            evaluation=run["evaluation"], progress=progress, versions=run["versions"])
