@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env
+from conftest import REPO_ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -39,7 +39,8 @@ def test_the_tiny_model_learns_the_synthetic_task_to_a_micro_f1_of_0_8(tmp_path:
         ["scripts/train_synthetic_nq.sh", "--data-dir", str(tmp_path / "data"), "--run-id", "learn",
          "--output-dir", str(tmp_path / "results"), "--nq-cache-dir", str(tmp_path / "cache"),
          "--", "--progress-bar", "false", "--tensorboard", "false"],
-        cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=1200)  # a hang guard: 134-190 s quiet
+        cwd=REPO_ROOT, env=clean_env(RDZV_PORT=str(free_port())), capture_output=True, text=True,
+        timeout=1200)  # a hang guard: 134-190 s quiet
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
 
     evaluations = [float(f1) for f1 in re.findall(r"eval at step \d+: micro-F1 ([0-9.]+)", result.stderr)]

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not MLFLOW.exists(), reason="no .venv-mlflow: run `make setup`")]
 SECRET = "not-to-be-logged-7f3a"
 AT_STEP = """
-import os, signal, sys
+import os, signal, sys, time
 from distqa.trainer import Trainer
 from distqa.train import main
 
@@ -39,6 +39,11 @@ def act_once_at_step(self, micro_batches):  # the run's own step; at a known ste
         target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
         pid = {"self": os.getpid(), "parent": os.getppid()}.get(target) or int(target)
         os.kill(pid, getattr(signal, os.environ["SIGNAL"]))
+        if target == "parent":  # the agent forwards it to this worker: hold the step until it is here, however slow
+            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.stop.StopSignal, installed
+            deadline = time.monotonic() + 120
+            while not stop.received and time.monotonic() < deadline:
+                time.sleep(0.01)
     return train_step(self, micro_batches)
 
 
@@ -92,7 +97,7 @@ def test_a_two_node_run_stopped_and_resumed_is_one_mlflow_run_with_its_config_an
         assert run.info.status == "KILLED"
         resumed = launch()
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert "resumed from" in resumed.stderr and "at step 24" in resumed.stderr
+        assert "resumed from" in resumed.stderr and "at step 24" in resumed.stderr, stopped.stderr + resumed.stderr
         [run] = runs_of(uri, "two-nodes")
         client = MlflowClient(uri)
         config = json.loads((run_dir / "config.json").read_text())
