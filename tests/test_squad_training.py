@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env
+from conftest import REPO_ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -37,7 +37,8 @@ def test_a_squad_v2_file_trains_on_2_nodes_is_evaluated_on_both_ranks_and_scored
     result = subprocess.run(
         ["scripts/train_synthetic_squad.sh", "--data-dir", str(data), "--run-id", "learn", "--output-dir", str(results),
          "--squad-cache-dir", str(cache), "--", "--progress-bar", "false", "--tensorboard", "false"],
-        cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=900)  # a hang guard: ~90 s quiet
+        cwd=REPO_ROOT, env=clean_env(RDZV_PORT=str(free_port())), capture_output=True, text=True,
+        timeout=900)  # a hang guard: ~90 s quiet
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
 
     run_dir = results / "learn"
