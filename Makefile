@@ -11,13 +11,16 @@ FLOW26 := $(FLOW26_VENV)/.installed
 # The MLflow tracking server of the tracking tests, in an environment of its own (its dependencies are heavy).
 MLFLOW_VENV ?= .venv-mlflow
 MLFLOW_SERVER := $(MLFLOW_VENV)/.installed
+# transformers 4 in an environment of its own: the question-answering pipeline that serves an export (v5 removed it).
+TRANSFORMERS4_VENV ?= .venv-transformers4
+TRANSFORMERS4 := $(TRANSFORMERS4_VENV)/.installed
 ARGS ?=
 # The benchmarks `make bench` runs, in this order; add yours here. Each prints its table and PASS/MISS
 # lines for its targets, and accepts --quick (BENCH_ARGS=--quick: a smoke run in about a minute); one that
 # cannot run here (bench/comm_hook.py without root) prints a SKIP line instead.
 BENCH_SCRIPTS := bench/step_overhead.py bench/hf_trainer.py bench/optimizations.py bench/ddp_overhead.py \
 	bench/comm_hook.py bench/loader_vs_step.py bench/nq_pipeline.py bench/tracking_overhead.py \
-	bench/checkpoint_io.py
+	bench/checkpoint_io.py bench/squad_pipeline.py
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -26,11 +29,16 @@ BENCH_ARGS ?=
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow
+setup: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4
 
 $(MLFLOW_SERVER): requirements-mlflow-server.txt
 	python3 -m venv $(MLFLOW_VENV)
 	$(MLFLOW_VENV)/bin/python -m pip install --quiet -r requirements-mlflow-server.txt
+	touch $@
+
+$(TRANSFORMERS4): requirements-transformers4.txt
+	python3 -m venv $(TRANSFORMERS4_VENV)
+	$(TRANSFORMERS4_VENV)/bin/python -m pip install --quiet -r requirements-transformers4.txt
 	touch $@
 
 $(FLOW26): requirements-apolo-flow.txt
@@ -73,14 +81,14 @@ bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all tar
 	grep -E '^(PASS|MISS|SKIP)  |failed$$' "$$report"; \
 	exit $$failed
 
-test: lint $(FLOW26) $(MLFLOW_SERVER) ## Linters, the whole test suite (CPU only, no network), then test-docker
+test: lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## Linters, the whole test suite (CPU only, no network), then test-docker
 	$(PYTHON) -m pytest $(ARGS)
 	$(MAKE) test-docker
 
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) tests/docker/run.sh
 
-test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) ## The tests that start no multi-process runs
+test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles

@@ -174,13 +174,15 @@ def usage_text(script: str) -> str:
 _HELP: dict[str, str] = {}
 # `python -m MODULE --help` for each module named on the command line, in one process (each import of
 # torch costs seconds): run as `python -m` runs a module, its output and exit status collected; with
-# `--task NAME` in the help, `--task nq --help` too, since train's help may show only the chosen task's.
+# `--task NAME` in the help, `--task T --help` of every registered task T too, since train's help may show
+# only the chosen task's.
 _HELP_DRIVER = """
 import contextlib, io, json, runpy, sys
+from distqa.tasks import REGISTERED
 out = {}
 for module in sys.argv[1:]:
     texts = []
-    for extra in ([], ["--task", "nq"]):
+    for extra in ([], *(["--task", task] for task in REGISTERED)):
         if extra and "--task" not in texts[0]:
             break
         buffer, status = io.StringIO(), 0

@@ -18,6 +18,8 @@ from distqa.config import ConfigError
 from distqa.data.cache import CacheRequest, NQWindows, open_examples
 from distqa.data.dummy import DummyDataset
 from distqa.data.nq import parse_example
+from distqa.data.squad_cache import SquadWindows
+from distqa.data.squad_cache import open_examples as open_squad_examples
 from distqa.data.template import PairTemplate
 from distqa.data.windows import Featurizer, WindowSettings, token_span_to_pieces, window_span_to_tokens
 from distqa.decode import ExampleColumns, WindowLayout, decode
@@ -28,6 +30,7 @@ from distqa.optim import Precision
 from distqa.pretrained import check_sources
 from distqa.rundir import prepare_run_dir
 from distqa.settings import load_config
+from distqa.squad_inference import decode_answers
 from distqa.tasks import make_task
 from distqa.throughput import non_embedding_parameters
 from distqa.train import train
@@ -152,6 +155,46 @@ def test_two_training_steps_then_decoded_spans_lie_inside_the_document(tiny_enco
     for prediction, num_tokens in zip(decode(spans, WindowLayout.of(windows), ExampleColumns.of(table)), lengths,
                                       strict=True):
         assert prediction.short is None or 0 <= prediction.short.start < prediction.short.end <= num_tokens
+
+
+def test_the_squad_sample_featurises_labels_its_answers_and_decodes_inside_the_context(
+        tiny_encoder: TinyEncoder, tmp_path: Path) -> None:
+    """The ``squad`` task over each family: the committed SQuAD v2 sample featurised through the task (the
+    tokenizer's own pair encoding), every answerable question's gold text recovered from a window's labels and its
+    character offsets, and a model of the family (random weights) answering every question inside its context."""
+    config = load(*QA_ARGS, "--task", "squad", "--model-name-or-path", str(tiny_encoder.directory),
+                  "--squad-train-file", "data/squad-sample/dev.json", "--validation-fraction", "0.5",
+                  "--squad-cache-dir", str(tmp_path / "cache"), "--max-seq-len", "64", "--window-overlap", "16",
+                  "--device", "cpu")
+    task = make_task(config)
+    task.check(build=True)
+    directory = next((tmp_path / "cache").iterdir())
+    recovered = 0
+    for split in ("train", "validation"):
+        windows, examples = SquadWindows(directory, split), open_squad_examples(directory, split)
+        answers, contexts = examples.column("answer_text").to_pylist(), examples.column("context").to_pylist()
+        offsets, columns = windows.offsets(), windows.columns
+        for row in np.flatnonzero(columns["answer_type"] != 0):
+            question, begin = int(columns["example_index"][row]), int(windows.document_begin[row])
+            first, last = int(columns["start_position"][row]) - begin, int(columns["end_position"][row]) - begin
+            characters = offsets[row] if len(offsets[row]) else None
+            if characters is None:  # the training split keeps no offsets: the labels must lie in the context
+                assert 0 <= first <= last < windows.document_end[row] - begin
+                continue
+            assert contexts[question][characters[first, 0]:characters[last, 1]].strip() in answers[question]
+            recovered += 1
+    assert recovered > 10
+    evaluator = task.evaluator(local_runtime("cpu"))
+    torch.manual_seed(0)
+    model, fp32 = build_model(config).eval(), Precision.choose("fp32", torch.device("cpu"))
+    evaluation = evaluator.evaluate(model, fp32)
+    assert {"exact", "f1", "total"} <= set(evaluation.metrics)
+    predictions = decode_answers(score_windows(model, evaluator.windows, local_runtime("cpu"), fp32, 64, 30),
+                                 evaluator.windows, evaluator.examples)  # the best spans, before the threshold
+    contexts = dict(zip(evaluator.examples.column("id").to_pylist(), evaluator.examples.column("context").to_pylist(),
+                        strict=True))
+    assert sum(bool(p.text) for p in predictions) > len(predictions) / 2
+    assert all(p.text in contexts[p.id] and p.text == p.text.strip() for p in predictions)
 
 
 def test_the_attention_kernel_and_the_flop_count_are_the_encoders_own(tiny_encoder: TinyEncoder,

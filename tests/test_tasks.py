@@ -50,7 +50,7 @@ def broken_package(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("task", "said"), [
-    ("nosuch", "task 'nosuch' is not a registered task (dummy, nq); a fork's own task is given as "
+    ("nosuch", "task 'nosuch' is not a registered task (dummy, nq, squad); a fork's own task is given as "
                "package.module:ClassName (docs/FORKING.md)."),
     ("forkpkg.missing:Task", "task 'forkpkg.missing:Task': no module named 'forkpkg.missing' on the Python path"),
     ("forkpkg.raises:Task", "task 'forkpkg.raises:Task': importing forkpkg.raises failed: JSONDecodeError: "),

@@ -73,14 +73,15 @@ MODEL = Section("model", "model")
 WINDOWS = Section("windows", "windows (with the tokenizer, what the NQ feature cache's fingerprint covers)")
 DATA = Section("data", "training data")
 NQ_FILES = Section("nq_files", "Natural Questions files and featurisation")
+SQUAD_FILES = Section("squad_files", "SQuAD files and featurisation")
 OPTIMISATION = Section("optimisation", "optimisation")
 EVALUATION = Section("evaluation", "evaluation and decoding")
 DISTRIBUTED = Section("distributed", "distributed")
 CHECKPOINTS = Section("checkpoints", "checkpoints")
 LOGGING = Section("logging", "logging")
 CONSOLE = Section("console", "console")
-SECTIONS = (PRESET, TASK, RUN, ENCODER, MODEL, WINDOWS, DATA, NQ_FILES, OPTIMISATION, EVALUATION, DISTRIBUTED,
-            CHECKPOINTS, LOGGING, CONSOLE)
+SECTIONS = (PRESET, TASK, RUN, ENCODER, MODEL, WINDOWS, DATA, NQ_FILES, SQUAD_FILES, OPTIMISATION, EVALUATION,
+            DISTRIBUTED, CHECKPOINTS, LOGGING, CONSOLE)
 """The built-in sections, in the order ``--help`` and .env.example show them (a fork's come after)."""
 
 
@@ -96,8 +97,9 @@ class Config:
     # --- task --------------------------------------------------------------------------------------
     task: str = TASK(
         "dummy", "What the run trains and how it is scored: a registered task ('dummy', the offline synthetic "
-        "DummyDataset; 'nq', Natural Questions from the feature cache `python -m distqa.prepare` builds) or a "
-        "fork's own as package.module:ClassName (docs/FORKING.md). Replaces --dataset.", defines_run=True)
+        "DummyDataset; 'nq', Natural Questions from the feature cache `python -m distqa.prepare` builds; 'squad', "
+        "any data in the SQuAD schema, cached the same way) or a fork's own as package.module:ClassName "
+        "(docs/FORKING.md). Replaces --dataset.", defines_run=True)
 
     # --- run and output ----------------------------------------------------------------------------
     run_name: str = RUN(

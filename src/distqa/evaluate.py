@@ -8,6 +8,10 @@ One process, or all ranks of a torchrun job (they share the windows)::
 The thresholds are tuned again on the split unless both ``--long-threshold`` and
 ``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV. The
 evaluation itself is :class:`distqa.inference.Evaluator`, the one that training runs.
+
+A checkpoint of the ``squad`` task is scored the same way on the validation split of its SQuAD feature cache
+(:class:`distqa.squad_inference.SquadEvaluator`): the official metrics and the no-answer threshold (tuned again
+unless ``--no-answer-threshold`` is given) as JSON; ``--output`` writes the predictions JSON.
 """
 
 from __future__ import annotations
@@ -22,26 +26,38 @@ from dotenv import load_dotenv
 
 from distqa.config import ConfigError
 from distqa.data.features import find_features
+from distqa.data.squad_features import find_squad_features
 from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
 from distqa.files import DataError, print_error
-from distqa.flags import add_setting_flags, setting_overrides
+from distqa.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
+from distqa.hf_format import checkpoint_task
 from distqa.inference import Evaluator, Predictor
 from distqa.metric import write_submission
 from distqa.optim import Precision
-from distqa.tasks.configs import NQConfig
+from distqa.squad_inference import SquadEvaluator, SquadPredictor
+from distqa.squad_metric import write_predictions
+from distqa.tasks.configs import NQConfig, SquadConfig
 
-SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
-"""The settings evaluate takes from its flags; the others come from the checkpoint."""
+NQ_SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
+SQUAD_SETTINGS = ("squad_cache_dir", "squad_train_file", "squad_validation_file", "no_answer_threshold",
+                  "eval_batch_size", "device")
+SETTINGS = tuple(dict.fromkeys(NQ_SETTINGS + SQUAD_SETTINGS))
+"""The settings evaluate takes from its flags (those of the checkpoint's task); the others come from the checkpoint."""
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
-    parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0)")
+    parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0); for a "
+                        "squad checkpoint the predictions JSON")
     overrides = parser.add_argument_group(
         "settings (default: DISTQA_* variables, else the checkpoint's; thresholds left out are tuned)")
-    add_setting_flags(overrides, SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"}, show_defaults=False)
+    add_setting_flags(overrides, NQ_SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"},
+                      show_defaults=False)
+    squad = parser.add_argument_group("settings of a squad checkpoint (the same defaults)")
+    add_setting_flags(squad, [name for name in SQUAD_SETTINGS if name not in NQ_SETTINGS], SquadConfig,
+                      show_defaults=False)
     return parser
 
 
@@ -50,7 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv(".env", override=False)
     try:
         setup_logging(read_torchrun_env()["RANK"])
-        overrides = setting_overrides(args, SETTINGS, NQConfig, os.environ)
+        task = checkpoint_task(args.checkpoint)
+        refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
+                                 f"{args.checkpoint} is of task {task or 'nq'!r}")
+        if task == "squad":
+            return evaluate_squad(args)
+        overrides = setting_overrides(args, NQ_SETTINGS, NQConfig, os.environ)
         long_threshold, short_threshold = overrides.pop("long_threshold", None), overrides.pop("short_threshold", None)
         with distributed_runtime(overrides.pop("device", "auto")) as runtime:
             predictor = Predictor.from_checkpoint(args.checkpoint, runtime, **overrides)
@@ -68,6 +89,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as err:
         print_error(f"distqa.evaluate: error: {err}")
         return 2
+    return 0
+
+
+def evaluate_squad(args: argparse.Namespace) -> int:
+    """The official metrics of a squad checkpoint on a split of its feature cache (errors reach main's handler)."""
+    overrides = setting_overrides(args, SQUAD_SETTINGS, SquadConfig, os.environ)
+    threshold = overrides.pop("no_answer_threshold", None)
+    with distributed_runtime(overrides.pop("device", "auto")) as runtime:
+        predictor = SquadPredictor.from_checkpoint(args.checkpoint, runtime, **overrides)
+        config = predictor.config
+        directory = find_squad_features(config, predictor.tokenizer,
+                                        hint=" (the training's), or pass --squad-cache-dir")
+        evaluator = SquadEvaluator(directory, runtime, config.eval_batch_size, predictor.max_answer_len, threshold,
+                                   split=args.split)
+        evaluation = evaluator.evaluate(predictor.model, Precision.choose(config.precision, runtime.device))
+        if runtime.is_main_process:
+            print(json.dumps({**evaluation.metrics, "no_answer_threshold": evaluation.threshold}))
+            if args.output:
+                write_predictions(args.output, evaluation.answers)
     return 0
 
 

@@ -9,7 +9,7 @@ are typed by :mod:`distqa.setting_types`; where they come from is :mod:`distqa.s
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distqa.config import ENV_PREFIX, PRESET, SECTIONS, TASK, Config, ConfigError, Section, fields_of
@@ -106,3 +106,11 @@ def setting_overrides(flags: argparse.Namespace, names: Iterable[str], config_cl
               for name in names if (key := ENV_PREFIX + name.upper()) in environ}
     given = vars(flags)
     return values | {name: coerce_flag(name, given[name], config_class) for name in names if name in given}
+
+
+def refuse_other_tasks_flags(flags: argparse.Namespace, names: Iterable[str], own: Collection[str], why: str) -> None:
+    """A ConfigError for a flag among ``names`` that is not among ``own``: an entry point whose flags serve several
+    tasks (predict, evaluate: by the checkpoint's) was given another task's. ``why`` ends the sentence."""
+    given = [name for name in names if name in vars(flags) and name not in own]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} is a setting of another task; {why}. Leave the flag out.")

@@ -1,5 +1,8 @@
 """Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
 
+:func:`score_windows` (the model over any task's windows, shared by all ranks) and :func:`load_trained` (a
+checkpoint's model) serve SQuAD's evaluation and prediction too (:mod:`distqa.squad_inference`).
+
 Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
 ``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
 per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
@@ -24,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from distqa.answers import Answer
-from distqa.checkpoint import CheckpointError, ModelCheckpoint, load_checkpoint
+from distqa.checkpoint import ModelCheckpoint
 from distqa.config import ConfigError
 from distqa.data.cache import NQWindows, open_examples
 from distqa.data.collate import collate_trimmed
@@ -44,13 +47,14 @@ from distqa.decode import (
     tune_thresholds,
 )
 from distqa.distributed import Runtime, all_gather_objects, barrier, on_device
+from distqa.hf_format import load_model_checkpoint
 from distqa.metric import score_answers
 from distqa.model import INPUT_NAMES, build_model, forward
 from distqa.optim import Precision
 from distqa.pretrained import load_tokenizer
 from distqa.settings import saved_config
 from distqa.tasks.base import BestMetric, Evaluation
-from distqa.tasks.configs import NQConfig
+from distqa.tasks.configs import NQConfig, QAConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +75,11 @@ class _IndexedWindows(Dataset):
 
 
 @torch.no_grad()
-def score_windows(model: nn.Module, windows: NQWindows, runtime: Runtime, precision: Precision,
+def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
                   batch_size: int, max_answer_len: int) -> WindowSpans:
     """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
-    in each window's document part (``windows.document_begin`` to ``document_end``)."""
+    in each window's document part, from ``windows.document_begin`` up to ``document_end`` (arrays by window:
+    :class:`~distqa.data.cache.NQWindows`, :class:`~distqa.data.squad_cache.SquadWindows`)."""
     bounds = torch.from_numpy(np.stack([windows.document_begin, windows.document_end], axis=1))
     dataset = _IndexedWindows(windows)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
@@ -173,23 +178,11 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, path: Path | str, runtime: Runtime, long_threshold: float | None = None,
                         short_threshold: float | None = None, **overrides: Any) -> Predictor:
-        """Load ``best.pt`` or a ``step-*.pt``; ``overrides`` replace config values (None = keep)."""
+        """Load ``best.pt``, a ``step-*.pt`` or a directory written by ``python -m distqa.export``; ``overrides``
+        replace config values (None = keep)."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"checkpoint {path} does not exist; train first (see the README) or pass "
-                              "results/<run>/checkpoints/best.pt")
-        try:
-            checkpoint = load_checkpoint(path, ModelCheckpoint)
-        except CheckpointError as err:
-            raise ConfigError(str(err)) from None
-        config = saved_config(checkpoint.config, device=runtime.device.type,
-                              **{k: v for k, v in overrides.items() if v is not None})
-        if not isinstance(config, NQConfig):
-            raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; this predicts Natural Questions "
-                              "(task 'nq') only.")
-        model = build_model(config, weights_from_checkpoint=True)
-        model.load_state_dict(checkpoint.model)
-        model.to(runtime.device).eval()
+        model, config, checkpoint = load_trained(path, runtime, NQConfig, **overrides)
+        assert isinstance(config, NQConfig)
         decoding = Decoding.from_dict(checkpoint.task_state) if checkpoint.task_state else None
         if decoding is None and (long_threshold is None or short_threshold is None):
             log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0: "
@@ -225,3 +218,20 @@ class Predictor:
     def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
         """The submission rows of ``predictions`` under this predictor's thresholds."""
         return {p.example_id: p.answer(self.thresholds) for p in predictions}
+
+
+def load_trained(path: Path, runtime: Runtime, config_class: type[QAConfig],
+                 **overrides: Any) -> tuple[nn.Module, QAConfig, ModelCheckpoint]:
+    """The model of the checkpoint at ``path`` (``best.pt``, a ``step-*.pt`` or an exported directory) on the
+    runtime's device, in eval mode, with its config (``overrides`` replace values; None = keep), which must be a
+    ``config_class``; one ConfigError naming the file and the fix otherwise."""
+    checkpoint = load_model_checkpoint(path)
+    config = saved_config(checkpoint.config, device=runtime.device.type,
+                          **{k: v for k, v in overrides.items() if v is not None})
+    if not isinstance(config, config_class):
+        raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; predict and evaluate answer with "
+                          "checkpoints of the question-answering tasks 'nq' and 'squad' only.")
+    model = build_model(config, weights_from_checkpoint=True)
+    model.load_state_dict(checkpoint.model)
+    model.to(runtime.device).eval()
+    return model, config, checkpoint

@@ -301,9 +301,12 @@ def env_example() -> str:
     """The text of ``.env.example``: every setting of every registered task as a commented ``DISTQA_*`` line
     with its help; a setting that not every task has names the tasks that have it."""
     classes = {name: task_class(name).config_class for name in REGISTERED}
-    everything: dict[str, dataclasses.Field[Any]] = {}
-    for config_class in classes.values():
-        everything |= fields_of(config_class)
+    everything: dict[str, dataclasses.Field[Any]] = {}  # a setting several tasks declare: in its first one's section
+    helps: dict[str, dict[str, list[str]]] = {}  # setting -> its help -> the tasks that declare it with that help
+    for task, config_class in classes.items():
+        for name, f in fields_of(config_class).items():
+            everything.setdefault(name, f)
+            helps.setdefault(name, {}).setdefault(f.metadata["help"], []).append(task)
     lines = [
         "# Copy to .env and uncomment what you need. Precedence: defaults < preset < .env < environment",
         "# < command-line flags. Regenerate this file with: python -m distqa.settings > .env.example",
@@ -321,7 +324,11 @@ def env_example() -> str:
             only = f"[task {', '.join(having)}] " if len(having) < len(classes) else ""
             default = "none" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
                 else f.default
-            lines += [f"# {only}{f.metadata['help']}", f"# {ENV_PREFIX}{name.upper()}={default}", ""]
+            if len(helps[name]) == 1:
+                lines.append(f"# {only}{f.metadata['help']}")
+            else:  # the same setting, worded for each task that has it
+                lines += [f"# [task {', '.join(tasks)}] {text}" for text, tasks in helps[name].items()]
+            lines += [f"# {ENV_PREFIX}{name.upper()}={default}", ""]
     lines += [
         "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment):",
         "# HF_HOME=/data/hf-cache            # where transformers caches downloaded models",

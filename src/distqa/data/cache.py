@@ -24,6 +24,7 @@ temporary name, then renamed), so an interrupted build leaves nothing that looks
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,12 +92,7 @@ class CacheRequest:
         digest = hashlib.sha256()
         digest.update(json.dumps(self.hashed_settings(), sort_keys=True).encode())
         digest.update(hashlib.sha256(self.tokenizer_json.encode()).digest())
-        size = self.source.stat().st_size
-        digest.update(str(size).encode())
-        with self.source.open("rb") as file:
-            for block in range(SAMPLE_BLOCKS):
-                file.seek(size * block // SAMPLE_BLOCKS)
-                digest.update(file.read(SAMPLE_BLOCK_BYTES))
+        hash_source(digest, self.source)
         return digest.hexdigest()[:16]
 
     def hashed_settings(self) -> dict[str, Any]:
@@ -146,10 +143,7 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
         splits = assign_splits(scanned, request.validation_fraction, request.settings.seed) if request.labelled \
             else np.zeros(len(scanned), dtype=np.int8)
         scan_seconds = time.perf_counter() - started
-        _remove_abandoned_builds(final)
-        building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        try:
+        with building_directory(final) as building:
             (building / "parts").mkdir(parents=True)
             tasks = list(make_tasks(request, scanned, splits, building / "parts", num_proc))
             log.info("featurising %d examples with %d process(es) in %d tasks", len(scanned), num_proc, len(tasks))
@@ -159,15 +153,45 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
             shutil.rmtree(building / "parts")
             summary = _summary(request, scanned, stats, scan_seconds, time.perf_counter() - started)
             (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
-            try:
-                building.rename(final)
-            except OSError:
-                if not (final / MANIFEST).is_file():  # another process finished the same cache first: fine
-                    raise
-        finally:
-            shutil.rmtree(building, ignore_errors=True)
     log.info("NQ feature cache ready: %s\n%s", final, format_summary(summary))
     return final
+
+
+# --- what every feature cache shares (the SQuAD one too): its fingerprint's input digest, atomic publication
+
+def hash_source(digest: Any, path: Path, whole_below: int = 0) -> None:
+    """Feed ``digest`` (a ``hashlib`` object) with the size of the file at ``path`` and its content: all of it
+    when it is smaller than ``whole_below`` bytes, else 16 sampled blocks (a full read of a 16 GB NQ file would
+    cost minutes at every start). Neither its path nor its mtime counts: both change when it is copied."""
+    size = path.stat().st_size
+    digest.update(str(size).encode())
+    with path.open("rb") as file:
+        if size < whole_below:
+            digest.update(file.read())
+            return
+        for block in range(SAMPLE_BLOCKS):
+            file.seek(size * block // SAMPLE_BLOCKS)
+            digest.update(file.read(SAMPLE_BLOCK_BYTES))
+
+
+@contextlib.contextmanager
+def building_directory(final: Path) -> Iterator[Path]:
+    """An empty temporary sibling of ``final`` to build a cache in, renamed to ``final`` when the block ends
+    without an error (write the manifest last): readers never see a partial cache, and an interrupted build
+    leaves nothing that looks complete. Partial builds of killed processes of this host are removed first."""
+    _remove_abandoned_builds(final)
+    building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    try:
+        yield building
+        try:
+            building.rename(final)
+        except OSError:
+            if not (final / MANIFEST).is_file():  # another process finished the same cache first: fine
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
 
 
 def _remove_abandoned_builds(final: Path) -> None:

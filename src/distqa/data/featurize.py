@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -122,14 +122,18 @@ def _batches(lengths: np.ndarray, max_bytes: int) -> Iterator[slice]:
 
 
 @contextlib.contextmanager
-def featurising_pool(request: CacheRequest, num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
-    """``num_proc`` started worker processes, or None (featurise in this process) for one."""
+def featurising_pool(request: Any, num_proc: int, initializer: Callable[[Any, bool], None] | None = None
+                     ) -> Iterator[ProcessPoolExecutor | None]:
+    """``num_proc`` started worker processes, or None (featurise in this process) for one. Each (or this process)
+    is set up by ``initializer(request, parallel_tokenizer)``, a module-level function (default: NQ's featuriser
+    for a :class:`~distqa.data.cache.CacheRequest`; the SQuAD cache passes its own)."""
+    initializer = initializer or _init_worker
     if num_proc <= 1:
-        _init_worker(request, parallel_tokenizer=True)
+        initializer(request, True)
         yield None
         return
     # spawn: a fresh interpreter per worker, with no inherited tokenizer thread pool or locks.
-    with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
+    with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=initializer,
                              initargs=(request, False)) as pool:
         for _ in range(num_proc):  # start them now (they start lazily, on demand, otherwise)
             pool.submit(os.getpid)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 REGISTERED = {
     "dummy": "distqa.tasks.dummy:DummyTask",
     "nq": "distqa.tasks.nq:NQTask",
+    "squad": "distqa.tasks.squad:SquadTask",
 }
 """Registered tasks: name -> ``package.module:ClassName``. A fork needs no entry here: ``--task`` takes the path."""
 
