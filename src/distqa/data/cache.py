@@ -295,46 +295,64 @@ def load_manifest(directory: Path) -> dict[str, Any]:
 
 # --- reading -----------------------------------------------------------------------------------
 
-class NQWindows:
-    """The windows of one split of a cache as a map-style dataset of DummyDataset-shaped items.
+class StoredWindows:
+    """The windows of one split of a feature cache (``<split>/windows.arrow``), as a map-style dataset. The token ids
+    stay memory-mapped, one zero-copy (rows, max_seq_len) view per record batch: opening a cache of any size takes
+    milliseconds and no RAM. The per-window ``SCALARS`` are loaded as int64 arrays in ``columns``. A subclass makes
+    the items and sets ``document_begin``/``document_end``, the window positions where answers may lie (what
+    :func:`distqa.inference.score_windows` reads)."""
 
-    Items are dicts of numpy arrays (the DataLoader's default collate turns them into tensors);
-    ``attention_mask`` and ``token_type_ids`` are rebuilt from the stored lengths and the cache's window
-    template. The token ids stay memory-mapped: opening a cache of any size takes milliseconds and no RAM.
-    """
+    SCALARS: tuple[str, ...] = ()
+    KIND = ""
+    """The task's data, in the message for a missing file."""
 
-    def __init__(self, directory: Path, split: str = "train") -> None:
-        import datasets  # the Arrow reader; imported here so featurising processes stay light
-
+    def __init__(self, directory: Path, split: str) -> None:
         path = Path(directory) / split / "windows.arrow"
         if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist; is {directory} a complete NQ feature cache?")
-        table = datasets.Dataset.from_file(str(path)).data.table
-        self.num_rows = table.num_rows
-        column = table.column("input_ids")
+            raise FileNotFoundError(f"{path} does not exist; is {directory} a complete {self.KIND} feature cache?")
+        self.table = read_table(path)
+        self.num_rows = self.table.num_rows
+        column = self.table.column("input_ids")
         self.max_seq_len = column.type.list_size
-        # One zero-copy (rows, max_seq_len) view per record batch, and where each batch starts.
         self.input_ids = [chunk.values.to_numpy(zero_copy_only=True).reshape(-1, self.max_seq_len)
                           for chunk in column.chunks if len(chunk)]
         self.chunk_starts = np.cumsum([0] + [len(ids) for ids in self.input_ids])[:-1]
-        small = ("length", "question_len", "example_index", "doc_start", "start_position", "end_position",
-                 "answer_type")
-        self.columns = {name: table.column(name).to_numpy().astype(np.int64) for name in small}
+        """Where each record batch starts."""
+        self.columns = {name: self.table.column(name).to_numpy().astype(np.int64) for name in self.SCALARS}
         self.positions = np.arange(self.max_seq_len)
-        self.template = window_template(Path(directory))
-        self.document_begin = self.template.document_offset(self.columns["question_len"])
-        """Window position of each window's first document token."""
-        self.document_end = self.columns["length"] - len(self.template.suffix)
-        """Window position after each window's last document token."""
+        self.document_begin: np.ndarray
+        """Window position of each window's first document (context) token."""
+        self.document_end: np.ndarray
+        """Window position after each window's last document (context) token."""
 
     def __len__(self) -> int:
         return self.num_rows
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    def token_ids(self, index: int) -> np.ndarray:
+        """Window ``index``'s token ids, padding included (an IndexError past the end)."""
         if not 0 <= index < self.num_rows:
             raise IndexError(f"window {index} out of range for {self.num_rows} windows")
         chunk = int(np.searchsorted(self.chunk_starts, index, side="right")) - 1
-        input_ids = self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64)
+        return self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64)
+
+
+class NQWindows(StoredWindows):
+    """The windows of one split of an NQ cache, as DummyDataset-shaped items: dicts of numpy arrays (the
+    DataLoader's default collate turns them into tensors); ``attention_mask`` and ``token_type_ids`` are rebuilt
+    from the stored lengths and the cache's window template."""
+
+    SCALARS = ("length", "question_len", "example_index", "doc_start", "start_position", "end_position",
+               "answer_type")
+    KIND = "NQ"
+
+    def __init__(self, directory: Path, split: str = "train") -> None:
+        super().__init__(directory, split)
+        self.template = window_template(Path(directory))
+        self.document_begin = self.template.document_offset(self.columns["question_len"])
+        self.document_end = self.columns["length"] - len(self.template.suffix)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        input_ids = self.token_ids(index)
         attention_mask = (self.positions < self.columns["length"][index]).astype(np.int64)
         return {
             "input_ids": input_ids,

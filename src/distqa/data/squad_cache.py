@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from distqa.config import ConfigError
-from distqa.data.cache import MANIFEST, building_directory, hash_source, load_manifest
+from distqa.data.cache import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest
 from distqa.data.featurize import featurising_pool, read_table
 from distqa.data.nq import BadLinePolicy
 from distqa.data.squad import SquadExample, SquadRecords, hub_name, read_squad, source_path
@@ -306,44 +306,27 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 # --- reading ---------------------------------------------------------------------------------------------
 
-class SquadWindows:
-    """The windows of one split of a cache as a map-style dataset of dicts of numpy arrays (the loader's collate
+class SquadWindows(StoredWindows):
+    """The windows of one split of a SQuAD cache as a map-style dataset of dicts of numpy arrays (the loader's collate
     makes tensors). ``attention_mask`` and ``token_type_ids`` are rebuilt from the stored lengths and segment
-    starts; the ids stay memory-mapped, so opening a cache of any size takes milliseconds."""
+    starts; answers lie in the context part (``context_start`` to ``context_end``)."""
 
     SCALARS = ("length", "context_start", "context_end", "segment_start", "example_index", "start_position",
                "end_position", "answer_type")
+    KIND = "SQuAD"
 
     def __init__(self, directory: Path, split: str = "train") -> None:
-        path = Path(directory) / split / "windows.arrow"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist; is {directory} a complete SQuAD feature cache?")
-        table = read_table(path)
-        self.num_rows = table.num_rows
-        column = table.column("input_ids")
-        self.max_seq_len = column.type.list_size
-        self.input_ids = [chunk.values.to_numpy(zero_copy_only=True).reshape(-1, self.max_seq_len)
-                          for chunk in column.chunks if len(chunk)]
-        self.chunk_starts = np.cumsum([0] + [len(ids) for ids in self.input_ids])[:-1]
-        self.columns = {name: table.column(name).to_numpy().astype(np.int64) for name in self.SCALARS}
-        self.offsets_column = table.column("offsets")
-        self.positions = np.arange(self.max_seq_len)
+        super().__init__(directory, split)
+        self.offsets_column = self.table.column("offsets")
         self.document_begin = self.columns["context_start"]
-        """Window position of each window's first context token (where answers may lie: ``score_windows``)."""
         self.document_end = self.columns["context_end"]
-        """Window position after each window's last context token."""
-
-    def __len__(self) -> int:
-        return self.num_rows
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if not 0 <= index < self.num_rows:
-            raise IndexError(f"window {index} out of range for {self.num_rows} windows")
-        chunk = int(np.searchsorted(self.chunk_starts, index, side="right")) - 1
+        input_ids = self.token_ids(index)
         columns = {name: values[index] for name, values in self.columns.items()}
         attention_mask = (self.positions < columns["length"]).astype(np.int64)
         return {
-            "input_ids": self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64),
+            "input_ids": input_ids,
             "attention_mask": attention_mask,
             "token_type_ids": attention_mask * (self.positions >= columns["segment_start"]),
             "start_positions": columns["start_position"],
