@@ -15,6 +15,8 @@ MLFLOW_SERVER := $(MLFLOW_VENV)/.installed
 TRANSFORMERS4_VENV ?= .venv-transformers4
 TRANSFORMERS4 := $(TRANSFORMERS4_VENV)/.installed
 ARGS ?=
+# pytest workers of make test and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
+TEST_WORKERS ?= 2
 # The benchmarks `make bench` runs, in this order; add yours here. Each prints its table and PASS/MISS
 # lines for its targets, and accepts --quick (BENCH_ARGS=--quick: a smoke run in about a minute); one that
 # cannot run here (bench/comm_hook.py without root) prints a SKIP line instead.
@@ -82,14 +84,14 @@ bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all tar
 	exit $$failed
 
 test: lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## Linters, the whole test suite (CPU only, no network), then test-docker
-	$(PYTHON) -m pytest $(ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 	$(MAKE) test-docker
 
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) tests/docker/run.sh
 
 test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## The tests that start no multi-process runs
-	$(PYTHON) -m pytest -m "not distributed" $(ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
 	$(VENV)/bin/ruff check src tests bench notebooks examples

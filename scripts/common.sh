@@ -81,3 +81,31 @@ setting() {
     [[ -n "$value" ]] || value="$(dotenv_value "$name" "${ENV_FILE:-${repo_root:?}/.env}")"
     echo "${value:-$default}"
 }
+
+# parse_synthetic_run_args CACHE_FLAG ARGS...: the options of the train_synthetic_* scripts. Sets
+# data_dir, run_id, output_dir (callers set their defaults first), cache_dir (the value of CACHE_FLAG,
+# e.g. --nq-cache-dir) and trainer_args (what follows `--`, or the first unknown argument onwards).
+# -h/--help prints the calling script's header comment.
+# shellcheck disable=SC2034  # the variables are the caller's
+parse_synthetic_run_args() {
+    local cache_flag="$1" script
+    script="$(basename "$0")"
+    shift
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+            --data-dir|--run-id|--output-dir|"$cache_flag")
+                [[ $# -ge 2 && -n "$2" ]] || { echo "$script: $1 needs a value" >&2; exit 2; }
+                case "$1" in
+                    --data-dir) data_dir="$2" ;;
+                    --run-id) run_id="$2" ;;
+                    --output-dir) output_dir="$2" ;;
+                    *) cache_dir="$2" ;;
+                esac
+                shift 2 ;;
+            --) shift; break ;;
+            *) break ;;
+        esac
+    done
+    trainer_args=("$@")
+}

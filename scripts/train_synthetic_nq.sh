@@ -26,20 +26,7 @@ data_dir="$repo_root/data/nq-synthetic"
 run_id="synthetic-nq"
 output_dir="results"
 cache_dir=""
-
-die() { echo "train_synthetic_nq.sh: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-        --data-dir) need_value "$@"; data_dir="$2"; shift 2 ;;
-        --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
-        --output-dir) need_value "$@"; output_dir="$2"; shift 2 ;;
-        --nq-cache-dir) need_value "$@"; cache_dir="$2"; shift 2 ;;
-        --) shift; break ;;
-        *) break ;;
-    esac
-done
+parse_synthetic_run_args --nq-cache-dir "$@"
 
 # The generator's difficulty: documents of 100-400 tokens, fewer distractors than its defaults, and
 # half of the questions with a short answer. Each file is a pure function of these arguments.
@@ -54,7 +41,7 @@ mkdir -p "$data_dir"
 locations=(--output-dir "$output_dir")
 [[ -n "$cache_dir" ]] && locations+=(--nq-cache-dir "$cache_dir")
 "$repo_root/scripts/run_distributed_locally.sh" --run-id "$run_id" -- --preset tiny-synthetic-nq \
-    --nq-train-file "$data_dir/simplified-nq-train.jsonl" "${locations[@]}" "$@"
+    --nq-train-file "$data_dir/simplified-nq-train.jsonl" "${locations[@]}" "${trainer_args[@]}"
 
 run_dir="$output_dir/$run_id"
 predict_cache=()

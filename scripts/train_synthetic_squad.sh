@@ -24,20 +24,7 @@ data_dir="$repo_root/data/squad-synthetic"
 run_id="squad-synthetic"
 output_dir="results"
 cache_dir=""
-
-die() { echo "train_synthetic_squad.sh: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-        --data-dir) need_value "$@"; data_dir="$2"; shift 2 ;;
-        --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
-        --output-dir) need_value "$@"; output_dir="$2"; shift 2 ;;
-        --squad-cache-dir) need_value "$@"; cache_dir="$2"; shift 2 ;;
-        --) shift; break ;;
-        *) break ;;
-    esac
-done
+parse_synthetic_run_args --squad-cache-dir "$@"
 
 # The generator's difficulty: one fact per paragraph after a filler sentence of at most 10 words (contexts that fit
 # windows of 48 tokens); the unanswerable questions ask about an entity the article never names.
@@ -52,7 +39,7 @@ cache=()
 [[ -n "$cache_dir" ]] && cache=(--squad-cache-dir "$cache_dir")
 "$repo_root/scripts/run_distributed_locally.sh" --run-id "$run_id" -- --preset tiny-synthetic-squad \
     --squad-train-file "$data_dir/train.json" --squad-validation-file "$data_dir/dev.json" \
-    --output-dir "$output_dir" "${cache[@]}" "$@"
+    --output-dir "$output_dir" "${cache[@]}" "${trainer_args[@]}"
 
 run_dir="$output_dir/$run_id"
 "$PYTHON" -m distqa.predict --checkpoint "$run_dir/checkpoints/best.pt" --input "$data_dir/test.json" \

@@ -301,7 +301,8 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
     columns = (np.array(column, dtype=np.int64) for column in (lines, offsets, lengths, ids, types))
     result = ScanResult(path, *columns, total, bad, reports)
     _drop_repeated_ids(result, on_bad_line)
-    _check_bad_fraction(result, max_bad_line_fraction)
+    check_bad_fraction(result.path, total=result.total_lines, usable=len(result), bad=result.bad_lines,
+                       reports=result.bad_reports, limit=max_bad_line_fraction)
     return result
 
 
@@ -324,21 +325,26 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
         setattr(result, name, getattr(result, name)[keep])
 
 
-def _check_bad_fraction(result: ScanResult, limit: float) -> None:
-    shown = "\n  ".join(result.bad_reports)
-    if result.total_lines == 0:
-        raise DataError(f"{result.path}: the file holds no examples (it is empty).")
-    if not len(result):
-        raise DataError(f"{result.path}: none of its {result.total_lines} lines is a usable example:\n  {shown}")
-    fraction = result.bad_lines / result.total_lines
+def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, reports: list[str], limit: float,
+                       unit: str = "line", empty: str = "the file holds no examples (it is empty)") -> None:
+    """Refuse input with nothing usable, or with more than ``limit`` of its ``unit``s malformed; warn about a few.
+
+    ``reports`` are the first bad ones' messages (shown in the error); ``empty`` says what an input with no
+    ``unit`` at all is. The NQ and SQuAD readers both end with this check.
+    """
+    shown = "\n  ".join(reports)
+    if total == 0:
+        raise DataError(f"{source}: {empty}.")
+    if not usable:
+        raise DataError(f"{source}: none of its {total} {unit}s is usable:\n  {shown}")
+    fraction = bad / total
     if fraction > limit:
         raise DataError(
-            f"{result.path}: {result.bad_lines} of {result.total_lines} lines ({fraction:.1%}) are malformed, "
-            f"more than max_bad_line_fraction={limit}. The first ones:\n  {shown}\n"
+            f"{source}: {bad} of {total} {unit}s ({fraction:.1%}) are malformed, more than "
+            f"max_bad_line_fraction={limit}. The first ones:\n  {shown}\n"
             "Check that this is the right file (and not truncated), or raise --max-bad-line-fraction.")
-    if result.bad_lines:
-        log.warning("%s: skipped %d malformed line(s) of %d; the first: %s", result.path, result.bad_lines,
-                    result.total_lines, result.bad_reports[0])
+    if bad:
+        log.warning("%s: skipped %d malformed %s(s) of %d; the first: %s", source, bad, unit, total, reports[0])
 
 
 def read_lines(path: Path, offsets: np.ndarray, lengths: np.ndarray) -> Iterator[bytes]:

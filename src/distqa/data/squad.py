@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distqa.config import resolve_path
-from distqa.data.nq import BadLinePolicy
+from distqa.data.nq import BadLinePolicy, check_bad_fraction
 from distqa.files import DataError
 
 log = logging.getLogger(__name__)
@@ -127,25 +127,9 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
             continue
         first_seen[example.id] = where
         result.examples.append(example)
-    _check_bad_fraction(result, max_bad_line_fraction)
+    check_bad_fraction(result.source, total=result.records, usable=len(result.examples), bad=result.bad,
+                       reports=result.reports, limit=max_bad_line_fraction, unit="question", empty="holds no questions")
     return result
-
-
-def _check_bad_fraction(result: SquadRecords, limit: float) -> None:
-    shown = "\n  ".join(result.reports)
-    if result.records == 0:
-        raise DataError(f"{result.source}: holds no questions.")
-    if not result.examples:
-        raise DataError(f"{result.source}: none of its {result.records} questions is usable:\n  {shown}")
-    fraction = result.bad / result.records
-    if fraction > limit:
-        raise DataError(
-            f"{result.source}: {result.bad} of {result.records} questions ({fraction:.1%}) are malformed, more than "
-            f"max_bad_line_fraction={limit}. The first ones:\n  {shown}\n"
-            "Check that this is the right file (and not truncated), or raise --max-bad-line-fraction.")
-    if result.bad:
-        log.warning("%s: skipped %d malformed question(s) of %d; the first: %s", result.source, result.bad,
-                    result.records, result.reports[0])
 
 
 # --- the forms --------------------------------------------------------------------------------------
