@@ -89,3 +89,24 @@ def test_the_local_launcher_runs_worker_sh_per_node_on_loopback(tmp_path: Path) 
         assert (f"[node {node}] worker.sh: run 'via-worker': node {node} of 2 at 127.0.0.1, rendezvous "
                 "127.0.0.1:") in result.stderr
     assert (tmp_path / "via-worker" / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize(("script", "cache_flag"), [("train_synthetic_nq.sh", "--nq-cache-dir"),
+                                                    ("train_synthetic_squad.sh", "--squad-cache-dir")])
+def test_the_synthetic_run_scripts_share_one_option_parser(script: str, cache_flag: str) -> None:
+    """common.sh's parse_synthetic_run_args: each option, what follows `--`, a missing value, the caller's --help."""
+    parsed = subprocess.run(
+        ["bash", "-c", 'source scripts/common.sh; data_dir=D; run_id=R; output_dir=O; cache_dir=; '
+         f'parse_synthetic_run_args {cache_flag} "$@"; '
+         'echo "$data_dir|$run_id|$output_dir|$cache_dir|${trainer_args[*]}"',
+         "bash", "--run-id", "x", cache_flag, "c", "--output-dir", "o", "--", "--max-steps", "3"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert parsed.stdout == "D|x|o|c|--max-steps 3\n", parsed.stderr
+
+    for args, code, said in [([cache_flag], 2, f"{script}: {cache_flag} needs a value"),
+                             (["--data-dir", ""], 2, f"{script}: --data-dir needs a value"),
+                             (["--help"], 0, "Usage:")]:
+        result = subprocess.run(["bash", f"scripts/{script}", *args], cwd=REPO_ROOT, env=clean_env(),
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == code and said in result.stdout + result.stderr, (args, result.stderr)
+    assert f"[{cache_flag} DIR]" in result.stdout  # the help is the calling script's own header
