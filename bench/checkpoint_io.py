@@ -47,7 +47,7 @@ from harness import (
     pin_threads,
     print_table,
     print_targets,
-    spread,
+    step_time_rows,
 )
 from slow_storage import slow_checkpoint_storage
 
@@ -102,8 +102,7 @@ def main() -> None:
           f"{args.steps} steps per repeat, a checkpoint every {args.every} steps ({size / 1e6:.1f} MB: model, AdamW "
           f"state, RNG); slow storage {mb_per_s:.1f} MB/s ({size / 1e6 / mb_per_s:.2f} s per checkpoint, "
           f"{size / 1e6 / mb_per_s / step_s:.1f} steps of {1000 * step_s:.0f} ms)")
-    rows = [(name, f"{1000 * median(values):.1f} ms/step", spread([1000 * v for v in values]))
-            for name, values in figures.items()]
+    rows = step_time_rows(figures, decimals=1)
     print_table("time per optimizer step, saves and writes included (median):", rows)
     per_step = {name: median(values) for name, values in figures.items()}
     print_targets([

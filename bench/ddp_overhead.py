@@ -54,7 +54,7 @@ from harness import (
     print_table,
     print_targets,
     seconds_per_step,
-    spread,
+    step_time_rows,
 )
 
 from distqa.distributed import all_reduce_max, barrier, distributed_runtime
@@ -123,8 +123,7 @@ def report(figures: dict[str, list[float]], threads: int, steps: int) -> None:
     print(machine_line(threads, processes=WORLD_SIZE))
     print(f"model: tiny BERT, fp32, max_seq_len 128; per-rank batch {PER_RANK_BATCH} × {ACCUMULATION} micro-batches "
           f"per step; gloo on loopback; {steps} steps per repeat")
-    rows = [(name, f"{1000 * median(values):.2f} ms/step", spread([1000 * v for v in values]))
-            for name, values in figures.items()]
+    rows = step_time_rows(figures)
     print_table("DDP overhead on CPU (median time per optimizer step, slower rank):", rows)
     ddp = median(figures["ddp"])
     print(f"  ddp / 2 × alone (all-reduce and DDP hooks alone): {ddp / median(figures['2 × alone']):.3f}")

@@ -117,6 +117,12 @@ def print_table(title: str, rows: Sequence[tuple[str, str, str]]) -> None:
         print(f"  {name:<{width}}  {value:>{value_width}}   {note}")
 
 
+def step_time_rows(figures: dict[str, list[float]], decimals: int = 2) -> list[tuple[str, str, str]]:
+    """print_table's rows for contenders timed in seconds per step: the median in ms, and the repeats' range."""
+    return [(name, f"{1000 * median(values):.{decimals}f} ms/step", spread([1000 * v for v in values]))
+            for name, values in figures.items()]
+
+
 def print_targets(targets: Sequence[Target]) -> None:
     print()
     for target in targets:

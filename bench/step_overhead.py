@@ -38,7 +38,7 @@ from harness import (
     print_table,
     print_targets,
     seconds_per_step,
-    spread,
+    step_time_rows,
 )
 
 from distqa.distributed import local_runtime
@@ -80,8 +80,7 @@ def main() -> None:
           f"{args.precision}, max_seq_len {config.max_seq_len}, per-rank batch {config.per_rank_batch_size} × "
           f"{accumulation} micro-batches per step; {args.steps} steps per repeat; one step of each from the "
           f"same weights: max weight difference {difference:.1e}")
-    rows = [(name, f"{1000 * median(values):.2f} ms/step", spread([1000 * v for v in values]))
-            for name, values in figures.items()]
+    rows = step_time_rows(figures)
     print_table("framework overhead (median time per optimizer step):", rows)
     print_targets([Target("ours / hand-written loop, time per step", median(figures["ours"]) / median(figures["hand"]),
                           TARGET, at_most=True)])

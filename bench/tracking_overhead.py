@@ -42,7 +42,7 @@ from harness import (
     print_table,
     print_targets,
     seconds_per_step,
-    spread,
+    step_time_rows,
 )
 from torch.utils.tensorboard import SummaryWriter
 
@@ -89,8 +89,7 @@ def main() -> None:
     print(f"model: tiny BERT, fp32, per-rank batch {config.per_rank_batch_size} × {trainer.plan.accumulation} "
           f"micro-batches per step; {len(SCALARS)} scalars recorded after every step; {args.steps} steps per repeat; "
           f"MLflow server on {uri} (SQLite store)")
-    rows = [(name, f"{1000 * median(values):.2f} ms/step", spread([1000 * v for v in values]))
-            for name, values in figures.items()]
+    rows = step_time_rows(figures)
     print_table("tracking overhead (median time per optimizer step and its scalars):", rows)
     print_targets([Target("with MLflow / TensorBoard alone, time per step",
                           median(figures["tensorboard + mlflow"]) / median(figures["tensorboard"]), TARGET,

@@ -141,6 +141,18 @@ def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def group_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A gloo process group of this process alone (for DDP's wrap and buckets in process); destroyed afterwards."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
 def unwritable_mount() -> Iterator[tuple[Path, list[str]]]:
     """A mount like the ones `neuro-flow mkvolumes` makes: root-owned, mode 755, and the command prefix
     that runs a script as the image's former user (uid 1000). Not root: an own folder of mode 555."""

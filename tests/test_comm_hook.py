@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from distqa.ddp import wrap_ddp
@@ -22,21 +20,9 @@ from distqa.model import build_model
 from distqa.rng import seed_everything
 from distqa.settings import load_config
 
-from conftest import FAST_ARGS, free_port, max_difference, run_training
+from conftest import FAST_ARGS, max_difference, run_training
 
 STEPS = 3
-
-
-@pytest.fixture
-def group_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A gloo process group of this process alone, destroyed afterwards."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("hook", ["none", "bf16"])

@@ -16,12 +16,10 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig
 
@@ -37,7 +35,7 @@ from distqa.settings import load_config
 from distqa.tasks import make_task
 from distqa.tasks.configs import QAConfig
 
-from conftest import REPO_ROOT, clean_env, free_port
+from conftest import REPO_ROOT, clean_env
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from gpu_common import encoder_config  # the published sizes bench/gpu.sh builds the large encoders from
@@ -115,18 +113,6 @@ def measured_peak(config: QAConfig, ddp: bool, trace: Path, steps: int = 2) -> i
         elif address in live:  # a free of a block allocated in the block (others are not ours)
             total -= live.pop(address)
     return peak
-
-
-@pytest.fixture
-def group_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A gloo process group of this process alone, for DDP's buckets; destroyed afterwards."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 # (encoder, dropout, micro-batch, seq, precision, attention, activation checkpointing, DDP)
