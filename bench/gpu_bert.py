@@ -33,11 +33,12 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from gpu_common import (
+    Measured,
     add_device_arguments,
     check_device,
     device_name,
@@ -78,7 +79,7 @@ class Contender:
 
 
 @dataclass
-class Row:
+class Row(Measured):
     """One contender's figures (medians over the repeats), as bench/gpu_report.py prints them."""
 
     name: str
@@ -86,14 +87,6 @@ class Row:
     precision: str
     compile: bool
     seq_len: int
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    mfu: float | None = None
-    peak_memory_gib: float | None = None
-    warmup_s: float | None = None
-    note: str = ""
-    repeats: list[float] = field(default_factory=list)
-    """samples/s of every repeat."""
 
 
 def contenders(seq_lens: tuple[int, ...]) -> list[Contender]:

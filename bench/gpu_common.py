@@ -19,6 +19,7 @@ import json
 import platform
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,22 @@ def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+@dataclass(kw_only=True)
+class Measured:
+    """The measured figures of one row of a part (medians over the repeats; None until measured), which
+    bench/gpu_report.py prints; each part's row adds what it varies (gpu_bert.py's Row, gpu_large.py's
+    LargeRow)."""
+
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_memory_gib: float | None = None
+    warmup_s: float | None = None
+    note: str = ""
+    repeats: list[float] = field(default_factory=list)
+    """samples/s of every repeat."""
 
 
 def peak_memory_gib(device: torch.device) -> float | None:

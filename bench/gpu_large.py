@@ -26,13 +26,14 @@ import gc
 import logging
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from gpu_bert import Contender, measure_ours
 from gpu_common import (
     LARGE_ENCODERS,
+    Measured,
     check_device,
     device_name,
     first_line,
@@ -54,7 +55,7 @@ MICRO_BATCHES, QUICK_MICRO_BATCHES = (8, 32), (2, 4)
 
 
 @dataclass
-class LargeRow:
+class LargeRow(Measured):
     """One model × micro-batch × checkpointing: the figures bench/gpu_report.py prints."""
 
     model: str
@@ -65,13 +66,6 @@ class LargeRow:
     estimated_peak_gib: float
     """distqa.memory's estimate of the step's peak (eager; one process, no accumulation)."""
     estimated_moment: str
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    mfu: float | None = None
-    peak_memory_gib: float | None = None
-    warmup_s: float | None = None
-    note: str = ""
-    repeats: list[float] = field(default_factory=list)
 
 
 def row_config(flags: list[str], model: str, micro_batch: int, checkpointing: bool, seq_len: int,
