@@ -117,3 +117,44 @@ exec {sys.executable} "$@"
     assert exported["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(exported["TORCH_FR_BUFFER_SIZE"]) > 0
     assert exported["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert (output_dir / "fr-run" / "flight-recorder").is_dir()
+
+
+AGENT_ENDS_MID_STORE_CALL = """
+import socket, sys, threading, time
+from distqa.agent import POLL_S, RendezvousWatcher
+
+store = socket.create_server(("127.0.0.1", 0))  # node 0's store, as far as the watcher can tell: it never answers
+store.settimeout(60)
+watcher = RendezvousWatcher("127.0.0.1", store.getsockname()[1], "ends", 1, 2, "127.0.0.1").start()
+connection, _ = store.accept()  # the watcher's thread is now inside TCPStore's C++ call
+
+
+def node_0_ends():  # its store closes under the call, which then fails within its timeout (POLL_S)
+    connection.close()
+    store.close()
+
+
+threading.Timer(0.5, node_0_ends).start()
+
+
+class SlowTeardown:  # an interpreter shutdown that outlasts the call, as a large process's can
+    def __del__(self, sleep=time.sleep, seconds=3 * POLL_S):
+        sleep(seconds)
+
+
+teardown = SlowTeardown()
+watcher.stop()  # what distqa.agent.main does as torchrun's agent returns
+sys.exit(0)
+"""
+
+
+def test_the_agent_ends_cleanly_while_its_rendezvous_watcher_is_inside_a_store_call(tmp_path: Path) -> None:
+    """The rendezvous watcher is a daemon thread. Ended without a join while inside a store call, it aborted
+    the whole agent (exit 134, "terminate called without an active exception") when the call returned during
+    interpreter shutdown: node 0's agent ending had closed the store under node 1's (seen in CI)."""
+    script = tmp_path / "agent_ends.py"
+    script.write_text(AGENT_ENDS_MID_STORE_CALL)
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)  # about 12 s on a quiet machine
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "terminate called" not in result.stderr

@@ -50,6 +50,9 @@ RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
 
 POLL_S = 2.0
+"""How often the watcher reads the rendezvous state, and how long each of its store calls may take."""
+JOIN_GUARD_S = 5 * POLL_S
+"""A hang guard on the watcher's end (its store calls give up after POLL_S)."""
 log = logging.getLogger(__name__)
 
 
@@ -80,7 +83,13 @@ class RendezvousWatcher:
         return self
 
     def stop(self) -> None:
+        """Stop watching, and return once the thread has ended. The join matters: a daemon thread still
+        inside a store call when the interpreter shuts down aborts the whole agent (exit 134, "terminate
+        called without an active exception") as the call returns, since it may no longer take the GIL.
+        Each call gives up after ``POLL_S``, so this waits at most about that long."""
         self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=JOIN_GUARD_S)
 
     def _watch(self) -> None:
         store = None
