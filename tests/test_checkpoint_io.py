@@ -221,20 +221,21 @@ from slow_storage import slow_checkpoint_storage
 from distqa.stop import StopSignal
 from distqa.train import main
 
-agreed, first_write = threading.Event(), []
+checked, agreed, first_write = threading.Event(), threading.Event(), []
 real_agreed = StopSignal.agreed
 
 
 def agreed_noted(self, step):  # the run's own check, noted on rank 0
     received = real_agreed(self, step)
-    if received:
-        agreed.set()
+    (agreed if received else checked).set()
     return received
 
 
 def sigterm_mid_write():  # rank 0's first checkpoint write: the platform's SIGTERM reaches the agent mid-write,
     if not first_write:   # and the write stays in flight until the ranks have agreed to stop
         first_write.append(True)
+        checked.clear()  # a check both ranks passed after this write began: the stop then lands on a later step
+        checked.wait(timeout=120)  # (sent at once, it could reach both ranks before the check of the step written)
         os.kill(os.getppid(), signal.SIGTERM)
         agreed.wait(timeout=120)
 
