@@ -50,9 +50,10 @@ RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
 
 POLL_S = 2.0
-"""How often the watcher reads the rendezvous state, and how long each of its store calls may take."""
+"""How often the watcher reads the rendezvous state, and the timeout of each of its store calls."""
 JOIN_GUARD_S = 5 * POLL_S
-"""A hang guard on the watcher's end (its store calls give up after POLL_S)."""
+"""A hang guard on the watcher's end: a store that accepts a connection and never answers holds a ``TCPStore``
+call past its timeout (torch 2.13's client ping has no deadline)."""
 log = logging.getLogger(__name__)
 
 
@@ -86,7 +87,8 @@ class RendezvousWatcher:
         """Stop watching, and return once the thread has ended. The join matters: a daemon thread still
         inside a store call when the interpreter shuts down aborts the whole agent (exit 134, "terminate
         called without an active exception") as the call returns, since it may no longer take the GIL.
-        Each call gives up after ``POLL_S``, so this waits at most about that long."""
+        A call times out after ``POLL_S`` (one to a store that has closed fails sooner), so this waits about that
+        long at most; :data:`JOIN_GUARD_S` bounds a call that ignores its timeout."""
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=JOIN_GUARD_S)
