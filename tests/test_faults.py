@@ -72,14 +72,14 @@ def test_kill_ends_the_named_rank_right_after_the_named_step_and_once_per_run_di
     output, errors = killed.communicate(timeout=60)
     assert killed.returncode == -signal.SIGKILL
     assert done_steps(output) == [1, 2, 3], "it acted after step 3, not before, not later"
-    assert "fault injection armed (INJECT_FAULT=kill:rank=1:step=3): this rank (1) will kill after step 3" in errors
+    assert "armed (INJECT_FAULT=kill:rank=1:step=3): this rank (1) will be SIGKILLed after step 3" in errors
     assert "fault injection (INJECT_FAULT): kill rank 1 after step 3 now" in errors
     assert (tmp_path / "run" / "logs" / "rank-1.fault").read_text() == "kill rank 1 after step 3\n"
 
     again = steps(tmp_path, 1, "kill:rank=1:step=3")  # the restart, or a relaunch with the variable still set
     output, errors = again.communicate(timeout=60)
     assert again.returncode == 0 and done_steps(output) == [1, 2, 3, 4, 5, 6], errors
-    assert "already done in this run directory" in errors
+    assert "done already in this run directory" in errors
 
 
 def test_other_ranks_are_untouched_and_rank_0_says_what_will_happen(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_other_ranks_are_untouched_and_rank_0_says_what_will_happen(tmp_path: Pa
         other = steps(tmp_path, rank, "kill:rank=1:step=3")
         output, errors = other.communicate(timeout=60)
         assert other.returncode == 0 and done_steps(output) == [1, 2, 3, 4, 5, 6], errors
-        said = "fault injection armed (INJECT_FAULT=kill:rank=1:step=3): rank 1 will kill after step 3"
+        said = "fault injection armed (INJECT_FAULT=kill:rank=1:step=3): rank 1 will be SIGKILLed after step 3"
         assert (said in errors) == (rank == 0), errors
     assert not (tmp_path / "run" / "logs").exists()
 
@@ -137,7 +137,7 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     assert result.returncode == 0, result.stdout + result.stderr
     logs = {rank: (tmp_path / "killed" / "logs" / f"rank-{rank}.log").read_text() for rank in (0, 1)}
     assert logs[1].count("fault injection (INJECT_FAULT): kill rank 1 after step 7 now") == 1
-    assert "already done in this run directory" in logs[1], "the restarted worker knew"
+    assert "done already in this run directory" in logs[1], "the restarted worker knew"
     assert "after step 7 now" not in logs[0], "rank 0 is untouched"
     assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / 'step-00000005.pt'}" in logs[0] + logs[1]
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 VARIABLE = "INJECT_FAULT"
 """Not DISTQA_*: those are settings, which enter the config (and its hash, which every rank must share)."""
 ACTIONS = ("kill", "kill-node", "hang")
+WHAT = {"kill": "be SIGKILLed", "kill-node": "lose its node (its torchrun agent and itself SIGKILLed)",
+        "hang": "freeze (SIGSTOP)"}
 FORM = "ACTION:rank=R:step=N with ACTION kill, kill-node or hang (e.g. kill:rank=1:step=30)"
 
 
@@ -82,13 +84,13 @@ class ArmedFault:
                               "was not started by torchrun (scripts/worker.sh); use kill or hang")
         if armed._mine:
             log.warning("fault injection armed (%s=%s): this rank (%d) will %s after step %d; unset it for a real "
-                        "run", VARIABLE, spec, rank, fault.action, fault.step)
+                        "run", VARIABLE, spec, rank, WHAT[fault.action], fault.step)
         elif fault.rank == rank:
-            log.warning("fault injection (%s=%s): already done in this run directory (%s), not again",
+            log.warning("fault injection (%s=%s): done already in this run directory (%s), not again",
                         VARIABLE, spec, armed.marker)
         elif rank == 0:
-            log.warning("fault injection armed (%s=%s): rank %d will %s after step %d; unset it for a real run",
-                        VARIABLE, spec, fault.rank, fault.action, fault.step)
+            log.warning("fault injection armed (%s=%s): rank %d will %s after step %d, once per run directory; "
+                        "unset it for a real run", VARIABLE, spec, fault.rank, WHAT[fault.action], fault.step)
         return armed
 
     def at(self, step: int) -> None:
