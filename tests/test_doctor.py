@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from distqa.preflight import PackageCode, RankReport, disagreements
+
 from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", "--progress-bar", "false"]
@@ -262,3 +264,21 @@ def test_a_rank_with_an_invalid_setting_still_reports_to_rank_0(tmp_path: Path) 
     found = failures(result)
     assert any(f.startswith("FAIL rank 1 (") and "configuration error: lr must be > 0, got -1.0" in f for f in found)
     assert any("rank 1 (" in f and "resolved another config than rank 0 (or none" in f for f in found), found
+
+
+def test_other_code_names_the_first_differing_file_and_advice_for_the_hosts() -> None:
+    def report(rank: int, host: str, files: dict[str, str], location: str) -> RankReport:
+        code = {"distqa": PackageCode(location, files)}
+        return RankReport(rank=rank, node_rank=rank, local_rank=0, local_world_size=1, world_size=2, host=host,
+                          device="cpu", device_name="cpu", gpu_count=0, versions={}, code_hash=str(files),
+                          config_hash="same", config={}, code=code)
+
+    ours = {"distqa/a.py": "1", "distqa/b.py": "2"}
+    theirs = {"distqa/a.py": "1", "distqa/b.py": "2", "distqa/new.py": "3"}
+    [line] = disagreements([report(0, "node-a", ours, "/app/distqa"), report(1, "node-b", theirs, "/app/distqa")])
+    assert line.startswith("rank 1 (node-b) runs other code than rank 0 (node-a): package distqa differs in "
+                           "distqa/new.py (only on rank 1), imported from /app/distqa on both; give every node the "
+                           "same version of that code: the same commit, the same image"), line
+    [line] = disagreements([report(0, "vm", ours, "/a/distqa"), report(1, "vm", {"distqa/b.py": "9"}, "/b/distqa")])
+    assert "package distqa differs in distqa/a.py (only on rank 0) and 1 more file, imported from /b/distqa on " \
+        "rank 1, /a/distqa on rank 0; both run on this host" in line, line
