@@ -74,7 +74,7 @@ def test_kill_ends_the_named_rank_right_after_the_named_step_and_once_per_run_di
     assert done_steps(output) == [1, 2, 3], "it acted after step 3, not before, not later"
     assert "armed (INJECT_FAULT=kill:rank=1:step=3): this rank (1) will be SIGKILLed after step 3" in errors
     assert "fault injection (INJECT_FAULT): kill rank 1 after step 3 now" in errors
-    assert (tmp_path / "run" / "logs" / "rank-1.fault").read_text() == "kill rank 1 after step 3\n"
+    assert (tmp_path / "run" / "logs" / "rank-1.fault").read_text() == f"kill rank 1 after step 3 (pid {killed.pid})\n"
 
     again = steps(tmp_path, 1, "kill:rank=1:step=3")  # the restart, or a relaunch with the variable still set
     output, errors = again.communicate(timeout=60)

@@ -12,7 +12,8 @@ checkpointed, so a resume goes back to the checkpoint before it):
 - ``hang``: SIGSTOP this worker, as a rank stuck in a kernel or a deadlock: it never reaches the next
   collective, and only SIGKILL ends it (the others time out after ``dist_timeout_s``).
 
-A fault fires once per run directory: before acting the rank writes ``logs/rank-<R>.fault`` there, and a
+A fault fires once per run directory: before acting the rank writes ``logs/rank-<R>.fault`` there (what it did,
+and its pid, by which a hung rank can be SIGKILLed at once instead of after torchrun's 30 s), and a
 restarted or relaunched run of the same run directory passes step ``N`` untouched, so a resume can be
 tested with the variable still set. Every armed rank logs a WARNING at the start: a real run never has it.
 """
@@ -100,7 +101,7 @@ class ArmedFault:
             return
         self._mine = False
         self.marker.parent.mkdir(parents=True, exist_ok=True)
-        self.marker.write_text(f"{self.fault}\n")
+        self.marker.write_text(f"{self.fault} (pid {os.getpid()})\n")  # a hung rank's pid, to SIGKILL it
         log.warning("fault injection (%s): %s now", VARIABLE, self.fault)
         for handler in logging.getLogger().handlers:  # the line must be in the log before the process ends
             handler.flush()
