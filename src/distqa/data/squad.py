@@ -128,7 +128,8 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
         first_seen[example.id] = where
         result.examples.append(example)
     check_bad_fraction(result.source, total=result.records, usable=len(result.examples), bad=result.bad,
-                       reports=result.reports, limit=max_bad_line_fraction, unit="question", empty="holds no questions")
+                       reports=result.reports, limit=max_bad_line_fraction, unit="question", empty="holds no questions",
+                       logger=log)
     return result
 
 
