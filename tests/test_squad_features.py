@@ -147,8 +147,8 @@ def test_the_cache_is_reused_and_rebuilt_when_a_byte_of_the_input_changes(tmp_pa
     first = build_squad_cache(request_for(train, str(SAMPLE / "dev.json")), tmp_path / "cache")
     assert build_squad_cache(request_for(train, str(SAMPLE / "dev.json")), tmp_path / "cache") == first
     manifest = load_manifest(first)
-    assert manifest["splits"]["train"]["examples"] == 364 and manifest["splits"]["validation"]["examples"] == 119
-    assert manifest["splits"]["train"]["unanswerable"] == 121
+    assert manifest["splits"]["train"]["examples"] == 365 and manifest["splits"]["validation"]["examples"] == 119
+    assert manifest["splits"]["train"]["unanswerable"] == 123
     # One digit of one answer_start, in the middle of the file: the same size, another cache.
     text = train.read_text()
     position = text.index('"answer_start": 1', len(text) // 2) + len('"answer_start": 1')
