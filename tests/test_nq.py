@@ -306,6 +306,15 @@ def test_a_file_past_the_bad_line_fraction_is_refused(tmp_path: Path) -> None:
     assert scan(path, labelled=True, max_bad_line_fraction=0.1).bad_lines == 2
 
 
+def test_skipped_lines_are_reported_under_the_nq_readers_logger(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [good(example_id=i) for i in range(1, 20)] + ["{oops"])
+    caplog.set_level("WARNING")
+    scan(path, labelled=True, max_bad_line_fraction=0.1)
+    skipped = [(r.name, r.levelname) for r in caplog.records if "skipped 1 malformed line(s) of 20" in r.getMessage()]
+    assert skipped == [("distqa.data.nq", "WARNING")]
+
+
 def test_repeated_example_ids_and_empty_or_missing_files(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [good(example_id=i % 50) for i in range(51)])
     result = scan(path, labelled=True, max_bad_line_fraction=0.05)

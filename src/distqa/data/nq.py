@@ -326,11 +326,13 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
 
 
 def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, reports: list[str], limit: float,
-                       unit: str = "line", empty: str = "the file holds no examples (it is empty)") -> None:
+                       unit: str = "line", empty: str = "the file holds no examples (it is empty)",
+                       logger: logging.Logger = log) -> None:
     """Refuse input with nothing usable, or with more than ``limit`` of its ``unit``s malformed; warn about a few.
 
     ``reports`` are the first bad ones' messages (shown in the error); ``empty`` says what an input with no
-    ``unit`` at all is. The NQ and SQuAD readers both end with this check.
+    ``unit`` at all is. The NQ and SQuAD readers both end with this check; the warning goes to ``logger``, the
+    calling reader's, so that it is filtered and attributed under that reader's name.
     """
     shown = "\n  ".join(reports)
     if total == 0:
@@ -344,7 +346,7 @@ def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, rep
             f"max_bad_line_fraction={limit}. The first ones:\n  {shown}\n"
             "Check that this is the right file (and not truncated), or raise --max-bad-line-fraction.")
     if bad:
-        log.warning("%s: skipped %d malformed %s(s) of %d; the first: %s", source, bad, unit, total, reports[0])
+        logger.warning("%s: skipped %d malformed %s(s) of %d; the first: %s", source, bad, unit, total, reports[0])
 
 
 def read_lines(path: Path, offsets: np.ndarray, lengths: np.ndarray) -> Iterator[bytes]:
