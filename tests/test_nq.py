@@ -276,7 +276,7 @@ def test_each_malformed_line_is_reported_with_file_line_and_field(case: str, tmp
     result = scan(path, labelled=True)  # skip and count: 1 bad line of 300 is under the 1 % limit
     assert (len(result), result.bad_lines) == (299, 1)
     assert result.bad_reports[0].startswith(f"{path}:151: ")
-    with pytest.raises(DataError, match=f"(?s){path}:151: .*--on-bad-line skip"):
+    with pytest.raises(DataError, match=f"(?s){path}:151: .*Fix or remove the line"):
         scan(path, labelled=True, on_bad_line="fail")
 
 
@@ -290,7 +290,7 @@ def test_an_undecodable_line_is_a_bad_line_like_any_other(case: str, tmp_path: P
     result = scan(path, labelled=True)
     assert (len(result), result.bad_lines) == (299, 1)
     assert result.bad_reports[0].startswith(f"{path}:151: ")
-    with pytest.raises(DataError, match=f"(?s){path}:151: .*--on-bad-line skip"):
+    with pytest.raises(DataError, match=f"(?s){path}:151: .*Fix or remove the line"):
         scan(path, labelled=True, on_bad_line="fail")
 
 

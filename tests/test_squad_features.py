@@ -210,6 +210,6 @@ def test_prepare_builds_the_squad_cache_and_reports_bad_data_in_one_line(tmp_pat
     assert failed.err.startswith(f"distqa.prepare: error: {broken}: data[0].paragraphs[0].qas[")
     assert failed.err.count("\n") == 1 and "which does not point at its text" in failed.err
     # The advice names a flag that prepare's own parser (the one load_config builds for it) accepts.
-    advice = failed.err.split("or pass ")[1].split(" to skip")[0]
+    advice = failed.err.split("Or pass ")[1].split(" to skip")[0]
     prepare_parser = build_arg_parser("python -m distqa.prepare", task_class("squad"), prepare_sections)
     assert advice == "--on-bad-line skip" and prepare_parser.parse_known_args(advice.split())[1] == []

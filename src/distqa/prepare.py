@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.files import DataError
+from distqa.files import SKIP_ADVICE, BadRecordError, DataError
 from distqa.flags import prepare_sections, train_sections
 from distqa.settings import load_config
 from distqa.tasks import make_task
@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         directory = task.build_data()
     except (ConfigError, DataError) as err:
-        print(f"distqa.prepare: error: {err}", file=sys.stderr)
+        advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
+        print(f"distqa.prepare: error: {err}{advice}", file=sys.stderr)
         return 2
     except OSError as err:  # the cache directory is not writable, the disk is full, …
         print(f"distqa.prepare: error: {err}; check that folder and the free space there.", file=sys.stderr)

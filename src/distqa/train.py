@@ -55,7 +55,7 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import DataError, DiskFullError, print_error
+from distqa.files import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
 from distqa.resume import resume
@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(f"distqa.train: configuration error: {err}")
         return 2
     except DataError as err:
-        print_error(f"distqa.train: data error: {err}")
+        advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
+        print_error(f"distqa.train: data error: {err}{advice}")
         return 2
     except CollectiveTimeoutError as err:  # a peer stalled; this rank leaves (torchrun then ends the others)
         print_error(f"distqa.train: collective timeout: {err}")

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distqa.answers import AnswerType, Span
-from distqa.files import DataError
+from distqa.files import BadRecordError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -287,8 +287,7 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
                     bad += 1
                     message = f"{path}:{number}: {err}"
                     if on_bad_line == "fail":
-                        raise DataError(f"{message}\nFix or remove the line, or pass --on-bad-line skip "
-                                        "to skip and count bad lines.") from None
+                        raise BadRecordError(f"{message}\nFix or remove the line.") from None
                     if len(reports) < MAX_REPORTED_BAD_LINES:
                         reports.append(message)
                 else:
@@ -317,7 +316,7 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
     for line, example_id in zip(result.lines[~keep].tolist(), result.example_ids[~keep].tolist(), strict=True):
         message = f"{result.path}:{line}: example_id {example_id} repeats line {first_line[example_id]}"
         if on_bad_line == "fail":
-            raise DataError(f"{message}\nRemove the duplicate, or pass --on-bad-line skip.")
+            raise BadRecordError(f"{message}\nRemove the duplicate.")
         if len(result.bad_reports) < MAX_REPORTED_BAD_LINES:
             result.bad_reports.append(message)
     result.bad_lines += int((~keep).sum())

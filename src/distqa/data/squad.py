@@ -42,15 +42,13 @@ import pyarrow.parquet as pq
 
 from distqa.config import resolve_path
 from distqa.data.nq import BadLinePolicy, check_bad_fraction
-from distqa.files import DataError
+from distqa.files import BadRecordError, DataError
 
 log = logging.getLogger(__name__)
 
 AnswerCheck = Literal["train", "gold", "ignore"]
 HUB_PREFIX = "hf:"
 MAX_REPORTED_BAD_RECORDS = 20
-FIX_OR_SKIP = "Fix or remove the record, or pass --on-bad-line skip to skip and count bad records."
-"""The advice on a bad record under ``on_bad_line='fail'`` where the command has ``--on-bad-line`` (prepare, train)."""
 _MISSING = object()
 
 
@@ -102,10 +100,11 @@ def source_path(spec: str, setting: str) -> Path:
 
 def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: BadLinePolicy = "skip",
                max_bad_line_fraction: float = 0.01, setting: str = "squad_train_file",
-               fix: str = FIX_OR_SKIP) -> SquadRecords:
+               fix: str = "Fix or remove the record.") -> SquadRecords:
     """Every good question of ``spec`` (a file or ``hf:NAME:SPLIT``), in order; bad ones skipped and counted or,
-    with ``on_bad_line='fail'``, the first one a DataError ending with ``fix``, what to do about it (a command without
-    ``--on-bad-line`` gives its own). Past ``max_bad_line_fraction`` the source is refused."""
+    with ``on_bad_line='fail'``, the first one a BadRecordError ending with ``fix``, what to do about it (the commands
+    that can skip add how: :class:`~distqa.files.BadRecordError`). Past ``max_bad_line_fraction`` the source is
+    refused."""
     spec = str(spec)
     hub = hub_name(spec)
     records = _hub_records(*hub, spec, setting) if hub else _file_records(source_path(spec, setting))
@@ -124,7 +123,7 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
             result.bad += 1
             message = f"{where}: {err}"
             if on_bad_line == "fail":
-                raise DataError(f"{message}. {fix}") from None
+                raise BadRecordError(f"{message}. {fix}") from None
             if len(result.reports) < MAX_REPORTED_BAD_RECORDS:
                 result.reports.append(message)
             continue
