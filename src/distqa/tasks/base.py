@@ -92,8 +92,14 @@ class Task:
     input_names: ClassVar[tuple[str, ...]] = ()
     """The batch columns the model reads: the trainer calls ``model(**{name: batch[name]})``."""
     prepare_sections: ClassVar[Sequence[Section]] = ()
-    """The settings sections ``python -m distqa.prepare`` shows for this task (with the preset and task);
-    none: the task has nothing to build before training."""
+    """The settings sections ``python -m distqa.prepare`` shows as flags for this task (with the preset and task);
+    none: only ``--preset`` and ``--task`` (a preset, ``.env`` and ``DISTQA_*`` still set every setting). Only
+    what prepare shows: whether there is anything to build is :meth:`build_data`'s answer."""
+    sync_buffers: ClassVar[bool] = True
+    """Whether every rank holds rank 0's model buffers (BatchNorm's running statistics): DDP broadcasts them before
+    each training forward (torch's default, ``forward_sync_buffers``) and the trainer before each evaluation, so
+    all ranks evaluate, and the checkpoints hold, one model. False only when the buffers never change in training
+    (the QA encoders' position ids): it saves a broadcast per forward."""
 
     def __init__(self, config: Config) -> None:
         if not isinstance(config, self.config_class):
@@ -107,9 +113,10 @@ class Task:
         doctor. ``build``: the run is a single process, so it may build a missing cache itself (nobody waits)."""
 
     def build_data(self) -> Path | None:
-        """Build what the task reads once, before training (``python -m distqa.prepare``): a feature cache.
-        Returns where it is; None when the task has nothing to build. An OSError (a folder not writable, a full
-        disk) should name the folder and the setting that chose it."""
+        """Build what the task reads once, before training (``python -m distqa.prepare``, which the launchers run
+        with ``--only-if-needed`` before any rank starts): a feature cache. Returns where it is; None when the task
+        has nothing to build. An OSError (a folder not writable, a full disk) should name the folder and the setting
+        that chose it."""
         return None
 
     # --- inside the process group, on every rank --------------------------------------------------
