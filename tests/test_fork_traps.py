@@ -5,6 +5,7 @@ apply only to the tasks they are for."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -13,15 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from distqa.checkpoint import checkpoint_path
 from distqa.config import Config, ConfigError, fields_of
+from distqa.ddp import training_module
+from distqa.distributed import local_runtime
 from distqa.model import build_model
 from distqa.presets import read_preset
 from distqa.settings import load_config
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, TinyEncoder, clean_env, run_training
+from fork_tasks import BatchNormMLP
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 TESTS = str(REPO_ROOT / "tests")
@@ -59,6 +64,16 @@ def test_batchnorm_statistics_are_rank_0s_on_every_rank_and_in_the_checkpoint(tm
     assert not torch.equal(unsynced[0], unsynced[1])
     # No preset of another task reached this run, and none of its settings was announced.
     assert config["preset"] == "none" and "a setting of task" not in output
+
+
+def test_ddp_broadcasts_the_buffers_before_each_forward_unless_the_task_opts_out(group_of_one: None) -> None:
+    """What distqa.train wraps (DDP over a group of one, as for 2 ranks): torch's default, forward_sync_buffers,
+    for a task that keeps it; none for one that opts out, as the QA tasks do."""
+    config = load("--preset", "none")
+    runtime = dataclasses.replace(local_runtime("cpu"), world_size=2)  # wrapped only when distributed
+    for task, syncs in [("fork_tasks:Regression", True), ("fork_tasks:UnsyncedRegression", False), ("dummy", False)]:
+        wrapped = training_module(BatchNormMLP(), runtime, config, task_class(task).sync_buffers)
+        assert isinstance(wrapped, DistributedDataParallel) and wrapped.will_sync_module_buffers() is syncs, task
 
 
 def test_the_qa_tasks_opt_out_because_their_encoders_buffers_are_constants(tiny_encoder: TinyEncoder) -> None:

@@ -9,7 +9,8 @@ built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task bring
 - **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
   must exist before training (:meth:`Task.check`) and a cache built once (:meth:`Task.build_data`);
 - **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
-  called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch);
+  called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch); rank 0's buffers
+  are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`);
 - **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
   ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
 - **its inference state**: :attr:`Evaluation.state` (NQ: the tuned decoding thresholds) is saved in every
