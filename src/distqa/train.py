@@ -139,8 +139,9 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     # Resume: the newest checkpoint of this run (or --resume PATH) restores all of the above and the RNGs.
     resumed = resume(config, runtime, run_dir, model, optimizer, scheduler, precision)
 
-    # DDP: one replica per rank; gradients are averaged over the ranks in backward. Compiled on GPUs.
-    ddp_model = training_module(model, runtime, config)
+    # DDP: one replica per rank; gradients are averaged over the ranks in backward, and rank 0's buffers
+    # broadcast before each forward unless the task's are constants. Compiled on GPUs.
+    ddp_model = training_module(model, runtime, config, task.sync_buffers)
 
     # Evaluation: the task's own, on all ranks; it picks best.pt and, with a patience, when to stop early.
     evaluator = task.evaluator(runtime)
