@@ -154,7 +154,7 @@ def build_our_trainer(config: QAConfig, runtime: Runtime, dataset: Dataset, run_
     model = task.build_model().to(runtime.device)
     optimizer = build_optimizer(model, config, runtime.device)
     return Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
-                   ddp_model=training_module(model, runtime, config, **ddp_options),
+                   ddp_model=training_module(model, runtime, config, task.sync_buffers, **ddp_options),
                    optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
                    precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
                    evaluator=None, resumed=None)

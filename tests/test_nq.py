@@ -276,7 +276,7 @@ def test_each_malformed_line_is_reported_with_file_line_and_field(case: str, tmp
     result = scan(path, labelled=True)  # skip and count: 1 bad line of 300 is under the 1 % limit
     assert (len(result), result.bad_lines) == (299, 1)
     assert result.bad_reports[0].startswith(f"{path}:151: ")
-    with pytest.raises(DataError, match=f"(?s){path}:151: .*--on-bad-line skip"):
+    with pytest.raises(DataError, match=f"(?s){path}:151: .*Fix or remove the line"):
         scan(path, labelled=True, on_bad_line="fail")
 
 
@@ -290,7 +290,7 @@ def test_an_undecodable_line_is_a_bad_line_like_any_other(case: str, tmp_path: P
     result = scan(path, labelled=True)
     assert (len(result), result.bad_lines) == (299, 1)
     assert result.bad_reports[0].startswith(f"{path}:151: ")
-    with pytest.raises(DataError, match=f"(?s){path}:151: .*--on-bad-line skip"):
+    with pytest.raises(DataError, match=f"(?s){path}:151: .*Fix or remove the line"):
         scan(path, labelled=True, on_bad_line="fail")
 
 
@@ -304,6 +304,15 @@ def test_a_file_past_the_bad_line_fraction_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"(?s)2 of 21 lines \(9.5%\) are malformed.*train.jsonl:20"):
         scan(path, labelled=True, max_bad_line_fraction=0.05)
     assert scan(path, labelled=True, max_bad_line_fraction=0.1).bad_lines == 2
+
+
+def test_skipped_lines_are_reported_under_the_nq_readers_logger(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [good(example_id=i) for i in range(1, 20)] + ["{oops"])
+    caplog.set_level("WARNING")
+    scan(path, labelled=True, max_bad_line_fraction=0.1)
+    skipped = [(r.name, r.levelname) for r in caplog.records if "skipped 1 malformed line(s) of 20" in r.getMessage()]
+    assert skipped == [("distqa.data.nq", "WARNING")]
 
 
 def test_repeated_example_ids_and_empty_or_missing_files(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -23,13 +24,14 @@ from distqa.metric import (
     score_answers,
     write_submission,
 )
-from distqa.score import main
+from distqa.score import build_arg_parser, main
 
 from conftest import REPO_ROOT, clean_env
 from nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl
 
 SAMPLE_GOLD = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
 SAMPLE_TEST = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test.jsonl"
+SQUAD_DEV = REPO_ROOT / "data" / "squad-sample" / "dev.json"
 
 # Tokens 0-5 are the title and <H1>; candidate 0 is [6, 12) ("<P> north river flows past </P>"), candidate 1
 # [12, 19) (a <P> of five words).
@@ -359,3 +361,42 @@ def test_cli_errors_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exit_:
         main(["--gold", str(SAMPLE_GOLD)])
     assert exit_.value.code == 2 and "distqa.score: error:" in capsys.readouterr().err
+
+
+def advised_flags(message: str) -> list[list[str]]:
+    """Each flag an error message names, with the word after it where that reads as its value
+    (``--on-bad-line skip``)."""
+    return [found.split() for found in re.findall(r"(?<![\w-])--[a-z][a-z-]*(?: [a-z0-9][\w.-]*)?", message)]
+
+
+def squad_gold_with_a_bad_record(tmp_path: Path) -> Path:
+    document = json.loads(SQUAD_DEV.read_text())
+    document["data"][0]["paragraphs"][0]["qas"][1]["answers"] = [{"text": 7, "answer_start": 0}]
+    path = tmp_path / "gold.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+SCORE_FAILURES = {
+    # case: (the command line, given tmp_path; what the one line names)
+    "squad gold with a bad record": (
+        lambda tmp: ["--format", "squad", "--gold", str(squad_gold_with_a_bad_record(tmp)), "--predictions",
+                     str(SQUAD_DEV)], "field 'answers[0].text' should be a string, got int 7. Fix the gold file"),
+    "nq gold with a bad line": (
+        lambda tmp: ["--gold", str(write_jsonl(tmp / "gold.jsonl", [record(1), "{oops"])), "--submission",
+                     str(csv_file(tmp, GOOD_ROWS))], ":2: not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCORE_FAILURES))
+def test_a_flag_that_an_error_advises_is_one_that_score_accepts(case: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Score skips nothing (a skipped gold record would change the score), so it has no --on-bad-line: the reader's
+    advice to pass one is replaced by its own. Any flag the line names is parsed by score's own parser."""
+    argv, names = SCORE_FAILURES[case]
+    argv = argv(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("distqa.score: error: ") and err.count("\n") == 1 and names in err, err
+    for advice in advised_flags(err):
+        assert build_arg_parser().parse_known_args([*argv, *advice])[1] == [], f"{advice} is not a flag of score: {err}"

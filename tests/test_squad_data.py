@@ -139,6 +139,18 @@ def test_too_many_bad_records_refuse_the_file_listing_the_first(tmp_path: Path) 
         read_squad(path)
 
 
+def test_skipped_records_are_reported_under_the_squad_readers_logger(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The bad-fraction check is shared with the NQ reader; its warning still carries the SQuAD reader's name, the
+    one a user filters on (logging's per-logger levels) and reads in the log line."""
+    path = write_json(tmp_path / "train.json", replaced(("id",), 7))
+    caplog.set_level("WARNING")
+    read_squad(path, max_bad_line_fraction=1.0)
+    skipped = [(r.name, r.levelname) for r in caplog.records
+               if "skipped 1 malformed question(s) of 3" in r.getMessage()]
+    assert skipped == [("distqa.data.squad", "WARNING")]
+
+
 def test_the_gold_reads_only_answer_texts_and_predict_reads_no_answers(tmp_path: Path) -> None:
     shifted = write_json(tmp_path / "gold.json", replaced(("answers",), [{"text": "Zürich", "answer_start": 3}]))
     assert read_squad(shifted, "gold").examples[1].answers == (("Zürich", -1),)

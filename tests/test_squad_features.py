@@ -27,6 +27,8 @@ from distqa.data.squad_cache import (
 )
 from distqa.data.squad_windows import SquadFeaturizer, SquadWindowSettings, answer_span
 from distqa.data.synthetic_squad import write
+from distqa.flags import build_arg_parser, prepare_sections
+from distqa.tasks import task_class
 from distqa.tasks.configs import SquadConfig
 
 from conftest import REPO_ROOT
@@ -145,8 +147,8 @@ def test_the_cache_is_reused_and_rebuilt_when_a_byte_of_the_input_changes(tmp_pa
     first = build_squad_cache(request_for(train, str(SAMPLE / "dev.json")), tmp_path / "cache")
     assert build_squad_cache(request_for(train, str(SAMPLE / "dev.json")), tmp_path / "cache") == first
     manifest = load_manifest(first)
-    assert manifest["splits"]["train"]["examples"] == 364 and manifest["splits"]["validation"]["examples"] == 119
-    assert manifest["splits"]["train"]["unanswerable"] == 121
+    assert manifest["splits"]["train"]["examples"] == 365 and manifest["splits"]["validation"]["examples"] == 119
+    assert manifest["splits"]["train"]["unanswerable"] == 123
     # One digit of one answer_start, in the middle of the file: the same size, another cache.
     text = train.read_text()
     position = text.index('"answer_start": 1', len(text) // 2) + len('"answer_start": 1')
@@ -207,3 +209,7 @@ def test_prepare_builds_the_squad_cache_and_reports_bad_data_in_one_line(tmp_pat
     failed = capsys.readouterr()
     assert failed.err.startswith(f"distqa.prepare: error: {broken}: data[0].paragraphs[0].qas[")
     assert failed.err.count("\n") == 1 and "which does not point at its text" in failed.err
+    # The advice names a flag that prepare's own parser (the one load_config builds for it) accepts.
+    advice = failed.err.split("Or pass ")[1].split(" to skip")[0]
+    prepare_parser = build_arg_parser("python -m distqa.prepare", task_class("squad"), prepare_sections)
+    assert advice == "--on-bad-line skip" and prepare_parser.parse_known_args(advice.split())[1] == []

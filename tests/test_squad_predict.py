@@ -87,3 +87,19 @@ def test_flags_of_the_other_task_and_a_missing_input_are_one_line_errors(
     assert code == 2 and err.startswith(f"distqa.predict: error: --input: {tmp_path / 'nope.json'} is not a file")
     code, _, err = run(evaluate.main, ["--checkpoint", str(checkpoint), "--nq-cache-dir", "x"], capsys)
     assert code == 2 and "--nq-cache-dir is a setting of another task" in err and err.count("\n") == 1
+
+
+def test_a_bad_record_in_the_input_is_one_line_advising_no_flag_predict_lacks(
+        checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """predict answers every question, so it reads every record and has no --on-bad-line: its error says to fix
+    the record, without the advice prepare and train give to skip it."""
+    broken = tmp_path / "broken.json"
+    document = json.loads(DEV.read_text())
+    document["data"][0]["paragraphs"][0]["qas"][0]["question"] = 7
+    broken.write_text(json.dumps(document))
+    code, _, err = run(predict.main, ["--checkpoint", str(checkpoint), "--input", str(broken), "--output",
+                                      str(tmp_path / "out.json")], capsys)
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert code == 2 and len(errors) == 1, err
+    assert errors[0].startswith(f"distqa.predict: error: {broken}: data[0].paragraphs[0].qas[0]: field 'question'")
+    assert errors[0].endswith("Fix or remove the record.") and "--on-bad-line" not in err

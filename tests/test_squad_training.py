@@ -28,7 +28,7 @@ pytestmark = pytest.mark.distributed
 OFFICIAL_NAMES = ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
                   "NoAns_total"]
 VALIDATION_F1, HAS_ANSWER_F1 = 55.0, 75.0
-"""Required of the best validation evaluation and of the test file (the run reaches about 61 and 84 on both)."""
+"""Required of the best validation evaluation and of the test file (the run reaches about 58 and 84 on both)."""
 
 
 @pytest.mark.timeout(1200)  # above the run's own guard: the suite's 600 s would cut it first on a slow machine
@@ -66,5 +66,5 @@ def test_a_squad_v2_file_trains_on_2_nodes_is_evaluated_on_both_ranks_and_scored
     score = json.loads((run_dir / "score.json").read_text())
     assert list(score) == OFFICIAL_NAMES
     predictions = json.loads((run_dir / "predictions.json").read_text())
-    assert score["total"] == len(predictions) == 906 and "" in predictions.values()
+    assert score["total"] == len(predictions) == 908 and "" in predictions.values()
     assert score["f1"] >= VALIDATION_F1 and score["HasAns_f1"] >= HAS_ANSWER_F1, score  # unseen questions

@@ -10,10 +10,13 @@ import pytest
 
 from distqa.data.squad import read_squad
 from distqa.data.synthetic_squad import as_json_lines, main, make_article, write
+from distqa.squad_metric import normalize_answer
 
 from conftest import REPO_ROOT, clean_env
 
 SAMPLE = REPO_ROOT / "data" / "squad-sample"
+LEARNABLE = {"facts": 1, "plausible": 0.0, "filler_words": 10}
+"""The difficulty of scripts/train_synthetic_squad.sh's set."""
 
 
 def test_the_committed_sample_regenerates_byte_identically(tmp_path: Path) -> None:
@@ -27,7 +30,7 @@ def test_the_committed_sample_regenerates_byte_identically(tmp_path: Path) -> No
 def test_every_question_is_valid_squad_v2_and_a_third_are_unanswerable() -> None:
     read = read_squad(SAMPLE / "train.json", on_bad_line="fail")  # every answer_start points at its text
     document = json.loads((SAMPLE / "train.json").read_text())
-    assert document["version"] == "v2.0" and read.records == len(read.examples) == 364
+    assert document["version"] == "v2.0" and read.records == len(read.examples) == 365
     questions = [qa for a in document["data"] for p in a["paragraphs"] for qa in p["qas"]]
     assert all(qa["is_impossible"] == (not qa["answers"]) for qa in questions)
     assert 0.25 < sum(qa["is_impossible"] for qa in questions) / len(questions) < 0.42
@@ -85,3 +88,28 @@ def test_the_difficulty_options() -> None:
             modifier, noun = qa["question"].split(" of the ")[1].split()
             assert modifier.title() not in text.split() and noun.title() not in text.split(), qa["question"]
     assert unanswerable > 20
+
+
+GENERATED = {  # name: (articles, seed, options)
+    "learnable train": (1000, 0, LEARNABLE),  # scripts/train_synthetic_squad.sh's three files
+    "learnable dev": (100, 1, LEARNABLE),
+    "learnable test": (100, 2, LEARNABLE),
+    "default difficulty": (300, 3, {}),
+    "two facts, half unanswerable": (200, 4, {"facts": 2, "unanswerable": 0.5}),
+    "one paragraph, no unanswerable": (200, 5, {"paragraphs": 1, "unanswerable": 0.0}),
+}
+
+
+@pytest.mark.parametrize("source", ["sample train.json", "sample dev.json", *GENERATED])
+def test_no_answer_is_one_that_the_official_normalisation_empties(source: str, tmp_path: Path) -> None:
+    """An answer "A", "An" or "An The" normalises to "" (lower case, punctuation and the articles a/an/the dropped):
+    no prediction could match it, and the metric would count its question as unanswerable."""
+    if source.startswith("sample"):
+        path = SAMPLE / source.split()[1]
+    else:
+        articles, seed, options = GENERATED[source]
+        path = tmp_path / "generated.json"
+        write(path, articles, seed, **options)
+    answers = [text for example in read_squad(path, on_bad_line="fail").examples for text, _ in example.answers]
+    empty = [text for text in answers if not normalize_answer(text)]
+    assert answers and not empty, f"{source}: {len(empty)} answer(s) normalise to nothing: {empty[:5]}"

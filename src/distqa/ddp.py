@@ -1,8 +1,9 @@
 """What training steps run: the model replicated by DistributedDataParallel, and compiled.
 
 :func:`training_module` wraps the model in DDP with the ``ddp_*`` settings (bucket size, gradient
-compression) and compiles the result where :func:`compile_enabled` says so. Each setting's
-measured effect is in docs/PERFORMANCE.md ("Optimizations").
+compression) and the task's choice of buffer synchronisation, and compiles the result where
+:func:`compile_enabled` says so; :func:`broadcast_buffers` gives every rank rank 0's buffers before an
+evaluation. Each setting's measured effect is in docs/PERFORMANCE.md ("Optimizations").
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -18,18 +20,22 @@ from distqa.config import Config
 from distqa.distributed import Runtime
 
 
-def training_module(model: nn.Module, runtime: Runtime, config: Config, **ddp_options: Any) -> nn.Module:
+def training_module(model: nn.Module, runtime: Runtime, config: Config, sync_buffers: bool = True,
+                    **ddp_options: Any) -> nn.Module:
     """``model`` wrapped by :func:`wrap_ddp`, then compiled where :func:`compile_enabled` says so (the DDP
     module is what is compiled: DDP's optimizer then splits the graph at its buckets, so the all-reduce
     still overlaps the backward)."""
-    ddp_model = wrap_ddp(model, runtime, config, **ddp_options)
+    ddp_model = wrap_ddp(model, runtime, config, sync_buffers, **ddp_options)
     return compile_model(ddp_model) if compile_enabled(config, runtime.device) else ddp_model
 
 
-def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, **ddp_options: Any) -> nn.Module:
+def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, sync_buffers: bool = True,
+             **ddp_options: Any) -> nn.Module:
     """DistributedDataParallel over ``model`` (itself at world size 1), with the ``ddp_*`` settings. DDP
-    broadcasts rank 0's weights and averages the gradients of every backward pass not under ``no_sync``.
-    ``ddp_options`` replace the keyword arguments chosen here (bench/ddp_overhead.py measures alternatives)."""
+    broadcasts rank 0's weights and averages the gradients of every backward pass not under ``no_sync``;
+    with ``sync_buffers`` (the task's :attr:`~distqa.tasks.base.Task.sync_buffers`, torch's default) it also
+    broadcasts rank 0's buffers before each forward. ``ddp_options`` replace the keyword arguments chosen here
+    (bench/ddp_overhead.py measures alternatives)."""
     if not runtime.is_distributed:
         return model
     options = {
@@ -38,7 +44,7 @@ def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, **ddp_options: 
         # Not static_graph: with no_sync (our accumulation) torch 2.13 asserts on the first backward, and with
         # that patched it stops all-reducing after the first step (pytorch#187732, open).
         "find_unused_parameters": False,  # every parameter is used in every step: no graph search
-        "forward_sync_buffers": False,  # the encoder's buffers (position ids) are constants: no per-step sync
+        "forward_sync_buffers": sync_buffers,
         "gradient_as_bucket_view": True,  # grads live in the all-reduce buckets: no copy, less memory
     }
     ddp_model = DistributedDataParallel(model, **(options | ddp_options))
@@ -46,6 +52,16 @@ def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, **ddp_options: 
         # Gradients cross the network as bf16 and are averaged back into the fp32 buckets.
         ddp_model.register_comm_hook(None, _bf16_compress_hook)
     return ddp_model
+
+
+def broadcast_buffers(model: nn.Module, runtime: Runtime) -> None:
+    """Collective: rank 0's buffers copied into every rank's ``model``, as DDP's ``forward_sync_buffers`` does
+    before a training forward. An evaluation calls the bare model, not DDP's forward, after a last training
+    forward that updated each rank's own (BatchNorm's running statistics from the rank's own batch)."""
+    if runtime.is_distributed:
+        with torch.no_grad():
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
 
 
 def compile_enabled(config: Config, device: torch.device) -> bool:

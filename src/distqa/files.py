@@ -28,6 +28,15 @@ class DataError(ValueError):
     """An input file cannot be used; the message names the file, line and field, and the fix. Entry points
     print it in one line (exit 2); a task raises it for data it cannot read."""
 
+
+class BadRecordError(DataError):
+    """A malformed line or record read with ``on_bad_line='fail'``; the message says what is wrong and to fix or remove
+    it. Only the commands that have ``--on-bad-line`` (prepare, train) add :data:`SKIP_ADVICE` where they print it:
+    predict and score read every record, so they have no way to skip one to advise."""
+
+
+SKIP_ADVICE = "Or pass --on-bad-line skip to skip and count bad records."
+
 class DiskFullError(OSError):
     """A write failed for lack of space (or quota); the message names the folder and its free space."""
 

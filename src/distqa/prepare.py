@@ -17,7 +17,7 @@ reuses the cache at once; changing any of them builds a new one. Run it before l
 training: ranks never featurise while others wait in a collective. Prints the cache directory on stdout;
 the summary goes to the log (stderr). A task with nothing to build (``dummy``) says so and exits 0. With
 ``--only-if-needed`` (what the launchers pass, followed by the trainer's arguments) it accepts every flag
-of training and does nothing when that run's task builds nothing.
+of training and does nothing, silently, when that run's task builds nothing (its ``build_data`` returns None).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.files import DataError
+from distqa.files import SKIP_ADVICE, BadRecordError, DataError
 from distqa.flags import prepare_sections, train_sections
 from distqa.settings import load_config
 from distqa.tasks import make_task
@@ -61,16 +61,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The task is imported here, not at the top: it imports torch, and each featurising process re-imports
         # this module (multiprocessing's spawn); they need only the tokenizers library.
         task = make_task(config)
-        if for_training and not task.prepare_sections:
-            return 0
+        # Whatever flags prepare shows (prepare_sections), build_data alone says whether there is anything to
+        # build: a fork's task may build data and declare no sections.
         directory = task.build_data()
     except (ConfigError, DataError) as err:
-        print(f"distqa.prepare: error: {err}", file=sys.stderr)
+        advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
+        print(f"distqa.prepare: error: {err}{advice}", file=sys.stderr)
         return 2
     except OSError as err:  # the cache directory is not writable, the disk is full, …
         print(f"distqa.prepare: error: {err}; check that folder and the free space there.", file=sys.stderr)
         return 1
     if directory is None:
+        if for_training:  # the launchers' call before every run: nothing to say
+            return 0
         logging.getLogger("distqa.prepare").info(
             "task %r has nothing to build before training (its data is made as it is read); --task nq builds "
             "the NQ feature cache", config.task)

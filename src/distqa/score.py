@@ -36,7 +36,7 @@ from distqa.metric import SubmissionError, read_gold, read_submission, score_ans
 
 # --- command line ----------------------------------------------------------------------------------
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distqa.score", description="Score a Kaggle NQ submission CSV (micro F1 over long and short rows) or "
         "SQuAD predictions (the official exact match and F1).",
@@ -50,6 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="nq: CSV with header example_id,PredictionString and rows <id>_long, <id>_short")
     parser.add_argument("--predictions", type=Path,
                         help="squad: JSON object {question id: answer text}, \"\" for no answer")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_arg_parser()
     args = parser.parse_args(argv)
     answers, unused = ("submission", "predictions") if args.format == "nq" else ("predictions", "submission")
     if getattr(args, answers) is None:

@@ -10,6 +10,8 @@ The preset is picked with ``--preset NAME`` (or ``DISTQA_PRESET``); ``tiny-cpu``
 (``--task``, ``DISTQA_TASK``, the preset's ``task``), and its settings class (``Task.config_class``)
 decides which settings exist: ``python -m distqa.train --task nq --help`` shows the ``nq`` task's. The
 old name ``dataset`` (flag, variable, preset key, saved configs) still works, with a one-line notice.
+A preset applies only to the tasks it names (:mod:`distqa.presets`): the default one is left out of another
+task's run (a fork's gets the built-in defaults), and one given for another task is refused.
 
 A preset and the environment describe a whole run, so they may set any setting of the task; a setting
 of another registered task there is ignored (a ``.env`` may serve several tasks), while a flag of another
@@ -36,17 +38,15 @@ import difflib
 import logging
 import os
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dotenv import dotenv_values
 
 from distqa.config import (
     DEFAULT_PRESET,
     ENV_PREFIX,
-    PRESETS_DIR,
     REPO_ROOT,
     SECTIONS,
     Config,
@@ -55,12 +55,10 @@ from distqa.config import (
     resolve_path,
 )
 from distqa.flags import SectionsOf, add_setting_flags, build_arg_parser, coerce_flag, parse_flags, train_sections
+from distqa.presets import read_preset
 from distqa.setting_types import check_declarations, coerce
 from distqa.tasks import REGISTERED, other_tasks_settings, task_class
 from distqa.tasks.configs import EncoderConfig
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -139,17 +137,22 @@ class SettingSources:
         merged = {**_read_dotenv(dotenv_path), **environ}
         env = {k: v for k, v in merged.items() if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "PRESET"}
         early, _ = _early_parser().parse_known_args(argv)
-        preset = early.preset or merged.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET
-        preset_path, preset_values = _read_preset(preset)
+        given = "--preset" if early.preset else f"{ENV_PREFIX}PRESET" if merged.get(ENV_PREFIX + "PRESET") else ""
+        preset = read_preset(early.preset or merged.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET)
         # The task decides which settings exist, so it is chosen first, by the same precedence.
         task = default_task or fields_of(Config)["task"].default
-        task = _take_task(preset_values, "task", "dataset", f"preset {preset_path}") or task
+        task = _take_task(preset.values, "task", "dataset", f"preset {preset.path}") or task
         task = _take_task(env, ENV_PREFIX + "TASK", ENV_PREFIX + "DATASET", "the environment") or task
         if early.dataset is not None:
             log.warning("--dataset is deprecated: use --task (the same values)")
             if early.task is not None and early.task != early.dataset:
                 raise ConfigError(f"--task {early.task} and --dataset {early.dataset} disagree; give --task alone.")
-        return cls(list(argv), env, preset, preset_path, preset_values, early.task or early.dataset or task)
+        task = early.task or early.dataset or task
+        if not preset.is_for(task):  # the default preset is left out of another task's run; a given one refused
+            if given:
+                raise ConfigError(preset.refusal(given, task))
+            preset = read_preset("none")
+        return cls(list(argv), env, preset.name, preset.path, preset.values, task)
 
 
 def _preset_random_weights_for_its_model_only(values: dict[str, Any], later: set[str], source: SettingSources,
@@ -253,24 +256,6 @@ def _read_dotenv(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     return {k: v for k, v in dotenv_values(path).items() if v is not None}
-
-
-def _read_preset(preset: str) -> tuple[Path | None, dict[str, Any]]:
-    """The preset's file and its keys (raw TOML values; typed once the task's settings are known)."""
-    if preset == "none":
-        return None, {}
-    path = Path(preset) if preset.endswith(".toml") else PRESETS_DIR / f"{preset}.toml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
-        raise ConfigError(f"preset {preset!r}: {path} does not exist; choose one of {known}, "
-                          "'none', or a path to a .toml file.")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"preset {path}: not valid TOML ({err}).") from err
-    if "preset" in data:
-        raise ConfigError(f"preset {path}: unknown key 'preset'; a preset cannot name another; remove it.")
-    return path, data
 
 
 def _looks_local(name: str) -> bool:

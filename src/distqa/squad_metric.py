@@ -114,7 +114,8 @@ def read_gold(path: Path) -> dict[str, list[str]]:
     """Question id -> gold answer texts of a file in the SQuAD schema (any of its forms); any bad record fails,
     since skipping one would change the score. Only the texts are read, as the official script reads them."""
     return {e.id: [text for text, _ in e.answers]
-            for e in read_squad(path, "gold", on_bad_line="fail", setting="--gold").examples}
+            for e in read_squad(path, "gold", on_bad_line="fail", setting="--gold",
+                                fix="Fix the gold file: every question is scored, none is skipped.").examples}
 
 
 def read_predictions(path: Path, expected_ids: Collection[str]) -> dict[str, str]:

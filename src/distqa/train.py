@@ -55,7 +55,7 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import DataError, DiskFullError, print_error, report_failure
+from distqa.files import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
 from distqa.resume import resume
@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         return report_failure(f"distqa.train: configuration error: {err}", 2)
     except DataError as err:
-        return report_failure(f"distqa.train: data error: {err}", 2)
+        advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
+        return report_failure(f"distqa.train: data error: {err}{advice}", 2)
     except CollectiveTimeoutError as err:  # a peer stalled; this rank leaves (torchrun then ends the others)
         print_error(f"distqa.train: collective timeout: {err}")
         return 1
@@ -136,8 +137,9 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     # Resume: the newest checkpoint of this run (or --resume PATH) restores all of the above and the RNGs.
     resumed = resume(config, runtime, run_dir, model, optimizer, scheduler, precision)
 
-    # DDP: one replica per rank; gradients are averaged over the ranks in backward. Compiled on GPUs.
-    ddp_model = training_module(model, runtime, config)
+    # DDP: one replica per rank; gradients are averaged over the ranks in backward, and rank 0's buffers
+    # broadcast before each forward unless the task's are constants. Compiled on GPUs.
+    ddp_model = training_module(model, runtime, config, task.sync_buffers)
 
     # Evaluation: the task's own, on all ranks; it picks best.pt and, with a patience, when to stop early.
     evaluator = task.evaluator(runtime)

@@ -40,7 +40,7 @@ from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, bes
 from distqa.checkpoint_writer import CheckpointWriter
 from distqa.config import Config, ConfigError
 from distqa.data.sampler import ResumableDistributedSampler
-from distqa.ddp import compile_enabled
+from distqa.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed import (
     Runtime,
     all_gather_objects,
@@ -248,6 +248,8 @@ class Trainer:
         (best.pt is to be saved)."""
         assert self.evaluator is not None
         started = time.perf_counter()
+        if self.task.sync_buffers:  # every rank evaluates rank 0's model, the one the checkpoints hold
+            broadcast_buffers(self.model, self.runtime)
         evaluation = self.evaluator.evaluate(self.model, self.precision)
         self.task_state = evaluation.state
         metrics, step, progress = evaluation.metrics, self.progress.step, self.progress

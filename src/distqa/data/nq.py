@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distqa.answers import AnswerType, Span
-from distqa.files import DataError
+from distqa.files import BadRecordError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -287,8 +287,7 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
                     bad += 1
                     message = f"{path}:{number}: {err}"
                     if on_bad_line == "fail":
-                        raise DataError(f"{message}\nFix or remove the line, or pass --on-bad-line skip "
-                                        "to skip and count bad lines.") from None
+                        raise BadRecordError(f"{message}\nFix or remove the line.") from None
                     if len(reports) < MAX_REPORTED_BAD_LINES:
                         reports.append(message)
                 else:
@@ -317,7 +316,7 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
     for line, example_id in zip(result.lines[~keep].tolist(), result.example_ids[~keep].tolist(), strict=True):
         message = f"{result.path}:{line}: example_id {example_id} repeats line {first_line[example_id]}"
         if on_bad_line == "fail":
-            raise DataError(f"{message}\nRemove the duplicate, or pass --on-bad-line skip.")
+            raise BadRecordError(f"{message}\nRemove the duplicate.")
         if len(result.bad_reports) < MAX_REPORTED_BAD_LINES:
             result.bad_reports.append(message)
     result.bad_lines += int((~keep).sum())
@@ -326,11 +325,13 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
 
 
 def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, reports: list[str], limit: float,
-                       unit: str = "line", empty: str = "the file holds no examples (it is empty)") -> None:
+                       unit: str = "line", empty: str = "the file holds no examples (it is empty)",
+                       logger: logging.Logger = log) -> None:
     """Refuse input with nothing usable, or with more than ``limit`` of its ``unit``s malformed; warn about a few.
 
     ``reports`` are the first bad ones' messages (shown in the error); ``empty`` says what an input with no
-    ``unit`` at all is. The NQ and SQuAD readers both end with this check.
+    ``unit`` at all is. The NQ and SQuAD readers both end with this check; the warning goes to ``logger``, the
+    calling reader's, so that it is filtered and attributed under that reader's name.
     """
     shown = "\n  ".join(reports)
     if total == 0:
@@ -344,7 +345,7 @@ def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, rep
             f"max_bad_line_fraction={limit}. The first ones:\n  {shown}\n"
             "Check that this is the right file (and not truncated), or raise --max-bad-line-fraction.")
     if bad:
-        log.warning("%s: skipped %d malformed %s(s) of %d; the first: %s", source, bad, unit, total, reports[0])
+        logger.warning("%s: skipped %d malformed %s(s) of %d; the first: %s", source, bad, unit, total, reports[0])
 
 
 def read_lines(path: Path, offsets: np.ndarray, lengths: np.ndarray) -> Iterator[bytes]:

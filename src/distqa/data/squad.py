@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from distqa.config import resolve_path
 from distqa.data.nq import BadLinePolicy, check_bad_fraction
-from distqa.files import DataError
+from distqa.files import BadRecordError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +99,12 @@ def source_path(spec: str, setting: str) -> Path:
 
 
 def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: BadLinePolicy = "skip",
-               max_bad_line_fraction: float = 0.01, setting: str = "squad_train_file") -> SquadRecords:
+               max_bad_line_fraction: float = 0.01, setting: str = "squad_train_file",
+               fix: str = "Fix or remove the record.") -> SquadRecords:
     """Every good question of ``spec`` (a file or ``hf:NAME:SPLIT``), in order; bad ones skipped and counted or,
-    with ``on_bad_line='fail'``, the first one a DataError. Past ``max_bad_line_fraction`` the source is refused."""
+    with ``on_bad_line='fail'``, the first one a BadRecordError ending with ``fix``, what to do about it (the commands
+    that can skip add how: :class:`~distqa.files.BadRecordError`). Past ``max_bad_line_fraction`` the source is
+    refused."""
     spec = str(spec)
     hub = hub_name(spec)
     records = _hub_records(*hub, spec, setting) if hub else _file_records(source_path(spec, setting))
@@ -120,15 +123,15 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
             result.bad += 1
             message = f"{where}: {err}"
             if on_bad_line == "fail":
-                raise DataError(f"{message}. Fix or remove the record, or pass --on-bad-line skip to skip and count "
-                                "bad records.") from None
+                raise BadRecordError(f"{message}. {fix}") from None
             if len(result.reports) < MAX_REPORTED_BAD_RECORDS:
                 result.reports.append(message)
             continue
         first_seen[example.id] = where
         result.examples.append(example)
     check_bad_fraction(result.source, total=result.records, usable=len(result.examples), bad=result.bad,
-                       reports=result.reports, limit=max_bad_line_fraction, unit="question", empty="holds no questions")
+                       reports=result.reports, limit=max_bad_line_fraction, unit="question", empty="holds no questions",
+                       logger=log)
     return result
 
 

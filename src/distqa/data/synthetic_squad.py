@@ -12,7 +12,8 @@ checks the sample).
 The task, learnable from one window of 128 tokens. An article is about two entities ("<modifier> <noun>" pairs
 of :mod:`distqa.data.synthetic_text`, written "Northern River"; sometimes sharing a word). Each paragraph is filler
 text (words that are single wordpieces of the tiny tokenizer) holding 2-3 value facts about them (``--facts``),
-"The <attribute> of the <Entity> is <value> ." (a value is 1-4 words: a name, a year, "42 km", a Unicode word).
+"The <attribute> of the <Entity> is <value> ." (a value is 1-4 words: a name, a year, "42 km", a Unicode word; never
+one that the official normalisation empties, such as "A" or "An The", which no prediction could match).
 Each question names an entity and an attribute, "what is the <attribute> of the <entity>":
 
 - answerable: the paragraph states that fact; the answer is its value, with its character offset;
@@ -48,6 +49,7 @@ from distqa.data.synthetic_text import (
     question_for,
 )
 from distqa.files import atomic_write
+from distqa.squad_metric import normalize_answer
 
 PARAGRAPHS_PER_ARTICLE = 3
 UNANSWERABLE = 1 / 3
@@ -89,9 +91,12 @@ class Paragraph:
             self.add([*words, "."])
 
     def fact(self, entity: tuple[str, str], attribute: str) -> None:
-        words, spans = fact_sentence(self.rng, AnswerType.SHORT, entity, attribute)
+        while True:  # a value that the official normalisation empties ("A", "An The") leaves its question unscorable
+            words, spans = fact_sentence(self.rng, AnswerType.SHORT, entity, attribute)
+            first, end = spans[0]
+            if normalize_answer(" ".join(words[first:end])):
+                break
         starts = self.add(words)
-        first, end = spans[0]
         self.values[entity, attribute] = starts[first], starts[end - 1] + len(words[end - 1])
 
     @property

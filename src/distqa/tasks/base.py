@@ -9,7 +9,8 @@ built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task bring
 - **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
   must exist before training (:meth:`Task.check`) and a cache built once (:meth:`Task.build_data`);
 - **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
-  called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch);
+  called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch); rank 0's buffers
+  are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`);
 - **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
   ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
 - **its inference state**: :attr:`Evaluation.state` (NQ: the tuned decoding thresholds) is saved in every
@@ -92,8 +93,14 @@ class Task:
     input_names: ClassVar[tuple[str, ...]] = ()
     """The batch columns the model reads: the trainer calls ``model(**{name: batch[name]})``."""
     prepare_sections: ClassVar[Sequence[Section]] = ()
-    """The settings sections ``python -m distqa.prepare`` shows for this task (with the preset and task);
-    none: the task has nothing to build before training."""
+    """The settings sections ``python -m distqa.prepare`` shows as flags for this task (with the preset and task);
+    none: only ``--preset`` and ``--task`` (a preset, ``.env`` and ``DISTQA_*`` still set every setting). Only
+    what prepare shows: whether there is anything to build is :meth:`build_data`'s answer."""
+    sync_buffers: ClassVar[bool] = True
+    """Whether every rank holds rank 0's model buffers (BatchNorm's running statistics): DDP broadcasts them before
+    each training forward (torch's default, ``forward_sync_buffers``) and the trainer before each evaluation, so
+    all ranks evaluate, and the checkpoints hold, one model. False only when the buffers never change in training
+    (the QA encoders' position ids): it saves a broadcast per forward."""
 
     def __init__(self, config: Config) -> None:
         if not isinstance(config, self.config_class):
@@ -107,9 +114,10 @@ class Task:
         doctor. ``build``: the run is a single process, so it may build a missing cache itself (nobody waits)."""
 
     def build_data(self) -> Path | None:
-        """Build what the task reads once, before training (``python -m distqa.prepare``): a feature cache.
-        Returns where it is; None when the task has nothing to build. An OSError (a folder not writable, a full
-        disk) should name the folder and the setting that chose it."""
+        """Build what the task reads once, before training (``python -m distqa.prepare``, which the launchers run
+        with ``--only-if-needed`` before any rank starts): a feature cache. Returns where it is; None when the task
+        has nothing to build. An OSError (a folder not writable, a full disk) should name the folder and the setting
+        that chose it."""
         return None
 
     # --- inside the process group, on every rank --------------------------------------------------

@@ -31,6 +31,9 @@ class QATask(Task):
 
     config_class = QAConfig
     input_names = INPUT_NAMES
+    # The encoders' buffers (position and token type ids, ModernBERT's rotary frequencies) are constants, outside
+    # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
+    sync_buffers = False
     config: QAConfig
 
     def __init__(self, config: QAConfig) -> None:
