@@ -49,7 +49,8 @@
 #                       fork's own entry point gets the same torchrun line, rendezvous, restarts,
 #                       stop signals and --run-name; --doctor is --entry-module distqa.doctor
 #
-# Exit status: torchrun's (0 when the run finished); 75 when the workers stopped on SIGTERM/SIGINT at a
+# Exit status: torchrun's (0 when the run finished); the workers' own when each one that failed said why
+# (2: a configuration or data error, such as ranks that run other code); 75 when the workers stopped on SIGTERM/SIGINT at a
 # step boundary after a checkpoint of that step (start the node again with the same --run-id to
 # resume); 3 when node 0's rendezvous at --master-addr:--master-port could not be reached within the
 # join timeout; 4 when the rendezvous did not fill up within the join timeout (the line names the nodes
@@ -280,6 +281,13 @@ if [[ -f "${reports[0]}" ]]; then
     read -r report < "${reports[0]}"
     echo "worker.sh: run '$run_id' node $node_rank: $report" >&2
     exit 75
+fi
+# Workers that refused to run (a configuration or data error: distqa.files.report_failure) said why and left
+# exit-<CODE>-rank-<R> here; distqa.agent then exits with their code instead of torchrun's 1 and its traceback.
+if (( status != 0 )) && compgen -G "$stop_reports/exit-$status-rank-*" >/dev/null; then
+    echo "worker.sh: run '$run_id' node $node_rank: the workers refused to run (exit $status); why is above$(
+        [[ -n "${run_dir:-}" ]] && echo " and in $run_dir/logs/rank-*.log")" >&2
+    exit "$status"
 fi
 if (( status != 0 && status != rendezvous_timeout_status )); then  # distqa.agent said why in one line
     echo "worker.sh: run '$run_id' node $node_rank: torchrun exited with status $status (see above)" >&2

@@ -393,5 +393,6 @@ def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_
             f"be read ([Errno 2] No such file or directory: '{checkpoint}'). Every node must see the run directory "
             "(output_dir on storage that all nodes mount); use --resume none to start fresh.")
     for output in (node_output(results, "unshared", 0).read_text(), (tmp_path / "node-1.out").read_text()):
-        assert line in output.splitlines(), output  # (the agent's ChildFailedError report follows, as torchrun's own)
-    assert node_0.returncode != 0 and node_1.returncode != 0
+        assert line in output.splitlines(), output
+        assert "ChildFailedError" not in output, "the workers said why: no torchrun traceback follows"
+    assert node_0.returncode == 2 and node_1.returncode == 2, "worker.sh ends with the workers' code, not torchrun's 1"

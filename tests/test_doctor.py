@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from distqa.preflight import PackageCode, RankReport, disagreements
 
 from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
 
@@ -87,10 +90,11 @@ def test_a_docker_sized_dev_shm_fails(tmp_path: Path) -> None:
     assert unused.returncode == 0 and unused.stdout.splitlines()[1].split()[10] == "0.1", unused.stdout
 
 
-def doctor_on_two_nodes(common: list[str], node_1_cwd: Path = REPO_ROOT,
-                        node_1_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
-    """``worker.sh --doctor`` as node 0 (this checkout) and node 1 (``node_1_cwd``, with ``node_1_env`` added) on
-    loopback; rank 0's report fails (exit 1). Returns each node's outcome."""
+def doctor_on_two_nodes(common: list[str], node_1_cwd: Path = REPO_ROOT, node_1_env: dict[str, str] | None = None,
+                        node_0_status: int = 1) -> list[subprocess.CompletedProcess[str]]:
+    """``worker.sh`` (``--doctor`` in ``common``, or training) as node 0 (this checkout) and node 1 (``node_1_cwd``,
+    with ``node_1_env`` added) on loopback; node 0 ends with ``node_0_status`` (the doctor's failed report: 1).
+    Returns each node's outcome."""
     env = clean_env(NODE_ADDR="127.0.0.1", NODE_CORES="1", PYTHON=sys.executable)
     nodes = [
         subprocess.Popen(["bash", "scripts/worker.sh", "--node-rank", "0", *common], cwd=REPO_ROOT, env=env,
@@ -106,15 +110,12 @@ def doctor_on_two_nodes(common: list[str], node_1_cwd: Path = REPO_ROOT,
             node.kill()
     for node, output in zip(nodes, outputs, strict=True):
         output.returncode = node.returncode
-    assert outputs[0].returncode == 1, outputs[0].stdout + outputs[0].stderr
+    assert outputs[0].returncode == node_0_status, outputs[0].stdout + outputs[0].stderr
     return outputs
 
 
-@pytest.mark.distributed
-def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path) -> None:
-    """Two worker.sh agents on 127.0.0.1 (one rank each, c10d rendezvous): node 1 runs a copy of the
-    package with one changed line and another learning rate, as a node with a stale upload and its own
-    .env would."""
+def stale_distqa(tmp_path: Path) -> Path:
+    """A copy of the package with one changed line, as a node with a stale upload has; returns its src folder."""
     stale = tmp_path / "stale"
     shutil.copytree(REPO_ROOT / "src" / "distqa", stale / "src" / "distqa",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -122,11 +123,20 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
         model.write("# an edit that reached one node only\n")
     for shared in ("configs", "data"):  # the copy finds presets and the tiny model beside it, as a checkout
         (stale / shared).symlink_to(REPO_ROOT / shared)
+    return stale / "src"
+
+
+@pytest.mark.distributed
+def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path) -> None:
+    """Two worker.sh agents on 127.0.0.1 (one rank each, c10d rendezvous): node 1 runs a copy of the
+    package with one changed line and another learning rate, as a node with a stale upload and its own
+    .env would."""
+    stale = stale_distqa(tmp_path)
     port = str(free_port())
     common = ["--nnodes", "2", "--master-port", port, "--run-id", "doctor-test", "--nproc-per-node", "1",
               "--join-timeout", "60", "--doctor", "--", "--output-dir", str(tmp_path / "results"),
               "--allreduce-mb", "1", "--timeout-s", "60"]
-    outputs = doctor_on_two_nodes(common, node_1_env={"PYTHONPATH": str(stale / "src"), "DISTQA_LR": "0.001"})
+    outputs = doctor_on_two_nodes(common, node_1_env={"PYTHONPATH": str(stale), "DISTQA_LR": "0.001"})
     master_out = outputs[0].stdout
     table = master_out.splitlines()[:3]
     assert [row.split()[0] for row in table] == ["rank", "0", "1"]
@@ -134,7 +144,8 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     assert table[1].split()[code] != table[2].split()[code] and table[1].split()[config] != table[2].split()[config]
     assert "all-reduce 1 MB float32 over 2 ranks (gloo):" in master_out and "bus bandwidth" in master_out
     found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
-    assert any("rank 1 (" in f and "runs other code" in f for f in found), found
+    assert any("rank 1 (" in f and "runs other code" in f and "package distqa differs in distqa/model.py (changed)"
+               in f for f in found), found
     assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
     assert len(found) == 2, found
     assert "FAIL" not in outputs[1].stdout, "only rank 0 prints the report"
@@ -156,7 +167,39 @@ def test_two_nodes_with_other_code_of_a_forks_task_are_named_by_rank_0(tmp_path:
               "--allreduce-mb", "1", "--timeout-s", "60"]
     master_out = doctor_on_two_nodes(common, node_1_cwd=stale)[0].stdout
     found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
-    assert len(found) == 1 and "rank 1 (" in found[0] and "runs other code" in found[0], found
+    assert len(found) == 1 and "rank 1 (" in found[0] and "runs other code than rank 0" in found[0], found
+    # The package that differs (not distqa), its first changed file, where each node imports it from, and advice
+    # for nodes on one host (the platform's image and upload would not help).
+    said = ("package examples differs in examples/text_classification/task.py (changed), imported from "
+            f"{stale / 'examples'} on rank 1, {REPO_ROOT / 'examples'} on rank 0; both run on this host")
+    assert said in found[0], found
+    assert "package distqa" not in found[0] and "neuro-flow" not in found[0], found
+
+
+@pytest.mark.distributed
+def test_training_on_a_node_with_other_code_stops_naming_the_file_with_exit_2_and_in_the_rank_logs(
+        tmp_path: Path) -> None:
+    """The preflight of a training run through worker.sh, node 1 with a stale copy of distqa: each node ends with
+    the workers' exit 2 (not torchrun's 1) and no ChildFailedError traceback; the refusal names the package, its
+    first changed file and where each node imports it from, and is in every rank's log file too."""
+    stale = stale_distqa(tmp_path)
+    common = ["--nnodes", "2", "--master-port", str(free_port()), "--run-id", "stale", "--nproc-per-node", "1",
+              "--join-timeout", "60", "--", *FAST_ARGS, "--output-dir", str(tmp_path / "results"), "--max-steps", "2"]
+    outputs = doctor_on_two_nodes(common, node_1_env={"PYTHONPATH": str(stale)}, node_0_status=2)
+    run_dir = tmp_path / "results" / "stale"
+    for node, output in enumerate(outputs):
+        assert output.returncode == 2, output.stderr
+        assert output.stderr.count("distqa.train: configuration error: the ranks of this run disagree:") == 1
+        assert (f"rank 1 ({socket.gethostname()}) runs other code than rank 0 ({socket.gethostname()}): package distqa "
+                f"differs in distqa/model.py (changed), imported from {stale / 'distqa'} on rank 1, "
+                f"{REPO_ROOT / 'src' / 'distqa'} on rank 0; both run on this host") in output.stderr
+        assert "Traceback" not in output.stderr and "ChildFailedError" not in output.stderr, output.stderr
+        assert f"worker.sh: run 'stale' node {node}: the workers refused to run (exit 2); why is above and in " \
+            f"{run_dir}/logs/rank-*.log" in output.stderr
+        log = (run_dir / "logs" / f"rank-{node}.log").read_text()
+        assert f"[rank {node}] ERROR distqa: distqa.train: configuration error: the ranks of this run disagree" in log
+        assert "package distqa differs in distqa/model.py (changed)" in log
+    assert not (run_dir / "checkpoints").exists()
 
 
 OTHER_LR_ON_RANK_1 = """
@@ -221,3 +264,21 @@ def test_a_rank_with_an_invalid_setting_still_reports_to_rank_0(tmp_path: Path) 
     found = failures(result)
     assert any(f.startswith("FAIL rank 1 (") and "configuration error: lr must be > 0, got -1.0" in f for f in found)
     assert any("rank 1 (" in f and "resolved another config than rank 0 (or none" in f for f in found), found
+
+
+def test_other_code_names_the_first_differing_file_and_advice_for_the_hosts() -> None:
+    def report(rank: int, host: str, files: dict[str, str], location: str) -> RankReport:
+        code = {"distqa": PackageCode(location, files)}
+        return RankReport(rank=rank, node_rank=rank, local_rank=0, local_world_size=1, world_size=2, host=host,
+                          device="cpu", device_name="cpu", gpu_count=0, versions={}, code_hash=str(files),
+                          config_hash="same", config={}, code=code)
+
+    ours = {"distqa/a.py": "1", "distqa/b.py": "2"}
+    theirs = {"distqa/a.py": "1", "distqa/b.py": "2", "distqa/new.py": "3"}
+    [line] = disagreements([report(0, "node-a", ours, "/app/distqa"), report(1, "node-b", theirs, "/app/distqa")])
+    assert line.startswith("rank 1 (node-b) runs other code than rank 0 (node-a): package distqa differs in "
+                           "distqa/new.py (only on rank 1), imported from /app/distqa on both; give every node the "
+                           "same version of that code: the same commit, the same image"), line
+    [line] = disagreements([report(0, "vm", ours, "/a/distqa"), report(1, "vm", {"distqa/b.py": "9"}, "/b/distqa")])
+    assert "package distqa differs in distqa/a.py (only on rank 0) and 1 more file, imported from /b/distqa on " \
+        "rank 1, /a/distqa on rank 0; both run on this host" in line, line

@@ -5,6 +5,7 @@ to the weights of an uninterrupted run), keeps best.pt by its own metric, and re
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,58 +14,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env, final_weights, free_port, max_difference, training_process, wait_for
+from conftest import REPO_ROOT, clean_env, final_weights, free_port, max_difference
 
 EXAMPLE = REPO_ROOT / "examples" / "text_classification"
 TASK = "examples.text_classification.task:TextClassification"
 PRESET = str(EXAMPLE / "preset.toml")
 STEPS = 100
-FROZEN_AT = 30
-"""Node 1 stops dead before step 31 of the run that is killed: after the checkpoint of step 20, before the next."""
 RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every", "50", "--log-every", "50",
             "--progress-bar", "false", "--tensorboard", "false")
-FREEZE_RANK_1 = """
-import os, sys, time
-from pathlib import Path
-from distqa.trainer import Trainer
-from distqa.train import main
-
-train_step = Trainer.train_step
-
-
-def frozen_on_rank_1(self, micro_batches):  # the run's own step, but rank 1 never starts step FROZEN_AT + 1
-    if os.environ["RANK"] == "1" and self.progress.step == int(os.environ["FROZEN_AT"]):
-        Path(os.environ["FROZEN_MARK"]).touch()
-        time.sleep(3600)
-    return train_step(self, micro_batches)
-
-
-Trainer.train_step = frozen_on_rank_1
-sys.exit(main())
-"""
-"""An entry module for the run that is killed: the kill then lands mid-run at a known step on any machine (the
+NODE_1_LOST = "kill-node:rank=1:step=30"
+"""Node 1 goes down right after step 30 (after the checkpoint of step 20, before the next): its torchrun agent and
+its worker SIGKILLed by the supported fault injection (distqa.faults), which lands at that step on any machine (the
 example trains a step in milliseconds, faster than a test can watch for a checkpoint)."""
 
 
-def launch(run_id: str, output_dir: Path, *launcher_args: str, **env: str) -> subprocess.Popen[str]:
+def launch(run_id: str, output_dir: Path, **env: str) -> subprocess.Popen[str]:
     """The example on 2 emulated nodes × 1 process, through the README's local launcher."""
     command = ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--run-id",
-               run_id, *launcher_args, "--", "--preset", PRESET, "--output-dir", str(output_dir), *RUN_ARGS]
+               run_id, "--", "--preset", PRESET, "--output-dir", str(output_dir), *RUN_ARGS]
     log = (output_dir / f"{run_id}.log").open("a")
     return subprocess.Popen(command, cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, **env), stdout=log,
-                            stderr=subprocess.STDOUT, text=True)
-
-
-def kill_node(rank: int, output_dir: Path, module: str) -> None:
-    """SIGKILL one emulated node whole: its worker, the worker's torchrun agent and the agent's worker.sh."""
-    worker = wait_for(lambda: training_process(rank, output_dir, module), timeout=60)
-    agent = parent_of(worker)
-    for pid in (parent_of(agent), agent, worker):
-        os.kill(pid, signal.SIGKILL)
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def test_the_committed_data_is_what_the_generator_writes(tmp_path: Path) -> None:
@@ -76,21 +46,20 @@ def test_the_committed_data_is_what_the_generator_writes(tmp_path: Path) -> None
 
 @pytest.mark.distributed
 def test_two_nodes_resume_after_a_node_is_killed_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    (tmp_path / "freeze_rank_1.py").write_text(FREEZE_RANK_1)
-    frozen = tmp_path / "rank-1-frozen"
-    killed = launch("killed", tmp_path, "--entry-module", "freeze_rank_1", PYTHONPATH=str(tmp_path),
-                    FROZEN_AT=str(FROZEN_AT), FROZEN_MARK=str(frozen))
+    killed = launch("killed", tmp_path, INJECT_FAULT=NODE_1_LOST)
     try:
-        wait_for(frozen.exists, timeout=120)  # about 10 s on a quiet 2-core machine
-        kill_node(1, tmp_path, "freeze_rank_1")
-        assert killed.wait(timeout=120) != 0, "the launcher noticed the lost node"
+        assert killed.wait(timeout=180) != 0, "the launcher noticed the lost node"
     finally:
         if killed.poll() is None:
-            killed.kill()
+            os.killpg(killed.pid, signal.SIGKILL)
+    assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in \
+        (tmp_path / "killed" / "logs" / "rank-1.log").read_text()
     interrupted_at = max(int(p.stem.split("-")[1]) for p in (tmp_path / "killed" / "checkpoints").glob("step-*.pt"))
-    assert interrupted_at == 20, "the newest checkpoint is the one before the freeze"
+    assert interrupted_at == 20, "the newest checkpoint is the one before the fault"
 
-    again = launch("killed", tmp_path)  # the same run id: --resume auto picks the newest intact checkpoint
+    # The same command and run id: --resume auto picks the newest intact checkpoint, and the fault, done in this
+    # run directory already, does not fire again.
+    again = launch("killed", tmp_path, INJECT_FAULT=NODE_1_LOST)
     uninterrupted = launch("uninterrupted", tmp_path)
     assert again.wait(timeout=300) == 0, (tmp_path / "killed.log").read_text()
     assert uninterrupted.wait(timeout=300) == 0, (tmp_path / "uninterrupted.log").read_text()
@@ -104,6 +73,36 @@ def test_two_nodes_resume_after_a_node_is_killed_to_the_weights_of_an_uninterrup
     assert (progress["best_metric"], progress["best_mode"]) == ("accuracy", "max")
     assert progress["best_value"] == best["evaluation"]["accuracy"] > 0.5
     assert best["config"]["task"] == TASK and set(best["task_state"]) == {"labels", "vocabulary"}
+    # What docs/CONFIGURATION.md says best.pt holds: no optimizer, schedule, scaler or RNG states.
+    assert set(best) == {"format_version", "model", "config", "task_state", "evaluation", "progress", "versions"}
+
+
+@pytest.mark.distributed
+def test_a_task_package_outside_the_checkout_runs_through_its_pythonpath(tmp_path: Path) -> None:
+    """docs/FORKING.md, "A task outside the checkout": a package that only PYTHONPATH finds, run from a folder of
+    its own. prepare takes the same --task as training; the local launcher keeps PYTHONPATH on every node (worker.sh
+    puts the repository in front of it); the run directory, best.pt included, lands in results/ of that folder."""
+    fork, work = tmp_path / "fork", tmp_path / "work"
+    (fork / "mytask").mkdir(parents=True)
+    work.mkdir()
+    (fork / "mytask" / "__init__.py").write_text("")
+    shutil.copy(EXAMPLE / "task.py", fork / "mytask" / "task.py")
+    shutil.copy(EXAMPLE / "reviews.tsv", work / "reviews.tsv")
+    env = clean_env(PYTHON=sys.executable, PYTHONPATH=str(fork))
+    task = ["--task", "mytask.task:TextClassification"]
+    prepare = subprocess.run([sys.executable, "-m", "distqa.prepare", *task], cwd=work, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert prepare.returncode == 0 and "has nothing to build before training" in prepare.stderr, prepare.stderr
+    sizes = ["--preset", "none", "--global-batch-size", "32", "--per-rank-batch-size", "16", "--max-steps", "8",
+             "--eval-every", "4", "--checkpoint-every", "4", "--progress-bar", "false", "--tensorboard", "false"]
+    run = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", "2", "--port", str(free_port()),
+         "--run-id", "mine", "--", *task, "--data-file", "reviews.tsv", *sizes], cwd=work, env=env,
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    checkpoints = work / "results" / "mine" / "checkpoints"
+    assert {path.name for path in checkpoints.glob("*.pt")} == {"step-00000004.pt", "step-00000008.pt", "best.pt"}
+    assert torch.load(checkpoints / "best.pt", weights_only=True)["config"]["task"] == "mytask.task:TextClassification"
 
 
 @pytest.mark.parametrize(("line", "said"), [("positive no tab here", "expected LABEL<TAB>TEXT"),

@@ -26,7 +26,6 @@ from conftest import (
     free_port,
     node_output,
     start_node,
-    training_process,
     wait_for,
 )
 
@@ -57,10 +56,11 @@ def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_
 
 @pytest.mark.distributed
 def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_in_one_line(tmp_path: Path) -> None:
-    """Rank 1 is frozen (SIGSTOP) mid-run: rank 0's next collective times out after dist_timeout_s
-    (gloo's own timeout), and rank 0 ends with one line naming the collective, the step and rank 1 as
-    the one that did not arrive, instead of gloo's RuntimeError traceback or a hang. (torchrun's agent
-    then SIGKILLs the frozen rank 30 s later; the test does it at once.)"""
+    """Rank 1 is frozen (SIGSTOP) right after step 3 by the supported fault injection (INJECT_FAULT=hang): rank 0's
+    next collective times out after dist_timeout_s (gloo's own timeout), and rank 0 ends with one line naming the
+    collective, step 3 and rank 1 as the one that did not arrive, instead of gloo's RuntimeError traceback or a
+    hang. (torchrun's agent then SIGKILLs the frozen rank 30 s later; the test does it at once, by the pid the
+    fault left in its marker.)"""
     output_file = tmp_path / "output.txt"
     with output_file.open("w") as output_sink:
         run = subprocess.Popen(
@@ -68,28 +68,24 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
              "distqa.train", *FAST_ARGS, "--output-dir", str(tmp_path), "--run-name", "stall", "--max-steps", "100000",
              "--checkpoint-every", "0", "--dist-timeout-s", "10", "--global-batch-size", "8",
              "--per-rank-batch-size", "4"],
-            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stdout=output_sink, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True)
-    rank_0_log = tmp_path / "stall" / "logs" / "rank-0.log"
-    stalled = None
+            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1", INJECT_FAULT="hang:rank=1:step=3"), stdout=output_sink,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    marker = tmp_path / "stall" / "logs" / "rank-1.fault"
     try:
-        wait_for(lambda: rank_0_log.exists() and "step 3/" in rank_0_log.read_text(), timeout=120)
-        stalled = wait_for(lambda: training_process(1, tmp_path), timeout=10)
-        os.kill(stalled, signal.SIGSTOP)
-        wait_for(lambda: "distqa.train: collective timeout:" in output_file.read_text(), timeout=60)
-        os.kill(stalled, signal.SIGKILL)
+        wait_for(lambda: "distqa.train: collective timeout:" in output_file.read_text(), timeout=120)
+        os.kill(int(marker.read_text().split("(pid ")[1].rstrip(")\n")), signal.SIGKILL)
         run.wait(timeout=60)
     finally:
-        if stalled is not None and training_process(1, tmp_path) == stalled:
-            os.kill(stalled, signal.SIGKILL)
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     output = output_file.read_text()
     assert run.returncode != 0
+    assert "fault injection (INJECT_FAULT): hang rank 1 after step 3 now" in output
     lines = [line for line in output.splitlines() if line.startswith("distqa.train: collective timeout:")]
     assert len(lines) == 1, output
     assert lines[0].startswith("distqa.train: collective timeout: rank 0: ")
-    assert "(from " in lines[0] and " timed out after 10 s (dist_timeout_s) after optimizer step " in lines[0], lines[0]
+    assert "(from " in lines[0] and " timed out after 10 s (dist_timeout_s) after optimizer step 3;" in lines[0], \
+        lines[0]
     assert "; rank(s) 1 did not arrive (stalled, or busy outside the collective" in lines[0], lines[0]
     assert "Check the log of rank(s) 1 for where it stopped" in lines[0] and "--dist-timeout-s" in lines[0]
     assert "Timed out waiting" not in output, "gloo's own error is not shown as a traceback"

@@ -38,6 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from torch.distributed import TCPStore
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -158,6 +159,17 @@ def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event) -> None:
             return
 
 
+def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
+    """The exit code every failed worker reported (distqa.files.report_failure: ``exit-<CODE>-rank-<R>`` in the
+    report folder), or None when one did not."""
+    codes = {failure.exitcode for failure in err.failures.values()}
+    if not report_dir or len(codes) != 1 or not all(
+            (Path(report_dir) / f"exit-{failure.exitcode}-rank-{rank}").is_file()
+            for rank, failure in err.failures.items()):
+        return None
+    return codes.pop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or not args[0].isdigit():
@@ -176,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch), daemon=True).start()
     try:
         torchrun_main(torchrun_args)
+    except ChildFailedError as err:
+        if (code := _reported_exit_code(err, os.environ.get(REPORT_DIR_VARIABLE))) is None:
+            raise
+        return code  # each failed worker said why in one line: no traceback of torchrun's below it
     except (RendezvousTimeoutError, RendezvousConnectionError) as err:
         store_closed = isinstance(err, RendezvousConnectionError)
         # A lost store is only this diagnosis while the rendezvous was still filling up; otherwise (node 0

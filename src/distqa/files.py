@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -16,6 +17,10 @@ from typing import IO, Any
 
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 WRITE_BUFFER_BYTES = 1 << 20
+WORKER_REPORT_DIR_VARIABLE = "WORKER_STOP_REPORT_DIR"
+"""The node-local folder scripts/worker.sh gives its workers for a one-line report of why they ended (torchrun
+itself exits with 1 whatever their codes were): distqa.stop's ``rank-<R>`` after a graceful stop, and
+``exit-<CODE>-rank-<R>`` from :func:`report_failure`."""
 
 
 
@@ -149,3 +154,21 @@ def print_error(line: str) -> None:
     ``PYTHONUNBUFFERED`` print() writes the text and the newline apart, so two ranks' lines could run together."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def report_failure(message: str, exit_code: int) -> int:
+    """An entry point's refusal, said once everywhere it is looked for: ``message`` on stderr
+    (:func:`print_error`), in this process's log files (``logs/rank-<R>.log`` once the run directory exists),
+    and, under ``scripts/worker.sh``, in ``$WORKER_STOP_REPORT_DIR/exit-<CODE>-rank-<R>``: worker.sh then exits
+    with ``exit_code`` instead of torchrun's 1, and distqa.agent leaves out torchrun's ChildFailedError
+    traceback. Returns ``exit_code``."""
+    print_error(message)
+    record = logging.LogRecord("distqa", logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):  # stderr has it already
+            handler.handle(record)
+    folder = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
+    if folder and Path(folder).is_dir():
+        rank = os.environ.get("RANK", "0")
+        (Path(folder) / f"exit-{exit_code}-rank-{rank}").write_text(message + "\n")
+    return exit_code

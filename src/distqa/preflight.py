@@ -59,6 +59,7 @@ class RankReport:
     gpu_count: int
     versions: dict[str, str | None]
     code_hash: str
+    """Of the code of every package in ``code``: what the ranks compare first."""
     config_hash: str
     config: dict[str, Any]
     shm_bytes: int | None = None
@@ -67,6 +68,17 @@ class RankReport:
     """The GPU's memory as CUDA reports it (``total_memory``); None on CPU."""
     problems: list[str] = field(default_factory=list)
     """Failed checks of this rank's node, each saying what to fix."""
+    code: dict[str, PackageCode] = field(default_factory=dict)
+    """distqa's and the task's package (:func:`code_packages`), file by file: what differs, when the hashes do."""
+
+
+@dataclass
+class PackageCode:
+    """One package's source on one rank: where it is imported from, and a digest of each file."""
+
+    location: str
+    files: dict[str, str]
+    """Each .py file's path (``distqa/model.py``) and SHA-256 (first 12 hex digits)."""
 
 
 def code_packages(task: Task | None = None) -> list[str]:
@@ -78,18 +90,28 @@ def code_packages(task: Task | None = None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def code_hash(packages: Sequence[str] = ("distqa",)) -> str:
-    """SHA-256 (first 12 hex digits) of the source files of the top-level ``packages`` as imported here
-    (every .py file under each package's folders), paths included."""
-    digest = hashlib.sha256()
+def code_files(packages: Sequence[str] = ("distqa",)) -> dict[str, PackageCode]:
+    """The source of each top-level package in ``packages`` as imported here: where it is imported from, and a
+    SHA-256 (first 12 hex digits) of each of its .py files by path (``distqa/model.py``)."""
+    found = {}
     for name in packages:
         module = importlib.import_module(name)
         folders = [Path(folder) for folder in getattr(module, "__path__", [])]
         files = [(folder, path) for folder in folders for path in sorted(folder.rglob("*.py"))] or \
             [(Path(module.__file__ or "").parent, Path(module.__file__ or ""))]
-        for folder, path in files:
-            digest.update(f"{name}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
+        found[name] = PackageCode(
+            str(folders[0] if folders else files[0][1]),
+            {f"{name}/{path.relative_to(folder).as_posix()}": hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+             for folder, path in files})
+    return found
+
+
+def code_hash(code: Mapping[str, PackageCode]) -> str:
+    """SHA-256 (first 12 hex digits) of :func:`code_files`' digests, paths included: one value to compare."""
+    digest = hashlib.sha256()
+    for package in code.values():
+        for path, file_digest in package.files.items():
+            digest.update(f"{path}\0{file_digest}\0".encode())
     return digest.hexdigest()[:12]
 
 
@@ -111,12 +133,13 @@ def rank_report(config: Config, runtime: Runtime, problems: list[str] | None = N
     """This rank's report; ``problems`` are the failed checks so far (see the ``check_*`` functions); the code
     hash covers ``task``'s package too (:func:`code_packages`)."""
     cuda = runtime.device.type == "cuda"
+    code = code_files(code_packages(task))
     return RankReport(
         rank=runtime.rank, node_rank=runtime.node_rank, local_rank=runtime.local_rank,
         local_world_size=runtime.local_world_size, world_size=runtime.world_size, host=socket.gethostname(),
         device=str(runtime.device), device_name=torch.cuda.get_device_name(runtime.device) if cuda else "cpu",
         gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0, versions=library_versions(),
-        code_hash=code_hash(code_packages(task)), config_hash=config_hash(config), config=config.to_dict(),
+        code_hash=code_hash(code), config_hash=config_hash(config), config=config.to_dict(), code=code,
         device_memory_bytes=torch.cuda.get_device_properties(runtime.device).total_memory if cuda else None,
         problems=list(problems or []))
 
@@ -225,8 +248,7 @@ def disagreements(reports: list[RankReport], expected_world_size: int = 0) -> li
     for report in reports[1:]:
         where = f"rank {report.rank} ({report.host})"
         if report.code_hash != first.code_hash:
-            problems.append(f"{where} runs other code (hash {report.code_hash}) than rank 0 ({first.code_hash}, "
-                            f"{first.host}); give every node the same image and code upload")
+            problems.append(f"{where} runs other code than rank 0 ({first.host}): {code_difference(first, report)}")
         if report.config_hash != first.config_hash:
             changed = [f"{name} {first.config.get(name)!r} on rank 0, {value!r} here"
                        for name, value in report.config.items() if first.config.get(name) != value]
@@ -239,6 +261,37 @@ def disagreements(reports: list[RankReport], expected_world_size: int = 0) -> li
             problems.append(f"{where} has other library versions: {', '.join(differing)}; install the pinned "
                             "requirements.txt (or the same image) on every node")
     return problems
+
+
+def code_difference(first: RankReport, other: RankReport) -> str:
+    """Which packages of ``other`` differ from ``first``'s (rank 0's), from where each imports them, the first file
+    that differs, and what to do: one node with its own copy on one host, other code on another host."""
+    differing = []
+    for name in sorted(first.code.keys() | other.code.keys()):
+        mine, theirs = first.code.get(name), other.code.get(name)
+        if mine is None or theirs is None:
+            differing.append(f"package {name} is {'not ' if mine is None else ''}part of rank 0's run"
+                             f"{'' if mine is None else ' only'}")
+            continue
+        paths = sorted(mine.files.keys() | theirs.files.keys())
+        changed = [path for path in paths if mine.files.get(path) != theirs.files.get(path)]
+        if not changed:
+            continue
+        first_path = changed[0]
+        how = ("changed" if first_path in mine.files and first_path in theirs.files
+               else "only on rank 0" if first_path in mine.files else f"only on rank {other.rank}")
+        more = f" and {len(changed) - 1} more file{'s' if len(changed) > 2 else ''}" if len(changed) > 1 else ""
+        where = (f"imported from {theirs.location} on rank {other.rank}, {mine.location} on rank 0"
+                 if theirs.location != mine.location else f"imported from {mine.location} on both")
+        differing.append(f"package {name} differs in {first_path} ({how}){more}, {where}")
+    what = "; ".join(differing) or "the same files, another hash (report this)"
+    if first.host == other.host:
+        advice = ("both run on this host: start every node from the same checkout with the same PYTHONPATH "
+                  "(python -c 'import distqa; print(distqa.__file__)' says which copy a node imports)")
+    else:
+        advice = ("give every node the same version of that code: the same commit, the same image, and on the "
+                  "platform the same `neuro-flow upload code`")
+    return f"{what}; {advice}"
 
 
 def node_problems(reports: list[RankReport]) -> list[str]:

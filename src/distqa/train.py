@@ -55,7 +55,7 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error
+from distqa.files import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
 from distqa.resume import resume
@@ -98,12 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stopped.write_report(runtime.rank)
                 return STOPPED_EXIT_CODE
     except ConfigError as err:
-        print_error(f"distqa.train: configuration error: {err}")
-        return 2
+        return report_failure(f"distqa.train: configuration error: {err}", 2)
     except DataError as err:
         advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
-        print_error(f"distqa.train: data error: {err}{advice}")
-        return 2
+        return report_failure(f"distqa.train: data error: {err}{advice}", 2)
     except CollectiveTimeoutError as err:  # a peer stalled; this rank leaves (torchrun then ends the others)
         print_error(f"distqa.train: collective timeout: {err}")
         return 1

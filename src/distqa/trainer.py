@@ -49,6 +49,7 @@ from distqa.distributed import (
     collective_timeouts_named,
     on_device,
 )
+from distqa.faults import ArmedFault
 from distqa.optim import Precision
 from distqa.rng import capture_rng_state
 from distqa.rundir import versions
@@ -116,6 +117,7 @@ class Trainer:
                                             background=config.checkpoint_in_background,
                                             stop_window=graceful_stop_window())
         """Rank 0's checkpoint files, written off the step (the other ranks never submit any)."""
+        self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -146,6 +148,7 @@ class Trainer:
                                  "the first log window's throughput includes it)", time.perf_counter() - started)
                     progress.step += 1
                     progress.samples_in_epoch += config.global_batch_size
+                    self.fault.at(progress.step)  # INJECT_FAULT's kill or hang, to test a resume (distqa.faults)
                     metrics.add(loss, grad_norm)
                     bar.update(1)
                     last = progress.step == self.plan.total_steps
