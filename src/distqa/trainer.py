@@ -173,6 +173,8 @@ class Trainer:
                         self._log_partial_window(bar, scalars)
                         self.finish_checkpoints()
                         raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
+                    if stopping:
+                        self._log_partial_window(bar, scalars)
                     if early:
                         log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
                                  "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
@@ -180,7 +182,6 @@ class Trainer:
                     elif stopping:
                         log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
                     if stopping:
-                        self._log_partial_window(bar, scalars)
                         self.finish_checkpoints()
                         return progress
             self.finish_checkpoints()

@@ -245,7 +245,9 @@ class StragglerWatch:
 
 def count_with_unit(count: int) -> str:
     """A count as a log line shows it: 577, 1.2K, 3.4M, 1.1B (one decimal from a thousand on)."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if round(count / scale, 1) >= 1:
+    if count < 1000:
+        return str(count)
+    for unit, scale in (("B", 1e9), ("M", 1e6)):
+        if count >= 0.99995 * scale:  # 999,960 is 1.0M, not 1000.0K
             return f"{count / scale:.1f}{unit}"
-    return str(count)
+    return f"{count / 1e3:.1f}K"
