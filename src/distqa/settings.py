@@ -26,12 +26,9 @@ must exist, a hub name while ``HF_HUB_OFFLINE`` is set) and a global batch that 
 cannot split, all as a :class:`~distqa.config.ConfigError`. A fork's settings class that declares a
 setting wrongly is refused by :func:`~distqa.setting_types.check_declarations`, naming the setting.
 
-The ``.env`` file is one rule for every entry point and every script (``scripts/common.sh``): the file that
-``ENV_FILE`` names, else ``.env`` in the working directory (:func:`dotenv_file`); an ``ENV_FILE`` that names no
-file is refused.
-
-Print every setting with its meaning: ``python -m distqa.train --help``; regenerate ``.env.example``
-with ``python -m distqa.settings > .env.example``.
+Which ``.env``, for every entry point and script (``scripts/common.sh``): ``$ENV_FILE`` (refused when it names no
+file), else ``.env`` in the working directory (:func:`dotenv_file`). Print every setting with its meaning:
+``python -m distqa.train --help``; regenerate ``.env.example`` with ``python -m distqa.settings > .env.example``.
 """
 
 from __future__ import annotations
@@ -263,8 +260,7 @@ def _require_local(path: Path, name: str, hint: str = "") -> None:
 
 
 def dotenv_file(environ: Mapping[str, str] | None = None) -> Path:
-    """The ``.env`` file that every entry point and script reads: ``$ENV_FILE``, else ``.env`` in the working
-    directory (``scripts/common.sh`` follows the same rule)."""
+    """The ``.env`` every entry point and script (scripts/common.sh) reads: ``$ENV_FILE``, else ``./.env``."""
     return Path((os.environ if environ is None else environ).get("ENV_FILE") or ".env")
 
 
@@ -331,8 +327,8 @@ def env_example() -> str:
                 lines += [f"# [task {', '.join(tasks)}] {text}" for text, tasks in helps[name].items()]
             lines += [f"# {ENV_PREFIX}{name.upper()}={default}", ""]
     lines += [
-        "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment).",
-        "# Every entry point and script reads $ENV_FILE, else .env in the working directory.",
+        "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment; every entry",
+        "# point and script reads $ENV_FILE, else .env in the working directory):",
         "# MLFLOW_TRACKING_URI=http://127.0.0.1:5000 # the MLflow server of --tracker mlflow",
         "# MLFLOW_TRACKING_USERNAME=me               # its credentials, if it asks for any: user and password",
         "# MLFLOW_TRACKING_PASSWORD=...              # (never logged, never a parameter of the run),",
