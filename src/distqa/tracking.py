@@ -46,7 +46,8 @@ from distqa.stop import TrainingStoppedError
 log = logging.getLogger(__name__)
 
 OPEN_TIMEOUT_S = 15.0
-"""How long the start waits for the MLflow run to be opened, so that the first checkpoint holds its id."""
+"""How long the start waits for the MLflow run to be opened, so that the first checkpoint holds its id (a run opened
+later is found by a restart all the same: its id goes to the run directory's tracking.json when it opens)."""
 FINISH_TIMEOUT_S = 30.0
 """How long the end of a run waits for the tracking thread's last calls (then the run ends without them)."""
 MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limits (mlflow/utils/validation.py, MAX_METRICS_PER_BATCH)
@@ -76,10 +77,11 @@ class MLflowTracker:
         self._thread = threading.Thread(target=self._work, name="mlflow-tracking", daemon=True)
         self._thread.start()
         self._calls.put(lambda: self._open(experiment, run_name, params, on_run_id, leftover))
-        # Before the first step (not inside one): a resumed run must find the id in the first checkpoint.
+        # Before the first step (not inside one), so that the first checkpoint holds the id. A slow server costs
+        # nothing more (tracking.json gets the id when it opens), so it is no warning; one that fails is, once.
         if not self._opened.wait(OPEN_TIMEOUT_S) and not self._failed:
-            log.warning("MLflow tracking at %s: no answer within %.0f s; training starts, the run is opened when "
-                        "the server answers", uri, OPEN_TIMEOUT_S)
+            log.info("MLflow tracking at %s: no answer within %.0f s; training starts, the run is opened when "
+                     "the server answers", uri, OPEN_TIMEOUT_S)
 
     def log_metric(self, key: str, value: float, step: int) -> None:
         """Queue one scalar; sent with the others of its step (no waiting here)."""
