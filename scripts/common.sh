@@ -73,12 +73,21 @@ dotenv_value() {
     printf '%s\n' "$value"
 }
 
-# setting NAME DEFAULT: $NAME from the environment, else from the .env file (the repository's, or
-# $ENV_FILE), else DEFAULT.
+# The .env file, one rule for the scripts and the Python entry points (distqa.settings.dotenv_file):
+# $ENV_FILE, else .env in the working directory. An ENV_FILE that names no file stops the script here.
+env_file="${ENV_FILE:-.env}"
+[[ "$env_file" == /* ]] || env_file="$PWD/$env_file"  # the same file after a script's own cd
+if [[ -n "${ENV_FILE:-}" && ! -f "$ENV_FILE" ]]; then
+    echo "$(basename "$0"): ENV_FILE=$ENV_FILE: no such file; name an existing file, or unset ENV_FILE to read" \
+         ".env in the working directory" >&2
+    exit 2
+fi
+
+# setting NAME DEFAULT: $NAME from the environment, else from the .env file ($env_file), else DEFAULT.
 setting() {
     local name="$1" default="$2" value
     value="${!name:-}"
-    [[ -n "$value" ]] || value="$(dotenv_value "$name" "${ENV_FILE:-${repo_root:?}/.env}")"
+    [[ -n "$value" ]] || value="$(dotenv_value "$name" "$env_file")"
     echo "${value:-$default}"
 }
 

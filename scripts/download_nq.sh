@@ -6,7 +6,8 @@
 #   scripts/download_nq.sh [--dir DIR] [--env-file FILE] [--keep-zip]
 #
 #   --dir DIR        where the files go (default: data/nq, ignored by git)
-#   --env-file FILE  read KAGGLE_USERNAME / KAGGLE_KEY from FILE (default: .env at the repository root)
+#   --env-file FILE  read KAGGLE_USERNAME / KAGGLE_KEY from FILE (default: $ENV_FILE, else .env in the
+#                    working directory, as every script and entry point)
 #   --keep-zip       keep the downloaded zip (a few GB) after unzipping
 #
 # Before the first download:
@@ -27,7 +28,6 @@ source "$repo_root/scripts/common.sh"
 competition=tensorflow2-question-answering
 rules_url="https://www.kaggle.com/competitions/$competition/rules"
 dir="$repo_root/data/nq"
-env_file="$repo_root/.env"
 keep_zip=0
 required_files=(simplified-nq-train.jsonl simplified-nq-test.jsonl)
 needed_gb=22

@@ -55,7 +55,7 @@
 #
 # Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
 # first), NODES, PLATFORM_PRESET, RUN_ID, SCHEDULE_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
-# in the repository: NODES= and PLATFORM_PRESET= are read from it).
+# in the working directory, as for every script and entry point: NODES= and PLATFORM_PRESET= are read from it).
 # Exit status: 0 when every node succeeded; 1 when a job failed or never started (all jobs of the
 # run are killed first); 2 for a usage error; 130 after Ctrl-C (all jobs killed).
 set -euo pipefail

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,8 @@ import pytest
 from distqa.config import DEFAULT_PRESET, Config, ConfigError, fields_of
 from distqa.settings import load_config
 from distqa.tasks import REGISTERED, task_class
+
+from conftest import REPO_ROOT, clean_env
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -244,3 +248,33 @@ def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path:
     for argv, environ in cases:
         assert run_dir_of(argv, environ, dotenv) == load(argv, environ, dotenv).run_dir, (argv, environ)
     assert run_dir_of([], {}, dotenv) == Path("from-dotenv/local")
+
+
+def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
+    """The trainer's settings (``python -m distqa.settings --run-dir``, which resolves them as train does) and the
+    platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the working
+    directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / ".env").write_text("NODES=3\nDISTQA_RUN_NAME=from-here\n")
+    other = tmp_path / "other.env"
+    other.write_text("NODES=4\nDISTQA_RUN_NAME=from-other\n")
+
+    def read(**env: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+        launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
+                                   "--run-id", "t"], cwd=here, env=clean_env(**env), capture_output=True, text=True,
+                                  timeout=60)
+        trainer = subprocess.run([sys.executable, "-m", "distqa.settings", "--run-dir", "--preset", "none"], cwd=here,
+                                 env=clean_env(**env), capture_output=True, text=True, timeout=60)
+        return launcher, trainer
+
+    for env, nodes, run_name in (({}, 3, "from-here"), ({"ENV_FILE": str(other)}, 4, "from-other")):
+        launcher, trainer = read(**env)
+        assert launcher.returncode == 0 and trainer.returncode == 0, launcher.stderr + trainer.stderr
+        assert launcher.stdout.count(" run distributed_training ") == nodes, (env, launcher.stdout)
+        assert Path(trainer.stdout.strip()).name == run_name, env
+    missing = str(tmp_path / "missing.env")
+    for result in read(ENV_FILE=missing):
+        assert result.returncode == 2
+        [line] = result.stderr.strip().splitlines()
+        assert f"ENV_FILE={missing}: no such file" in line

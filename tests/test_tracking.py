@@ -1,14 +1,18 @@
 """``--tracker mlflow`` against a real MLflow tracking server (``mlflow server`` from ``.venv-mlflow``, made by
 ``make setup``, on 127.0.0.1 with a SQLite store), read back with ``MlflowClient``: a 2-node run stopped by SIGTERM
 and resumed is one MLflow run whose parameters are ``config.json`` and whose metrics are the TensorBoard scalars at
-the same steps; a run resumed from an earlier checkpoint than its last log logs no step twice; the status follows
-how the run ended; a server killed mid-run or never there costs one warning, not the run or its weights."""
+the same steps; a run resumed from an earlier checkpoint than its last log logs no step twice; a worker killed before
+the first checkpoint and restarted by torchrun, or a run stopped before it and launched again, is still one MLflow
+run, with its last partial window logged at the stop; a run left RUNNING by a killed start is ended when a start
+with ``--resume none`` replaces it; the status follows how the run ended; a server killed mid-run or never there
+costs one warning, not the run or its weights."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,9 +35,12 @@ train_step = Trainer.train_step
 
 
 def act_once_at_step(self, micro_batches):  # the run's own step; at a known step of rank 0, the test's action
+    acted = os.environ.get("ACTED_FILE")  # once per run across processes (a worker restarted by torchrun)
     if self.progress.step == int(os.environ["AT_STEP"]) and os.environ.get("RANK", "0") == "0" \
-            and not os.environ.get("ACTED"):
+            and not os.environ.get("ACTED") and not (acted and os.path.exists(acted)):
         os.environ["ACTED"] = "1"
+        if acted:
+            open(acted, "w").close()
         if os.environ["SIGNAL"] == "RAISE":
             raise RuntimeError("a crash the test injected")
         target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
@@ -59,9 +66,12 @@ def runs_of(uri: str, experiment: str) -> list:
     return client.search_runs([found.experiment_id]) if found else []
 
 
-def train(tmp_path: Path, uri: str, *args: str, script: Path | None = None,
+def train(tmp_path: Path, uri: str, *args: str, script: Path | None = None, torchrun: Sequence[str] = (),
           **env: str) -> subprocess.CompletedProcess[str]:
+    """One process (``python -m distqa.train`` or ``script``), or under ``torchrun TORCHRUN...`` when given."""
     entry = [str(script)] if script else ["-m", "distqa.train"]
+    if torchrun:
+        entry = ["-m", "torch.distributed.run", *torchrun, *(entry if script else ["-m", "distqa.train"])]
     return subprocess.run([sys.executable, *entry, *FAST_ARGS, "--output-dir", str(tmp_path), "--progress-bar", "false",
                            "--tracker", "mlflow", *args], cwd=REPO_ROOT,
                           env=clean_env(OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=uri, **env), capture_output=True,
@@ -148,6 +158,80 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_one_run_with_no_step_twice(tmp_
             steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
             assert len(steps) == len(set(steps)), f"{key} logged a step twice: {sorted(steps)}"
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == list(range(2, 31, 2))
+
+
+def steps_logged_once(uri: str, run_id: str, key: str = "train/loss") -> list[int]:
+    """The steps of ``key`` in the run, each asserted to be there once, in order."""
+    steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+    assert len(steps) == len(set(steps)), f"{key}: a step logged twice: {steps}"
+    return steps
+
+
+def test_a_worker_killed_before_the_first_checkpoint_and_restarted_by_torchrun_is_one_mlflow_run(
+        tmp_path: Path) -> None:
+    """--max-restarts 1, checkpoints every 50 steps: rank 0 SIGKILLs itself at step 20 (no checkpoint holds the MLflow
+    run's id yet); torchrun restarts it from scratch, and the restart goes on in the same MLflow run (its id in the run
+    directory), re-logging none of steps 1-20, and ends it FINISHED."""
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    args = ["--run-name", "restarted", "--mlflow-experiment", "restart", "--max-steps", "26", "--log-every", "1",
+            "--checkpoint-every", "50", "--global-batch-size", "8", "--per-rank-batch-size", "8"]
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        result = train(tmp_path, uri, *args, script=script, torchrun=("--standalone", "--nproc-per-node", "1",
+                                                                      "--max-restarts", "1"),
+                       AT_STEP="20", SIGNAL="SIGKILL", TARGET_PID="self", ACTED_FILE=str(tmp_path / "acted"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert (tmp_path / "acted").exists(), "the kill happened"
+        assert result.stderr.count("starting from scratch") == 2, "the restart had no checkpoint to resume"
+        [run] = runs_of(uri, "restart")
+        assert run.info.status == "FINISHED"
+        assert "left RUNNING by a start that ended without closing it" in result.stderr
+        assert steps_logged_once(uri, run.info.run_id) == list(range(1, 27))
+        assert json.loads((tmp_path / "restarted" / "tracking.json").read_text())["mlflow_run_id"] == run.info.run_id
+
+
+def test_a_run_stopped_before_its_first_checkpoint_and_launched_again_is_one_run_with_its_last_window(
+        tmp_path: Path) -> None:
+    """SIGTERM at step 5 (checked every 2 steps: the stop is at step 6, between log lines every 4 steps): the stop
+    logs the partial window of steps 5-6 and ends the MLflow run KILLED; launched again, the run goes on in it to
+    FINISHED, every log step there once."""
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    args = ["--run-name", "stopped", "--mlflow-experiment", "stop-early", "--max-steps", "10", "--log-every", "4",
+            "--checkpoint-every", "50", "--stop-check-every", "2", "--global-batch-size", "8",
+            "--per-rank-batch-size", "8"]
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        stopped = train(tmp_path, uri, *args, script=script, AT_STEP="5", SIGNAL="SIGTERM", TARGET_PID="self")
+        assert stopped.returncode == 75, stopped.stderr
+        [run] = runs_of(uri, "stop-early")
+        assert run.info.status == "KILLED"
+        assert steps_logged_once(uri, run.info.run_id) == [4, 6]
+        resumed = train(tmp_path, uri, *args)
+        assert resumed.returncode == 0, resumed.stderr
+        [run] = runs_of(uri, "stop-early")
+        assert run.info.status == "FINISHED"
+        assert steps_logged_once(uri, run.info.run_id) == [4, 6, 8, 10]
+
+
+def test_a_run_left_running_by_a_killed_start_is_ended_failed_when_a_fresh_start_replaces_it(tmp_path: Path) -> None:
+    """A start SIGKILLed at step 3 (no checkpoint, its MLflow run left RUNNING); a start with --resume none in the same
+    run directory opens a new MLflow run and ends the one left RUNNING as FAILED."""
+    script = tmp_path / "at_step.py"
+    script.write_text(AT_STEP)
+    args = ["--run-name", "replaced", "--mlflow-experiment", "replace", "--max-steps", "6", "--log-every", "1",
+            "--checkpoint-every", "50", "--global-batch-size", "8", "--per-rank-batch-size", "8"]
+    with mlflow_server(tmp_path / "server") as (uri, _):
+        killed = train(tmp_path, uri, *args, script=script, AT_STEP="3", SIGNAL="SIGKILL", TARGET_PID="self")
+        assert killed.returncode == -9, killed.stderr
+        [left] = runs_of(uri, "replace")
+        assert left.info.status == "RUNNING"
+        fresh = train(tmp_path, uri, *args, "--resume", "none")
+        assert fresh.returncode == 0, fresh.stderr
+        runs = {run.info.run_id: run.info.status for run in runs_of(uri, "replace")}
+        assert len(runs) == 2 and runs.pop(left.info.run_id) == "FAILED"
+        assert list(runs.values()) == ["FINISHED"]
+        [new] = runs
+        assert steps_logged_once(uri, new) == list(range(1, 7))
 
 
 def test_a_server_killed_mid_run_or_never_there_costs_one_warning_not_the_run(tmp_path: Path) -> None:

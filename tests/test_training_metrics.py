@@ -1,8 +1,11 @@
-"""Throughput and per-rank step times in the training log: the window's arithmetic, and a real 2-rank
-run where one rank is slowed and rank 0's log and TensorBoard name it."""
+"""Throughput and per-rank step times in the training log: the window's arithmetic; a real 2-rank run where one
+rank is slowed and rank 0's log names it once (a sustained straggler, even with a log line every step) and
+TensorBoard shows it, while the same run with no rank slowed names nobody; the log lines of a fork's model that
+has no tokens and no FLOPs; and the last partial window of a run that stops before its next log line."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,7 +17,14 @@ from transformers import AutoConfig
 
 from distqa.config import TINY_MODEL_DIR
 from distqa.throughput import model_flops_per_token
-from distqa.training_metrics import MetricsWindow, RankWindow, summarise
+from distqa.training_metrics import (
+    STRAGGLER_MIN_STEPS,
+    MetricsWindow,
+    RankWindow,
+    StragglerWatch,
+    count_with_unit,
+    summarise,
+)
 
 from conftest import FAST_ARGS, REPO_ROOT, clean_env
 
@@ -51,6 +61,31 @@ def test_the_summary_adds_up_the_ranks_and_names_a_straggler() -> None:
     assert summary.straggler == 2 and summary.extremes == (0, 2)
     balanced = summarise([rank(0.05), rank(0.055)], global_batch_size=64, peak_flops_per_rank=None)
     assert balanced.straggler is None and balanced.mfu is None
+    tiny_steps = summarise([rank(0.0001), rank(0.0005)], global_batch_size=64, peak_flops_per_rank=None)
+    assert tiny_steps.straggler is None, "5 times slower, but by 0.4 ms: nothing worth a warning"
+
+
+def window_of(local_p50: list[float], steps: int = 1) -> RankWindow:
+    return summarise([RankWindow(loss=1.0, grad_norm=1.0, steps=steps, step_p50=0.2, step_p95=0.2, local_p50=t,
+                                 local_p95=t, tokens=0, padded_tokens=0, flops=0, seconds=0.2 * steps)
+                      for t in local_p50], global_batch_size=8, peak_flops_per_rank=None)
+
+
+def test_a_straggler_is_named_when_the_same_rank_is_slow_for_enough_steps_and_then_not_in_every_window() -> None:
+    watch, named = StragglerWatch(), []
+    # Noise: every window has a slow rank, but never the same one for long (a window of one step each).
+    for step in range(1, 200):
+        slow = (step // 3) % 2  # rank 0 for 3 steps, then rank 1 for 3 steps, ...
+        named.append(watch.observe(window_of([0.05, 0.09] if slow else [0.09, 0.05]), step))
+    assert named == [None] * 199
+    # A rank slow in every window: named once it has been for STRAGGLER_MIN_STEPS steps, then not again soon.
+    for step in range(200, 400):
+        if (rank_named := watch.observe(window_of([0.05, 0.09]), step)) is not None:
+            named.append((step, rank_named))
+    assert [n for n in named if n is not None] == [(199 + STRAGGLER_MIN_STEPS, 1)]
+    # Windows of 10 steps: the same after two of them.
+    watch = StragglerWatch()
+    assert [watch.observe(window_of([0.05, 0.09], steps=10), step) for step in (10, 20, 30)] == [None, 1, None]
 
 
 SLOW_RANK_1 = """
@@ -61,7 +96,7 @@ forward = QAModel.forward
 
 
 def slow_on_rank_1(self, *args, **kwargs):  # a straggler: every forward of rank 1 takes 0.2 s longer
-    if os.environ["RANK"] == "1":
+    if os.environ["RANK"] == "1" and os.environ["SLOW"] == "1":
         time.sleep(0.2)
     return forward(self, *args, **kwargs)
 
@@ -73,30 +108,133 @@ sys.exit(main())
 
 
 @pytest.mark.distributed
-def test_a_slow_rank_is_named_in_rank_0s_log_and_tensorboard(tmp_path: Path) -> None:
+def test_a_slow_rank_is_named_once_in_rank_0s_log_and_in_tensorboard_and_noise_is_not(tmp_path: Path) -> None:
+    """A log line every step (--log-every 1): rank 1 slowed in every forward is named once, after
+    STRAGGLER_MIN_STEPS steps; the same run with no rank slowed names nobody."""
     script = tmp_path / "slow_rank_1.py"
     script.write_text(SLOW_RANK_1)
-    args = [*FAST_ARGS, "--tensorboard", "true", "--global-batch-size", "16", "--max-steps", "6", "--log-every", "3",
-            "--peak-tflops", "0.01", "--output-dir", str(tmp_path), "--run-name", "slow", "--checkpoint-every", "0"]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(script), *args], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
-    log = (tmp_path / "slow" / "logs" / "rank-0.log").read_text()
-    steps = re.findall(r"step (\d)/6 .*\| ([\d.]+) samples/s \| (\d+) tokens/s \((\d+) padded\) \| MFU ([\d.]+) %", log)
-    assert [s[0] for s in steps] == ["3", "6"], log
+    steps_run = STRAGGLER_MIN_STEPS + 4
+
+    def run(name: str, slow: bool) -> str:
+        args = [*FAST_ARGS, "--tensorboard", "true", "--global-batch-size", "16", "--max-steps", str(steps_run),
+                "--log-every", "1", "--peak-tflops", "0.01", "--output-dir", str(tmp_path), "--run-name", name,
+                "--checkpoint-every", "0"]
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "2", str(script), *args], cwd=REPO_ROOT,
+                                env=clean_env(OMP_NUM_THREADS="1", SLOW="1" if slow else "0"),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "straggler" not in (tmp_path / name / "logs" / "rank-1.log").read_text()
+        return (tmp_path / name / "logs" / "rank-0.log").read_text()
+
+    log = run("slow", slow=True)
+    steps = re.findall(r"step (\d+)/\d+ .*\| ([\d.]+) samples/s \| (\d+) tokens/s \((\d+) padded\) \| MFU ([\d.]+) %",
+                       log)
+    assert [int(s[0]) for s in steps] == list(range(1, steps_run + 1)), log
     for _, _, tokens, padded, mfu in steps:
         assert 0 < int(tokens) <= int(padded) and float(mfu) > 0
-    assert re.search(r"step time by rank, p50/p95 ms over 3 steps .*: 0: \d+/\d+ local \d+/\d+, 1: ", log)
-    stragglers = re.findall(r"straggler: rank (\d) \((.+?)\) takes (\d+) ms of local work", log)
-    assert len(stragglers) == 1, "named once: the warm-up window (steps 1-3) names nobody"
+    assert re.search(r"step time by rank, p50/p95 ms over 1 steps .*: 0: \d+/\d+ local \d+/\d+, 1: ", log)
+    stragglers = re.findall(r"straggler: rank (\d) \((.+?)\) takes (\d+) ms of local work .* for the last (\d+) steps",
+                            log)
+    assert len(stragglers) == 1, f"named once, not in each of the {steps_run} windows: {stragglers}"
     assert stragglers[0][0] == "1" and int(stragglers[0][2]) >= 200
-    assert "straggler" not in (tmp_path / "slow" / "logs" / "rank-1.log").read_text()
+    assert int(stragglers[0][3]) == STRAGGLER_MIN_STEPS  # steps 2-21: the warm-up window (step 1) names nobody
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     [events] = (tmp_path / "slow" / "tensorboard").iterdir()
     scalars = EventAccumulator(str(events)).Reload()
     assert {"train/tokens_per_s", "train/padded_tokens_per_s", "train/mfu"} <= set(scalars.Tags()["scalars"])
     local = {r: [e.value for e in scalars.Scalars(f"ranks/local_p50_ms/rank_{r}")] for r in (0, 1)}
-    assert len(local[0]) == len(local[1]) == 2
+    assert len(local[0]) == len(local[1]) == steps_run
     assert all(slow >= 200 > fast for slow, fast in zip(local[1], local[0], strict=True)), local
+
+    assert "straggler" not in run("even", slow=False)
+
+
+REGRESSION_TASK = """
+import torch
+from torch import nn
+from distqa.tasks.base import Task
+
+
+class Points(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(256, 4, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.x[i].sum(0, keepdim=True)}
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = nn.Linear(4, 96), nn.Linear(96, 1)  # 4*96 + 96 + 96 + 1 = 577 parameters
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
+class Regression(Task):
+    name = "regression"
+    input_names = ("x",)
+
+    def train_dataset(self):
+        return Points()
+
+    def build_model(self):
+        return MLP()
+
+    def loss(self, output, batch):
+        return nn.functional.mse_loss(output, batch["y"])
+
+    def evaluator(self, runtime):
+        return None
+"""
+
+
+def test_a_model_without_tokens_or_flops_logs_neither_and_its_parameters_in_units(tmp_path: Path) -> None:
+    """A fork's task outside the checkout (a regression MLP: no attention_mask, no flops_per_token)."""
+    (tmp_path / "regression_task.py").write_text(REGRESSION_TASK)
+    result = subprocess.run([sys.executable, "-m", "distqa.train", "--task", "regression_task:Regression", "--preset",
+                             "none", "--global-batch-size", "32", "--max-steps", "4", "--log-every", "2",
+                             "--progress-bar", "false", "--tensorboard", "false", "--output-dir", str(tmp_path),
+                             "--run-name", "mlp"], cwd=REPO_ROOT,
+                            env=clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path)),
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "model MLP: 577 parameters" in result.stderr
+    lines = [line for line in result.stderr.splitlines() if re.search(r"step \d/4 \|", line)]
+    assert len(lines) == 2 and all("samples/s |" in line and "ms/step" in line for line in lines), lines
+    assert "tokens/s" not in result.stderr and "MFU" not in result.stderr
+    assert "peak-tflops" not in result.stderr, "no FLOPs counted: no advice to set a peak"
+
+
+def test_counts_are_shown_with_units() -> None:
+    assert [count_with_unit(n) for n in (0, 577, 999, 1_234, 625_800, 999_960, 3_400_000, 110_000_000,
+                                             1_300_000_000)] == [
+        "0", "577", "999", "1.2K", "625.8K", "1.0M", "3.4M", "110.0M", "1.3B"]
+
+
+def test_a_run_that_stops_between_log_lines_logs_its_last_window_and_its_summary_matches_its_checkpoint(
+        tmp_path: Path) -> None:
+    """stop_at_step 7 with a log line every 3 steps: steps 7 is logged (the window of step 7 alone); the resumed
+    run ends with --max-steps at the end of an epoch, and summary.json holds the final checkpoint's progress."""
+    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "16",
+              "--max-steps", "8", "--log-every", "3", "--checkpoint-every", "0", "--output-dir", str(tmp_path),
+              "--run-name", "partial"]  # 64 examples / 16 per step: 4 steps per epoch, the run ends with epoch 1
+    stopped = subprocess.run([sys.executable, "-m", "distqa.train", *common, "--stop-at-step", "7"], cwd=REPO_ROOT,
+                             env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=180)
+    assert stopped.returncode == 0, stopped.stderr
+    assert re.findall(r"step (\d)/8 \|", stopped.stderr) == ["3", "6", "7"]
+    assert "over 1 steps" in stopped.stderr.split("step 7/8")[1]
+    ended = subprocess.run([sys.executable, "-m", "distqa.train", *common], cwd=REPO_ROOT,
+                           env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=180)
+    assert ended.returncode == 0, ended.stderr
+    assert re.findall(r"step (\d)/8 \|", ended.stderr) == ["8"]
+    summary = json.loads((tmp_path / "partial" / "summary.json").read_text())
+    final = torch.load(tmp_path / "partial" / "checkpoints" / "step-00000008.pt", weights_only=True)["progress"]
+    assert {key: summary[key] for key in final} == final
+    assert (final["epoch"], final["samples_in_epoch"]) == (1, 64)

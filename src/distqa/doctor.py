@@ -63,7 +63,7 @@ from distqa.preflight import (
     node_problems,
     rank_report,
 )
-from distqa.settings import SettingSources, load_config
+from distqa.settings import SettingSources, dotenv_file, load_config
 from distqa.tasks import make_task, task_class
 from distqa.tasks.base import Task
 
@@ -97,11 +97,11 @@ def add_doctor_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    load_dotenv(".env", override=False)  # as train does: .env may set NCCL_*, MASTER_ADDR, DISTQA_*
+    load_dotenv(dotenv_file(), override=False)  # as train does: .env may set NCCL_*, MASTER_ADDR, DISTQA_*
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         try:
-            task = task_class(SettingSources.read(argv, os.environ, Path(".env")).task)
+            task = task_class(SettingSources.read(argv, os.environ, None).task)
         except ConfigError as err:
             print_error(f"distqa.doctor: configuration error: {err}")
             return 2

@@ -34,6 +34,7 @@ from distqa.hf_format import checkpoint_task
 from distqa.inference import Evaluator, Predictor
 from distqa.metric import write_submission
 from distqa.optim import Precision
+from distqa.settings import dotenv_file
 from distqa.squad_inference import SquadEvaluator, SquadPredictor
 from distqa.squad_metric import write_predictions
 from distqa.tasks.configs import NQConfig, SquadConfig
@@ -63,7 +64,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    load_dotenv(".env", override=False)
+    load_dotenv(dotenv_file(), override=False)
     try:
         setup_logging(read_torchrun_env()["RANK"])
         task = checkpoint_task(args.checkpoint)

@@ -48,6 +48,7 @@ from distqa.data.squad import hub_name, source_path
 from distqa.files import DataError, print_error
 from distqa.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
 from distqa.metric import write_submission
+from distqa.settings import dotenv_file
 from distqa.squad_metric import write_predictions
 from distqa.tasks.configs import NQConfig, SquadConfig
 
@@ -86,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from distqa.inference import Predictor
 
     args = build_arg_parser().parse_args(argv)
-    load_dotenv(".env", override=False)
+    load_dotenv(dotenv_file(), override=False)
     try:
         setup_logging(read_torchrun_env()["RANK"])
         task = checkpoint_task(args.checkpoint)

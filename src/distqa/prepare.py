@@ -31,12 +31,12 @@ from dotenv import load_dotenv
 from distqa.config import ConfigError
 from distqa.files import SKIP_ADVICE, BadRecordError, DataError
 from distqa.flags import prepare_sections, train_sections
-from distqa.settings import load_config
+from distqa.settings import dotenv_file, load_config
 from distqa.tasks import make_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    load_dotenv(".env", override=False)
+    load_dotenv(dotenv_file(), override=False)
     # Not distqa.distributed's logging: that imports torch, and each featurising process re-imports
     # this module (multiprocessing's spawn), which should stay light.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -6,6 +6,7 @@
       logs/rank-<R>.log    one log file per global rank
       tensorboard/         scalars, written by rank 0
       summary.json         how the run ended: status and final progress (rank 0, distqa.tracking)
+      tracking.json        --tracker mlflow: the MLflow run's id, from its opening on (rank 0, distqa.tracking)
       checkpoints/         step-<N>.pt, written by rank 0
 """
 

@@ -26,8 +26,9 @@ must exist, a hub name while ``HF_HUB_OFFLINE`` is set) and a global batch that 
 cannot split, all as a :class:`~distqa.config.ConfigError`. A fork's settings class that declares a
 setting wrongly is refused by :func:`~distqa.setting_types.check_declarations`, naming the setting.
 
-Print every setting with its meaning: ``python -m distqa.train --help``; regenerate ``.env.example``
-with ``python -m distqa.settings > .env.example``.
+Which ``.env``, for every entry point and script (``scripts/common.sh``): ``$ENV_FILE`` (refused when it names no
+file), else ``.env`` in the working directory (:func:`dotenv_file`). Print every setting with its meaning:
+``python -m distqa.train --help``; regenerate ``.env.example`` with ``python -m distqa.settings > .env.example``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ DEPRECATED = {"dataset": "task"}
 def load_config(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
-    dotenv_path: str | os.PathLike[str] = ".env",
+    dotenv_path: str | os.PathLike[str] | None = None,
     prog: str = "python -m distqa.train",
     sections: SectionsOf = train_sections,
     description: str = "",
@@ -77,15 +78,16 @@ def load_config(
     """Resolve defaults < preset < .env/environment < flags (those of ``sections``) into a checked config of
     the chosen task's class.
 
-    ``environ`` defaults to ``os.environ``; its ``WORLD_SIZE`` (set by torchrun) is used to check
-    that the global batch splits evenly (after :meth:`Config.for_world_size`), so a bad batch size fails
-    before any rendezvous. The config returned is the one given; the trainer scales it to its world size.
+    ``dotenv_path`` defaults to :func:`dotenv_file`. ``environ`` defaults to ``os.environ``; its ``WORLD_SIZE``
+    (set by torchrun) is used to check that the global batch splits evenly (after :meth:`Config.for_world_size`),
+    so a bad batch size fails before any rendezvous. The config returned is the one given; the trainer scales it
+    to its world size.
     ``default_task``: the entry point's task when no flag, variable or preset names one (``prepare``: nq).
     ``check_data_paths``: False where the caller reads the task's data files at once itself (``prepare``), so a
     missing one is named by the reader.
     """
     source = SettingSources.read(sys.argv[1:] if argv is None else argv,
-                                 os.environ if environ is None else environ, Path(dotenv_path), default_task)
+                                 os.environ if environ is None else environ, dotenv_path, default_task)
     task = task_class(source.task)
     config_class = check_declarations(task.config_class)
     parser = build_arg_parser(prog, task, sections, description)
@@ -132,9 +134,14 @@ class SettingSources:
     task: str
 
     @classmethod
-    def read(cls, argv: Sequence[str], environ: Mapping[str, str], dotenv_path: Path,
+    def read(cls, argv: Sequence[str], environ: Mapping[str, str], dotenv_path: str | os.PathLike[str] | None,
              default_task: str | None = None) -> SettingSources:
-        merged = {**_read_dotenv(dotenv_path), **environ}
+        if dotenv_path is None:
+            dotenv_path = dotenv_file(environ)
+            if environ.get("ENV_FILE") and not dotenv_path.is_file():
+                raise ConfigError(f"ENV_FILE={dotenv_path}: no such file; name an existing file, or unset ENV_FILE "
+                                  "to read .env in the working directory.")
+        merged = {**_read_dotenv(Path(dotenv_path)), **environ}
         env = {k: v for k, v in merged.items() if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "PRESET"}
         early, _ = _early_parser().parse_known_args(argv)
         given = "--preset" if early.preset else f"{ENV_PREFIX}PRESET" if merged.get(ENV_PREFIX + "PRESET") else ""
@@ -252,6 +259,11 @@ def _require_local(path: Path, name: str, hint: str = "") -> None:
         raise ConfigError(f"{name}: {path} does not exist; {hint}.")
 
 
+def dotenv_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The ``.env`` every entry point and script (scripts/common.sh) reads: ``$ENV_FILE``, else ``./.env``."""
+    return Path((os.environ if environ is None else environ).get("ENV_FILE") or ".env")
+
+
 def _read_dotenv(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
@@ -315,22 +327,30 @@ def env_example() -> str:
                 lines += [f"# [task {', '.join(tasks)}] {text}" for text, tasks in helps[name].items()]
             lines += [f"# {ENV_PREFIX}{name.upper()}={default}", ""]
     lines += [
-        "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment):",
-        "# HF_HOME=/data/hf-cache            # where transformers caches downloaded models",
-        "# HF_HUB_OFFLINE=1                  # never reach the hub (every default path is offline)",
-        "# NCCL_SOCKET_IFNAME=eth0           # network interface NCCL uses between nodes",
-        "# GLOO_SOCKET_IFNAME=eth0           # the same for gloo (CPU runs)",
-        "# NCCL_DEBUG=INFO                   # print NCCL's topology and transport choices",
+        "# Not settings of distqa, but read by the libraries it uses (.env is loaded into the environment; every entry",
+        "# point and script reads $ENV_FILE, else .env in the working directory):",
+        "# MLFLOW_TRACKING_URI=http://127.0.0.1:5000 # the MLflow server of --tracker mlflow",
+        "# MLFLOW_TRACKING_USERNAME=me               # its credentials, if it asks for any: user and password",
+        "# MLFLOW_TRACKING_PASSWORD=...              # (never logged, never a parameter of the run),",
+        "# MLFLOW_TRACKING_TOKEN=...                 # or a token",
+        "# MLFLOW_TOKEN_SECRET=secret:NAME           # platform runs: the secret that holds the token",
+        "# MLFLOW_HTTP_REQUEST_TIMEOUT=10            # seconds per request to the server (distqa: 10)",
+        "# MLFLOW_HTTP_REQUEST_MAX_RETRIES=2         # retries of a failed request (distqa: 2)",
+        "# HF_HOME=/data/hf-cache                    # where transformers caches downloaded models",
+        "# HF_HUB_OFFLINE=1                          # never reach the hub (every default path is offline)",
+        "# NCCL_SOCKET_IFNAME=eth0                   # network interface NCCL uses between nodes",
+        "# GLOO_SOCKET_IFNAME=eth0                   # the same for gloo (CPU runs)",
+        "# NCCL_DEBUG=INFO                           # print NCCL's topology and transport choices",
     ]
     return "\n".join(lines) + "\n"
 
 
 def run_dir_of(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-               dotenv_path: str | os.PathLike[str] = ".env") -> Path:
+               dotenv_path: str | os.PathLike[str] | None = None) -> Path:
     """``output_dir / run_name`` as ``python -m distqa.train ARGV`` resolves them (same sources, same precedence),
     read without the task's settings: ``scripts/worker.sh`` asks before every start of a node, which should not
     wait for torch to import. The rest of ARGV is the trainer's to check."""
-    source = SettingSources.read(argv, os.environ if environ is None else environ, Path(dotenv_path))
+    source = SettingSources.read(argv, os.environ if environ is None else environ, dotenv_path)
     names = ("output_dir", "run_name")
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_setting_flags(parser, names, Config)

@@ -61,19 +61,20 @@ from distqa.preflight import check_at_training_start
 from distqa.resume import resume
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
-from distqa.settings import load_config
+from distqa.settings import dotenv_file, load_config
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
 from distqa.tracking import run_record
 from distqa.trainer import StepPlan, Trainer
+from distqa.training_metrics import count_with_unit
 
 log = logging.getLogger("distqa.train")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     # .env may also carry settings for libraries (NCCL_*, HF_HOME, …), so it goes into the environment.
-    load_dotenv(".env", override=False)
+    load_dotenv(dotenv_file(), override=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere+ GPUs; no effect on CPU
     try:
         given = load_config(argv)
@@ -127,7 +128,8 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     seed_everything(config.seed)
     model = task.build_model().to(runtime.device)
     seed_everything(config.seed + runtime.rank)
-    log.info("model %s: %.1fM parameters", type(model).__name__, sum(p.numel() for p in model.parameters()) / 1e6)
+    parameters = sum(p.numel() for p in model.parameters())
+    log.info("model %s: %s parameters", type(model).__name__, count_with_unit(parameters))
 
     # Optimisation: AdamW, warm-up then the lr_schedule over the whole run, mixed precision for the device.
     optimizer = build_optimizer(model, config, runtime.device)

@@ -57,7 +57,7 @@ from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
 from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops
 from distqa.tracking import RunRecord
-from distqa.training_metrics import MetricsWindow, RankWindow, summarise
+from distqa.training_metrics import MetricsWindow, RankWindow, StragglerWatch, summarise
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,9 @@ class Trainer:
         self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
         """Every rank's host name, to name a slow one in the log."""
         self.peak_flops = self._peak_flops()
+        self._told_no_peak = False
+        self.stragglers = StragglerWatch()
+        """Which window stragglers are worth a warning (the same rank for many steps, rate-limited)."""
         self.metrics = MetricsWindow(runtime.device, lambda seq_len: task.flops_per_token(model, seq_len))
         """Loss, tokens and step times since the last log line (train_step feeds it)."""
         self.first_step = self.progress.step
@@ -136,6 +139,11 @@ class Trainer:
         with self._progress_bar() as bar, stop.installed(), self.checkpoints.finishing(), \
                 collective_timeouts_named(self.runtime, lambda: progress.step):
             while progress.step < self.plan.total_steps:
+                if progress.samples_in_epoch // config.global_batch_size >= self.plan.steps_per_epoch:
+                    # Here, not after the epoch's last step: a run that ends there keeps the position its last
+                    # checkpoint holds (summary.json and the checkpoint agree).
+                    progress.epoch += 1
+                    progress.samples_in_epoch = 0
                 self.sampler.set_epoch(progress.epoch)
                 self.sampler.resume_at(progress.samples_in_epoch)
                 micro_batches = iter(self.loader)
@@ -165,8 +173,11 @@ class Trainer:
                         self.save_checkpoint(step=saved, best=best)
                     if not last and (received := stop.agreed(progress.step)):
                         path = checkpoint_path(self.run_dir, progress.step) if saved else self.save_checkpoint()
+                        self._log_partial_window(bar, scalars)
                         self.finish_checkpoints()
                         raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
+                    if stopping:
+                        self._log_partial_window(bar, scalars)
                     if early:
                         log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
                                  "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
@@ -176,8 +187,6 @@ class Trainer:
                     if stopping:
                         self.finish_checkpoints()
                         return progress
-                progress.epoch += 1
-                progress.samples_in_epoch = 0
             self.finish_checkpoints()
         log.info("training finished at step %d", progress.step)
         return progress
@@ -279,6 +288,12 @@ class Trainer:
     # --- helpers -----------------------------------------------------------------------------
     def _stops_early(self) -> bool:
         return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
+    def _log_partial_window(self, bar: tqdm, scalars: RunRecord | None) -> None:
+        """Collective, where the run stops before its next log line (a graceful stop, stop_at_step, early
+        stopping): the steps since the last line are logged now, not lost."""
+        if self.metrics.steps > 0:
+            self._log_metrics(self.metrics.flush(), bar, scalars)
+
     def _log_metrics(self, ranks: list[RankWindow], bar: tqdm, scalars: RunRecord | None) -> None:
         """Rank 0: one line with the job's loss and throughput, one with every rank's step times."""
         if not self.runtime.is_main_process:
@@ -287,25 +302,33 @@ class Trainer:
         window = summarise(ranks, self.config.global_batch_size, self.peak_flops)
         step_time = window.seconds / window.steps
         bar.set_postfix(loss=f"{window.loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        counts_tokens = window.padded_tokens_per_s > 0  # a task whose batches have no attention_mask counts none
+        tokens = f" | {window.tokens_per_s:.0f} tokens/s ({window.padded_tokens_per_s:.0f} padded)" \
+            if counts_tokens else ""
         mfu = f" | MFU {100 * window.mfu:.1f} %" if window.mfu is not None else ""
-        log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | %.0f tokens/s "
-                 "(%.0f padded)%s | %.0f ms/step", step, self.plan.total_steps, self.progress.epoch, window.loss, lr,
-                 window.grad_norm, window.samples_per_s, window.tokens_per_s, window.padded_tokens_per_s, mfu,
-                 1000 * step_time)
+        log.info("step %d/%d | epoch %d | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s%s%s | %.0f ms/step",
+                 step, self.plan.total_steps, self.progress.epoch, window.loss, lr, window.grad_norm,
+                 window.samples_per_s, tokens, mfu, 1000 * step_time)
+        if window.counts_flops and self.peak_flops is None and not self._told_no_peak:
+            self._told_no_peak = True  # said once, where the task counts FLOPs (no MFU is possible otherwise)
+            log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.throughput's table; set --peak-tflops",
+                     self._device_name())
         shown = range(len(ranks)) if len(ranks) <= 8 else sorted({0, *window.extremes})  # one line, even at 64
         per_rank = ", ".join(f"{r}: {1000 * ranks[r].step_p50:.0f}/{1000 * ranks[r].step_p95:.0f} local "
                              f"{1000 * ranks[r].local_p50:.0f}/{1000 * ranks[r].local_p95:.0f}" for r in shown)
         log.info("step time by rank%s, p50/p95 ms over %d steps (local = data + forward, before the gradient "
                  "all-reduce): %s", "" if len(ranks) <= 8 else " (0, fastest, slowest)", window.steps, per_rank)
-        if window.straggler is not None and step - window.steps > self.first_step:  # not in warm-up's window
-            slow = ranks[window.straggler]
+        named = self.stragglers.observe(window, step) if step - window.steps > self.first_step else None  # not warm-up
+        if named is not None:
             log.warning("straggler: rank %d (%s) takes %.0f ms of local work per step (p50), the median rank "
-                        "%.0f ms; the others wait for it in every all-reduce", window.straggler,
-                        self.hosts[window.straggler], 1000 * slow.local_p50, 1000 * window.local_p50_median)
+                        "%.0f ms, for the last %d steps; the others wait for it in every all-reduce", named,
+                        self.hosts[named], 1000 * ranks[named].local_p50, 1000 * window.local_p50_median,
+                        self.stragglers.streak_steps)
         if scalars is not None:
             values = {"loss": window.loss, "lr": lr, "grad_norm": window.grad_norm,
-                       "samples_per_s": window.samples_per_s, "step_time_s": step_time,
-                       "tokens_per_s": window.tokens_per_s, "padded_tokens_per_s": window.padded_tokens_per_s}
+                       "samples_per_s": window.samples_per_s, "step_time_s": step_time}
+            if counts_tokens:
+                values |= {"tokens_per_s": window.tokens_per_s, "padded_tokens_per_s": window.padded_tokens_per_s}
             if window.mfu is not None:
                 values["mfu"] = window.mfu
             for name, value in values.items():
@@ -319,11 +342,10 @@ class Trainer:
         """Dense bf16 peak FLOP/s of one rank's device (config, else by GPU name); None logs no MFU."""
         if self.config.peak_tflops:
             return self.config.peak_tflops * 1e12
-        name = torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
-        if (peak := peak_bf16_flops(name)) is None and self.runtime.is_main_process:
-            log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.throughput's table; "
-                     "set --peak-tflops", name)
-        return peak
+        return peak_bf16_flops(self._device_name())
+
+    def _device_name(self) -> str:
+        return torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
 
     @contextlib.contextmanager
     def _progress_bar(self) -> Iterator[tqdm]:

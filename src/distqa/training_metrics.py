@@ -15,8 +15,12 @@ collective per log line, never per step. :func:`summarise` turns them into job-w
   the *local* time (data loading, forward passes and the backward passes of the micro-batches before
   the last: what a rank does before the backward whose gradients are all-reduced). DDP makes every
   rank wait for the slowest in that all-reduce, so step times come out alike on all ranks while a
-  slow node (a slower GPU, a slow disk, a busy CPU) shows in its local time; :func:`summarise` names
-  the slowest rank when its local p50 exceeds the median rank's by :data:`STRAGGLER_RATIO`.
+  slow node (a slower GPU, a slow disk, a busy CPU) shows in its local time; :func:`summarise` marks
+  the slowest rank of a window when its local p50 exceeds the median rank's by :data:`STRAGGLER_RATIO`
+  (and by :data:`STRAGGLER_MIN_EXCESS_S` at least), and :class:`StragglerWatch` names it in the log only when
+  the same rank is marked in every window for :data:`STRAGGLER_MIN_STEPS` steps in a row, at most once every
+  :data:`STRAGGLER_REPEAT_STEPS` steps: one slow window (a step with a garbage collection, a page fault, a
+  neighbour's burst) is noise, a rank slower for many steps is a straggler.
 
 On GPUs the times are CUDA events on the compute stream (read at flush, which waits for them anyway);
 on CPUs the host clock.
@@ -35,7 +39,13 @@ import torch
 from distqa.distributed import all_gather_tensor
 
 STRAGGLER_RATIO = 1.2
-"""A rank whose local-time p50 is this many times the median rank's is named as a straggler."""
+"""A rank whose local-time p50 is this many times the median rank's is marked as the window's straggler."""
+STRAGGLER_MIN_EXCESS_S = 0.002
+"""... and exceeds it by this many seconds at least: a rank 20 % slower on a step of 100 µs costs nothing."""
+STRAGGLER_MIN_STEPS = 20
+"""A straggler is named in the log once the same rank was marked in every window for this many steps in a row."""
+STRAGGLER_REPEAT_STEPS = 1000
+"""... and named again, while it stays one, at most once in this many steps."""
 _FIELDS = ("loss", "grad_norm", "steps", "step_p50", "step_p95", "local_p50", "local_p95", "tokens",
            "padded_tokens", "flops", "seconds")
 
@@ -176,12 +186,15 @@ class Summary:
     padded_tokens_per_s: float
     mfu: float | None
     """Model-FLOPs utilisation (0..1), None without a peak for the device."""
+    counts_flops: bool
+    """Whether the task counted model FLOPs in the window (``Task.flops_per_token``): an MFU is possible."""
     extremes: tuple[int, int]
     """The ranks with the shortest and the longest local-time p50."""
     local_p50_median: float
     """The median over ranks of their local-time p50 (seconds)."""
     straggler: int | None
-    """The rank whose local time exceeds the median rank's by STRAGGLER_RATIO, if one does."""
+    """The rank whose local time exceeds the median rank's by STRAGGLER_RATIO (and STRAGGLER_MIN_EXCESS_S), if one
+    does in this window (:class:`StragglerWatch` decides whether that is worth a warning)."""
 
 
 def summarise(ranks: list[RankWindow], global_batch_size: int, peak_flops_per_rank: float | None) -> Summary:
@@ -194,9 +207,47 @@ def summarise(ranks: list[RankWindow], global_batch_size: int, peak_flops_per_ra
     slowest = max(range(len(ranks)), key=local.__getitem__)
     fastest = min(range(len(ranks)), key=local.__getitem__)
     median = statistics.median(local)
-    straggler = slowest if len(ranks) > 1 and median > 0 and local[slowest] > STRAGGLER_RATIO * median else None
+    straggler = slowest if len(ranks) > 1 and median > 0 and local[slowest] > STRAGGLER_RATIO * median \
+        and local[slowest] - median >= STRAGGLER_MIN_EXCESS_S else None
     return Summary(loss=statistics.fmean(r.loss for r in ranks), grad_norm=main.grad_norm, steps=int(main.steps),
                    seconds=seconds, samples_per_s=main.steps * global_batch_size / seconds,
                    tokens_per_s=sum(r.tokens for r in ranks) / seconds,
-                   padded_tokens_per_s=sum(r.padded_tokens for r in ranks) / seconds, mfu=mfu,
+                   padded_tokens_per_s=sum(r.padded_tokens for r in ranks) / seconds, mfu=mfu, counts_flops=flops > 0,
                    extremes=(fastest, slowest), local_p50_median=median, straggler=straggler)
+
+
+class StragglerWatch:
+    """Rank 0's memory of the windows' stragglers: :meth:`observe` returns the rank to name in the log, when the same
+    rank has been each window's straggler for ``min_steps`` steps in a row and was not named in the last
+    ``repeat_steps`` steps; None otherwise."""
+
+    def __init__(self, min_steps: int = STRAGGLER_MIN_STEPS, repeat_steps: int = STRAGGLER_REPEAT_STEPS) -> None:
+        self.min_steps, self.repeat_steps = min_steps, repeat_steps
+        self.rank: int | None = None
+        """The rank that was the straggler of every window of the current streak."""
+        self.streak_steps = 0
+        """The steps of those windows."""
+        self._named_at: dict[int, int] = {}  # rank -> the step of its latest warning
+
+    def observe(self, window: Summary, step: int) -> int | None:
+        """Take the window that ends at ``step``; the straggler to name now, if any."""
+        if window.straggler is None or window.straggler != self.rank:
+            self.rank, self.streak_steps = window.straggler, 0
+        if self.rank is None:
+            return None
+        self.streak_steps += window.steps
+        named = self._named_at.get(self.rank)
+        if self.streak_steps >= self.min_steps and (named is None or step - named >= self.repeat_steps):
+            self._named_at[self.rank] = step
+            return self.rank
+        return None
+
+
+def count_with_unit(count: int) -> str:
+    """A count as a log line shows it: 577, 1.2K, 3.4M, 1.1B (one decimal from a thousand on)."""
+    if count < 1000:
+        return str(count)
+    for unit, scale in (("B", 1e9), ("M", 1e6)):
+        if count >= 0.99995 * scale:  # 999,960 is 1.0M, not 1000.0K
+            return f"{count / scale:.1f}{unit}"
+    return f"{count / 1e3:.1f}K"
