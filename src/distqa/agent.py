@@ -24,6 +24,7 @@ A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -148,13 +149,42 @@ class RendezvousWatcher:
                 f"({joined}){never}: {check}.")
 
 
-def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event) -> None:
+class SignalsSeen:
+    """Whether this process has received a signal since :meth:`install`: the interpreter writes each one's
+    number to a pipe (``signal.set_wakeup_fd``), whoever handles it. It sees the signals that have a Python
+    handler, which torchrun installs for SIGTERM, SIGINT, SIGHUP and SIGQUIT when it starts the workers."""
+
+    def __init__(self) -> None:
+        self._read_end: int | None = None
+        self._seen = False
+
+    def install(self) -> SignalsSeen:
+        """From the main thread (Python's rule for ``set_wakeup_fd``)."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self._read_end = read_end
+        return self
+
+    def any(self) -> bool:
+        if not self._seen and self._read_end is not None:
+            with contextlib.suppress(BlockingIOError):
+                self._seen = bool(os.read(self._read_end, 512))
+        return self._seen
+
+
+def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals: SignalsSeen) -> None:
     """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
     agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
-    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join."""
+    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join.
+    Not when the agent got a signal itself: it is stopping its workers already and restarts none, and a
+    second signal would make it signal its workers again (torch's ``ElasticAgent.run`` calls ``_shutdown``
+    once more when the first is interrupted), which ends a worker still on its way out at once."""
     while not done.wait(0.5):
         if any(report_dir.glob("rank-*")):
-            os.kill(os.getpid(), signal.SIGTERM)
+            if not signals.any():
+                os.kill(os.getpid(), signal.SIGTERM)
             return
 
 
@@ -173,7 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr).start()
     stop_watch = threading.Event()
     if report_dir := os.environ.get(REPORT_DIR_VARIABLE):
-        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch), daemon=True).start()
+        signals = SignalsSeen().install()
+        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals),
+                         daemon=True).start()
     try:
         torchrun_main(torchrun_args)
     except (RendezvousTimeoutError, RendezvousConnectionError) as err:
