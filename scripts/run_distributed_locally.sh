@@ -25,7 +25,7 @@
 # exits 75. A second Ctrl-C (or signal) stops every node at once.
 # Exit status: 0 when every node finished; 75 when a node stopped on SIGTERM/SIGINT with a checkpoint
 # of the step reached (worker.sh); otherwise the first failing node's status, after the remaining
-# agents have been stopped (128 + the signal's number when a stop was asked and no node reported 75).
+# agents have been stopped (after an interrupt: 128 + the signal's number, 130 for Ctrl-C).
 set -euo pipefail
 (( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) \
     || { echo "run_distributed_locally.sh: needs bash >= 5.1 (wait -n -p)" >&2; exit 2; }
@@ -145,16 +145,18 @@ finish_output() {
         any_alive "${prefixers[@]}" || break
         sleep 0.1
     done
-    kill "${prefixers[@]}" 2>/dev/null || true
-    wait "${prefixers[@]}" 2>/dev/null || true
+    if (( ${#prefixers[@]} > 0 )); then
+        kill "${prefixers[@]}" 2>/dev/null || true
+        wait "${prefixers[@]}" 2>/dev/null || true
+    fi
     rm -rf "$pipes"
 }
+pipes="$(mktemp -d "${TMPDIR:-/tmp}/distqa-launcher.XXXXXX")"  # a named pipe per node and stream
 trap 'interrupt INT 2' INT
 trap 'interrupt TERM 15' TERM
 trap 'interrupt HUP 1' HUP
 
 echo "launching $nodes node(s) × $procs_per_node process(es), rendezvous 127.0.0.1:$port, run id '$run_id'" >&2
-pipes="$(mktemp -d "${TMPDIR:-/tmp}/distqa-launcher.XXXXXX")"
 for (( node = 0; node < nodes; node++ )); do
     # The prefixers are this launcher's own children (not the node's), reading a named pipe each: a
     # forceful stop of the node leaves them running to show its last lines.
@@ -212,7 +214,7 @@ done
 trap '' INT TERM HUP  # the nodes have ended; only their last lines are left to show
 wait "${agents[@]}" 2>/dev/null || true
 finish_output
-if [[ -n "$interrupted" && "$status" != 75 ]]; then
+if [[ -n "$interrupted" && "$status" != 75 && "$status" != 0 ]]; then  # 0: the run ended before the stop
     case "$interrupted" in INT) status=130 ;; TERM) status=143 ;; *) status=129 ;; esac
 fi
 exit "$status"
