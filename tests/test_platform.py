@@ -276,8 +276,9 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
 def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_reached(platform: dict[str, str]) -> None:
     """Ctrl-C (SIGINT to the launcher's process group) once node 0 trains: every job is cancelled and the launcher
     exits 130. Each job's worker.sh gets SIGTERM alone, as the platform's pod deletion sends it (the stand-in
-    follows platform-api and Kubernetes), so the workers stop gracefully: one checkpoint, of the step reached
-    (no periodic one), on the results volume, and each node's "stopped by" line in its job's log."""
+    follows platform-api and Kubernetes), so the workers stop gracefully: each job's command exits 75, one
+    checkpoint, of the step reached (no periodic one), is on the results volume, and each node's "stopped by"
+    line is in its job's log."""
     launcher = launch(platform, "intr", "--", *FAST_ARGS, "--max-steps", "100000", "--checkpoint-every", "0",
                       "--stop-check-every", "1")
     logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
@@ -290,7 +291,10 @@ def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_rea
     assert launcher.returncode == 130, output
     assert "each job got SIGTERM: its workers checkpoint the step they reach and stop" in output
     assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
-    wait_for(lambda: not run_processes("intr"), timeout=60)
+    # the jobs' processes stop after the launcher has returned, as on the platform; each main process exits 75
+    wait_for(lambda: all("exit_code" in j for j in jobs(platform).values()), timeout=60)
+    assert [j["exit_code"] for j in jobs(platform).values()] == [75, 75]
+    assert not run_processes("intr")
     stops = [re.search(rf"worker.sh: run 'intr' node {rank}: stopped by SIGTERM at step (\d+), checkpoint .* "
                        r"written; exit code 75", (logs / f"distributed_training-intr-{rank}.log").read_text())
              for rank in (0, 1)]
