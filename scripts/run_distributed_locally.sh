@@ -20,9 +20,12 @@
 # fork's own entry point; worker.sh --entry-module), and then prepares nothing.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
 # else python3), NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
+# Stopping: Ctrl-C, or SIGTERM (or SIGHUP) to the launcher, is a graceful stop: every node gets one
+# SIGTERM, its workers checkpoint the step reached and exit 75, their lines are shown, and the launcher
+# exits 75. A second Ctrl-C (or signal) stops every node at once.
 # Exit status: 0 when every node finished; 75 when a node stopped on SIGTERM/SIGINT with a checkpoint
 # of the step reached (worker.sh); otherwise the first failing node's status, after the remaining
-# agents have been stopped.
+# agents have been stopped (after an interrupt: 128 + the signal's number, 130 for Ctrl-C).
 set -euo pipefail
 (( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) \
     || { echo "run_distributed_locally.sh: needs bash >= 5.1 (wait -n -p)" >&2; exit 2; }
@@ -81,11 +84,18 @@ if [[ "$entry_module" == distqa.train ]]; then
         || die "preparing the data failed (see above); nothing was launched"
 fi
 
-agents=()
+agents=()      # each node's worker.sh
+prefixers=()   # the sed processes that put "[node N] " before each node's lines
+any_alive() {  # any_alive PID...: whether one of them still runs (`kill -0 A B` fails when either is gone)
+    local pid
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+    return 1
+}
 stop_agents() {
     # torchrun starts every worker in a session of its own and stops them itself (SIGTERM, then SIGKILL
     # after 30 s). Signal the workers directly too: a worker blocked in a collective would outlive an
-    # agent that is SIGKILLed first.
+    # agent that is SIGKILLed first. This is the forceful stop (a failed node, a second interrupt): a
+    # worker that already got a SIGTERM ends at once on this one (distqa.stop).
     # Each node is worker.sh → torchrun agent → workers: three generations.
     local pid targets=() generation=("${agents[@]}")
     for _ in 1 2 3; do
@@ -101,29 +111,81 @@ stop_agents() {
     # Up to 30 s for a clean exit (workers that got the signal first checkpoint the step they are at,
     # as under torchrun's own 30 s shutdown timeout), then force.
     for _ in $(seq 300); do
-        kill -0 "${targets[@]}" 2>/dev/null || return 0
+        any_alive "${targets[@]}" || return 0
         sleep 0.1
     done
     kill -KILL "${targets[@]}" 2>/dev/null || true
 }
-trap 'echo "interrupted: stopping all nodes" >&2; stop_agents; exit 130' INT TERM
+
+# A graceful stop passes exactly one signal to each worker: a second one ends a worker at once
+# (distqa.stop). A terminal's Ctrl-C goes to the launcher's whole process group, and torchrun's agent
+# passes every signal it gets on to its workers; so each node runs in a session of its own (setsid),
+# out of reach of the terminal, and this launcher alone decides what it gets: one SIGTERM to its
+# worker.sh, which passes it to its agent, which passes it to its workers.
+interrupted=""  # the signal that asked for a graceful stop
+interrupt() {  # interrupt NAME NUMBER
+    if [[ -z "$interrupted" ]]; then
+        interrupted="$1"
+        echo "interrupted (SIG$1): every node checkpoints the step it reaches and stops (exit 75);" \
+             "press Ctrl-C again to stop at once" >&2
+        kill -TERM "${agents[@]}" 2>/dev/null || true
+        return
+    fi
+    echo "interrupted again (SIG$1): stopping every node at once" >&2
+    trap '' INT TERM HUP
+    stop_agents
+    finish_output
+    exit $(( 128 + $2 ))
+}
+finish_output() {
+    # The prefixers end once every process of their node has closed its output; waiting for them
+    # shows each node's last lines (the workers' "stopped by" lines) before the launcher returns.
+    # Bounded: a process that outlives its node (stop_agents gave up on it) would hold them open.
+    for _ in $(seq 100); do
+        any_alive "${prefixers[@]}" || break
+        sleep 0.1
+    done
+    if (( ${#prefixers[@]} > 0 )); then
+        kill "${prefixers[@]}" 2>/dev/null || true
+        wait "${prefixers[@]}" 2>/dev/null || true
+    fi
+    rm -rf "$pipes"
+}
+pipes="$(mktemp -d "${TMPDIR:-/tmp}/distqa-launcher.XXXXXX")"  # a named pipe per node and stream
+trap 'interrupt INT 2' INT
+trap 'interrupt TERM 15' TERM
+trap 'interrupt HUP 1' HUP
 
 echo "launching $nodes node(s) × $procs_per_node process(es), rendezvous 127.0.0.1:$port, run id '$run_id'" >&2
 for (( node = 0; node < nodes; node++ )); do
+    # The prefixers are this launcher's own children (not the node's), reading a named pipe each: a
+    # forceful stop of the node leaves them running to show its last lines.
+    mkfifo "$pipes/$node.out" "$pipes/$node.err"
+    sed -u "s/^/[node $node] /" < "$pipes/$node.out" &
+    prefixers+=("$!")
+    sed -u "s/^/[node $node] /" < "$pipes/$node.err" >&2 &
+    prefixers+=("$!")
     # Node 0 hosts the rendezvous store, as the master job does on the platform; worker.sh runs
-    # the torchrun agent as its child and passes SIGTERM/SIGINT on to it.
-    NODE_ADDR=127.0.0.1 bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --node-rank "$node" \
+    # the torchrun agent as its child and passes SIGTERM/SIGINT on to it. setsid keeps the PID of
+    # worker.sh ($!): a background child of a script leads no process group, so setsid does not fork.
+    NODE_ADDR=127.0.0.1 setsid bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --run-id "$run_id" --max-restarts "$max_restarts" \
         --nproc-per-node "$procs_per_node" --entry-module "$entry_module" -- "${trainer_args[@]}" \
-        > >(sed -u "s/^/[node $node] /") 2> >(sed -u "s/^/[node $node] /" >&2) &
+        > "$pipes/$node.out" 2> "$pipes/$node.err" &
     agents+=("$!")
 done
 
 status=0
 running=("${agents[@]}")
 while (( ${#running[@]} > 0 )); do
-    finished_pid="" code=0
-    wait -n -p finished_pid "${running[@]}" || code=$?
+    finished_pid=""
+    # errexit off around the wait: bash 5.2 exits when a trapped signal (an interrupt) cuts short a
+    # `wait` under set -e, even one guarded by ||.
+    set +e
+    wait -n -p finished_pid "${running[@]}"
+    code=$?
+    set -e
+    [[ -n "${finished_pid:-}" ]] || continue  # a trapped signal cut the wait short (interrupt)
     mapfile -t running < <(printf '%s\n' "${running[@]}" | grep -vx -- "$finished_pid")
     if (( code == 75 )); then
         # Stopped on a signal at a step boundary (see worker.sh): the checkpoint is complete and the
@@ -133,18 +195,26 @@ while (( ${#running[@]} > 0 )); do
              "run again with --run-id $run_id to resume" >&2
         status=$code
         for _ in $(seq 600); do
-            kill -0 "${running[@]}" 2>/dev/null || break
+            any_alive "${running[@]}" || break
             sleep 0.1
         done
-        stop_agents
+        (( ${#running[@]} == 0 )) || stop_agents
         break
     elif (( code != 0 )); then
-        echo "a node exited with status $code: stopping the others" >&2
+        if [[ -n "$interrupted" ]]; then
+            echo "a node ended with status $code after the interrupt: stopping the others" >&2
+        else
+            echo "a node exited with status $code: stopping the others" >&2
+        fi
         status=$code
         stop_agents
         break
     fi
 done
-trap - INT TERM
-wait 2>/dev/null || true
+trap '' INT TERM HUP  # the nodes have ended; only their last lines are left to show
+wait "${agents[@]}" 2>/dev/null || true
+finish_output
+if [[ -n "$interrupted" && "$status" != 75 && "$status" != 0 ]]; then  # 0: the run ended before the stop
+    case "$interrupted" in INT) status=130 ;; TERM) status=143 ;; *) status=129 ;; esac
+fi
 exit "$status"

@@ -57,7 +57,9 @@
 # first), NODES, PLATFORM_PRESET, RUN_ID, SCHEDULE_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
 # in the working directory, as for every script and entry point: NODES= and PLATFORM_PRESET= are read from it).
 # Exit status: 0 when every node succeeded; 1 when a job failed or never started (all jobs of the
-# run are killed first); 2 for a usage error; 130 after Ctrl-C (all jobs killed).
+# run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all jobs killed: each job's
+# worker.sh gets SIGTERM from the platform, so its workers checkpoint the step reached and stop within
+# the platform's grace period; run again with the same --run-id to resume).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -224,7 +226,16 @@ kill_run() {
     done
 }
 fail() { log "$*"; log "stopping every job of run '$run_id'"; kill_run; exit 1; }
-trap 'log "interrupted"; kill_run; exit 130' INT TERM
+interrupted() {
+    log "interrupted: killing every job of run '$run_id' (a second Ctrl-C changes nothing)"
+    kill_run
+    # The platform deletes each job's pod: SIGTERM to its main process, worker.sh, which passes it on
+    # to the workers (a checkpoint of the step reached, exit 75), and SIGKILL after the grace period.
+    log "each job got SIGTERM: its workers checkpoint the step they reach and stop; run again with" \
+        "--run-id $run_id to resume ('$flow logs $job $(suffix_of 0)' shows node 0's last lines)"
+    exit 130
+}
+trap interrupted INT TERM
 
 # job_status SUFFIX: prints "STATUS HOSTNAME" from `<flow> status` (the platform's job table);
 # STATUS is "unknown" when the job cannot be found or the output cannot be read.

@@ -154,3 +154,46 @@ def test_the_agent_ends_cleanly_while_its_rendezvous_watcher_is_inside_a_store_c
                             text=True, timeout=120)  # about 12 s on a quiet machine
     assert result.returncode == 0, result.stderr[-3000:]
     assert "terminate called" not in result.stderr
+
+
+NODE_0_AGENT_RETURNS = """
+import sys, threading
+from datetime import timedelta
+from torch.distributed import TCPStore
+from distqa import agent
+
+port = int(sys.argv[1])
+# node 0's rendezvous store as torch's c10d backend opens it on the host (_create_tcp_store: multi_tenant)
+store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                 timeout=timedelta(seconds=10))
+reads = threading.Semaphore(0)
+read = agent.RendezvousWatcher._read
+
+
+def counted(self, store):
+    try:
+        read(self, store)
+    finally:
+        reads.release()
+
+
+agent.RendezvousWatcher._read = counted
+watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 0, 2, "127.0.0.1", hosts_store=True).start()
+assert reads.acquire(timeout=60)  # the watcher reads the rendezvous
+del store  # torchrun's agent returns; its rendezvous handler, the store's owner, goes
+assert reads.acquire(timeout=60)  # the watcher's next read, before distqa.agent.main stops it
+watcher.stop()
+"""
+
+
+def test_node_0s_watcher_logs_no_store_error_when_its_agent_ends(tmp_path: Path) -> None:
+    """On node 0 the watcher is a client of its own agent's store. The store's server closed as torchrun's agent
+    returned, before the watcher was stopped: a read in between made TCPStore's client log "recvVector failed …
+    Connection was likely closed" with a C++ stack trace after a run that finished (seen in 2 of 8 clean runs).
+    Here the read in between always happens; the watcher keeps the server until it has stopped."""
+    script = tmp_path / "node_0_ends.py"
+    script.write_text(NODE_0_AGENT_RETURNS)
+    result = subprocess.run([sys.executable, str(script), str(free_port())], cwd=REPO_ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "failed on SocketImpl" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -193,14 +193,15 @@ def jobs(env: dict[str, str]) -> dict[str, dict]:
 
 
 def interrupt_when_running(launcher: subprocess.Popen[str], platform: dict[str, str], nodes: int) -> str:
-    """Ctrl-C to the launcher once all ``nodes`` jobs run; the launcher's output once it has ended."""
+    """Ctrl-C to the launcher (SIGINT to its process group, as a terminal sends it) once all ``nodes`` jobs run;
+    the launcher's output once it has ended."""
     try:
         def all_running() -> bool:
             started = jobs(platform)
             return len(started) == nodes and all(j["status"] == "running" for j in started.values())
 
         wait_for(all_running, timeout=120)
-        os.kill(launcher.pid, signal.SIGINT)
+        os.killpg(launcher.pid, signal.SIGINT)
     finally:
         output = finish(launcher, timeout=120)
     return output
@@ -272,12 +273,36 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
 
 
 @pytest.mark.distributed
-def test_ctrl_c_kills_every_job(platform: dict[str, str]) -> None:
-    launcher = launch(platform, "intr", "--", *FAST_ARGS, "--max-steps", "100000")
-    output = interrupt_when_running(launcher, platform, nodes=2)
+def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_reached(platform: dict[str, str]) -> None:
+    """Ctrl-C (SIGINT to the launcher's process group) once node 0 trains: every job is cancelled and the launcher
+    exits 130. Each job's worker.sh gets SIGTERM alone, as the platform's pod deletion sends it (the stand-in
+    follows platform-api and Kubernetes), so the workers stop gracefully: each job's command exits 75, one
+    checkpoint, of the step reached (no periodic one), is on the results volume, and each node's "stopped by"
+    line is in its job's log."""
+    launcher = launch(platform, "intr", "--", *FAST_ARGS, "--max-steps", "100000", "--checkpoint-every", "0",
+                      "--stop-check-every", "1")
+    logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
+    try:
+        wait_for(lambda: (logs / "distributed_training-intr-0.log").exists()
+                 and "step 2/" in (logs / "distributed_training-intr-0.log").read_text(), timeout=240)
+        os.killpg(launcher.pid, signal.SIGINT)
+    finally:
+        output = finish(launcher, timeout=120)
     assert launcher.returncode == 130, output
+    assert "each job got SIGTERM: its workers checkpoint the step they reach and stop" in output
     assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
-    wait_for(lambda: not run_processes("intr"), timeout=30)
+    # the jobs' processes stop after the launcher has returned, as on the platform; each main process exits 75
+    wait_for(lambda: all("exit_code" in j for j in jobs(platform).values()), timeout=60)
+    assert [j["exit_code"] for j in jobs(platform).values()] == [75, 75]
+    assert not run_processes("intr")
+    stops = [re.search(rf"worker.sh: run 'intr' node {rank}: stopped by SIGTERM at step (\d+), checkpoint .* "
+                       r"written; exit code 75", (logs / f"distributed_training-intr-{rank}.log").read_text())
+             for rank in (0, 1)]
+    assert all(stops), [(logs / f"distributed_training-intr-{rank}.log").read_text()[-3000:] for rank in (0, 1)]
+    step = int(stops[0][1])
+    assert int(stops[1][1]) == step >= 2
+    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / "distqa" / "results" / "intr"
+    assert sorted(p.name for p in (results / "checkpoints").glob("step-*.pt")) == [f"step-{step:08d}.pt"]
 
 
 def test_a_master_that_is_never_scheduled_fails_after_the_timeout_from_any_directory(

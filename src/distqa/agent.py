@@ -24,6 +24,7 @@ A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -69,11 +70,17 @@ class JoinedNode:
 class RendezvousWatcher:
     """Reads, while the agent waits, which nodes have joined its c10d rendezvous (see the module doc)."""
 
-    def __init__(self, host: str, port: int, run_id: str, node_rank: int, nnodes: int, addr: str) -> None:
+    def __init__(self, host: str, port: int, run_id: str, node_rank: int, nnodes: int, addr: str,
+                 hosts_store: bool = False) -> None:
         self.host, self.port, self.run_id = host, port, run_id
         self.node_rank, self.nnodes, self.addr = node_rank, nnodes, addr
+        self.hosts_store = hosts_store
+        """This node's agent serves the rendezvous store (torchrun's ``is_host``): the watcher is its client in the
+        same process."""
         self.joined: list[JoinedNode] | None = None
         """The last state seen with this node in it; None until one is seen."""
+        self._server: TCPStore | None = None
+        """On the node that hosts the store: a second handle on its server (see :meth:`_hold_the_server`)."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="distqa-rendezvous-watcher", daemon=True)
 
@@ -93,19 +100,41 @@ class RendezvousWatcher:
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=JOIN_GUARD_S)
+        if not self._thread.is_alive():
+            self._server = None  # the watcher's connection is closed: the server may go when torch's handle goes
 
     def _watch(self) -> None:
         store = None
-        while not self._stopped.wait(POLL_S):
-            try:
-                if store is None:  # node 0's store exists once its agent has started: retry until then
-                    store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=POLL_S),
-                                     wait_for_workers=False)
-                    store.set(self._key(self.node_rank), json.dumps({"addr": self.addr, "pid": os.getpid()}))
-                self._read(store)
-            except Exception as err:  # a diagnosis aid must never end the agent
-                log.debug("rendezvous watcher: %s", err)
-                store = None
+        try:
+            while not self._stopped.wait(POLL_S):
+                try:
+                    if store is None:  # node 0's store exists once its agent has started: retry until then
+                        store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=POLL_S),
+                                         wait_for_workers=False)
+                        self._hold_the_server()
+                        store.set(self._key(self.node_rank), json.dumps({"addr": self.addr, "pid": os.getpid()}))
+                    self._read(store)
+                except Exception as err:  # a diagnosis aid must never end the agent
+                    log.debug("rendezvous watcher: %s", err)
+                    store = None
+        finally:
+            del store  # the connection closes here, before the server that _hold_the_server keeps
+
+    def _hold_the_server(self) -> None:
+        """On the node that hosts the store, keep its server up until the watcher has stopped. torchrun's agent
+        closes it as it returns (its rendezvous handler, which owns it, goes), a moment before :meth:`stop`; a
+        watcher's call to it then fails, and TCPStore's client logs that in C++ with a stack trace ("recvVector
+        failed … Connection was likely closed") after a run that ended well. torch's c10d backend opens the store
+        ``multi_tenant``, so a second multi-tenant master on the same port in this process shares that server
+        (``TCPServer::start``'s cache) instead of binding one; the server ends once both handles have gone.
+        Tried once, when the watcher first reaches the server: a port taken by something else fails to bind here,
+        and the watcher then reads as a client only."""
+        if not self.hosts_store or self._server is not None:
+            return
+        self.hosts_store = False
+        with contextlib.suppress(Exception):
+            self._server = TCPStore(self.host, self.port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=POLL_S))
 
     def _read(self, store: TCPStore) -> None:
         found = C10dRendezvousBackend(store, self.run_id).get_state()
@@ -149,13 +178,42 @@ class RendezvousWatcher:
                 f"({joined}){never}: {check}.")
 
 
-def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event) -> None:
+class SignalsSeen:
+    """Whether this process has received a signal since :meth:`install`: the interpreter writes each one's
+    number to a pipe (``signal.set_wakeup_fd``), whoever handles it. It sees the signals that have a Python
+    handler, which torchrun installs for SIGTERM, SIGINT, SIGHUP and SIGQUIT when it starts the workers."""
+
+    def __init__(self) -> None:
+        self._read_end: int | None = None
+        self._seen = False
+
+    def install(self) -> SignalsSeen:
+        """From the main thread (Python's rule for ``set_wakeup_fd``)."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self._read_end = read_end
+        return self
+
+    def any(self) -> bool:
+        if not self._seen and self._read_end is not None:
+            with contextlib.suppress(BlockingIOError):
+                self._seen = bool(os.read(self._read_end, 512))
+        return self._seen
+
+
+def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals: SignalsSeen) -> None:
     """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
     agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
-    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join."""
+    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join.
+    Not when the agent got a signal itself: it is stopping its workers already and restarts none, and a
+    second signal would make it signal its workers again (torch's ``ElasticAgent.run`` calls ``_shutdown``
+    once more when the first is interrupted), which ends a worker still on its way out at once."""
     while not done.wait(0.5):
         if any(report_dir.glob("rank-*")):
-            os.kill(os.getpid(), signal.SIGTERM)
+            if not signals.any():
+                os.kill(os.getpid(), signal.SIGTERM)
             return
 
 
@@ -170,6 +228,11 @@ def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | 
     return codes.pop()
 
 
+def rendezvous_conf(text: str) -> dict[str, str]:
+    """torchrun's ``--rdzv-conf`` as its keys and values (``is_host=1,join_timeout=900``)."""
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or not args[0].isdigit():
@@ -182,10 +245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, port = parse_rendezvous_endpoint(options.rdzv_endpoint, default_port=29400)
         nnodes = parse_min_max_nnodes(options.nnodes)[1]
         addr = options.local_addr or socket.getfqdn()  # what torch's _NodeDescGenerator records
-        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr).start()
+        # torch's reading of a boolean setting (RendezvousParameters.get_as_bool)
+        hosts_store = rendezvous_conf(options.rdzv_conf).get("is_host", "").lower() in ("1", "true", "t", "yes", "y")
+        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store).start()
     stop_watch = threading.Event()
     if report_dir := os.environ.get(REPORT_DIR_VARIABLE):
-        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch), daemon=True).start()
+        signals = SignalsSeen().install()
+        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals),
+                         daemon=True).start()
     try:
         torchrun_main(torchrun_args)
     except ChildFailedError as err:
@@ -198,8 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # died mid-run, a network fault) torchrun's own report stays.
         if watcher is None or (store_closed and (node_rank == 0 or not watcher.incomplete)):
             raise
-        conf = dict(item.split("=", 1) for item in options.rdzv_conf.split(",") if "=" in item)
-        message = watcher.timeout_message(conf.get("join_timeout", "600"), store_closed)
+        message = watcher.timeout_message(rendezvous_conf(options.rdzv_conf).get("join_timeout", "600"), store_closed)
         print(f"distqa.agent: node {node_rank}: {message}", file=sys.stderr)
         return RENDEZVOUS_TIMEOUT_EXIT_CODE
     finally:

@@ -36,13 +36,21 @@ apolo-flow 26.7 both ship the package ``apolo_flow``; the platform client is ``a
 * ``status`` prints the rows scripts read from ``apolo status`` (``apolo_cli.formatters.jobs.
   JobStatusFormatter``: ``Status``, and ``Internal Hostname`` once the job has one), reached through
   ``LiveExecutor.status``; ``logs`` follows the output to the end (``LiveExecutor.logs`` ->
-  ``apolo logs``); ``kill JOB [SUFFIX]`` / ``kill ALL`` (``LiveExecutor.kill`` / ``kill_all``)
-  cancel and wait until the job has stopped.
+  ``apolo logs``); ``kill JOB [SUFFIX]`` / ``kill ALL`` (``LiveExecutor.kill_job`` / ``kill_all``: the
+  client's ``DELETE /jobs/ID``, then a wait until the job's status is terminal) return once the job is
+  ``cancelled``, which the platform records at once (platform-api ``JobsService.cancel_job``), while the
+  job's processes are still stopping (below).
 
 What stands in for the platform:
 
 * a job is a local process tree under a supervisor (a child subreaper, so no process of the job
   outlives ``kill``, however it daemonises), in the state directory ``$STANDIN_PLATFORM_DIR``;
+* a killed job is stopped as its pod is deleted: platform-api's poller deletes a cancelled job's pod
+  (``KubeOrchestrator.delete_job`` -> ``kube_client.delete_pod`` without ``force``, and the pod spec sets no
+  ``terminationGracePeriodSeconds``), so Kubernetes sends SIGTERM to the container's main process (the
+  job's command: ``bash /project/scripts/worker.sh …``) alone and SIGKILLs whatever is left after its
+  default grace period of 30 s (``$STANDIN_GRACE_S``); once the main process has ended the container's
+  other processes end with it;
 * every job gets its own address, a loopback alias 127.0.0.<10+n>, shown as its Internal
   Hostname; the job sees it as ``NODE_ADDR`` (its "pod IP") and ``GLOO_SOCKET_IFNAME=lo``;
 * container paths are rewritten to local ones: each volume's mount path to its storage folder
@@ -331,13 +339,17 @@ def supervise(key: str) -> None:
                                    stdout=log, stderr=subprocess.STDOUT)
     update_record(key, status="running", pid=process.pid)
     while process.poll() is None:
-        if stop["requested"]:
-            _stop_tree()
-            update_record(key, status="cancelled")
+        if stop["requested"]:  # the pod's deletion: SIGTERM to the main process, SIGKILL after the grace period
+            update_record(key, status="cancelled")  # at once, as platform-api's cancel_job records it
+            process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=float(os.environ.get("STANDIN_GRACE_S", "30")))
             break
         time.sleep(0.1)
+    if process.poll() is None:
+        _stop_tree(signal.SIGKILL)
     code = process.wait()
-    _stop_tree()  # anything the job left behind (orphans were reparented to this subreaper)
+    _stop_tree(signal.SIGKILL)  # what the main process left ends with the container (a subreaper has its orphans)
     update_record(key, status="succeeded" if code == 0 else "failed", exit_code=code)
 
 
@@ -360,9 +372,9 @@ def _descendants() -> list[int]:
     return found
 
 
-def _stop_tree() -> None:
-    """SIGTERM every process of the job, SIGKILL what is left after 5 s (as a container stop does)."""
-    for signum, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _stop_tree(first: signal.Signals) -> None:
+    """Send ``first`` to every process of the job, SIGKILL what is left after 5 s."""
+    for signum, grace in ((first, 5.0), (signal.SIGKILL, 5.0)):
         pids = _descendants()
         if not pids:
             return
@@ -433,7 +445,7 @@ def _follow(key: str) -> None:
 @click.argument("job-id")
 @click.argument("suffix", required=False)
 def kill(job_id: str, suffix: str | None) -> None:
-    """Kill JOB [SUFFIX], or every job with ALL; waits until the job has stopped."""
+    """Kill JOB [SUFFIX], or every job with ALL; returns once it is cancelled (its processes may still be stopping)."""
     if job_id == "ALL":
         records = [r for r in all_records() if r["status"] not in TERMINAL]
     else:
@@ -458,7 +470,7 @@ def _kill(record: dict[str, Any]) -> None:
         if (read_record(record["key"]) or {}).get("status") in TERMINAL:
             return
         time.sleep(0.1)
-    raise click.ClickException(f"job {record['key']} did not stop within 30 s")
+    raise click.ClickException(f"job {record['key']} was not cancelled within 30 s")
 
 
 def _is_supervisor(proc: Path, record: dict[str, Any]) -> bool:
