@@ -123,6 +123,7 @@ stop_agents() {
 # out of reach of the terminal, and this launcher alone decides what it gets: one SIGTERM to its
 # worker.sh, which passes it to its agent, which passes it to its workers.
 interrupted=""  # the signal that asked for a graceful stop
+# shellcheck disable=SC2329  # called by the traps below
 interrupt() {  # interrupt NAME NUMBER
     if [[ -z "$interrupted" ]]; then
         interrupted="$1"

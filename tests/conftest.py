@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -91,6 +93,22 @@ def finish(process: subprocess.Popen[str], timeout: float) -> None:
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def kill_launcher(launcher: subprocess.Popen) -> None:
+    """SIGKILL a launcher that still runs (a test's hang guard, after a failure) and every process under it. The
+    local launcher starts each node in a session of its own (a terminal's Ctrl-C must reach the launcher alone), so
+    ``os.killpg`` on the launcher would leave its nodes running: they are found as its descendants first."""
+    if launcher.poll() is not None:
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        processes = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float) -> T:

@@ -4,9 +4,7 @@ to the weights of an uninterrupted run), keeps best.pt by its own metric, and re
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env, final_weights, free_port, max_difference
+from conftest import REPO_ROOT, clean_env, final_weights, free_port, kill_launcher, max_difference
 
 EXAMPLE = REPO_ROOT / "examples" / "text_classification"
 TASK = "examples.text_classification.task:TextClassification"
@@ -50,8 +48,7 @@ def test_two_nodes_resume_after_a_node_is_killed_to_the_weights_of_an_uninterrup
     try:
         assert killed.wait(timeout=180) != 0, "the launcher noticed the lost node"
     finally:
-        if killed.poll() is None:
-            os.killpg(killed.pid, signal.SIGKILL)
+        kill_launcher(killed)
     assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in \
         (tmp_path / "killed" / "logs" / "rank-1.log").read_text()
     interrupted_at = max(int(p.stem.split("-")[1]) for p in (tmp_path / "killed" / "checkpoints").glob("step-*.pt"))

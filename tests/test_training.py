@@ -25,6 +25,7 @@ from conftest import (
     clean_env,
     final_weights,
     free_port,
+    kill_launcher,
     max_difference,
     run_training,
     wait_for,
@@ -217,8 +218,7 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, seconds_b
         _kill_rank_1_once(tmp_path, lambda: time.sleep(seconds_before_kill))
         output, _ = launcher.communicate(timeout=180)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+        kill_launcher(launcher)
     assert launcher.returncode != 0
     assert "stopping the others" in output
     assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
@@ -237,8 +237,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
         _kill_rank_1_once(tmp_path, lambda: wait_for(checkpoint_5.exists, timeout=120))
         output, _ = launcher.communicate(timeout=300)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+        kill_launcher(launcher)
     assert launcher.returncode == 0, output
     assert "resumed from" in output
     run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
@@ -262,8 +261,7 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
         os.kill(wait_for(lambda: _agent_of_node(1, tmp_path), timeout=10), signal.SIGTERM)
         output, _ = launcher.communicate(timeout=120)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+        kill_launcher(launcher)
     assert launcher.returncode == 75, output
     checkpoints = sorted((tmp_path / "launcher-test" / "checkpoints").glob("step-*.pt"))
     assert len(checkpoints) == 1, checkpoints
