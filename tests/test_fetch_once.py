@@ -46,12 +46,13 @@ def standin_snapshot_download(repo_id, allow_patterns=None, **kwargs):
 
 huggingface_hub.snapshot_download = standin_snapshot_download
 
+from distqa.distributed import broadcast_object
 from distqa.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
 from distqa.settings import load_config
 
 config = load_config(["--preset", "none", "--model-name-or-path", "stand-in/tiny-bert"], dotenv_path=os.devnull)
 dist.init_process_group("gloo")
-fetch_once(config, dist.get_rank(), dist.barrier)
+fetch_once(config, dist.get_rank(), broadcast_object)
 encoder = load_encoder(config, load_encoder_config(config))
 tokenizer = load_tokenizer(config)
 # One write of the whole line: print() writes the text and its newline apart, and unbuffered (PYTHONUNBUFFERED)
