@@ -4,6 +4,7 @@ our logits, and that ``predict --checkpoint DIR`` reads to the file it writes fr
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,24 @@ def test_a_squad_export_predicts_the_same_file_byte_for_byte_with_our_logits(squ
     assert torch.allclose(out.end_logits, end, atol=1e-6, rtol=0)
 
 
+PIPELINE_WINDOW_SETTINGS = {"max_seq_len": "max_seq_len", "doc_stride": "window_overlap",
+                            "max_question_len": "max_question_len", "max_answer_len": "max_answer_len"}
+"""The question-answering pipeline's keyword for each window setting of the run (the name in its config): given all
+of them, it serves our answer spans."""
+
+
+def test_the_documented_pipeline_call_passes_every_window_setting_of_its_run() -> None:
+    """docs/EVALUATION.md's ``qa(...)`` recipe, for the tiny-squad preset's export, passes what the test above passes,
+    with that preset's values, and ``align_to_words=False``."""
+    doc = (REPO_ROOT / "docs" / "EVALUATION.md").read_text()
+    [call] = re.findall(r"^qa\(question=.*?\)$", doc, re.MULTILINE | re.DOTALL)
+    passed = dict(re.findall(r"(\w+)=(\w+)", call))
+    config = load_config(["--preset", "tiny-squad"], environ={}, dotenv_path="/nonexistent").to_dict()
+    assert passed.pop("align_to_words") == "False"
+    assert {keyword: int(value) for keyword, value in passed.items()} == {
+        keyword: config[name] for keyword, name in PIPELINE_WINDOW_SETTINGS.items()}
+
+
 @pytest.mark.skipif(not TRANSFORMERS4.exists(), reason="no .venv-transformers4: run `make setup`")
 def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_run: Path, tmp_path: Path) -> None:
     """``pipeline("question-answering", model=DIR)`` in a process of its own (transformers 4, an empty HF_HOME,
@@ -222,8 +241,7 @@ def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_
         f"qa = pipeline('question-answering', model={str(exported)!r}, device='cpu')\n"
         "print(json.dumps({q['id']: qa(question=q['question'], context=q['context'], align_to_words=False, "
         "handle_impossible_answer=False, **settings)['answer'] for q in questions}))\n")
-    settings = {"max_seq_len": config["max_seq_len"], "doc_stride": config["window_overlap"],
-                "max_question_len": config["max_question_len"], "max_answer_len": config["max_answer_len"]}
+    settings = {keyword: config[name] for keyword, name in PIPELINE_WINDOW_SETTINGS.items()}
     result = subprocess.run([str(TRANSFORMERS4), "-c", script], input=json.dumps([settings, questions]),
                             cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "empty")),
                             capture_output=True, text=True, timeout=300)
