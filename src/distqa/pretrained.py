@@ -38,7 +38,7 @@ from transformers import (
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from distqa.config import ConfigError
+from distqa.config import TINY_MODEL_DIR, ConfigError
 from distqa.hub import cached_files, cached_snapshot, hub_cache, hub_offline, not_available
 from distqa.tasks.configs import EncoderConfig, QAConfig
 
@@ -215,7 +215,7 @@ def load_encoder(config: QAConfig, encoder_config: PretrainedConfig, weights_fro
     pretrained, why_not = weights_choice(config)
     if weights_from_checkpoint or not pretrained:
         if not weights_from_checkpoint:
-            (log.warning if config.from_scratch is True else log.info)("random weights: %s", why_not)
+            _say_random_weights(config, why_not)
         return AutoModel.from_config(encoder_config, **attention)
     try:
         encoder = _from_pretrained(AutoModel.from_pretrained, config.model_source, "model_name_or_path",
@@ -229,6 +229,24 @@ def load_encoder(config: QAConfig, encoder_config: PretrainedConfig, weights_fro
             "name such as bert-base-uncased, or a directory holding config.json and model.safetensors.") from None
     log.info("loaded pretrained weights from %s", config.model_source)
     return encoder
+
+
+def _say_random_weights(config: EncoderConfig, why: str) -> None:
+    """One line on why the encoder starts from random weights. A WARNING where that may be a mistake: pretrained
+    weights left unused, or a directory that lacks them (a download that stopped after config.json) under
+    from_scratch auto, unless it is the bundled offline model, which has none by design. INFO where it was asked
+    for (from_scratch true on a directory without weights)."""
+    model_dir = Path(config.model_source)
+    if config.from_scratch is True:
+        asked_for_nothing_lost = model_dir.is_dir() and not has_weights(model_dir)
+        (log.info if asked_for_nothing_lost else log.warning)("random weights: %s", why)
+    elif model_dir.resolve() == TINY_MODEL_DIR.resolve():
+        log.info("random weights: %s", why)
+    else:
+        log.warning("random weights: %s holds a config but no weights (%s), so training starts from random "
+                    "ones. For pretrained weights give a directory that holds model.safetensors, or a hub name; "
+                    "if random weights are meant, pass --from-scratch true (which silences this warning).",
+                    config.model_name_or_path, " or ".join(WEIGHT_FILES[::2]))
 
 
 def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:
