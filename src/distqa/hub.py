@@ -7,7 +7,8 @@ folder. :func:`cached_snapshot` asks huggingface_hub itself (``try_to_load_from_
 a name that passes here is one that ``from_pretrained(NAME)`` then loads with ``HF_HUB_OFFLINE=1``.
 
 A name that is neither a local directory nor cached, when nothing may or can be downloaded, is one line
-(:func:`not_available`) naming the name, ``HF_HOME`` and how to fetch it.
+(:func:`not_available`) naming the name, ``HF_HOME`` and how to fetch it. :func:`hub_unreachable` tells, from one
+request without retries, that the hub cannot be asked at all (a dataset's loader would retry for half a minute).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub import HfApi, constants, try_to_load_from_cache
+from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.file_download import repo_folder_name
 
 MARKER_FILES = ("config.json", "tokenizer_config.json")
@@ -67,3 +69,17 @@ def not_available(setting: str, name: str, reason: str) -> str:
             f"(HF_HOME={hf_home()}), and {reason}. Fetch it on a machine with network with `hf download {name}` "
             f"into the same HF_HOME (or copy its {repo_folder_name(repo_id=name, repo_type='model')} folder into "
             f"{hub_cache()}), or give a local directory.")
+
+
+def hub_unreachable(name: str, repo_type: str) -> str | None:
+    """Why the hub cannot be asked about the repository ``name`` now, from one request without retries
+    (``HfApi.repo_info``); None when it answered, even with an error of its own (no such repository, a gated one:
+    the loader then says which)."""
+    try:
+        HfApi().repo_info(name, repo_type=repo_type, timeout=10)
+    except (HfHubHTTPError, ValueError):  # the hub answered, or the name is no repository id: the loader reports it
+        return None
+    except Exception as err:  # no answer: refused, unresolvable, timed out, a proxy's error
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return f"the hub {constants.ENDPOINT} cannot be reached ({type(err).__name__}: {first})"
+    return None
