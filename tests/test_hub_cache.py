@@ -202,3 +202,23 @@ def test_offline_a_hub_name_is_checked_against_the_cache(hub_model: tuple[Path, 
         f"{cache}), or give a local directory.")
     put_in_hub_cache(source, cache, NAME, COMMIT)
     assert load_config(argv, environ={}, dotenv_path=os.devnull).model_source == NAME
+
+
+@pytest.mark.distributed
+def test_an_uncached_hub_name_on_two_emulated_nodes_is_one_line_per_node(tmp_path: Path) -> None:
+    """The README's local launcher, 2 nodes, no HF_HUB_OFFLINE and no hub: each node shows the one line, and the
+    launcher ends with the workers' exit 2, without torchrun's ChildFailedError traceback or retries."""
+    home = tmp_path / "hf-home"
+    env = no_hub(home, "0")
+    result = subprocess.run(
+        ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--",
+         *QA_ARGS, "--model-name-or-path", "fake-org/not-cached", "--output-dir", str(tmp_path / "results")],
+        cwd=REPO_ROOT, env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    errors = sorted(line for line in output.splitlines() if "distqa.train: configuration error" in line)
+    assert [line.split(" distqa.train: ")[0] for line in errors] == ["[node 0]", "[node 1]"], output
+    assert all(f"model_name_or_path='fake-org/not-cached' is not a local directory and not in the hub cache "
+               f"{home / 'hub'} (HF_HOME={home})" in line and "`hf download fake-org/not-cached`" in line
+               for line in errors)
+    assert "ChildFailedError" not in output and "Retrying" not in output
