@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -281,6 +282,29 @@ def test_a_weightless_model_is_random_under_auto_and_refused_under_false(tmp_pat
     with pytest.raises(ConfigError, match=r"from_scratch: invalid value 'maybe' .* choose one of \['auto', 'true', "
                                           r"'false'\]"):
         load("--from-scratch", "maybe")
+
+
+def test_a_weightless_directory_is_a_warning_unless_random_weights_are_asked_for(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A directory of a config alone (a download that stopped after config.json) under from_scratch auto: one
+    WARNING saying so and what to do. Random weights asked for (--from-scratch true), or the bundled offline model,
+    which has none by design: INFO."""
+    directory = tmp_path / "model"
+    shutil.copytree(REPO_ROOT / "data" / "tiny-bert", directory)
+
+    def records(*args: str) -> list[tuple[int, str]]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="distqa.pretrained"):
+            build_model(load(*args))
+        return [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("random weights")]
+
+    assert records("--model-name-or-path", str(directory)) == [(logging.WARNING, (
+        f"random weights: {directory} holds a config but no weights (model.safetensors or pytorch_model.bin), so "
+        "training starts from random ones. For pretrained weights give a directory that holds model.safetensors, or "
+        "a hub name; if random weights are meant, pass --from-scratch true (which silences this warning)."))]
+    assert records("--model-name-or-path", str(directory), "--from-scratch", "true") == [
+        (logging.INFO, "random weights: from_scratch is true")]
+    assert [level for level, _ in records("--model-name-or-path", "data/tiny-bert")] == [logging.INFO]
 
 
 @pytest.mark.parametrize("tiny_encoder", ["roberta"], indirect=True)

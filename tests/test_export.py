@@ -4,6 +4,7 @@ our logits, and that ``predict --checkpoint DIR`` reads to the file it writes fr
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,24 @@ def test_a_squad_export_predicts_the_same_file_byte_for_byte_with_our_logits(squ
     assert torch.allclose(out.end_logits, end, atol=1e-6, rtol=0)
 
 
+PIPELINE_WINDOW_SETTINGS = {"max_seq_len": "max_seq_len", "doc_stride": "window_overlap",
+                            "max_question_len": "max_question_len", "max_answer_len": "max_answer_len"}
+"""The question-answering pipeline's keyword for each window setting of the run (the name in its config): given all
+of them, it serves our answer spans."""
+
+
+def test_the_documented_pipeline_call_passes_every_window_setting_of_its_run() -> None:
+    """docs/EVALUATION.md's ``qa(...)`` recipe, for the tiny-squad preset's export, passes what the test above passes,
+    with that preset's values, and ``align_to_words=False``."""
+    doc = (REPO_ROOT / "docs" / "EVALUATION.md").read_text()
+    [call] = re.findall(r"^qa\(question=.*?\)$", doc, re.MULTILINE | re.DOTALL)
+    passed = dict(re.findall(r"(\w+)=(\w+)", call))
+    config = load_config(["--preset", "tiny-squad"], environ={}, dotenv_path="/nonexistent").to_dict()
+    assert passed.pop("align_to_words") == "False"
+    assert {keyword: int(value) for keyword, value in passed.items()} == {
+        keyword: config[name] for keyword, name in PIPELINE_WINDOW_SETTINGS.items()}
+
+
 @pytest.mark.skipif(not TRANSFORMERS4.exists(), reason="no .venv-transformers4: run `make setup`")
 def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_run: Path, tmp_path: Path) -> None:
     """``pipeline("question-answering", model=DIR)`` in a process of its own (transformers 4, an empty HF_HOME,
@@ -222,8 +241,7 @@ def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_
         f"qa = pipeline('question-answering', model={str(exported)!r}, device='cpu')\n"
         "print(json.dumps({q['id']: qa(question=q['question'], context=q['context'], align_to_words=False, "
         "handle_impossible_answer=False, **settings)['answer'] for q in questions}))\n")
-    settings = {"max_seq_len": config["max_seq_len"], "doc_stride": config["window_overlap"],
-                "max_question_len": config["max_question_len"], "max_answer_len": config["max_answer_len"]}
+    settings = {keyword: config[name] for keyword, name in PIPELINE_WINDOW_SETTINGS.items()}
     result = subprocess.run([str(TRANSFORMERS4), "-c", script], input=json.dumps([settings, questions]),
                             cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "empty")),
                             capture_output=True, text=True, timeout=300)
@@ -231,3 +249,65 @@ def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_
     served = json.loads(result.stdout.splitlines()[-1])
     assert len(served) == len(questions) > 50 and len(set(served.values())) > 20  # spans, not one answer for all
     assert served == {question_id: ours[question_id] for question_id in served}
+
+
+# --- every family's export in both transformers lines -----------------------------------------------------
+
+LOAD_EXPORT = """
+import json, sys, torch, transformers
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
+from transformers.pipelines import SUPPORTED_TASKS
+
+directory, question, context = sys.argv[1:]
+tokenizer = AutoTokenizer.from_pretrained(directory)
+model = AutoModelForQuestionAnswering.from_pretrained(directory).eval()
+encoded = tokenizer(question, context, return_tensors="pt")
+with torch.no_grad():
+    out = model(**encoded)
+served = None
+if "question-answering" in SUPPORTED_TASKS:  # transformers 5 removed it
+    qa = pipeline("question-answering", model=directory, device="cpu")
+    served = qa(question=question, context=context, max_seq_len=64, max_question_len=16, doc_stride=16)
+print(json.dumps({"version": transformers.__version__, "tokenizer": type(tokenizer).__name__,
+                  "inputs": {name: tensor.tolist() for name, tensor in encoded.items()},
+                  "start": out.start_logits.tolist(), "end": out.end_logits.tolist(), "served": served}))
+"""
+PYTHONS = {"transformers 5": Path(sys.executable), "transformers 4": TRANSFORMERS4}
+"""The two transformers lines the project supports: .venv's, and 4.57 in .venv-transformers4 (``make setup``)."""
+
+
+@pytest.mark.parametrize("line", list(PYTHONS))
+def test_every_family_export_loads_in_both_transformers_lines(tiny_encoder: TinyEncoder, line: str,
+                                                             tmp_path: Path) -> None:
+    """Each exportable family's directory, in a process of its own (an empty HF_HOME, offline): ``AutoTokenizer``
+    encodes a pair as our tokenizer does, ``AutoModelForQuestionAnswering`` gives our logits for it (1e-5), and,
+    where the version has it (4.x), ``pipeline("question-answering")`` answers with a span of the context."""
+    if tiny_encoder.family == "modernbert":
+        pytest.skip("export refuses ModernBERT (test_every_family_with_a_qa_outputs_head_exports_with_our_logits)")
+    python = PYTHONS[line]
+    if not python.exists():
+        pytest.skip(f"no {python}: run `make setup`")
+    config = load_config([*QA_ARGS, "--model-name-or-path", str(tiny_encoder.directory)], environ={},
+                         dotenv_path="/nonexistent")
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    checkpoint = ModelCheckpoint(model=model.state_dict(), config=config.to_dict(), task_state={}, evaluation=None,
+                                 progress=Progress(step=1), versions=versions())
+    output = export_model(checkpoint, tmp_path / "model")
+    question, context = "who wrote the book", "the book was written by ada lovelace in london in 1843."
+    result = subprocess.run([str(python), "-c", LOAD_EXPORT, str(output), question, context], cwd=tmp_path,
+                            env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "empty")),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    assert loaded["version"].split(".")[0] == line.split()[-1]
+    ours = dict(tiny_encoder.tokenizer(question, context, return_tensors="pt"))
+    assert loaded["inputs"] == {name: tensor.tolist() for name, tensor in ours.items()}
+    with torch.no_grad():
+        logits = model(**{name: tensor for name, tensor in ours.items()
+                          if name != "token_type_ids" or model.uses_token_types})
+    assert torch.allclose(torch.tensor(loaded["start"]), logits.start_logits, atol=1e-5, rtol=0)
+    assert torch.allclose(torch.tensor(loaded["end"]), logits.end_logits, atol=1e-5, rtol=0)
+    if line == "transformers 4":
+        served = loaded["served"]
+        assert served is not None and context[served["start"]:served["end"]] == served["answer"] != ""

@@ -19,7 +19,7 @@ from distqa.settings import load_config
 from conftest import REPO_ROOT, clean_env
 
 RANK_SCRIPT = r'''
-import os, sys, time
+import logging, os, sys, time
 from pathlib import Path
 
 import huggingface_hub
@@ -45,13 +45,15 @@ def standin_snapshot_download(repo_id, allow_patterns=None, **kwargs):
 
 
 huggingface_hub.snapshot_download = standin_snapshot_download
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
+from distqa.distributed import broadcast_object
 from distqa.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
 from distqa.settings import load_config
 
 config = load_config(["--preset", "none", "--model-name-or-path", "stand-in/tiny-bert"], dotenv_path=os.devnull)
 dist.init_process_group("gloo")
-fetch_once(config, dist.get_rank(), dist.barrier)
+fetch_once(config, dist.get_rank(), broadcast_object)
 encoder = load_encoder(config, load_encoder_config(config))
 tokenizer = load_tokenizer(config)
 # One write of the whole line: print() writes the text and its newline apart, and unbuffered (PYTHONUNBUFFERED)
@@ -93,6 +95,10 @@ def test_two_ranks_fetch_the_hub_model_once_into_the_shared_hf_home(standin_hub:
     assert [line.split(" loaded ")[0] for line in loaded] == ["rank 0", "rank 1"]
     assert len({line.split(" loaded ")[1] for line in loaded}) == 1, "both ranks loaded the same model"
     assert "downloading it here" not in result.stderr, "rank 1 read the cache rank 0 filled"
+    home = tmp_path / "hf-home"
+    said = (f"INFO distqa.pretrained: model_name_or_path: downloaded 4 files of stand-in/tiny-bert into the hub cache "
+            f"{home / 'hub'}")
+    assert result.stderr.splitlines().count(said) == 1, "what was downloaded is said, once, by rank 0"
 
 
 def test_local_sources_are_not_fetched(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from distqa.data.squad import SquadExample, read_squad
 from distqa.data.synthetic_squad import as_json_lines
 from distqa.files import DataError
 
-from conftest import REPO_ROOT, clean_env
+from conftest import REPO_ROOT, clean_env, free_port
 
 CONTEXT = "The capital of the Northern River is Zürich . It is old ."
 
@@ -235,3 +235,21 @@ def test_an_unreachable_hub_dataset_is_one_line_and_exit_2(tmp_path: Path) -> No
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("distqa.prepare: error: squad_train_file: cannot load the Hugging Face dataset "
                            "'rajpurkar/squad_v2', split 'train'") and "HF_HUB_OFFLINE=1" in last, result.stderr
+
+
+def test_a_hub_dataset_without_the_hub_or_the_flag_is_one_line_at_once(tmp_path: Path) -> None:
+    """No HF_HUB_OFFLINE, and the hub a closed loopback port (a machine without network): one request, then one line
+    naming the dataset, HF_HOME and what to do, with no retries (datasets' own load retried for half a minute)."""
+    env = clean_env(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    env["HF_HUB_OFFLINE"] = "0"  # clean_env sets it to 1
+    result = subprocess.run(
+        [sys.executable, "-m", "distqa.prepare", "--task", "squad", "--squad-train-file", "hf:rajpurkar/squad_v2:train",
+         "--squad-cache-dir", str(tmp_path / "cache")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "distqa.prepare: error: squad_train_file: the Hugging Face dataset 'rajpurkar/squad_v2' is not in the "
+        f"datasets cache {tmp_path / 'hf' / 'datasets'} (HF_HOME={tmp_path / 'hf'}), and the hub "
+        f"{env['HF_ENDPOINT']} cannot be reached (ConnectError: [Errno 111] Connection refused). Load it once with "
+        "network into the same HF_HOME (python -m distqa.prepare with these settings does), or save it as a .jsonl "
+        "or .parquet file and give that path."], result.stderr

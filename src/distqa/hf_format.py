@@ -85,13 +85,25 @@ def export_model(checkpoint: ModelCheckpoint, output: Path) -> Path:
 
 
 def _readable_by_transformers_4(tokenizer_config: Path) -> None:
-    """Name transformers 5's generic tokenizer class (``TokenizersBackend``, over ``tokenizer.json``) as transformers 4
-    knows it, ``PreTrainedTokenizerFast``; both versions read that name. transformers 5 removed the
-    question-answering pipeline, so ``pipeline("question-answering", model=DIR)`` runs under transformers 4."""
+    """Write ``tokenizer_config.json`` as transformers 4 reads it too; transformers 5 reads it the same.
+
+    - transformers 5's generic tokenizer class (``TokenizersBackend``, over ``tokenizer.json``) becomes the name
+      transformers 4 knows it by, ``PreTrainedTokenizerFast``; both versions read that name;
+    - transformers 5 writes a tokenizer's additional special tokens as a list under ``extra_special_tokens``
+      (DeBERTa-v3's tokenizer has some), where transformers 4 (4.57) expects a dict of named tokens and fails to
+      build the tokenizer at all (``AutoTokenizer`` raises; ``pipeline`` then reports a missing tokenizer). The list
+      goes back under its transformers 4 name, ``additional_special_tokens``, which transformers 5 reads as
+      ``extra_special_tokens`` (``PreTrainedTokenizerBase.from_pretrained``: "Convert deprecated
+      additional_special_tokens"; where both are given it takes ``extra_special_tokens``, so this list).
+
+    transformers 5 removed the question-answering pipeline, so ``pipeline("question-answering", model=DIR)`` runs
+    under transformers 4."""
     settings = json.loads(tokenizer_config.read_text())
     if settings.get("tokenizer_class") == "TokenizersBackend":
         settings["tokenizer_class"] = "PreTrainedTokenizerFast"
-        tokenizer_config.write_text(json.dumps(settings, indent=2) + "\n")
+    if isinstance(settings.get("extra_special_tokens"), list):
+        settings["additional_special_tokens"] = settings.pop("extra_special_tokens")
+    tokenizer_config.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def _hf_question_answering(model: QAModel) -> PreTrainedModel:

@@ -38,7 +38,8 @@ from transformers import (
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from distqa.config import ConfigError
+from distqa.config import TINY_MODEL_DIR, ConfigError
+from distqa.hub import cached_files, cached_snapshot, hub_cache, hub_offline, not_available
 from distqa.tasks.configs import EncoderConfig, QAConfig
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
@@ -62,33 +63,69 @@ def hub_names(config: EncoderConfig) -> list[str]:
     return [name for i, name in enumerate(names) if not Path(name).is_dir() and name not in names[:i]]
 
 
-def fetch_once(config: EncoderConfig, rank: int, barrier: Callable[[], None]) -> None:
-    """Download the hub sources of ``config`` into HF_HOME on global rank 0 only, then release the others.
+def fetch_once(config: EncoderConfig, rank: int, share: Callable[[str | None], str | None]) -> None:
+    """Put the hub sources of ``config`` into the hub cache on global rank 0 only (:func:`fetch`), then every rank
+    reads the cache, or every rank raises the same one-line ConfigError where rank 0 could not fetch a source.
 
-    Call it on every rank, inside the process group (``barrier`` waits for all ranks), before any
-    loader. Without it every rank of every node would download the same files into the shared
-    HF_HOME at once. Afterwards the loaders read the cache only (``local_files_only``); a rank whose
-    HF_HOME is not the one rank 0 filled (a node-local disk) falls back to a download of its own.
+    Call it on every rank, inside the process group, before any loader; ``share`` gives every rank rank 0's value
+    (:func:`distqa.distributed.broadcast_object`). Without it every rank of every node would download the same
+    files into the shared HF_HOME at once, or, without network, each would retry for a minute. Afterwards the
+    loaders read the cache only (``local_files_only``); a rank whose HF_HOME is not the one rank 0 filled (a
+    node-local disk) falls back to a download of its own.
     """
     names = hub_names(config)
     if not names:
         return
+    failure = None
     if rank == 0:
-        for name in names:
-            try:
-                huggingface_hub.snapshot_download(name, allow_patterns=HUB_FILES)
-            except Exception as err:  # hub errors come in many types; the loaders report them clearly
-                log.warning("could not download %s once for every rank (%s); each rank will try itself",
-                            name, _first_line(err))
-                barrier()
-                return
-            log.info("downloaded %s into the hub cache for every rank", name)
-    barrier()
+        failure = next(filter(None, (fetch(name, _setting_of(config, name)) for name in names)), None)
+    failure = share(failure)
+    if failure:
+        raise ConfigError(failure)
     _cached.update(names)
 
 
-def _from_pretrained(load: Callable[..., Any], source: str, **kwargs: Any) -> Any:
-    """``load(source)``, from the cache alone when fetch_once put the source there."""
+def fetch(name: str, setting: str) -> str | None:
+    """Put the hub model ``name`` (the value of ``setting``) into the hub cache: None when it is there, else the
+    one line saying why it is not (:func:`distqa.hub.not_available`).
+
+    Offline (``HF_HUB_OFFLINE``) nothing is asked: the name must be cached (as :func:`~distqa.settings.
+    check_environment` has checked). Otherwise ``snapshot_download`` asks the hub for its newest commit and
+    downloads what the cache lacks of it; where the hub cannot be reached it returns the cached snapshot, and
+    fails at once (no retries) where there is none. "downloaded" is logged only when files were."""
+    cache = hub_cache()
+    if hub_offline():
+        if cached_snapshot(name) is None:
+            return not_available(setting, name, "HF_HUB_OFFLINE is set, so nothing is downloaded")
+        log.info("%s: reading %s from the hub cache %s (HF_HUB_OFFLINE)", setting, name, cache)
+        return None
+    before = cached_files(name)
+    try:
+        huggingface_hub.snapshot_download(name, allow_patterns=HUB_FILES)
+    except Exception as err:  # hub errors come in many types; what to do is the same
+        cause = err.__cause__ or err  # "cannot find it in the cache" wraps why the hub did not answer
+        return not_available(setting, name, f"fetching it from {huggingface_hub.constants.ENDPOINT} failed "
+                                            f"({type(cause).__name__}: {_first_line(cause)})")
+    downloaded = len(cached_files(name) - before)
+    if downloaded:
+        log.info("%s: downloaded %d files of %s into the hub cache %s", setting, downloaded, name, cache)
+    else:
+        log.info("%s: %s is in the hub cache %s already; nothing downloaded", setting, name, cache)
+    return None
+
+
+def _setting_of(config: EncoderConfig, name: str) -> str:
+    return "model_name_or_path" if name == config.model_source else "tokenizer_name_or_path"
+
+
+def _from_pretrained(load: Callable[..., Any], source: str, setting: str, **kwargs: Any) -> Any:
+    """``load(source)``: a local directory as it is; a hub name from the cache alone once it is there (put there
+    by fetch_once, or by :func:`fetch` here, in a process of its own such as prepare or predict)."""
+    if not Path(source).is_dir() and source not in _cached:
+        failure = fetch(source, setting)
+        if failure:
+            raise ConfigError(failure)
+        _cached.add(source)
     if source in _cached:
         try:
             return load(source, local_files_only=True, **kwargs)
@@ -119,7 +156,9 @@ def check_sources(config: QAConfig) -> PreTrainedTokenizerBase | None:
 def load_encoder_config(config: QAConfig) -> PretrainedConfig:
     """The encoder's config, checked against the window length of ``config``."""
     try:
-        encoder_config = _from_pretrained(AutoConfig.from_pretrained, config.model_source)
+        encoder_config = _from_pretrained(AutoConfig.from_pretrained, config.model_source, "model_name_or_path")
+    except ConfigError:  # a hub name neither cached nor fetched: its line says so
+        raise
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: cannot load an encoder config from "
@@ -176,11 +215,13 @@ def load_encoder(config: QAConfig, encoder_config: PretrainedConfig, weights_fro
     pretrained, why_not = weights_choice(config)
     if weights_from_checkpoint or not pretrained:
         if not weights_from_checkpoint:
-            (log.warning if config.from_scratch is True else log.info)("random weights: %s", why_not)
+            _say_random_weights(config, why_not)
         return AutoModel.from_config(encoder_config, **attention)
     try:
-        encoder = _from_pretrained(AutoModel.from_pretrained, config.model_source, config=encoder_config,
-                                   **attention)
+        encoder = _from_pretrained(AutoModel.from_pretrained, config.model_source, "model_name_or_path",
+                                   config=encoder_config, **attention)
+    except ConfigError:  # a hub name neither cached nor fetched: its line says so
+        raise
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"model_name_or_path={config.model_name_or_path!r}: cannot load pretrained weights from "
@@ -190,10 +231,30 @@ def load_encoder(config: QAConfig, encoder_config: PretrainedConfig, weights_fro
     return encoder
 
 
+def _say_random_weights(config: EncoderConfig, why: str) -> None:
+    """One line on why the encoder starts from random weights. A WARNING where that may be a mistake: pretrained
+    weights left unused, or a directory that lacks them (a download that stopped after config.json) under
+    from_scratch auto, unless it is the bundled offline model, which has none by design. INFO where it was asked
+    for (from_scratch true on a directory without weights)."""
+    model_dir = Path(config.model_source)
+    if config.from_scratch is True:
+        asked_for_nothing_lost = model_dir.is_dir() and not has_weights(model_dir)
+        (log.info if asked_for_nothing_lost else log.warning)("random weights: %s", why)
+    elif model_dir.resolve() == TINY_MODEL_DIR.resolve():
+        log.info("random weights: %s", why)
+    else:
+        log.warning("random weights: %s holds a config but no weights (%s), so training starts from random "
+                    "ones. For pretrained weights give a directory that holds model.safetensors, or a hub name; "
+                    "if random weights are meant, pass --from-scratch true (which silences this warning).",
+                    config.model_name_or_path, " or ".join(WEIGHT_FILES[::2]))
+
+
 def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:
     name = "tokenizer_name_or_path" if config.tokenizer_name_or_path else "model_name_or_path"
     try:
-        return _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source)
+        return _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source, name)
+    except ConfigError:  # a hub name neither cached nor fetched: its line says so
+        raise
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(
             f"{name}={getattr(config, name)!r}: cannot load a tokenizer from {config.tokenizer_source} "

@@ -22,7 +22,7 @@ the sections it uses (:mod:`distqa.flags`). ``predict`` and ``evaluate`` take th
 :func:`load_config` checks every value before any process group exists, so a typo fails in a second
 with a message naming the field and where the value came from: the task, unknown keys, wrong types and
 out-of-range values (the dataclass's own checks), then what this machine must provide (paths that
-must exist, a hub name while ``HF_HUB_OFFLINE`` is set) and a global batch that the world size
+must exist, an uncached hub name while ``HF_HUB_OFFLINE`` is set) and a global batch that the world size
 cannot split, all as a :class:`~distqa.config.ConfigError`. A fork's settings class that declares a
 setting wrongly is refused by :func:`~distqa.setting_types.check_declarations`, naming the setting.
 
@@ -56,6 +56,7 @@ from distqa.config import (
     resolve_path,
 )
 from distqa.flags import SectionsOf, add_setting_flags, build_arg_parser, coerce_flag, parse_flags, train_sections
+from distqa.hub import cached_snapshot, hub_offline, not_available
 from distqa.presets import read_preset
 from distqa.setting_types import check_declarations, coerce
 from distqa.tasks import REGISTERED, other_tasks_settings, task_class
@@ -220,17 +221,19 @@ def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
 
 def check_environment(config: Config, check_data_paths: bool = True) -> None:
     """What this machine must provide for ``config``: local paths that exist (every setting declared with
-    ``must_exist``), and no hub name while ``HF_HUB_OFFLINE`` is set. The entry points call it (through
-    :func:`load_config`); a config rebuilt from a checkpoint for inference skips it, since the training data
-    need not exist there."""
+    ``must_exist``), and, while ``HF_HUB_OFFLINE`` is set, hub names only from the hub cache (:mod:`distqa.hub`).
+    The entry points call it (through :func:`load_config`); a config rebuilt from a checkpoint for inference skips
+    it, since the training data need not exist there."""
     for name, f in fields_of(type(config)).items():
         if f.metadata.get("must_exist") and check_data_paths:
             _require_local(resolve_path(getattr(config, name)), name, hint=f.metadata["must_exist"])
     if isinstance(config, EncoderConfig):
         for name in ("model_name_or_path", "tokenizer_name_or_path"):
             value = getattr(config, name)
-            if value and (_looks_local(value) or _hub_offline()):
+            if value and _looks_local(value):
                 _require_local(resolve_path(value), name)
+            elif value and hub_offline() and cached_snapshot(value) is None:  # what from_pretrained would refuse
+                raise ConfigError(not_available(name, value, "HF_HUB_OFFLINE is set, so nothing is downloaded"))
     if config.resume not in ("auto", "none"):
         _require_local(Path(config.resume), "resume", hint="use 'auto', 'none' or a "
                        "checkpoint file written by an earlier run")
@@ -254,8 +257,8 @@ def _refuse_unknown(name: str, config_class: type[Config], message: str, ignored
 
 def _require_local(path: Path, name: str, hint: str = "") -> None:
     if not path.exists():
-        hint = hint or ("pass an existing directory, or a hub name such as "
-                        "bert-base-uncased (downloaded on first use, so not with HF_HUB_OFFLINE=1)")
+        hint = hint or ("pass an existing directory, or a hub name such as bert-base-uncased (downloaded on "
+                        "first use; with HF_HUB_OFFLINE=1, from the hub cache in HF_HOME)")
         raise ConfigError(f"{name}: {path} does not exist; {hint}.")
 
 
@@ -276,10 +279,6 @@ def _looks_local(name: str) -> bool:
     first = Path(name).parts[0] if Path(name).parts else name
     return name.startswith(("/", ".", "~")) or any(
         (base / first).exists() for base in (Path.cwd(), REPO_ROOT))
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
 def _world_size(environ: Mapping[str, str]) -> int:

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from distqa.config import resolve_path
 from distqa.data.nq import BadLinePolicy, check_bad_fraction
 from distqa.files import BadRecordError, DataError
+from distqa.hub import hf_home, hub_offline, hub_unreachable
 
 log = logging.getLogger(__name__)
 
@@ -225,15 +226,36 @@ def _hub_records(name: str, split: str, spec: str, setting: str) -> Records:
     # Here, not at the top: `datasets` takes a second or two to import, and only a hub source needs it.
     import datasets
 
+    # datasets itself retries an unreachable hub for half a minute before it looks into its cache (load.py,
+    # dataset_module_factory): one request first, and where nothing answers, its cache (CachedDatasetModuleFactory,
+    # what it reads offline) or one line at once.
+    unreachable = None if hub_offline() else hub_unreachable(name, "dataset")
+    if unreachable and not _in_datasets_cache(name):
+        raise DataError(f"{setting}: the Hugging Face dataset {name!r} is not in the datasets cache "
+                        f"{datasets.config.HF_DATASETS_CACHE} (HF_HOME={hf_home()}), and {unreachable}. Load it once "
+                        "with network into the same HF_HOME (python -m distqa.prepare with these settings does), or "
+                        "save it as a .jsonl or .parquet file and give that path.")
     try:
         dataset = datasets.load_dataset(name, split=split)
     except Exception as err:  # the hub and datasets fail in many types; what to do is the same
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DataError(f"{setting}: cannot load the Hugging Face dataset {name!r}, split {split!r} ({message}). "
-                        "Offline (HF_HUB_OFFLINE=1) it must already be in HF_HOME; or save it as a .jsonl or .parquet "
-                        "file and give that path.") from None
+                        f"Offline (HF_HUB_OFFLINE=1) it must already be in the datasets cache under HF_HOME "
+                        f"({datasets.config.HF_DATASETS_CACHE}), loaded there once with network; or save it as a "
+                        ".jsonl or .parquet file and give that path.") from None
     for index, row in enumerate(dataset):
         yield f"{spec}: row {index} (from 0)", row
+
+
+def _in_datasets_cache(name: str) -> bool:
+    """Whether ``datasets`` has ``name`` prepared in its cache, as it looks offline."""
+    from datasets.load import CachedDatasetModuleFactory  # with `datasets`, imported only for a hub source
+
+    try:
+        CachedDatasetModuleFactory(name).get_module()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 # --- one record --------------------------------------------------------------------------------------

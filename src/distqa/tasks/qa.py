@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from distqa.config import ConfigError
 from distqa.data.collate import collate_trimmed
 from distqa.data.template import PairTemplate
-from distqa.distributed import Runtime, barrier
+from distqa.distributed import Runtime, broadcast_object
 from distqa.memory import TrainingMemory, count_on_meta
 from distqa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
 from distqa.pretrained import check_sources, fetch_once, load_tokenizer
@@ -62,8 +62,9 @@ class QATask(Task):
         return template
 
     def setup(self, runtime: Runtime) -> None:
-        """Hub weights downloaded once, by global rank 0, while the others wait; then the tokenizer."""
-        fetch_once(self.config, runtime.rank, barrier)
+        """Hub sources put into the hub cache once, by global rank 0, while the others wait (or one line on every
+        rank where rank 0 cannot); then the tokenizer."""
+        fetch_once(self.config, runtime.rank, broadcast_object)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
