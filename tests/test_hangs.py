@@ -186,6 +186,54 @@ watcher.stop()
 """
 
 
+NODE_1_PASSES_THE_EXIT_BARRIER = """
+import sys, threading
+from datetime import timedelta
+from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+from distqa import agent
+
+port = int(sys.argv[1])
+store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                 timeout=timedelta(seconds=10))  # node 0's, in this process only to be closed at will
+reads = threading.Semaphore(0)
+read = agent.RendezvousWatcher._read
+
+
+def counted(self, store):
+    try:
+        read(self, store)
+    finally:
+        reads.release()
+
+
+def node_0_ends_as_the_barrier_lets_it_go(_agent):
+    global store
+    store = None  # node 0's agent returns; its store's server closes
+    reads.acquire(timeout=3 * agent.POLL_S)  # a read of node 1's watcher here is the C++ warning
+
+
+agent.RendezvousWatcher._read = counted
+SimpleElasticAgent._exit_barrier = node_0_ends_as_the_barrier_lets_it_go
+watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 1, 2, "127.0.0.1").start()
+assert reads.acquire(timeout=60)  # node 1's watcher reads the rendezvous
+with agent.watching_until_the_exit_barrier(watcher):
+    SimpleElasticAgent._exit_barrier(None)  # the workers succeeded: torchrun's agent waits for the others
+watcher.stop()
+"""
+
+
+def test_node_1s_watcher_stops_before_the_exit_barrier_after_which_node_0s_store_closes(tmp_path: Path) -> None:
+    """Another node's watcher reads node 0's store; node 0's agent closes it once the exit barrier lets it go, and
+    a read after that logged the same C++ warning on node 1. The watcher stops before the barrier."""
+    script = tmp_path / "node_1_ends.py"
+    script.write_text(NODE_1_PASSES_THE_EXIT_BARRIER)
+    result = subprocess.run([sys.executable, str(script), str(free_port())], cwd=REPO_ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "failed on SocketImpl" not in result.stderr and "recvVector" not in result.stderr, result.stderr[-3000:]
+
+
 def test_node_0s_watcher_logs_no_store_error_when_its_agent_ends(tmp_path: Path) -> None:
     """On node 0 the watcher is a client of its own agent's store. The store's server closed as torchrun's agent
     returned, before the watcher was stopped: a read in between made TCPStore's client log "recvVector failed …

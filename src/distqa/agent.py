@@ -33,12 +33,14 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -228,6 +230,25 @@ def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | 
     return codes.pop()
 
 
+@contextlib.contextmanager
+def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterator[None]:
+    """Stop ``watcher`` as this node's workers have all finished, before torchrun's agent waits for the others
+    (``SimpleElasticAgent._exit_barrier``): nothing is left to diagnose then, and node 0's agent closes the store
+    as soon as the barrier lets it go, so a read of another node's watcher after that made TCPStore's client log
+    "recvVector failed" with a C++ stack trace after a run that ended well."""
+    if watcher is None:
+        yield
+        return
+    exit_barrier = SimpleElasticAgent._exit_barrier
+
+    def exit_barrier_without_the_watcher(agent: SimpleElasticAgent) -> None:
+        watcher.stop()
+        exit_barrier(agent)
+
+    with mock.patch.object(SimpleElasticAgent, "_exit_barrier", exit_barrier_without_the_watcher):
+        yield
+
+
 def rendezvous_conf(text: str) -> dict[str, str]:
     """torchrun's ``--rdzv-conf`` as its keys and values (``is_host=1,join_timeout=900``)."""
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
@@ -254,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals),
                          daemon=True).start()
     try:
-        torchrun_main(torchrun_args)
+        with watching_until_the_exit_barrier(watcher):
+            torchrun_main(torchrun_args)
     except ChildFailedError as err:
         if (code := _reported_exit_code(err, os.environ.get(REPORT_DIR_VARIABLE))) is None:
             raise
