@@ -313,7 +313,10 @@ def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(pla
     held.mkdir(parents=True)
     for key in workers:
         (held / key).touch()
-    launcher = launch(platform, "par", "--timeout", "300", "--", *FAST_ARGS, "--max-steps", "100000", nodes=3)
+    # A batch that 3 ranks split evenly: the jobs train until the Ctrl-C instead of failing on their own, which
+    # would race the interrupt (the launcher's own failure path exits 1, not 130).
+    launcher = launch(platform, "par", "--timeout", "300", "--", *FAST_ARGS, "--max-steps", "100000",
+                      "--global-batch-size", "24", "--per-rank-batch-size", "8", nodes=3)
     def both_workers_submitted() -> bool:
         return set(workers) <= set(jobs(platform))
 
