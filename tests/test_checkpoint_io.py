@@ -47,6 +47,7 @@ from conftest import (
 )
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
+import slow_storage
 from harness import bench_config, build_our_trainer, dummy_dataset  # the trainer as distqa.train builds it
 from slow_storage import slow_checkpoint_storage
 
@@ -143,11 +144,29 @@ def a_checkpoint(megabytes: float, step: int = 1) -> TrainingCheckpoint:
         world_size=1, saved_by_rank=0)
 
 
+class StorageClock:
+    """Time that passes only when the stand-in storage takes it (its sleeps add up here, and the writer's
+    perf_counter reads the sum): a write's measured seconds are exactly its bytes at the storage's bandwidth,
+    whatever the machine's speed or load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 @pytest.mark.parametrize("background", [True, False], ids=["background", "blocking"])
 def test_a_write_slower_than_the_stop_window_is_warned_about_once_with_the_numbers_and_the_fix(
-        background: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """1 MB at 2 MB/s takes at least 0.5 s; a stop may wait for a write in flight and then write its own (1 s),
-    more than a 0.6 s window in the background (blocking: one write, 0.5 s, fits)."""
+        background: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 MB at 2 MB/s takes 0.5 s (on the storage's clock); a stop may wait for a write in flight and then write its
+    own (1 s), more than a 0.6 s window in the background (blocking: one write, 0.5 s, fits)."""
+    clock = StorageClock()
+    monkeypatch.setattr(slow_storage, "time", SimpleNamespace(sleep=clock.sleep))
+    monkeypatch.setattr(distqa.checkpoint_writer, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     window = StopWindow(0.6, "the 0.6 s of a test (NAME_OF_IT)", "a longer NAME_OF_IT")
     writer = CheckpointWriter(tmp_path, 3, torch.device("cpu"), background=background, stop_window=window)
     with caplog.at_level(logging.INFO, logger="distqa.checkpoint_writer"), slow_checkpoint_storage(2.0), \
@@ -155,18 +174,17 @@ def test_a_write_slower_than_the_stop_window_is_warned_about_once_with_the_numbe
         for step in (1, 2):
             writer.submit({checkpoint_path(tmp_path, step): a_checkpoint(1.0, step)})
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    measured = f"step-00000001.pt is 1.0 MB, written in 0.5 s (2 MB/s to {tmp_path / 'checkpoints'})"
     if not background:
         assert warnings == []
-        assert "a graceful stop needs up to" in caplog.text and "within the 0.6 s of a test" in caplog.text
+        assert f"checkpoint write: {measured}; a graceful stop needs up to 0.5 s of writing, within the 0.6 s of a " \
+            "test" in caplog.text, caplog.text
         return
     assert len(warnings) == 1, warnings
     [warning] = warnings
-    assert warning.startswith("a graceful stop may not save its checkpoint in time: step-00000001.pt is 1.0 MB, "
-                              "written in "), warning
-    assert f"MB/s to {tmp_path / 'checkpoints'})" in warning
-    assert "after the write in flight if any, up to " in warning and "more than the 0.6 s of a test (NAME_OF_IT)" \
-        in warning
-    assert "Fix: a faster volume for output_dir, a longer NAME_OF_IT (over " in warning
+    assert warning.startswith(f"a graceful stop may not save its checkpoint in time: {measured}; "), warning
+    assert "after the write in flight if any, up to 1 s, more than the 0.6 s of a test (NAME_OF_IT)" in warning
+    assert "Fix: a faster volume for output_dir, a longer NAME_OF_IT (over 1 s)" in warning
     assert "a larger checkpoint_every" in warning
 
 
@@ -215,29 +233,38 @@ exec {sys.executable} "$@"
 
 # --- a graceful stop on slow storage ------------------------------------------------------------------------------
 SIGTERM_MID_WRITE = """
-import os, signal, sys, threading
+import os, signal, sys, threading, time
 sys.path.insert(0, os.environ["BENCH_DIR"])
 from slow_storage import slow_checkpoint_storage
 from distqa.stop import StopSignal
 from distqa.train import main
 
-checked, agreed, first_write = threading.Event(), threading.Event(), []
+checked, sent, agreed, first_write = threading.Event(), threading.Event(), threading.Event(), []
 real_agreed = StopSignal.agreed
+GUARD_S = 120  # hang guards only: each wait below ends on an event
 
 
-def agreed_noted(self, step):  # the run's own check, noted on rank 0
+def agreed_noted(self, step):  # the run's own check on rank 0, in order with the write of sigterm_mid_write:
+    if sent.is_set():  # the SIGTERM is on its way through the agent: this check waits until it is here, so the
+        deadline = time.monotonic() + GUARD_S  # stop lands at this step however slowly the signal travels
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(0.01)
+    in_flight = bool(first_write)  # read before the set below: sigterm_mid_write then waits for that set
     received = real_agreed(self, step)
     (agreed if received else checked).set()
+    if not received and in_flight:  # the write is in flight: no step passes until its SIGTERM is sent
+        sent.wait(timeout=GUARD_S)
     return received
 
 
 def sigterm_mid_write():  # rank 0's first checkpoint write: the platform's SIGTERM reaches the agent mid-write,
     if not first_write:   # and the write stays in flight until the ranks have agreed to stop
+        checked.clear()   # (before first_write is noted: a check noted after it is one after this write began)
         first_write.append(True)
-        checked.clear()  # a check both ranks passed after this write began: the stop then lands on a later step
-        checked.wait(timeout=120)  # (sent at once, it could reach both ranks before the check of the step written)
-        os.kill(os.getppid(), signal.SIGTERM)
-        agreed.wait(timeout=120)
+        checked.wait(timeout=GUARD_S)  # a check both ranks passed after this write began: the stop then lands on a
+        sent.set()                     # later step (sent at once, it could reach both ranks before the check of
+        os.kill(os.getppid(), signal.SIGTERM)  # the step written)
+        agreed.wait(timeout=GUARD_S)
 
 
 StopSignal.agreed = agreed_noted

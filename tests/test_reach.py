@@ -8,8 +8,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+from typing import Any
 
+import pytest
+
+import distqa.reach
 from distqa.reach import UNREACHABLE_EXIT_CODE, wait_for_rendezvous
 
 from conftest import REPO_ROOT, clean_env, free_port
@@ -30,24 +33,37 @@ def test_a_name_that_does_not_resolve_is_reported_as_such() -> None:
     assert "DNS" in message
 
 
-def test_a_node_started_before_node_0_waits_for_it() -> None:
-    """A store that starts listening a moment later is found: node 1 may start first."""
+def test_a_node_started_before_node_0_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that starts listening only after node 1's first attempt was refused is found: node 1 may start
+    first. The order is made by events (the listener waits for a refusal), not by a head start in seconds."""
     port = free_port()
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    outcomes: list[str | None] = []
+    refused = threading.Event()
+    real_probe = distqa.reach.probe
 
-    def listen_later() -> None:
-        time.sleep(1.0)
-        server.bind(("127.0.0.1", port))
-        server.listen()
+    def noted_probe(*args: Any, **kwargs: Any) -> str | None:
+        outcome = real_probe(*args, **kwargs)
+        outcomes.append(outcome)
+        if outcome == "refused":
+            refused.set()
+        return outcome
 
-    starter = threading.Thread(target=listen_later)
+    def listen_after_a_refusal() -> None:
+        if refused.wait(timeout=60):  # a hang guard
+            server.bind(("127.0.0.1", port))
+            server.listen()
+
+    monkeypatch.setattr(distqa.reach, "probe", noted_probe)
+    starter = threading.Thread(target=listen_after_a_refusal)
     starter.start()
     try:
-        assert wait_for_rendezvous("127.0.0.1", port, timeout_s=60, poll_s=0.1) is None
+        assert wait_for_rendezvous("127.0.0.1", port, timeout_s=120, poll_s=0.1) is None
     finally:
-        starter.join(timeout=10)
+        starter.join(timeout=70)
         server.close()
+    assert outcomes[0] == "refused" and outcomes[-1] is None, outcomes
 
 
 def test_worker_sh_on_node_1_without_a_master_ends_in_one_line() -> None:

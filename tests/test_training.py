@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -208,14 +207,21 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     assert {"train/loss", "train/lr", "train/samples_per_s", "train/step_time_s"} <= set(scalars)
 
 
-@pytest.mark.parametrize("seconds_before_kill", [0, 3], ids=["before-joining", "while-training"])
-def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, seconds_before_kill: float) -> None:
-    """Killed before joining, rank 1 leaves rank 0 blocked inside init_process_group (a C++ wait no
-    Python signal handler interrupts); killed later, inside a collective. Either way no process of
-    the run may survive the launcher."""
+@pytest.mark.parametrize("moment", ["before-joining", "while-training"])
+def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, moment: str) -> None:
+    """Killed before joining (as soon as its process exists, long before its imports end), rank 1 leaves
+    rank 0 blocked inside init_process_group (a C++ wait no Python signal handler interrupts); killed
+    once rank 0 has logged a step, inside a collective. Either way no process of the run may survive
+    the launcher."""
     launcher = launch_locally(tmp_path, "--max-steps", "100000", "--checkpoint-every", "0")
+    rank_0_log = tmp_path / "launcher-test" / "logs" / "rank-0.log"
+
+    def training() -> bool:
+        return rank_0_log.exists() and "step 2/" in rank_0_log.read_text()
+
     try:
-        _kill_rank_1_once(tmp_path, lambda: time.sleep(seconds_before_kill))
+        _kill_rank_1_once(tmp_path, (lambda: None) if moment == "before-joining" else
+                          lambda: wait_for(training, timeout=180))
         output, _ = launcher.communicate(timeout=180)
     finally:
         kill_launcher(launcher)

@@ -58,6 +58,11 @@ What stands in for the platform:
   the repository) to this checkout; ``python`` is the interpreter running this file;
 * a job is ``pending`` for ``$STANDIN_PENDING_S`` seconds (default 1: the time the platform takes
   to find a node) before it starts, then ``running``, then ``succeeded``, ``failed`` or ``cancelled``;
+* a job also stays ``pending`` while the file ``$STANDIN_PLATFORM_DIR/held/<job id>-<suffix>`` exists (the
+  platform has no free node for it until a test removes the file); its schedule timeout still fails it;
+* every submission and every change of a job's status is one line of
+  ``$STANDIN_PLATFORM_DIR/events.jsonl``, in the order they happened (tests assert on this order, never on
+  how long anything took);
 * images are records in ``$STANDIN_PLATFORM_DIR/images``; a build runs no Dockerfile.
 
 Subcommands: run, status, logs, kill (JOB [SUFFIX] or ALL), ps, mkvolumes, upload (VOLUME or ALL),
@@ -236,6 +241,30 @@ def update_record(key: str, **changes: Any) -> None:
     if record.get("status") == "cancelled" and changes.get("status") in TERMINAL:
         changes.pop("status")  # a killed job stays cancelled
     write_record(key, {**record, **changes})
+    if "status" in changes and changes["status"] != record.get("status"):
+        note_event(key, changes["status"], **({"reason": changes["reason"]} if "reason" in changes else {}))
+
+
+def held(key: str) -> bool:
+    """Whether a test holds the job pending: the platform has no node for it yet."""
+    return (state_dir() / "held" / key).exists()
+
+
+def note_event(key: str, event: str, **details: Any) -> None:
+    """One line in events.jsonl for a submission or a status change. A single write(2) to a file opened with
+    O_APPEND puts each line whole at the end, so the file's order is the order in which the processes of the
+    stand-in (CLI calls, supervisors) saw the events happen."""
+    line = json.dumps({"key": key, "event": event, **details}) + "\n"
+    fd = os.open(state_dir() / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_events() -> list[dict[str, Any]]:
+    path = state_dir() / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def all_records() -> list[dict[str, Any]]:
@@ -280,7 +309,7 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
     env |= {"NODE_ADDR": hostname, "GLOO_SOCKET_IFNAME": "lo"}
     record = {"key": key, "job": job_id, "suffix": suffix, "id": f"job-{uuid.uuid4()}", "status": "pending",
               "hostname": hostname, "image": job.image, "preset": job.preset, "tags": sorted(job.tags),
-              "life_span": job.life_span, "schedule_timeout": job.schedule_timeout, "submitted": time.time(),
+              "life_span": job.life_span, "schedule_timeout": job.schedule_timeout,
               "command": command, "env": env, "params": params,
               "workdir": rewrite(job.workdir or IMAGE_ROOT, mounts), "log": str(state_dir() / "jobs" / f"{key}.log"),
               "cli": os.environ.get("STANDIN_CLI_NAME", "")}
@@ -288,6 +317,7 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
         click.echo(shlex.join(command))
         return
     write_record(key, record)
+    note_event(key, "submitted")
     subprocess.Popen([sys.executable, __file__, "_supervise", key], start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      env={**os.environ})
@@ -319,17 +349,21 @@ def supervise(key: str) -> None:
     signal.signal(signal.SIGTERM, on_term)
     pending_s = float(os.environ.get("STANDIN_PENDING_S", "1"))
     schedule_timeout = record.get("schedule_timeout")
-    deadline = time.monotonic() + pending_s
-    if schedule_timeout is not None:  # the platform gives up on a job it cannot schedule in time
-        deadline = time.monotonic() + min(pending_s, float(schedule_timeout))
-    while time.monotonic() < deadline and not stop["requested"]:
+    # The platform gives up on a job it cannot schedule in time: after schedule_timeout, a job still pending
+    # (its pending time not over, or held) fails.
+    limit = float("inf") if schedule_timeout is None else float(schedule_timeout)
+    since = time.monotonic()
+    while not stop["requested"]:
+        waited = time.monotonic() - since
+        if waited >= pending_s and not held(key):
+            break
+        if waited >= limit:
+            update_record(key, status="failed", exit_code=EX_PLATFORMERROR,
+                          reason=f"not scheduled within the schedule timeout ({schedule_timeout:g} s)")
+            return
         time.sleep(0.05)
     if stop["requested"]:
         update_record(key, status="cancelled")
-        return
-    if schedule_timeout is not None and pending_s > float(schedule_timeout):
-        update_record(key, status="failed", exit_code=EX_PLATFORMERROR,
-                      reason=f"not scheduled within the schedule timeout ({schedule_timeout:g} s)")
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTQA_", "STANDIN_"))}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
