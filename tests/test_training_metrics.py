@@ -146,7 +146,8 @@ def test_a_slow_rank_is_named_once_in_rank_0s_log_and_in_tensorboard_and_noise_i
     assert {"train/tokens_per_s", "train/padded_tokens_per_s", "train/mfu"} <= set(scalars.Tags()["scalars"])
     local = {r: [e.value for e in scalars.Scalars(f"ranks/local_p50_ms/rank_{r}")] for r in (0, 1)}
     assert len(local[0]) == len(local[1]) == steps_run
-    assert all(slow >= 200 > fast for slow, fast in zip(local[1], local[0], strict=True)), local
+    # rank 1 sleeps 0.2 s in each forward on top of the work both do: how long that work takes depends on the machine
+    assert all(slow >= 200 and slow > fast for slow, fast in zip(local[1], local[0], strict=True)), local
 
     assert "straggler" not in run("even", slow=False)
 
