@@ -95,6 +95,14 @@ def finish(process: subprocess.Popen[str], timeout: float) -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def sigint_as_in_a_terminal() -> None:
+    """SIGINT back to its default in the launcher, as a terminal's shell gives it. A command started in the background
+    by a non-interactive shell (``make test &``, ``nohup``) inherits SIGINT ignored, and bash can neither trap nor
+    reset a signal ignored when it starts: the launcher's Ctrl-C handler would never run (seen under a CI run started
+    with ``&``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kill_launcher(launcher: subprocess.Popen) -> None:
     """SIGKILL a launcher that still runs (a test's hang guard, after a failure) and every process under it. The
     local launcher starts each node in a session of its own (a terminal's Ctrl-C must reach the launcher alone), so

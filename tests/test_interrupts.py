@@ -18,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_ARGS, REPO_ROOT, WORKER, clean_env, free_port, training_process, wait_for
+from conftest import (
+    FAST_ARGS,
+    REPO_ROOT,
+    WORKER,
+    clean_env,
+    free_port,
+    sigint_as_in_a_terminal,
+    training_process,
+    wait_for,
+)
 
 pytestmark = pytest.mark.distributed
 RUN_ID = "interrupted"
@@ -29,13 +38,14 @@ RUN_ARGS = ["--global-batch-size", "8", "--per-rank-batch-size", "4", "--checkpo
 
 
 def launch(tmp_path: Path, output: Path, *trainer_args: str) -> subprocess.Popen[bytes]:
-    """The local launcher with 2 nodes, in a session of its own, its output appended to ``output``."""
+    """The local launcher with 2 nodes, in a session of its own with SIGINT as in a terminal, its output appended to
+    ``output``."""
     with output.open("ab") as sink:
         return subprocess.Popen(
             ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", "2", "--port",
              str(free_port()), "--run-id", RUN_ID, "--", *FAST_ARGS, "--output-dir", str(tmp_path), *trainer_args],
             cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 
 
 def logged(path: Path, text: str) -> Callable[[], bool]:

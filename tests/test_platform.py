@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port, wait_for
+from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_in_a_terminal, wait_for
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
@@ -174,7 +174,7 @@ def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2,
     return subprocess.Popen(["bash", str(LAUNCH), "--nodes", str(nodes), "--run-id", run_id, "--port", str(free_port()),
                              "--poll", "0.5", *extra],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 
 
 def finish(launcher: subprocess.Popen[str], timeout: float) -> str:
