@@ -156,10 +156,11 @@ def test_the_agent_ends_cleanly_while_its_rendezvous_watcher_is_inside_a_store_c
     assert "terminate called" not in result.stderr
 
 
-NODE_0_AGENT_RETURNS = """
+NODE_0_STORE_AND_COUNTED_READS = """
 import sys, threading
 from datetime import timedelta
 from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from distqa import agent
 
 port = int(sys.argv[1])
@@ -178,6 +179,11 @@ def counted(self, store):
 
 
 agent.RendezvousWatcher._read = counted
+"""
+"""What both scripts start with: node 0's store, and each read of the watcher released on ``reads``."""
+
+
+NODE_0_AGENT_RETURNS = NODE_0_STORE_AND_COUNTED_READS + """
 watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 0, 2, "127.0.0.1", hosts_store=True).start()
 assert reads.acquire(timeout=60)  # the watcher reads the rendezvous
 del store  # torchrun's agent returns; its rendezvous handler, the store's owner, goes
@@ -186,26 +192,7 @@ watcher.stop()
 """
 
 
-NODE_1_PASSES_THE_EXIT_BARRIER = """
-import sys, threading
-from datetime import timedelta
-from torch.distributed import TCPStore
-from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-from distqa import agent
-
-port = int(sys.argv[1])
-store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False,
-                 timeout=timedelta(seconds=10))  # node 0's, in this process only to be closed at will
-reads = threading.Semaphore(0)
-read = agent.RendezvousWatcher._read
-
-
-def counted(self, store):
-    try:
-        read(self, store)
-    finally:
-        reads.release()
-
+NODE_1_PASSES_THE_EXIT_BARRIER = NODE_0_STORE_AND_COUNTED_READS + """
 
 def node_0_ends_as_the_barrier_lets_it_go(_agent):
     global store
@@ -213,7 +200,6 @@ def node_0_ends_as_the_barrier_lets_it_go(_agent):
     reads.acquire(timeout=3 * agent.POLL_S)  # a read of node 1's watcher here is the C++ warning
 
 
-agent.RendezvousWatcher._read = counted
 SimpleElasticAgent._exit_barrier = node_0_ends_as_the_barrier_lets_it_go
 watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 1, 2, "127.0.0.1").start()
 assert reads.acquire(timeout=60)  # node 1's watcher reads the rendezvous
