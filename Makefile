@@ -99,7 +99,7 @@ lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
 tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/tokenizer-corpus.txt + config)
-	$(PYTHON) -m distqa.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
+	$(PYTHON) -m distqa.encoders.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
 
 nq-sample: $(INSTALLED) ## Regenerate the committed synthetic NQ sample in data/nq-sample (byte-identical)
 	PYTHON=$(PYTHON) scripts/make_nq_sample.sh data/nq-sample
@@ -108,7 +108,7 @@ download-nq: ## Download the real NQ data (Kaggle CLI, ~17 GB unzipped) into dat
 	scripts/download_nq.sh $(ARGS)
 
 env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
-	$(PYTHON) -m distqa.settings > .env.example
+	$(PYTHON) -m distqa.config.sources > .env.example
 
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all

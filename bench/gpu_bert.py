@@ -56,9 +56,9 @@ from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
-from distqa.model import QAModel, build_model
-from distqa.pretrained import load_encoder_config
-from distqa.tasks.configs import QAConfig
+from distqa.encoders.pretrained import load_encoder_config
+from distqa.qa.configs import QAConfig
+from distqa.qa.model import QAModel, build_model
 from distqa.throughput import mfu, model_flops_per_token, peak_bf16_flops
 
 SEQ_LENS = (384, 512)

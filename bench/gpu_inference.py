@@ -37,10 +37,10 @@ from harness import add_common_arguments, bench_config, median, pin_threads
 from distqa import evaluate, predict
 from distqa.checkpoint import ModelCheckpoint, Progress
 from distqa.config import REPO_ROOT
-from distqa.data.cache import NQWindows
-from distqa.data.features import find_features, prepare_nq
-from distqa.model import build_model
-from distqa.pretrained import load_tokenizer
+from distqa.encoders.pretrained import load_tokenizer
+from distqa.qa.model import build_model
+from distqa.qa.nq.cache import NQWindows
+from distqa.qa.nq.prepared import find_features, prepare_nq
 from distqa.rng import seed_everything
 from distqa.rundir import versions
 

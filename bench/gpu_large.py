@@ -46,8 +46,8 @@ from harness import add_common_arguments, bench_config, pin_threads
 from transformers.utils import logging as hf_logging
 
 from distqa.memory import GiB, Step, TrainingMemory, count_on_meta
-from distqa.model import build_model
-from distqa.tasks.configs import QAConfig
+from distqa.qa.configs import QAConfig
+from distqa.qa.model import build_model
 from distqa.throughput import peak_bf16_flops
 
 SEQ_LEN, QUICK_SEQ_LEN = 512, 64

@@ -22,18 +22,18 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import Dataset
 
-from distqa.data.cache import NQWindows
-from distqa.data.features import prepare_nq
-from distqa.data.synthetic_nq import write_jsonl
+from distqa.config.sources import load_config
 from distqa.ddp import training_module
 from distqa.distributed import Runtime
-from distqa.model import forward, qa_loss
+from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision, build_optimizer, build_scheduler
-from distqa.pretrained import load_tokenizer
+from distqa.qa.configs import QAConfig
+from distqa.qa.model import forward, qa_loss
+from distqa.qa.nq.cache import NQWindows
+from distqa.qa.nq.prepared import prepare_nq
+from distqa.qa.nq.synthetic import write_jsonl
 from distqa.rng import seed_everything
-from distqa.settings import load_config
 from distqa.tasks import make_task
-from distqa.tasks.configs import QAConfig
 from distqa.train import build_loader
 from distqa.trainer import StepPlan, Trainer
 
@@ -190,7 +190,7 @@ def nq_windows(work: Path, *flags: str) -> tuple[tuple[str, ...], NQWindows]:
 
 
 def short_document_windows(work: Path, examples: int = 2000) -> tuple[tuple[str, ...], NQWindows]:
-    """Windows of synthetic NQ documents of 10 to 60 words (``distqa.data.synthetic_nq``), every one kept: what
+    """Windows of synthetic NQ documents of 10 to 60 words (``distqa.qa.nq.synthetic``), every one kept: what
     SQuAD-like data looks like, where whole batches are shorter than max_seq_len (the NQ sample's documents run
     to thousands of tokens, so nearly every batch holds a full window)."""
     path = work / "short-documents" / "simplified-nq-train.jsonl"

@@ -4,7 +4,7 @@
     .venv/bin/python bench/hf_trainer.py --quick   # smoke test
 
 Model: the tiny-cpu preset's QA model (tiny BERT from data/tiny-bert's config, span + answer-type
-heads, ``distqa.model.qa_loss``), fp32 on CPU, from the same initial weights. Data: the DummyDataset
+heads, ``distqa.qa.model.qa_loss``), fp32 on CPU, from the same initial weights. Data: the DummyDataset
 (windows of max_seq_len 128, about a third with a shorter document). Batch: 8 per micro-batch, 4
 micro-batches per optimizer step, the same lr, warm-up, weight decay and clipping. Contenders:
 
@@ -72,10 +72,10 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
-from distqa.model import QAModel, build_model, forward, qa_loss
-from distqa.pretrained import load_tokenizer
+from distqa.encoders.pretrained import load_tokenizer
+from distqa.qa.configs import QAConfig
+from distqa.qa.model import QAModel, build_model, forward, qa_loss
 from distqa.rng import seed_everything
-from distqa.tasks.configs import QAConfig
 
 TARGET_VS_RUN_QA, TARGET_VS_BEST = 1.2, 1.0
 

@@ -38,8 +38,8 @@ from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
 from distqa.config import TINY_MODEL_DIR
-from distqa.data.cache import NQWindows
-from distqa.data.synthetic_nq import write_jsonl
+from distqa.qa.nq.cache import NQWindows
+from distqa.qa.nq.synthetic import write_jsonl
 
 MAX_SEQ_LEN, MAX_QUESTION_LEN, DOC_STRIDE = 128, 32, 64
 

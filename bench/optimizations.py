@@ -19,7 +19,7 @@ workers act as they do in training), built from the defaults with one setting ch
 on three data sets: the DummyDataset (a third of its windows are short, but a batch of 8 nearly always holds
 a full one); the NQ sample's windows (data/nq-sample featurised into a temporary cache, as
 bench/loader_vs_step.py does: documents of thousands of tokens, so nearly every window is full, as in
-the real NQ); and short documents (synthetic NQ of 10 to 60 words, ``distqa.data.synthetic_nq``: what
+the real NQ); and short documents (synthetic NQ of 10 to 60 words, ``distqa.qa.nq.synthetic``: what
 SQuAD-like data looks like, where whole batches are shorter than max_seq_len). The figure is the median
 time per optimizer step over interleaved repeats; "defaults / contender" above 1 means the contender is
 faster than the defaults.

@@ -8,7 +8,7 @@ Arithmetic, not a measurement (no GPU and no network needed); its inputs are mea
 
 - **Bytes per step.** DDP all-reduces the gradient of every trainable parameter once per optimizer step
   (on the last micro-batch of the accumulation): 4 bytes each in fp32, 2 with the bf16 compression hook.
-  The parameters are counted on the real QA model (``distqa.model.build_model`` on the meta device) at
+  The parameters are counted on the real QA model (``distqa.qa.model.build_model`` on the meta device) at
   bert-base-uncased's and bert-large-uncased's sizes (bench/gpu_common.py), embeddings included: their
   gradients are dense too.
 - **Traffic per node.** NCCL's ring all-reduce over G GPUs sends 2 (G - 1) / G of the buffer out of every
@@ -42,7 +42,7 @@ from harness import bench_config
 from transformers import BertConfig
 
 from distqa.config import TINY_MODEL_DIR
-from distqa.model import build_model
+from distqa.qa.model import build_model
 from distqa.throughput import model_flops_per_token
 
 MEASURED_H100 = {"samples_per_s": 888.7, "micro_batch": 32, "seq_len": 512}

@@ -3,13 +3,13 @@
     .venv/bin/python bench/squad_pipeline.py            # about 2 minutes on 2 cores
     .venv/bin/python bench/squad_pipeline.py --quick    # smoke test (seconds; figures meaningless)
 
-The same file and tokenizer for both: synthetic SQuAD v2.0 questions (``distqa.data.synthetic_squad``, a third
+The same file and tokenizer for both: synthetic SQuAD v2.0 questions (``distqa.qa.squad.synthetic``, a third
 unanswerable) as JSON Lines in the Hugging Face squad schema, which both read, and data/tiny-bert's tokenizer;
 run_qa.py's default windows, max_seq_length 384 with doc_stride 128 (our ``window_overlap``), every window padded
 to 384 (run_qa.py's ``pad_to_max_length``; our cache stores windows padded too). Each contender goes from the file
 on disk to features on disk, with fresh caches at every repeat:
 
-  ours     ``distqa.data.squad_cache.build_squad_cache``, what ``python -m distqa.prepare --task squad`` runs:
+  ours     ``distqa.qa.squad.cache.build_squad_cache``, what ``python -m distqa.prepare --task squad`` runs:
            every record read and checked, the tokenizer's pair encoding with overflowing windows straight from
            ``tokenizers``, labels from the offsets with numpy, Arrow files
   run_qa   ``load_dataset("json")`` + ``Dataset.map(prepare_train_features, batched=True)``, the function as
@@ -52,9 +52,9 @@ from run_qa_features import DOC_STRIDE, MAX_SEQ_LENGTH, prepare_train_features
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distqa.config import TINY_MODEL_DIR
-from distqa.data.squad_cache import SquadCacheRequest, SquadWindows, build_squad_cache
-from distqa.data.squad_windows import SquadWindowSettings
-from distqa.data.synthetic_squad import write
+from distqa.qa.squad.cache import SquadCacheRequest, SquadWindows, build_squad_cache
+from distqa.qa.squad.synthetic import write
+from distqa.qa.squad.windows import SquadWindowSettings
 
 MAX_QUESTION_LEN = 64
 TARGET = 2.0

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from distqa.data.dummy import DummyDataset
 from distqa.distributed import all_reduce_max
-from distqa.model import build_model, forward, qa_loss
-from distqa.pretrained import load_tokenizer
+from distqa.encoders.pretrained import load_tokenizer
+from distqa.qa.configs import DummyConfig
+from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.model import build_model, forward, qa_loss
 from distqa.rng import seed_everything
-from distqa.tasks.configs import DummyConfig
 
 
 def main() -> None:

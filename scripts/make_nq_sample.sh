@@ -21,9 +21,9 @@ case "${1:-}" in
 esac
 dir="${1:-$repo_root/data/nq-sample}"
 
-"$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-train.jsonl" --examples 200 --seed 0 \
+"$PYTHON" -m distqa.qa.nq.synthetic --output "$dir/simplified-nq-train.jsonl" --examples 200 --seed 0 \
     --min-doc-tokens 80 --max-doc-tokens 500 --long-docs 2 --long-doc-tokens 2500
-"$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-test.jsonl" --examples 40 --seed 1 --test \
+"$PYTHON" -m distqa.qa.nq.synthetic --output "$dir/simplified-nq-test.jsonl" --examples 40 --seed 1 --test \
     --min-doc-tokens 80 --max-doc-tokens 500
-"$PYTHON" -m distqa.data.synthetic_nq --output "$dir/simplified-nq-test-gold.jsonl" --examples 40 --seed 1 \
+"$PYTHON" -m distqa.qa.nq.synthetic --output "$dir/simplified-nq-test-gold.jsonl" --examples 40 --seed 1 \
     --min-doc-tokens 80 --max-doc-tokens 500

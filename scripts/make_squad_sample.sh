@@ -5,7 +5,7 @@
 #   scripts/make_squad_sample.sh [DIR]        # default DIR: data/squad-sample
 #
 # Writes DIR/train.json (40 articles, seed 0) and DIR/dev.json (12 articles, seed 1): SQuAD v2.0 files of the
-# synthetic task described in src/distqa/data/synthetic_squad.py, a third of the questions unanswerable.
+# synthetic task described in src/distqa/qa/squad/synthetic.py, a third of the questions unanswerable.
 # tests/test_synthetic_squad.py checks that this reproduces the committed files.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present, else python3).
 set -euo pipefail
@@ -19,5 +19,5 @@ case "${1:-}" in
 esac
 dir="${1:-$repo_root/data/squad-sample}"
 
-"$PYTHON" -m distqa.data.synthetic_squad --output "$dir/train.json" --articles 40 --seed 0
-"$PYTHON" -m distqa.data.synthetic_squad --output "$dir/dev.json" --articles 12 --seed 1
+"$PYTHON" -m distqa.qa.squad.synthetic --output "$dir/train.json" --articles 40 --seed 0
+"$PYTHON" -m distqa.qa.squad.synthetic --output "$dir/dev.json" --articles 12 --seed 1

@@ -12,7 +12,7 @@
 # Writes DIR (default data/nq-synthetic): simplified-nq-train.jsonl (10000 examples, seed 0),
 # simplified-nq-test.jsonl (500, seed 1, no annotations) and simplified-nq-test-gold.jsonl (its gold);
 # then <output-dir>/<ID>/ (default results/synthetic-nq/) with checkpoints/best.pt, submission.csv and
-# score.json. The task and the difficulty settings are described in src/distqa/data/synthetic_nq.py;
+# score.json. The task and the difficulty settings are described in src/distqa/qa/nq/synthetic.py;
 # the training settings are configs/tiny-synthetic-nq.toml. Trainer args override the preset.
 # Environment: PYTHON (default: .venv/bin/python if present, else python3).
 set -euo pipefail
@@ -34,9 +34,9 @@ answer_mix="unknown=0.3,short=0.5,long=0.1,yes=0.05,no=0.05"
 generate=(--min-doc-tokens 100 --max-doc-tokens 400 --distractor-rate 0.1 --same-entity-rate 0.1
           --hard-negative-rate 0.2 --answer-mix "$answer_mix")
 mkdir -p "$data_dir"
-"$PYTHON" -m distqa.data.synthetic_nq --output "$data_dir/simplified-nq-train.jsonl" --examples 10000 --seed 0 "${generate[@]}"
-"$PYTHON" -m distqa.data.synthetic_nq --output "$data_dir/simplified-nq-test.jsonl" --examples 500 --seed 1 --test "${generate[@]}"
-"$PYTHON" -m distqa.data.synthetic_nq --output "$data_dir/simplified-nq-test-gold.jsonl" --examples 500 --seed 1 "${generate[@]}"
+"$PYTHON" -m distqa.qa.nq.synthetic --output "$data_dir/simplified-nq-train.jsonl" --examples 10000 --seed 0 "${generate[@]}"
+"$PYTHON" -m distqa.qa.nq.synthetic --output "$data_dir/simplified-nq-test.jsonl" --examples 500 --seed 1 --test "${generate[@]}"
+"$PYTHON" -m distqa.qa.nq.synthetic --output "$data_dir/simplified-nq-test-gold.jsonl" --examples 500 --seed 1 "${generate[@]}"
 
 locations=(--output-dir "$output_dir")
 [[ -n "$cache_dir" ]] && locations+=(--nq-cache-dir "$cache_dir")

@@ -10,7 +10,7 @@
 # Writes DIR (default data/squad-synthetic): train.json (seed 0), dev.json (seed 1, the validation data that
 # picks best.pt and tunes the no-answer threshold) and test.json (seed 2, for predict and score), each a third
 # unanswerable; then <output-dir>/<ID>/ (default results/squad-synthetic/) with checkpoints/best.pt,
-# predictions.json and score.json. The task is described in src/distqa/data/synthetic_squad.py, the training
+# predictions.json and score.json. The task is described in src/distqa/qa/squad/synthetic.py, the training
 # settings are configs/tiny-synthetic-squad.toml; trainer args override the preset.
 # Environment: PYTHON (default: .venv/bin/python if present, else python3).
 set -euo pipefail
@@ -31,7 +31,7 @@ parse_synthetic_run_args --squad-cache-dir "$@"
 mkdir -p "$data_dir"
 for split in train:0:1000 dev:1:100 test:2:100; do
     IFS=: read -r name seed articles <<< "$split"
-    "$PYTHON" -m distqa.data.synthetic_squad --output "$data_dir/$name.json" --articles "$articles" --seed "$seed" \
+    "$PYTHON" -m distqa.qa.squad.synthetic --output "$data_dir/$name.json" --articles "$articles" --seed "$seed" \
         --facts 1 --plausible 0 --filler-words 10
 done
 

@@ -181,7 +181,7 @@ fi
 # (docs/FAULT_TOLERANCE.md, "Reading the flight recorder"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
 # TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a deprecation warning. The run directory is the trainer's own
 # (its settings resolved as it will resolve them); a setting it refuses is left for the trainer to report.
-if run_dir="$("$PYTHON" -m distqa.settings --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \
+if run_dir="$("$PYTHON" -m distqa.config.sources --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \
         && [[ -n "$run_dir" && "$run_dir" != *$'\n'* ]]; then
     flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-$run_dir/flight-recorder/rank_}"
     (( dry_run )) || mkdir -p "$(dirname "$flight_recorder")"

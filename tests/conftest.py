@@ -21,8 +21,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from distqa.tiny import FAMILIES as ENCODER_FAMILIES
-from distqa.tiny import build_family_dir
+from distqa.encoders.tiny import FAMILIES as ENCODER_FAMILIES
+from distqa.encoders.tiny import build_family_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
@@ -209,7 +209,8 @@ class TinyEncoder:
 
 @pytest.fixture(scope="session", params=list(ENCODER_FAMILIES))
 def tiny_encoder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
-    """Each encoder family of ``distqa.tiny`` in turn, built once per session (a second or two each): a test that
+    """Each encoder family of ``distqa.encoders.tiny`` in turn, built once per session (a second or two each):
+    a test that
     takes this fixture runs once per family (``tests/test_encoders.py``; a task's featurisation adds its own)."""
     family = request.param
     directory = build_family_dir(family, REPO_ROOT / "data" / "tokenizer-corpus.txt", tmp_path_factory.mktemp(family))

@@ -7,9 +7,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from distqa.answers import AnswerType
-from distqa.data.template import PairTemplate
-from distqa.data.windows import Features, containing_candidate, window_span_to_tokens
+from distqa.encoders.template import PairTemplate
+from distqa.qa.answers import AnswerType
+from distqa.qa.nq.windows import Features, containing_candidate, window_span_to_tokens
 
 WORDS = ["the", "river", "flows", "north", "past", "old", "stone", "bridges", "while", "children", "play", "near",
          "quiet", "gardens", "and", "merchants", "sell", "bread", "cheese", "wine", "honey", "apples", "fish",

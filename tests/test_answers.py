@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.metric import read_gold, read_submission
+from distqa.qa.nq.metric import read_gold, read_submission
 
 from conftest import REPO_ROOT, clean_env, run_training
 from nq_examples import UNDECODABLE_LINES

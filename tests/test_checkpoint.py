@@ -30,8 +30,8 @@ from distqa.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from distqa.decode import Decoding, Thresholds
 from distqa.files import DiskFullError, atomic_write
+from distqa.qa.nq.decode import Decoding, Thresholds
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:

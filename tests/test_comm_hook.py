@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
+from distqa.config.sources import load_config
 from distqa.ddp import wrap_ddp
 from distqa.distributed import local_runtime
-from distqa.model import build_model
+from distqa.qa.model import build_model
 from distqa.rng import seed_everything
-from distqa.settings import load_config
 
 from conftest import FAST_ARGS, max_difference, run_training
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from distqa.config import DEFAULT_PRESET, Config, ConfigError, fields_of
-from distqa.settings import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, clean_env
@@ -71,7 +71,7 @@ def test_values_are_typed_from_strings() -> None:
 
 
 def test_every_field_has_help_and_a_flag() -> None:
-    from distqa.flags import build_arg_parser
+    from distqa.config.flags import build_arg_parser
 
     for task in REGISTERED:
         help_text = build_arg_parser(task=task_class(task)).format_help()
@@ -237,9 +237,9 @@ def test_grow_global_batch_rounds_up_to_whole_micro_batches_and_is_off_by_defaul
 
 
 def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path: Path) -> None:
-    """`python -m distqa.settings --run-dir` (worker.sh, before every node start) reads output_dir and run_name alone,
-    without importing the task, and agrees with the full resolution whatever source sets them."""
-    from distqa.settings import run_dir_of
+    """`python -m distqa.config.sources --run-dir` (worker.sh, before every node start) reads output_dir and
+    run_name alone, without importing the task, and agrees with the full resolution whatever source sets them."""
+    from distqa.config.sources import run_dir_of
 
     dotenv = tmp_path / ".env"
     dotenv.write_text("DISTQA_OUTPUT_DIR=from-dotenv\n")
@@ -251,7 +251,7 @@ def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path:
 
 
 def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
-    """The trainer's settings (``python -m distqa.settings --run-dir``, which resolves them as train does) and the
+    """The trainer's settings (``python -m distqa.config.sources --run-dir``, which resolves them as train does) and the
     platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the working
     directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
     here = tmp_path / "here"
@@ -264,7 +264,8 @@ def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_worki
         launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
                                    "--run-id", "t"], cwd=here, env=clean_env(**env), capture_output=True, text=True,
                                   timeout=60)
-        trainer = subprocess.run([sys.executable, "-m", "distqa.settings", "--run-dir", "--preset", "none"], cwd=here,
+        trainer = subprocess.run([sys.executable, "-m", "distqa.config.sources", "--run-dir", "--preset", "none"],
+                                 cwd=here,
                                  env=clean_env(**env), capture_output=True, text=True, timeout=60)
         return launcher, trainer
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from distqa.answers import AnswerType
-from distqa.data.dummy import DummyDataset
-from distqa.data.sampler import ResumableDistributedSampler
-from distqa.data.template import PairTemplate
+from distqa.encoders.template import PairTemplate
+from distqa.qa.answers import AnswerType
+from distqa.qa.dummy_data import DummyDataset
+from distqa.sampler import ResumableDistributedSampler
 
 
 def make(seed: int = 0, size: int = 400, max_seq_len: int = 96) -> DummyDataset:

@@ -1,4 +1,5 @@
-"""The encoder swap, for each family of ``distqa.tiny`` (BERT, DistilBERT, ELECTRA, RoBERTa, DeBERTa-v3, ModernBERT):
+"""The encoder swap, for each family of ``distqa.encoders.tiny`` (BERT, DistilBERT, ELECTRA, RoBERTa,
+DeBERTa-v3, ModernBERT):
 windows in the tokenizer's own pair format, the DummyDataset, the NQ sample's labels, two training steps, decoded
 spans inside the document, the attention kernel and the FLOP count; and pretrained vs random weights."""
 
@@ -14,24 +15,24 @@ import pytest
 import torch
 from torch import nn
 
-from distqa.answers import Span
 from distqa.config import ConfigError
-from distqa.data.cache import CacheRequest, NQWindows, open_examples
-from distqa.data.dummy import DummyDataset
-from distqa.data.nq import parse_example
-from distqa.data.squad_cache import SquadWindows
-from distqa.data.squad_cache import open_examples as open_squad_examples
-from distqa.data.template import PairTemplate
-from distqa.data.windows import Featurizer, WindowSettings, token_span_to_pieces, window_span_to_tokens
-from distqa.decode import ExampleColumns, WindowLayout, decode
+from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
-from distqa.inference import Predictor, score_windows
-from distqa.model import build_model
+from distqa.encoders.pretrained import check_sources
+from distqa.encoders.template import PairTemplate
 from distqa.optim import Precision
-from distqa.pretrained import check_sources
+from distqa.qa.answers import Span
+from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.model import build_model
+from distqa.qa.nq.cache import CacheRequest, NQWindows, open_examples
+from distqa.qa.nq.decode import ExampleColumns, WindowLayout, decode
+from distqa.qa.nq.inference import Predictor, score_windows
+from distqa.qa.nq.reader import parse_example
+from distqa.qa.nq.windows import Featurizer, WindowSettings, token_span_to_pieces, window_span_to_tokens
+from distqa.qa.squad.cache import SquadWindows
+from distqa.qa.squad.cache import open_examples as open_squad_examples
+from distqa.qa.squad.inference import decode_answers
 from distqa.rundir import prepare_run_dir
-from distqa.settings import load_config
-from distqa.squad_inference import decode_answers
 from distqa.tasks import make_task
 from distqa.throughput import non_embedding_parameters
 from distqa.train import train
@@ -294,7 +295,7 @@ def test_a_weightless_directory_is_a_warning_unless_random_weights_are_asked_for
 
     def records(*args: str) -> list[tuple[int, str]]:
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="distqa.pretrained"):
+        with caplog.at_level(logging.INFO, logger="distqa.encoders.pretrained"):
             build_model(load(*args))
         return [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("random weights")]
 

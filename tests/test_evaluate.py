@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from distqa.answers import Answer, AnswerType, Gold, Span
-from distqa.data.template import PairTemplate
-from distqa.decode import (
+from distqa.encoders.template import PairTemplate
+from distqa.qa.answers import Answer, AnswerType, Gold, Span
+from distqa.qa.nq.decode import (
     ANSWER_EVERYTHING,
     ExampleColumns,
     Prediction,
@@ -26,7 +26,7 @@ from distqa.decode import (
     top_spans,
     tune_thresholds,
 )
-from distqa.metric import read_gold, score_answers
+from distqa.qa.nq.metric import read_gold, score_answers
 
 from conftest import REPO_ROOT
 
@@ -252,8 +252,8 @@ def test_the_gold_of_the_cache_is_the_gold_the_scorer_reads(tmp_path: Path) -> N
     from transformers import AutoTokenizer
 
     from distqa.config import TINY_MODEL_DIR
-    from distqa.data.cache import CacheRequest, build_cache, open_examples
-    from distqa.data.windows import WindowSettings
+    from distqa.qa.nq.cache import CacheRequest, build_cache, open_examples
+    from distqa.qa.nq.windows import WindowSettings
 
     source = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-train.jsonl"
     request = CacheRequest.from_tokenizer(source, AutoTokenizer.from_pretrained(TINY_MODEL_DIR),

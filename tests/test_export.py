@@ -14,10 +14,10 @@ import torch
 
 from distqa.checkpoint import ModelCheckpoint, Progress
 from distqa.config import ConfigError
-from distqa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
-from distqa.model import build_model
+from distqa.config.sources import load_config, saved_config
+from distqa.qa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
+from distqa.qa.model import build_model
 from distqa.rundir import versions
-from distqa.settings import load_config, saved_config
 
 from conftest import QA_ARGS, REPO_ROOT, TinyEncoder, clean_env
 

@@ -1,5 +1,5 @@
 """Hub weights are downloaded once per run: global rank 0 fetches into HF_HOME, the other ranks wait
-at a barrier and then load from the cache (src/distqa/pretrained.py: fetch_once). The hub is a
+at a barrier and then load from the cache (src/distqa/encoders/pretrained.py: fetch_once). The hub is a
 stand-in: a local directory that ``huggingface_hub.snapshot_download`` is replaced by, which writes
 the hub cache layout into HF_HOME and counts its calls. No network: HF_ENDPOINT is a closed loopback
 port, so any request for the real hub fails at once."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from distqa.pretrained import hub_names
-from distqa.settings import load_config
+from distqa.config.sources import load_config
+from distqa.encoders.pretrained import hub_names
 
 from conftest import REPO_ROOT, clean_env
 
@@ -48,8 +48,8 @@ huggingface_hub.snapshot_download = standin_snapshot_download
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 from distqa.distributed import broadcast_object
-from distqa.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
-from distqa.settings import load_config
+from distqa.encoders.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
+from distqa.config.sources import load_config
 
 config = load_config(["--preset", "none", "--model-name-or-path", "stand-in/tiny-bert"], dotenv_path=os.devnull)
 dist.init_process_group("gloo")
@@ -96,7 +96,8 @@ def test_two_ranks_fetch_the_hub_model_once_into_the_shared_hf_home(standin_hub:
     assert len({line.split(" loaded ")[1] for line in loaded}) == 1, "both ranks loaded the same model"
     assert "downloading it here" not in result.stderr, "rank 1 read the cache rank 0 filled"
     home = tmp_path / "hf-home"
-    said = (f"INFO distqa.pretrained: model_name_or_path: downloaded 4 files of stand-in/tiny-bert into the hub cache "
+    said = (f"INFO distqa.encoders.pretrained: model_name_or_path: downloaded 4 files of stand-in/tiny-bert "
+            "into the hub cache "
             f"{home / 'hub'}")
     assert result.stderr.splitlines().count(said) == 1, "what was downloaded is said, once, by rank 0"
 

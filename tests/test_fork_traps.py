@@ -18,11 +18,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distqa.checkpoint import checkpoint_path
 from distqa.config import Config, ConfigError, fields_of
+from distqa.config.presets import read_preset
+from distqa.config.sources import load_config
 from distqa.ddp import training_module
 from distqa.distributed import local_runtime
-from distqa.model import build_model
-from distqa.presets import read_preset
-from distqa.settings import load_config
+from distqa.qa.model import build_model
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, TinyEncoder, clean_env, run_training
@@ -113,7 +113,7 @@ def test_the_default_preset_applies_only_to_the_tasks_it_is_for(caplog: pytest.L
     for task in ("dummy", "nq", "squad"):
         assert load("--task", task).preset == "tiny-cpu"
     assert load().lr == tiny_cpu.values["lr"] and load().checkpoint_every == tiny_cpu.values["checkpoint_every"]
-    with caplog.at_level(logging.WARNING, logger="distqa.settings"):
+    with caplog.at_level(logging.WARNING, logger="distqa.config.sources"):
         config = load("--task", "fork_tasks:Regression")
     # The fork's run: the built-in defaults, recorded as such, and nothing said about other tasks' settings.
     defaults = {name: f.default for name, f in fields_of(type(config)).items() if name not in ("preset", "task")}
@@ -131,7 +131,7 @@ def test_a_preset_given_for_another_task_is_refused_in_one_line() -> None:
                                           r"run's task 'dummy'; "):
         load("--task", "dummy", environ={"DISTQA_PRESET": "tiny-squad"})
     # A registered name and its import path are one task.
-    assert load("--preset", "tiny-squad", "--task", "distqa.tasks.squad:SquadTask").preset == "tiny-squad"
+    assert load("--preset", "tiny-squad", "--task", "distqa.qa.squad.task:SquadTask").preset == "tiny-squad"
 
 
 def test_a_train_run_of_another_task_with_a_preset_stops_before_anything_starts() -> None:

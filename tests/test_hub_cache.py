@@ -1,4 +1,5 @@
-"""A model in the hub cache under ``HF_HOME``, on a machine without the hub (src/distqa/hub.py, pretrained.fetch_once).
+"""A model in the hub cache under ``HF_HOME``, on a machine without the hub
+(src/distqa/encoders/hub.py, pretrained.fetch_once).
 
 The cache is built in the layout huggingface_hub writes and reads, derived from its source (huggingface_hub 2.4):
 ``file_download.repo_folder_name`` names the repository folder (``models--ORG--NAME``) under ``constants.HF_HUB_CACHE``
@@ -27,9 +28,9 @@ from huggingface_hub.utils.sha import git_hash
 from safetensors.torch import load_file
 
 from distqa.config import ConfigError
-from distqa.hub import cached_snapshot
-from distqa.settings import load_config
-from distqa.tiny import build_family_dir
+from distqa.config.sources import load_config
+from distqa.encoders.hub import cached_snapshot
+from distqa.encoders.tiny import build_family_dir
 
 from conftest import QA_ARGS, REPO_ROOT, clean_env, free_port
 
@@ -112,8 +113,8 @@ def test_a_cached_hub_model_trains_without_the_hub_and_downloads_nothing(hub_mod
 LOAD_SCRIPT = """
 import os, sys
 from safetensors.torch import save_file
-from distqa.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
-from distqa.settings import load_config
+from distqa.encoders.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
+from distqa.config.sources import load_config
 
 config = load_config(sys.argv[2:], dotenv_path=os.devnull)
 fetch_once(config, 0, lambda value: value)

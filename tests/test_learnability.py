@@ -1,6 +1,6 @@
 """Learnability: the tiny model, trained with 2-process DDP on a learnable synthetic NQ task, answers it.
 
-The task (``distqa.data.synthetic_nq``; the exact arguments are in scripts/train_synthetic_nq.sh):
+The task (``distqa.qa.nq.synthetic``; the exact arguments are in scripts/train_synthetic_nq.sh):
 Wikipedia-like documents of 100-400 whitespace tokens with HTML structure (paragraphs, tables,
 lists) hold fact sentences such as "The capital of the Northern River is Zürich ." The question names
 an entity and an attribute ("what is the capital of the northern river"), and the answer is the value

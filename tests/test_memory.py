@@ -24,16 +24,16 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig
 
 from distqa.config import TINY_MODEL_DIR
+from distqa.config.sources import load_config
 from distqa.ddp import wrap_ddp
 from distqa.distributed import local_runtime
 from distqa.doctor import check_memory
 from distqa.memory import GiB, Step, TrainingMemory, count_on_meta, fixes, needed_bytes, smallest_gpu
-from distqa.model import build_model, qa_loss
 from distqa.optim import Precision, build_optimizer
 from distqa.preflight import rank_report
-from distqa.settings import load_config
+from distqa.qa.configs import QAConfig
+from distqa.qa.model import build_model, qa_loss
 from distqa.tasks import make_task
-from distqa.tasks.configs import QAConfig
 
 from conftest import REPO_ROOT, clean_env
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distqa.answers import AnswerType
 from distqa.config import TINY_MODEL_DIR, ConfigError
-from distqa.model import QAModel, build_model, qa_loss
+from distqa.config.sources import load_config
+from distqa.encoders.pretrained import check_sources
 from distqa.optim import Precision, build_optimizer
-from distqa.pretrained import check_sources
-from distqa.settings import load_config
+from distqa.qa.answers import AnswerType
+from distqa.qa.model import QAModel, build_model, qa_loss
 from distqa.tasks import make_task
 
 from conftest import REPO_ROOT, clean_env
@@ -124,7 +124,7 @@ def test_committed_tiny_tokenizer_works_offline(config, monkeypatch: pytest.Monk
 
 
 def test_tiny_model_directory_can_be_rebuilt(tmp_path) -> None:
-    from distqa.tiny import build_tiny_model_dir
+    from distqa.encoders.tiny import build_tiny_model_dir
 
     from conftest import REPO_ROOT
 

@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from distqa.answers import AnswerType, Span
 from distqa.config import REPO_ROOT, TINY_MODEL_DIR
-from distqa.data.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
-from distqa.data.nq import BadLine, DataError, parse_example, scan
-from distqa.data.sampler import ResumableDistributedSampler
-from distqa.data.template import PairTemplate
-from distqa.data.windows import (
+from distqa.encoders.template import PairTemplate
+from distqa.qa.answers import AnswerType, Span
+from distqa.qa.nq.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
+from distqa.qa.nq.reader import BadLine, DataError, parse_example, scan
+from distqa.qa.nq.windows import (
     Featurizer,
     WindowSettings,
     containing_candidate,
     token_span_to_pieces,
     window_span_to_tokens,
 )
+from distqa.sampler import ResumableDistributedSampler
 
 from nq_examples import (
     UNDECODABLE_LINES,
@@ -312,7 +312,7 @@ def test_skipped_lines_are_reported_under_the_nq_readers_logger(tmp_path: Path,
     caplog.set_level("WARNING")
     scan(path, labelled=True, max_bad_line_fraction=0.1)
     skipped = [(r.name, r.levelname) for r in caplog.records if "skipped 1 malformed line(s) of 20" in r.getMessage()]
-    assert skipped == [("distqa.data.nq", "WARNING")]
+    assert skipped == [("distqa.qa.nq.reader", "WARNING")]
 
 
 def test_repeated_example_ids_and_empty_or_missing_files(tmp_path: Path) -> None:
@@ -501,11 +501,11 @@ def test_unlabelled_files_keep_every_window_in_a_test_split(tmp_path: Path) -> N
 def test_progress_is_logged_when_there_is_no_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """Platform jobs log to files, where tqdm stays off: the build reports progress in the log."""
-    import distqa.data.featurize
+    import distqa.qa.featurize
 
-    monkeypatch.setattr(distqa.data.featurize, "PROGRESS_LOG_SECONDS", 0)
-    monkeypatch.setattr(distqa.data.featurize, "BATCH_BYTES", 4096)
-    caplog.set_level("INFO", logger="distqa.data.featurize")
+    monkeypatch.setattr(distqa.qa.featurize, "PROGRESS_LOG_SECONDS", 0)
+    monkeypatch.setattr(distqa.qa.featurize, "BATCH_BYTES", 4096)
+    caplog.set_level("INFO", logger="distqa.qa.featurize")
     build_cache(request(sample_file(tmp_path, count=40)), tmp_path / "cache", num_proc=1, progress=False)
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("featurised")]
     assert reports and reports[-1].startswith("featurised 40 of 40 examples")

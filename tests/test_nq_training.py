@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distqa.data.synthetic_nq import write_jsonl as write_synthetic
+from distqa.qa.nq.synthetic import write_jsonl as write_synthetic
 
 from conftest import FAST_ARGS, QA_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
 from nq_examples import UNDECODABLE_LINES, random_record, write_jsonl

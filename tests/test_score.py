@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from distqa.answers import Answer, Gold
-from distqa.data.nq import DataError, parse_annotations
-from distqa.metric import (
+from distqa.qa.answers import Answer, Gold
+from distqa.qa.nq.metric import (
     Counts,
     SubmissionError,
     judge,
@@ -24,6 +23,7 @@ from distqa.metric import (
     score_answers,
     write_submission,
 )
+from distqa.qa.nq.reader import DataError, parse_annotations
 from distqa.score import build_arg_parser, main
 
 from conftest import REPO_ROOT, clean_env

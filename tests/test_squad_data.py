@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from distqa.data.squad import SquadExample, read_squad
-from distqa.data.synthetic_squad import as_json_lines
 from distqa.files import DataError
+from distqa.qa.squad.reader import SquadExample, read_squad
+from distqa.qa.squad.synthetic import as_json_lines
 
 from conftest import REPO_ROOT, clean_env, free_port
 
@@ -148,7 +148,7 @@ def test_skipped_records_are_reported_under_the_squad_readers_logger(tmp_path: P
     read_squad(path, max_bad_line_fraction=1.0)
     skipped = [(r.name, r.levelname) for r in caplog.records
                if "skipped 1 malformed question(s) of 3" in r.getMessage()]
-    assert skipped == [("distqa.data.squad", "WARNING")]
+    assert skipped == [("distqa.qa.squad.reader", "WARNING")]
 
 
 def test_the_gold_reads_only_answer_texts_and_predict_reads_no_answers(tmp_path: Path) -> None:

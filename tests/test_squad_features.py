@@ -12,12 +12,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from distqa import prepare
-from distqa.answers import AnswerType
 from distqa.config import TINY_MODEL_DIR, ConfigError
-from distqa.data.cache import load_manifest
-from distqa.data.featurize import read_table
-from distqa.data.squad import SquadExample, read_squad
-from distqa.data.squad_cache import (
+from distqa.config.flags import build_arg_parser, prepare_sections
+from distqa.qa.answers import AnswerType
+from distqa.qa.configs import SquadConfig
+from distqa.qa.featurize import read_table
+from distqa.qa.nq.cache import load_manifest
+from distqa.qa.squad.cache import (
     SquadCacheRequest,
     SquadWindows,
     build_squad_cache,
@@ -25,11 +26,10 @@ from distqa.data.squad_cache import (
     hold_out,
     open_examples,
 )
-from distqa.data.squad_windows import SquadFeaturizer, SquadWindowSettings, answer_span
-from distqa.data.synthetic_squad import write
-from distqa.flags import build_arg_parser, prepare_sections
+from distqa.qa.squad.reader import SquadExample, read_squad
+from distqa.qa.squad.synthetic import write
+from distqa.qa.squad.windows import SquadFeaturizer, SquadWindowSettings, answer_span
 from distqa.tasks import task_class
-from distqa.tasks.configs import SquadConfig
 
 from conftest import REPO_ROOT
 

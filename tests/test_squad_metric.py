@@ -12,12 +12,11 @@ from transformers import AutoTokenizer
 
 from distqa import score
 from distqa.config import TINY_MODEL_DIR
-from distqa.data.squad_cache import SquadCacheRequest, SquadWindows, build_squad_cache, open_examples
-from distqa.data.squad_windows import SquadWindowSettings
-from distqa.decode import SPANS_PER_WINDOW, WindowSpans
 from distqa.files import DataError
-from distqa.squad_inference import decode_answers
-from distqa.squad_metric import (
+from distqa.qa.nq.decode import SPANS_PER_WINDOW, WindowSpans
+from distqa.qa.squad.cache import SquadCacheRequest, SquadWindows, build_squad_cache, open_examples
+from distqa.qa.squad.inference import decode_answers
+from distqa.qa.squad.metric import (
     best_threshold,
     exact_match,
     f1_score,
@@ -28,6 +27,7 @@ from distqa.squad_metric import (
     score_predictions,
     write_predictions,
 )
+from distqa.qa.squad.windows import SquadWindowSettings
 
 from conftest import REPO_ROOT
 

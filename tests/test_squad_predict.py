@@ -11,9 +11,9 @@ import torch
 
 from distqa import evaluate, predict, prepare, score
 from distqa.checkpoint import ModelCheckpoint, Progress
-from distqa.model import build_model
-from distqa.squad_metric import read_gold
-from distqa.tasks.configs import SquadConfig
+from distqa.qa.configs import SquadConfig
+from distqa.qa.model import build_model
+from distqa.qa.squad.metric import read_gold
 
 from conftest import REPO_ROOT
 

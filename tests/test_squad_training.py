@@ -2,7 +2,7 @@
 unseen test file is predicted and scored with the official metric's names; the tiny model learns the task.
 
 ``scripts/train_synthetic_squad.sh`` (the expected numbers of docs/SQUAD.md) runs as it is: it generates the
-learnable synthetic set (``distqa.data.synthetic_squad``: paragraphs of filler text holding 1-2 facts "The
+learnable synthetic set (``distqa.qa.squad.synthetic``: paragraphs of filler text holding 1-2 facts "The
 <attribute> of the <Entity> is <value> .", questions "what is the <attribute> of the <entity>", a third
 unanswerable, half of those about an entity of the paragraph with another attribute or the attribute of another
 entity), trains the tiny model from scratch on 2 nodes of the local launcher (c10d rendezvous, gloo), evaluating

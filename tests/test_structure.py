@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from distqa.config import SECTIONS, ConfigError, fields_of
-from distqa.flags import build_arg_parser, coerce_flag, prepare_sections, section_fields, train_sections
+from distqa.config.flags import build_arg_parser, coerce_flag, prepare_sections, section_fields, train_sections
+from distqa.qa.configs import NQConfig
 from distqa.tasks import REGISTERED, task_class
-from distqa.tasks.configs import NQConfig
 
 from conftest import REPO_ROOT, clean_env
 
@@ -48,7 +48,7 @@ def runtime_imports(tree: ast.Module) -> list[tuple[ast.stmt, str, bool]]:
             if isinstance(child, ast.Import | ast.ImportFrom):
                 names = [a.name for a in child.names] if isinstance(child, ast.Import) else [child.module or ""]
                 if isinstance(child, ast.ImportFrom) and child.module:
-                    # `from distqa.data import cache` imports the module distqa.data.cache
+                    # `from distqa.qa.nq import cache` imports the module distqa.qa.nq.cache
                     names += [f"{child.module}.{a.name}" for a in child.names]
                 found.extend((child, name, in_function) for name in names if name in MODULES)
                 if not any(name in MODULES for name in names):
@@ -116,7 +116,8 @@ def test_modules_hold_one_concern() -> None:
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules (and the metric, which `score` runs on machines without a GPU stack)
     stay importable without torch, so no caller needs a lazy import to stay light."""
-    code = ("import sys; import distqa.answers, distqa.files, distqa.metric, distqa.score, distqa.data.features; "
+    code = ("import sys; import distqa.qa.answers, distqa.files, distqa.qa.nq.metric, distqa.score, "
+            "distqa.qa.nq.prepared; "
             "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); print(heavy); sys.exit(bool(heavy))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)

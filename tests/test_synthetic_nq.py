@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from distqa.answers import AnswerType
-from distqa.data.synthetic_nq import (
+from distqa.qa.answers import AnswerType
+from distqa.qa.nq.synthetic import (
     DEFAULT_ANSWER_MIX,
     answer_type_of,
     generate_example,
@@ -27,7 +27,7 @@ from distqa.data.synthetic_nq import (
     parse_answer_mix,
     write_jsonl,
 )
-from distqa.data.synthetic_text import ATTRIBUTES, CANDIDATE_TAGS, FILLER, MODIFIERS, NOUNS, PROPERTIES
+from distqa.qa.synthetic_text import ATTRIBUTES, CANDIDATE_TAGS, FILLER, MODIFIERS, NOUNS, PROPERTIES
 
 from conftest import REPO_ROOT
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from distqa.data.squad import read_squad
-from distqa.data.synthetic_squad import as_json_lines, main, make_article, write
-from distqa.squad_metric import normalize_answer
+from distqa.qa.squad.metric import normalize_answer
+from distqa.qa.squad.reader import read_squad
+from distqa.qa.squad.synthetic import as_json_lines, main, make_article, write
 
 from conftest import REPO_ROOT, clean_env
 

@@ -16,7 +16,7 @@ from typing import Literal
 import pytest
 
 from distqa.config import OPTIMISATION, Config, ConfigError, Section
-from distqa.settings import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import task_class
 from distqa.tasks.base import Task
 
@@ -69,7 +69,7 @@ def test_a_task_that_cannot_be_used_is_one_line_and_exit_2(task: str, said: str,
 
 
 def test_registered_tasks_and_an_import_path_resolve_to_the_same_class() -> None:
-    assert task_class("nq") is task_class("distqa.tasks.nq:NQTask")
+    assert task_class("nq") is task_class("distqa.qa.nq.task:NQTask")
     assert load("--task", "nq").task == "nq"
     config = load("--task", "examples.text_classification.task:TextClassification")
     assert type(config).__name__ == "TextClassificationConfig" and config.data_file.endswith("reviews.tsv")
@@ -81,7 +81,7 @@ def test_the_old_name_dataset_still_loads_with_a_one_line_notice(tmp_path: Path,
     preset.write_text('dataset = "nq"\n')
     dotenv = tmp_path / ".env"
     dotenv.write_text("DISTQA_DATASET=nq\n")
-    with caplog.at_level(logging.WARNING, logger="distqa.settings"):
+    with caplog.at_level(logging.WARNING, logger="distqa.config.sources"):
         assert load("--dataset", "nq").task == "nq"
         assert load("--preset", str(preset)).task == "nq"
         assert load(dotenv=dotenv).task == "nq"

@@ -75,9 +75,9 @@ def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
 
 
 def _initial_weights(tmp_path: Path) -> dict[str, torch.Tensor]:
-    from distqa.model import build_model
+    from distqa.config.sources import load_config
+    from distqa.qa.model import build_model
     from distqa.rng import seed_everything
-    from distqa.settings import load_config
 
     config = load_config([*FAST_ARGS, "--dropout", "0"], environ={}, dotenv_path=tmp_path / "none")
     seed_everything(config.seed)

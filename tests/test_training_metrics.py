@@ -90,7 +90,7 @@ def test_a_straggler_is_named_when_the_same_rank_is_slow_for_enough_steps_and_th
 
 SLOW_RANK_1 = """
 import os, sys, time
-from distqa.model import QAModel
+from distqa.qa.model import QAModel
 
 forward = QAModel.forward
 

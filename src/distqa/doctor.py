@@ -47,9 +47,10 @@ import torch.distributed as dist
 from dotenv import load_dotenv
 
 from distqa.config import Config, ConfigError
+from distqa.config.flags import build_arg_parser
+from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
 from distqa.files import DataError, print_error
-from distqa.flags import build_arg_parser
 from distqa.memory import GiB, Step, fixes, needed_bytes
 from distqa.optim import Precision
 from distqa.preflight import (
@@ -63,7 +64,6 @@ from distqa.preflight import (
     node_problems,
     rank_report,
 )
-from distqa.settings import SettingSources, dotenv_file, load_config
 from distqa.tasks import make_task, task_class
 from distqa.tasks.base import Task
 
@@ -73,7 +73,7 @@ log = logging.getLogger("distqa.doctor")
 
 
 def add_doctor_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The doctor's own flags (the run's settings are parsed by :func:`distqa.settings.load_config`)."""
+    """The doctor's own flags (the run's settings are parsed by :func:`distqa.config.sources.load_config`)."""
     group = parser.add_argument_group("doctor")
     group.add_argument("--expect-world-size", type=int, default=0, metavar="N",
                        help="Fail unless the job has N ranks (nodes × processes per node); 0 = no expectation.")

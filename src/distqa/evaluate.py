@@ -7,10 +7,10 @@ One process, or all ranks of a torchrun job (they share the windows)::
 
 The thresholds are tuned again on the split unless both ``--long-threshold`` and
 ``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV. The
-evaluation itself is :class:`distqa.inference.Evaluator`, the one that training runs.
+evaluation itself is :class:`distqa.qa.nq.inference.Evaluator`, the one that training runs.
 
 A checkpoint of the ``squad`` task is scored the same way on the validation split of its SQuAD feature cache
-(:class:`distqa.squad_inference.SquadEvaluator`): the official metrics and the no-answer threshold (tuned again
+(:class:`distqa.qa.squad.inference.SquadEvaluator`): the official metrics and the no-answer threshold (tuned again
 unless ``--no-answer-threshold`` is given) as JSON; ``--output`` writes the predictions JSON.
 """
 
@@ -25,19 +25,19 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.data.features import find_features
-from distqa.data.squad_features import find_squad_features
+from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
+from distqa.config.sources import dotenv_file
 from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
 from distqa.files import DataError, print_error
-from distqa.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
-from distqa.hf_format import checkpoint_task
-from distqa.inference import Evaluator, Predictor
-from distqa.metric import write_submission
 from distqa.optim import Precision
-from distqa.settings import dotenv_file
-from distqa.squad_inference import SquadEvaluator, SquadPredictor
-from distqa.squad_metric import write_predictions
-from distqa.tasks.configs import NQConfig, SquadConfig
+from distqa.qa.configs import NQConfig, SquadConfig
+from distqa.qa.hf_format import checkpoint_task
+from distqa.qa.nq.inference import Evaluator, Predictor
+from distqa.qa.nq.metric import write_submission
+from distqa.qa.nq.prepared import find_features
+from distqa.qa.squad.inference import SquadEvaluator, SquadPredictor
+from distqa.qa.squad.metric import write_predictions
+from distqa.qa.squad.prepared import find_squad_features
 
 NQ_SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
 SQUAD_SETTINGS = ("squad_cache_dir", "squad_train_file", "squad_validation_file", "no_answer_threshold",

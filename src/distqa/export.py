@@ -12,7 +12,7 @@ Then, with no network and nothing of this repository::
 
 and ``python -m distqa.predict --checkpoint results/nq-sample/model …`` writes the same file as from ``best.pt``
 (the answer-type head, the tuned thresholds and the run's config are in the directory too). What the
-directory holds: :mod:`distqa.hf_format`. To publish it on a model hub: ``hf upload ORG/NAME DIR`` (the
+directory holds: :mod:`distqa.qa.hf_format`. To publish it on a model hub: ``hf upload ORG/NAME DIR`` (the
 ``huggingface_hub`` CLI, after ``hf auth login``), or ``model.push_to_hub`` after loading it.
 
 Exit status: 0 when written; 2 with one line on stderr when the checkpoint cannot be read or exported.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from distqa.config import ConfigError
 from distqa.distributed import setup_logging
-from distqa.hf_format import export_model, load_model_checkpoint
+from distqa.qa.hf_format import export_model, load_model_checkpoint
 
 log = logging.getLogger("distqa.export")
 

@@ -43,14 +43,14 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.data.nq import require_file
-from distqa.data.squad import hub_name, source_path
+from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
+from distqa.config.sources import dotenv_file
 from distqa.files import DataError, print_error
-from distqa.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
-from distqa.metric import write_submission
-from distqa.settings import dotenv_file
-from distqa.squad_metric import write_predictions
-from distqa.tasks.configs import NQConfig, SquadConfig
+from distqa.qa.configs import NQConfig, SquadConfig
+from distqa.qa.nq.metric import write_submission
+from distqa.qa.nq.reader import require_file
+from distqa.qa.squad.metric import write_predictions
+from distqa.qa.squad.reader import hub_name, source_path
 
 log = logging.getLogger("distqa.predict")
 
@@ -83,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Here, not at the top: featurising processes start with multiprocessing's spawn, which re-imports
     # this module, and should not import torch and transformers for nothing.
     from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
-    from distqa.hf_format import checkpoint_task
-    from distqa.inference import Predictor
+    from distqa.qa.hf_format import checkpoint_task
+    from distqa.qa.nq.inference import Predictor
 
     args = build_arg_parser().parse_args(argv)
     load_dotenv(dotenv_file(), override=False)
@@ -115,7 +115,7 @@ def predict_squad(args: argparse.Namespace) -> int:
     """The predictions JSON of a squad checkpoint (ConfigError and DataError reach main's handler)."""
     # Here, not at the top, for the reason main gives.
     from distqa.distributed import distributed_runtime
-    from distqa.squad_inference import SquadPredictor
+    from distqa.qa.squad.inference import SquadPredictor
 
     if not hub_name(str(args.input)):
         source_path(str(args.input), "--input")

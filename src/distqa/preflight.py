@@ -78,7 +78,7 @@ class PackageCode:
 
     location: str
     files: dict[str, str]
-    """Each .py file's path (``distqa/model.py``) and SHA-256 (first 12 hex digits)."""
+    """Each .py file's path (``distqa/qa/model.py``) and SHA-256 (first 12 hex digits)."""
 
 
 def code_packages(task: Task | None = None) -> list[str]:
@@ -92,7 +92,7 @@ def code_packages(task: Task | None = None) -> list[str]:
 
 def code_files(packages: Sequence[str] = ("distqa",)) -> dict[str, PackageCode]:
     """The source of each top-level package in ``packages`` as imported here: where it is imported from, and a
-    SHA-256 (first 12 hex digits) of each of its .py files by path (``distqa/model.py``)."""
+    SHA-256 (first 12 hex digits) of each of its .py files by path (``distqa/qa/model.py``)."""
     found = {}
     for name in packages:
         module = importlib.import_module(name)

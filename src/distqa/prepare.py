@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
+from distqa.config.flags import prepare_sections, train_sections
+from distqa.config.sources import dotenv_file, load_config
 from distqa.files import SKIP_ADVICE, BadRecordError, DataError
-from distqa.flags import prepare_sections, train_sections
-from distqa.settings import dotenv_file, load_config
 from distqa.tasks import make_task
 
 

@@ -19,7 +19,7 @@ It prints one JSON object with the official evaluation's names and numbers (perc
 
 Any problem with either file prints one line ``distqa.score: error: <file>:<where>: ...`` on stderr and exits 2;
 nothing is skipped, since a skipped row or gold line would change the score. The metrics themselves are
-:mod:`distqa.metric` (NQ) and :mod:`distqa.squad_metric` (SQuAD).
+:mod:`distqa.qa.nq.metric` (NQ) and :mod:`distqa.qa.squad.metric` (SQuAD).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from distqa import squad_metric
 from distqa.files import DataError
-from distqa.metric import SubmissionError, read_gold, read_submission, score_answers
+from distqa.qa.nq.metric import SubmissionError, read_gold, read_submission, score_answers
+from distqa.qa.squad import metric as squad_metric
 
 # --- command line ----------------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 def non_embedding_parameters(encoder: nn.Module) -> int:
     """The parameters of ``encoder`` that every token's computation multiplies: all of them but its embedding
-    tables (every ``nn.Embedding``) and its pooler (which :class:`~distqa.model.QAModel` drops)."""
+    tables (every ``nn.Embedding``) and its pooler (which :class:`~distqa.qa.model.QAModel` drops)."""
     skipped = {id(p) for module in encoder.modules() if isinstance(module, nn.Embedding) for p in module.parameters()}
     pooler = getattr(encoder, "pooler", None)
     if isinstance(pooler, nn.Module):

@@ -26,7 +26,7 @@ best model in ``checkpoints/best.pt``; then::
         --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
 
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
-variables or flags; see ``distqa.settings``. A restart with the same ``--run-name`` resumes from its
+variables or flags; see ``distqa.config.sources``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
 
 :func:`train` is the story of a run: data, model, optimizer and schedule, resume, the DDP wrap, the loop.
@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from distqa.checkpoint import Progress
 from distqa.config import Config, ConfigError
-from distqa.data.sampler import ResumableDistributedSampler
+from distqa.config.sources import dotenv_file, load_config
 from distqa.ddp import training_module
 from distqa.distributed import (
     CollectiveTimeoutError,
@@ -61,7 +61,7 @@ from distqa.preflight import check_at_training_start
 from distqa.resume import resume
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
-from distqa.settings import dotenv_file, load_config
+from distqa.sampler import ResumableDistributedSampler
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task

@@ -39,7 +39,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path, checkpoint_path
 from distqa.checkpoint_writer import CheckpointWriter
 from distqa.config import Config, ConfigError
-from distqa.data.sampler import ResumableDistributedSampler
 from distqa.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed import (
     Runtime,
@@ -53,6 +52,7 @@ from distqa.faults import ArmedFault
 from distqa.optim import Precision
 from distqa.rng import capture_rng_state
 from distqa.rundir import versions
+from distqa.sampler import ResumableDistributedSampler
 from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
 from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from distqa.tasks.base import Task
 
 REGISTERED = {
-    "dummy": "distqa.tasks.dummy:DummyTask",
-    "nq": "distqa.tasks.nq:NQTask",
-    "squad": "distqa.tasks.squad:SquadTask",
+    "dummy": "distqa.qa.dummy:DummyTask",
+    "nq": "distqa.qa.nq.task:NQTask",
+    "squad": "distqa.qa.squad.task:SquadTask",
 }
 """Registered tasks: name -> ``package.module:ClassName``. A fork needs no entry here: ``--task`` takes the path."""
 

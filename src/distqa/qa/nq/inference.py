@@ -1,0 +1,237 @@
+"""Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
+
+:func:`score_windows` (the model over any task's windows, shared by all ranks) and :func:`load_trained` (a
+checkpoint's model) serve SQuAD's evaluation and prediction too (:mod:`distqa.qa.squad.inference`).
+
+Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
+``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
+per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
+all ranks run the same number of batches; those repeats are dropped by window index before
+decoding, and every window is checked to be present exactly once.
+
+:class:`Predictor` does the same for any NQ file with a trained checkpoint (``python -m distqa.predict``,
+``python -m distqa.evaluate`` and ``notebooks/inference.ipynb`` use it). Decoding the gathered spans
+into answers is :mod:`distqa.qa.nq.decode`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from distqa.checkpoint import ModelCheckpoint
+from distqa.config import ConfigError
+from distqa.config.sources import saved_config
+from distqa.distributed import Runtime, all_gather_objects, barrier, on_device
+from distqa.encoders.pretrained import load_tokenizer
+from distqa.optim import Precision
+from distqa.qa.answers import Answer
+from distqa.qa.collate import collate_trimmed
+from distqa.qa.configs import NQConfig, QAConfig
+from distqa.qa.hf_format import load_model_checkpoint
+from distqa.qa.model import INPUT_NAMES, build_model, forward
+from distqa.qa.nq.cache import NQWindows, open_examples
+from distqa.qa.nq.decode import (
+    Decoding,
+    ExampleColumns,
+    Prediction,
+    Thresholds,
+    WindowLayout,
+    WindowSpans,
+    decode,
+    document_mask,
+    golds_of,
+    merge_gathered,
+    top_spans,
+    tune_thresholds,
+)
+from distqa.qa.nq.metric import score_answers
+from distqa.qa.nq.prepared import find_features, prepare_nq
+from distqa.tasks.base import BestMetric, Evaluation
+
+log = logging.getLogger(__name__)
+
+
+# --- running the model over windows ------------------------------------------------------------
+
+class _IndexedWindows(Dataset):
+    """Windows with their index, so gathered results can be put back in order and deduplicated."""
+
+    def __init__(self, windows: Dataset) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {**self.windows[index], "window": index}
+
+
+@torch.no_grad()
+def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
+                  batch_size: int, max_answer_len: int) -> WindowSpans:
+    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
+    in each window's document part, from ``windows.document_begin`` up to ``document_end`` (arrays by window:
+    :class:`~distqa.qa.nq.cache.NQWindows`, :class:`~distqa.qa.squad.cache.SquadWindows`)."""
+    bounds = torch.from_numpy(np.stack([windows.document_begin, windows.document_end], axis=1))
+    dataset = _IndexedWindows(windows)
+    sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
+    # Windows are only read, never compiled for: every batch is cut to its longest window.
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_trimmed,
+                        pin_memory=runtime.device.type == "cuda")
+    was_training = model.training
+    model.eval()
+    parts: list[tuple[np.ndarray, WindowSpans]] = []
+    try:
+        for batch in loader:
+            inputs = on_device(batch, runtime.device, INPUT_NAMES)
+            with precision.autocast():
+                output = forward(model, inputs)
+            begin, end = bounds[batch["window"]].to(runtime.device).unbind(dim=1)
+            found = top_spans(output.start_logits, output.end_logits,
+                              document_mask(begin, end, inputs["input_ids"].shape[1]),
+                              output.answer_type_logits, max_answer_len)
+            parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
+    finally:
+        model.train(was_training)
+    return merge_gathered(all_gather_objects(parts), len(dataset))
+
+
+# --- evaluation on a labelled split ------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class NQEvaluation(Evaluation):
+    """``metrics``: score_answers' keys (micro_f1, long_f1, short_f1, precision, recall, tp, fp, fn, examples);
+    ``state``: the :class:`~distqa.qa.nq.decode.Decoding` of the tuned thresholds, as a dict."""
+
+    thresholds: Thresholds
+    predictions: list[Prediction]
+
+
+class Evaluator:
+    """Scores a model on one labelled split of an NQ feature cache (the validation split in training), by the
+    Kaggle micro-F1, which picks ``best.pt``.
+
+    Every rank must call :meth:`evaluate` together (it gathers); all of them get the same result.
+    """
+
+    best_metric = BestMetric("micro_f1", "max")
+
+    def __init__(self, directory: Path, runtime: Runtime, batch_size: int, max_answer_len: int,
+                 long_threshold: float | None = None, short_threshold: float | None = None,
+                 split: str = "validation") -> None:
+        self.windows = NQWindows(directory, split)
+        table = open_examples(directory, split)
+        self.layout = WindowLayout.of(self.windows)
+        self.examples = ExampleColumns.of(table)
+        self.golds = golds_of(table)
+        self.runtime, self.batch_size, self.max_answer_len = runtime, batch_size, max_answer_len
+        self.long_threshold, self.short_threshold = long_threshold, short_threshold
+        """Used as given when set; the ones left None are tuned at every evaluation."""
+
+    def __len__(self) -> int:
+        return len(self.examples.example_id)
+
+    def evaluate(self, model: nn.Module, precision: Precision) -> NQEvaluation:
+        spans = score_windows(model, self.windows, self.runtime, precision, self.batch_size, self.max_answer_len)
+        predictions = decode(spans, self.layout, self.examples)
+        thresholds = tune_thresholds(predictions, self.golds, self.long_threshold, self.short_threshold)
+        answers = {p.example_id: p.answer(thresholds) for p in predictions}
+        metrics = score_answers(self.golds, answers)
+        summary = (f"micro-F1 {metrics['micro_f1']:.4f} (long {metrics['long_f1']:.4f}, short "
+                   f"{metrics['short_f1']:.4f}; P {metrics['precision']:.4f} R {metrics['recall']:.4f}) on "
+                   f"{metrics['examples']} examples, thresholds long {thresholds.long:.3f} "
+                   f"short {thresholds.short:.3f}")
+        return NQEvaluation(metrics=metrics, state=Decoding(thresholds, self.max_answer_len).to_dict(),
+                            summary=summary, thresholds=thresholds, predictions=predictions)
+
+
+# --- prediction with a trained checkpoint ----------------------------------------------------------
+
+class Predictor:
+    """A trained model with its tokenizer, window settings and decoding thresholds.
+
+    In a notebook (one process)::
+
+        predictor = Predictor.from_checkpoint("results/nq-sample/checkpoints/best.pt", local_runtime("cpu"))
+        predictions = predictor.predict_file("data/nq-sample/simplified-nq-test.jsonl")
+        predictor.answers(predictions)   # {example_id: Answer(long="start:end", short="start:end"|"YES"|"NO"|"")}
+
+    Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
+    """
+
+    def __init__(self, model: nn.Module, config: NQConfig, runtime: Runtime, thresholds: Thresholds,
+                 max_answer_len: int, evaluation: dict[str, Any] | None = None) -> None:
+        self.model, self.config, self.runtime = model, config, runtime
+        self.thresholds, self.max_answer_len = thresholds, max_answer_len
+        self.evaluation = evaluation
+        """The validation metrics stored with the checkpoint (its step included); None if it has none."""
+        self.tokenizer = load_tokenizer(config)
+
+    @classmethod
+    def from_checkpoint(cls, path: Path | str, runtime: Runtime, long_threshold: float | None = None,
+                        short_threshold: float | None = None, **overrides: Any) -> Predictor:
+        """Load ``best.pt``, a ``step-*.pt`` or a directory written by ``python -m distqa.export``; ``overrides``
+        replace config values (None = keep)."""
+        path = Path(path)
+        model, config, checkpoint = load_trained(path, runtime, NQConfig, **overrides)
+        assert isinstance(config, NQConfig)
+        decoding = Decoding.from_dict(checkpoint.task_state) if checkpoint.task_state else None
+        if decoding is None and (long_threshold is None or short_threshold is None):
+            log.warning("%s holds no tuned thresholds (no evaluation ran in its training); using 0: "
+                        "answer when the best span beats [CLS]'s null score", path)
+        tuned = decoding.thresholds if decoding is not None else Thresholds(0.0, 0.0)
+        thresholds = Thresholds(long_threshold if long_threshold is not None else tuned.long,
+                                short_threshold if short_threshold is not None else tuned.short)
+        max_answer_len = decoding.max_answer_len if decoding is not None else config.max_answer_len
+        log.info("loaded %s: thresholds long %.3f short %.3f, max answer length %d", path, thresholds.long,
+                 thresholds.short, max_answer_len)
+        return cls(model, config, runtime, thresholds, max_answer_len, checkpoint.evaluation)
+
+    def featurize(self, source: Path | str) -> Path:
+        """The feature cache of ``source`` (unlabelled windows, every line checked); rank 0 builds it
+        while the others wait, so there is one writer per cache."""
+        source = Path(source)
+        if self.runtime.is_main_process:
+            prepare_nq(self.config, self.tokenizer, source=source, labelled=False, on_bad_line="fail",
+                       progress=self.config.progress_bar)
+        barrier()
+        return find_features(self.config, self.tokenizer, source, labelled=False)
+
+    def predict_file(self, source: Path | str) -> list[Prediction]:
+        """One :class:`~distqa.qa.nq.decode.Prediction` per example of ``source``, in file order."""
+        directory = self.featurize(source)
+        windows = NQWindows(directory, "test")
+        precision = Precision.choose(self.config.precision, self.runtime.device)
+        with torch.inference_mode():
+            spans = score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
+                                  self.max_answer_len)
+        return decode(spans, WindowLayout.of(windows), ExampleColumns.of(open_examples(directory, "test")))
+
+    def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
+        """The submission rows of ``predictions`` under this predictor's thresholds."""
+        return {p.example_id: p.answer(self.thresholds) for p in predictions}
+
+
+def load_trained(path: Path, runtime: Runtime, config_class: type[QAConfig],
+                 **overrides: Any) -> tuple[nn.Module, QAConfig, ModelCheckpoint]:
+    """The model of the checkpoint at ``path`` (``best.pt``, a ``step-*.pt`` or an exported directory) on the
+    runtime's device, in eval mode, with its config (``overrides`` replace values; None = keep), which must be a
+    ``config_class``; one ConfigError naming the file and the fix otherwise."""
+    checkpoint = load_model_checkpoint(path)
+    config = saved_config(checkpoint.config, device=runtime.device.type,
+                          **{k: v for k, v in overrides.items() if v is not None})
+    if not isinstance(config, config_class):
+        raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; predict and evaluate answer with "
+                          "checkpoints of the question-answering tasks 'nq' and 'squad' only.")
+    model = build_model(config, weights_from_checkpoint=True)
+    model.load_state_dict(checkpoint.model)
+    model.to(runtime.device).eval()
+    return model, config, checkpoint

@@ -1,0 +1,64 @@
+"""The SQuAD feature cache of a configuration: what determines it, finding it, and building it.
+
+No torch here, as in :mod:`distqa.qa.nq.prepared` (NQ's): ``python -m distqa.prepare`` imports this module, and its
+featurising processes start light.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distqa.files import DataError
+from distqa.qa.configs import SquadConfig
+from distqa.qa.nq.prepared import auto_num_proc
+from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache, cached
+from distqa.qa.squad.reader import hub_name, source_path
+from distqa.qa.squad.windows import SquadWindowSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def squad_request(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, source: str | Path | None = None,
+                  labelled: bool = True) -> SquadCacheRequest:
+    """What determines the features of ``source`` (default: the config's training and validation files)."""
+    settings = SquadWindowSettings(config.max_seq_len, config.max_question_len, config.window_overlap)
+    return SquadCacheRequest.from_tokenizer(tokenizer, source or config.squad_train_file, settings,
+                                            config.squad_validation_file, config.validation_fraction, labelled)
+
+
+def find_squad_features(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, source: str | Path | None = None,
+                        labelled: bool = True, hint: str = "") -> Path:
+    """The directory of the cache of ``source`` with the settings of ``config``; a :class:`DataError` with the
+    command that builds it when there is none (``hint`` ends the message)."""
+    request = squad_request(config, tokenizer, source, labelled)
+    directory = cached(request, config.squad_cache_path)
+    if directory is None:
+        raise DataError(f"no SQuAD feature cache for {request.train} with these settings in {config.squad_cache_path}. "
+                        "Build it with `python -m distqa.prepare --task squad` and the same preset, .env and flags as "
+                        f"this run{hint}.")
+    return directory
+
+
+def prepare_squad(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, source: str | Path | None = None,
+                  labelled: bool = True, **kwargs: Any) -> Path:
+    """Build (or find) the cache of ``source`` (default: the config's files) with the settings of ``config``; returns
+    its directory. ``kwargs`` override build_squad_cache's arguments."""
+    request = squad_request(config, tokenizer, source, labelled)
+    sources = [s for s in (request.train, request.validation) if s]
+    size = sum(source_path(s, "input").stat().st_size for s in sources if not hub_name(s))
+    num_proc = config.num_proc or (auto_num_proc(size) if not any(map(hub_name, sources)) else os.cpu_count() or 1)
+    options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
+               "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
+    return build_squad_cache(request, config.squad_cache_path, **options)
+
+
+def require_squad_features(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:
+    """The cache of ``config``; built here only with ``build`` (a single process is the whole job). With several
+    ranks it must exist before launch, as NQ's (:func:`distqa.qa.nq.prepared.require_nq_features`)."""
+    if build and cached(squad_request(config, tokenizer), config.squad_cache_path) is None:
+        return prepare_squad(config, tokenizer)
+    return find_squad_features(config, tokenizer, hint=", before launching a multi-process run, on storage every "
+                                                       "node mounts (the launcher scripts do this for you)")

@@ -1,0 +1,92 @@
+"""What the built-in question-answering tasks share: a ``transformers`` encoder with the span and answer-type
+heads (:mod:`distqa.qa.model`), its tokenizer and its pair format (:class:`~distqa.encoders.template.PairTemplate`), and
+batches of windows cut to their longest window."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+from transformers import PreTrainedTokenizerBase
+
+from distqa.config import ConfigError
+from distqa.distributed import Runtime, broadcast_object
+from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
+from distqa.encoders.template import PairTemplate
+from distqa.memory import TrainingMemory, count_on_meta
+from distqa.qa.collate import collate_trimmed
+from distqa.qa.configs import QAConfig
+from distqa.qa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
+from distqa.tasks.base import Batch, Task
+from distqa.throughput import model_flops_per_token
+
+
+class QATask(Task):
+    """Extractive QA over windows in the tokenizer's pair format, ``[CLS] question [SEP] document [SEP]`` for BERT
+    (subclasses bring the data)."""
+
+    config_class = QAConfig
+    input_names = INPUT_NAMES
+    # The encoders' buffers (position and token type ids, ModernBERT's rotary frequencies) are constants, outside
+    # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
+    sync_buffers = False
+    config: QAConfig
+
+    def __init__(self, config: QAConfig) -> None:
+        super().__init__(config)
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    def check(self, build: bool) -> None:
+        """The encoder config, the weights (unless from_scratch) and a local tokenizer load, and the tokenizer's
+        pair format leaves the windows room for the document (one ConfigError naming the path or setting and the
+        fix otherwise); hub names are checked when :meth:`setup` loads them."""
+        self._tokenizer = check_sources(self.config)
+        if self._tokenizer is not None:
+            self.window_template()
+
+    def window_template(self) -> PairTemplate:
+        """The tokenizer's pair format, checked against the window settings (RoBERTa's takes 4 special tokens)."""
+        config, tokenizer = self.config, self.tokenizer
+        if not getattr(tokenizer, "is_fast", False):
+            raise ConfigError(f"tokenizer {config.tokenizer_source} is not a fast tokenizer (a tokenizer.json, or one "
+                              "transformers converts): windows need its post-processor.")
+        try:
+            template = PairTemplate.of(tokenizer.backend_tokenizer)
+            template.check_shape(config.max_seq_len, config.max_question_len, getattr(config, "doc_stride", None))
+        except ValueError as err:
+            raise ConfigError(f"the windows of tokenizer {config.tokenizer_source}: {err}") from None
+        return template
+
+    def setup(self, runtime: Runtime) -> None:
+        """Hub sources put into the hub cache once, by global rank 0, while the others wait (or one line on every
+        rank where rank 0 cannot); then the tokenizer."""
+        fetch_once(self.config, runtime.rank, broadcast_object)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """Loaded once: by :meth:`check` when local, else here (after :meth:`setup` for a hub name)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.config)
+        return self._tokenizer
+
+    def collate(self, examples: Sequence[Mapping[str, Any]]) -> Batch:
+        return collate_trimmed(examples) if self.config.trim_padding else default_collate(examples)
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.config)
+
+    def loss(self, output: QAOutput, batch: Batch) -> torch.Tensor:
+        return qa_loss(output, batch)
+
+    def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
+        return model_flops_per_token(model.encoder, seq_len)
+
+    def training_memory(self) -> TrainingMemory:
+        """The model of these settings counted on the meta device: from its config alone, no weights loaded."""
+        model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
+        return TrainingMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
+                                       self.config.attn_implementation)
