@@ -21,20 +21,48 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from distqa.config.sources import load_config
 from distqa.encoders.tiny import FAMILIES as ENCODER_FAMILIES
 from distqa.encoders.tiny import build_family_dir
+from distqa.rng import seed_everything
+from distqa.tasks import make_task
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
 T = TypeVar("T")
 
-# A configuration small enough for a 2-core machine: a few seconds per run, every code path real. QA_ARGS are
-# settings every built-in (QA) task has; FAST_ARGS adds the DummyDataset's size (the default task's).
+# The machinery's task: tests whose claim is about distribution, faults, launchers, checkpoints, tracking or hangs
+# train the example fork's text classifier (examples/text_classification: torch only, a bag of words with dropout,
+# an accuracy that keeps best.pt, 960 training texts), not the QA model. Runs take a second or two of training.
+MACHINERY_TASK = "examples.text_classification.task:TextClassification"
+MACHINERY_ARGS = [
+    "--task", MACHINERY_TASK, "--preset", "none",
+    "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
+]
+REVIEWS = REPO_ROOT / "examples" / "text_classification" / "reviews.tsv"
+
+# The QA tasks' own end-to-end tests: a configuration small enough for a 2-core machine, every code path real.
+# QA_ARGS are settings every built-in (QA) task has; FAST_ARGS adds the DummyDataset's size (the default task's).
 QA_ARGS = [
     "--preset", "none", "--max-seq-len", "64", "--max-question-len", "16",
     "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
 ]
 FAST_ARGS = [*QA_ARGS, "--dummy-size", "256"]
+
+
+def reviews(directory: Path, lines: int) -> list[str]:
+    """``--data-file`` for the machinery task's first ``lines`` reviews, written under ``directory``: with
+    ``validation_fraction`` 0.2, 80 lines leave 64 training texts (an epoch in a few steps)."""
+    path = directory / f"reviews-{lines}.tsv"
+    path.write_text("".join(REVIEWS.read_text(encoding="utf-8").splitlines(keepends=True)[:lines]), encoding="utf-8")
+    return ["--data-file", str(path)]
+
+
+def initial_weights(*args: str) -> dict[str, torch.Tensor]:
+    """The weights a run of the machinery task with ``args`` starts from (built as distqa.train builds them)."""
+    config = load_config([*MACHINERY_ARGS, *args], environ={}, dotenv_path=os.devnull)
+    seed_everything(config.seed)
+    return make_task(config).build_model().state_dict()
 
 
 def free_port() -> int:

@@ -19,13 +19,15 @@ import torch
 from distqa.stop import STOPPED_EXIT_CODE
 
 from conftest import (
-    FAST_ARGS,
+    MACHINERY_ARGS,
     REPO_ROOT,
     clean_env,
     final_weights,
     free_port,
+    initial_weights,
     kill_launcher,
     max_difference,
+    reviews,
     run_training,
     wait_for,
 )
@@ -36,9 +38,9 @@ TOLERANCE = 1e-5
 
 
 def args_for(run_dir: Path, per_rank: int, global_batch: int = 8, *extra: str) -> list[str]:
-    return [*FAST_ARGS, "--output-dir", str(run_dir.parent), "--run-name", run_dir.name,
+    return [*MACHINERY_ARGS, "--output-dir", str(run_dir.parent), "--run-name", run_dir.name,
             "--global-batch-size", str(global_batch), "--per-rank-batch-size", str(per_rank),
-            "--max-steps", str(STEPS), "--checkpoint-every", "0", "--dropout", "0", "--lr", "5e-4",
+            "--max-steps", str(STEPS), "--checkpoint-every", "0", "--classifier-dropout", "0", "--lr", "5e-4",
             # Clipping off: it would rescale a wrongly scaled gradient and hide the bug this test looks for.
             "--max-grad-norm", "0", *extra]
 
@@ -64,7 +66,7 @@ def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
         assert checkpoint["world_size"] == nproc
         first_moments[name] = {i: s["exp_avg"] for i, s in checkpoint["optimizer"]["state"].items()}
 
-    initial = _initial_weights(tmp_path)
+    initial = initial_weights("--classifier-dropout", "0")
     assert max_difference(weights["single_2b"], initial) > 1e-4, "training did not move the weights"
     for name in ("single_accumulate", "ddp_b", "ddp_accumulate"):
         difference = max_difference(weights["single_2b"], weights[name])
@@ -74,22 +76,13 @@ def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
                                        msg=lambda m, name=name: f"{name}: gradients differ: {m}")
 
 
-def _initial_weights(tmp_path: Path) -> dict[str, torch.Tensor]:
-    from distqa.config.sources import load_config
-    from distqa.qa.model import build_model
-    from distqa.rng import seed_everything
-
-    config = load_config([*FAST_ARGS, "--dropout", "0"], environ={}, dotenv_path=tmp_path / "none")
-    seed_everything(config.seed)
-    return build_model(config).state_dict()
-
-
 def test_resume_continues_exactly(tmp_path: Path) -> None:
     """A 2-rank run stopped mid-epoch and resumed with --resume auto ends with the same weights as an
     uninterrupted run — across an epoch boundary and with dropout on (per-rank RNG states restored)."""
-    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "4",
-              "--max-steps", "6", "--dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(tmp_path)]
-    # 64 examples / 16 per step = 4 steps per epoch; the stop at step 3 is mid-epoch 0.
+    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "4",
+              "--max-steps", "6", "--classifier-dropout", "0.1", "--checkpoint-every", "2",
+              "--output-dir", str(tmp_path)]
+    # 64 training texts / 16 per step = 4 steps per epoch; the stop at step 3 is mid-epoch 0.
     run_training([*common, "--run-name", "straight"], nproc=2)
     run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
@@ -107,17 +100,21 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "interrupted"))
     assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
     ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
-    assert ended["progress"] == {"step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": None,
-                                 "best_mode": None, "best_value": None, "evaluations_without_improvement": 0,
-                                 "tracking_run_id": None}
+    straight = torch.load(tmp_path / "straight" / "checkpoints" / "step-00000006.pt", weights_only=True)
+    # evaluated once, at the end: the same accuracy as the uninterrupted run's
+    assert ended["progress"] == straight["progress"] == {
+        "step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": "accuracy", "best_mode": "max",
+        "best_value": straight["progress"]["best_value"], "evaluations_without_improvement": 0,
+        "tracking_run_id": None}
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:
     """The newest checkpoint of a 2-rank run is cut in half (a full disk, a copy that stopped); the next
     start reports it in one line naming the file, resumes from the one before and, resumption being
     exact, ends with the weights of an uninterrupted run."""
-    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "4",
-              "--max-steps", "6", "--dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(tmp_path)]
+    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "4",
+              "--max-steps", "6", "--classifier-dropout", "0.1", "--checkpoint-every", "2",
+              "--output-dir", str(tmp_path)]
     run_training([*common, "--run-name", "straight"], nproc=2)
     run_training([*common, "--run-name", "damaged", "--stop-at-step", "4"], nproc=2)
     checkpoints = tmp_path / "damaged" / "checkpoints"
@@ -148,7 +145,7 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path: Path, si
     """SIGKILL ends the worker at once (also mid-write); SIGTERM stops it at the next check step with
     a checkpoint of that step and exit code 75. The next start removes any half-written temporary and
     resumes from the newest complete checkpoint."""
-    args = [*FAST_ARGS, "--output-dir", str(tmp_path), "--checkpoint-every", "5"]
+    args = [*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--checkpoint-every", "5"]
     trainer = subprocess.Popen([sys.executable, "-m", "distqa.train", *args, "--max-steps", "100000"],
                                cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / "local" / "checkpoints"
@@ -173,7 +170,7 @@ def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2, max_resta
     return subprocess.Popen(
         ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", str(nodes),
          "--port", str(free_port()), "--run-id", "launcher-test", "--max-restarts", str(max_restarts), "--",
-         *FAST_ARGS, "--output-dir", str(tmp_path), *trainer_args],
+         *MACHINERY_ARGS, "--output-dir", str(tmp_path), *trainer_args],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
 
@@ -185,8 +182,8 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     assert launcher.returncode == 0, output
     run_dir = tmp_path / "launcher-test"
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["step-00000002.pt", "step-00000002.pt.crc32", "step-00000004.pt",  # and no temporary
-                           "step-00000004.pt.crc32"]                                           # files
+    assert checkpoints == ["best.pt", "best.pt.crc32", "step-00000002.pt", "step-00000002.pt.crc32",  # and no
+                           "step-00000004.pt", "step-00000004.pt.crc32"]                              # temporary files
     state = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert state["saved_by_rank"] == 0 and state["world_size"] == 2 and len(state["rng"]) == 2
     assert state["config"]["run_name"] == "launcher-test" and state["config"]["max_steps"] == 4
@@ -236,7 +233,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
     they resume from the newest checkpoint and, since resumption is exact, end with the weights of
     a run that was never interrupted (dropout on)."""
     args = ["--max-steps", "40", "--checkpoint-every", "5", "--global-batch-size", "8",
-            "--per-rank-batch-size", "4", "--dropout", "0.1"]
+            "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", *reviews(tmp_path, 320)]  # 32 steps an epoch
     launcher = launch_locally(tmp_path, *args, max_restarts=1)
     checkpoint_5 = tmp_path / "launcher-test" / "checkpoints" / "step-00000005.pt"
     try:
@@ -246,7 +243,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
         kill_launcher(launcher)
     assert launcher.returncode == 0, output
     assert "resumed from" in output
-    run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
+    run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
 
@@ -258,7 +255,7 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     line, even with torchrun restarts left. Resuming from that checkpoint ends with the weights of an
     uninterrupted run (dropout on)."""
     args = ["--max-steps", "60", "--checkpoint-every", "0", "--global-batch-size", "8",
-            "--per-rank-batch-size", "4", "--dropout", "0.1", "--stop-check-every", "1"]
+            "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", "--stop-check-every", "1"]
     # Restarts left (the platform's and Slurm's default) must not start the stopped workers again.
     launcher = launch_locally(tmp_path, *args, max_restarts=2)
     rank_0_log = tmp_path / "launcher-test" / "logs" / "rank-0.log"
@@ -280,8 +277,8 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     assert "[node 0] worker.sh: run 'launcher-test' node 0: stopped by SIGTERM" in output, output
     assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
 
-    run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "launcher-test"], nproc=2)
-    run_training([*FAST_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
+    run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "launcher-test"], nproc=2)
+    run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the run stopped by SIGTERM and resumed differs by {difference:.2e}"
 
@@ -297,7 +294,7 @@ def test_worker_stop_after_stops_the_run_with_a_checkpoint(tmp_path: Path) -> No
     assert bad.returncode == 2 and "--stop-after must be [Nd][Nh][Nm][Ns]" in bad.stderr and "got '1x'" in bad.stderr
     worker = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nproc-per-node", "2", "--run-id", "stop-after",
-         "--stop-after", "0m30s", "--", *FAST_ARGS, "--output-dir", str(tmp_path), "--max-steps", "100000",
+         "--stop-after", "0m30s", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--max-steps", "100000",
          "--checkpoint-every", "0", "--global-batch-size", "8", "--per-rank-batch-size", "4"],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1"), capture_output=True, text=True,
         timeout=180)
