@@ -15,7 +15,7 @@ import pytest
 from distqa.config import ConfigError
 from distqa.faults import ArmedFault, Fault
 
-from conftest import FAST_ARGS, REPO_ROOT, WORKER, clean_env, final_weights, max_difference, run_training, wait_for
+from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, final_weights, max_difference, run_training, wait_for
 
 STEPS = """
 import logging, sys
@@ -127,8 +127,8 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     """Through the trainer, worker.sh --max-restarts 1: rank 1 is SIGKILLed after step 7, torchrun restarts both
     workers, they resume from step 5's checkpoint, the fault does not fire again, and the weights equal those of a
     run never interrupted (dropout on)."""
-    args = [*FAST_ARGS, "--max-steps", "12", "--checkpoint-every", "5", "--global-batch-size", "8",
-            "--per-rank-batch-size", "4", "--dropout", "0.1", "--output-dir", str(tmp_path)]
+    args = [*MACHINERY_ARGS, "--max-steps", "12", "--checkpoint-every", "5", "--global-batch-size", "8",
+            "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", "--output-dir", str(tmp_path)]
     result = subprocess.run(  # worker.sh: one node, 2 processes, torchrun as every launcher starts it
         ["bash", WORKER, "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "killed", "--", *args],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1", INJECT_FAULT="kill:rank=1:step=7"),

@@ -22,7 +22,7 @@ from distqa.config import Config, ConfigError
 from distqa.optim import build_scheduler
 from distqa.tasks.base import BestMetric
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
 
 TOTAL, WARMUP = 40, 6
 
@@ -79,7 +79,7 @@ def test_an_unknown_schedule_is_refused_naming_the_choices() -> None:
 
 def test_a_resume_with_another_schedule_is_refused(tmp_path: Path) -> None:
     def train(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "distqa.train", *FAST_ARGS, "--output-dir", str(tmp_path),
+        return subprocess.run([sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path),
                                "--max-steps", "2", "--checkpoint-every", "2", *extra], cwd=REPO_ROOT,
                               env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120)
 
