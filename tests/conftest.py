@@ -49,6 +49,43 @@ QA_ARGS = [
 ]
 FAST_ARGS = [*QA_ARGS, "--dummy-size", "256"]
 
+AT_STEP = """
+import os, signal, sys, time
+from distqa.trainer import Trainer
+from distqa.train import main
+
+train_step = Trainer.train_step
+
+
+def act_once_at_step(self, micro_batches):  # the run's own step; at a known step of one rank, the test's action
+    acted = os.environ.get("ACTED_FILE")  # once per run across processes (a worker restarted by torchrun)
+    rank = os.environ.get("RANK", "0")
+    if self.progress.step == int(os.environ["AT_STEP"]) and rank == os.environ.get("AT_RANK", "0") \
+            and not os.environ.get("ACTED") and not (acted and os.path.exists(acted)):
+        os.environ["ACTED"] = "1"
+        if acted:
+            open(acted, "w").close()
+        if os.environ["SIGNAL"] == "RAISE":
+            raise RuntimeError("a crash the test injected")
+        target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
+        pid = {"self": os.getpid(), "parent": os.getppid()}.get(target) or int(target)
+        os.kill(pid, getattr(signal, os.environ["SIGNAL"]))
+        if target == "parent":  # the agent forwards it to this worker: hold the step until it is here, however slow
+            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.stop.StopSignal, installed
+            deadline = time.monotonic() + 120
+            while not stop.received and time.monotonic() < deadline:
+                time.sleep(0.01)
+    return train_step(self, micro_batches)
+
+
+Trainer.train_step = act_once_at_step
+sys.exit(main())
+"""
+"""``python -m distqa.train`` that, at optimizer step AT_STEP of rank AT_RANK (default 0), sends SIGNAL to
+TARGET_PID (or raises): a signal at a step the run reaches, with no race with the clock. Write it to ``at_step.py``
+in a folder on PYTHONPATH and start it as the launchers' ``--entry-module at_step`` (tests/test_tracking.py,
+tests/test_training.py)."""
+
 
 def reviews(directory: Path, lines: int) -> list[str]:
     """``--data-file`` for the machinery task's first ``lines`` reviews, written under ``directory``: with
@@ -97,16 +134,17 @@ def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout
 
 
 def start_node(node_rank: int, nnodes: int, port: int, run_id: str, output_dir: Path, *extra: str,
-               trainer_args: Sequence[str] = ("--max-steps", "2")) -> subprocess.Popen[str]:
+               trainer_args: Sequence[str] = ("--max-steps", "2"), **env: str) -> subprocess.Popen[str]:
     """One emulated node: ``scripts/worker.sh`` with one process on 127.0.0.1, in a session of its own
     (``os.killpg`` ends the whole node: worker.sh, its torchrun agent and its workers). Its output is
-    appended to ``output_dir/<run_id>-node-<node_rank>.out`` (a file, not a pipe that could fill up)."""
+    appended to ``output_dir/<run_id>-node-<node_rank>.out`` (a file, not a pipe that could fill up). It trains the
+    machinery task; ``env`` adds variables (INJECT_FAULT)."""
     with node_output(output_dir, run_id, node_rank).open("a") as sink:
         return subprocess.Popen(
             ["bash", WORKER, "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
              "--master-port", str(port), "--run-id", run_id, "--nproc-per-node", "1", *extra, "--",
-             *FAST_ARGS, "--output-dir", str(output_dir), *trainer_args],
-            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1"),
+             *MACHINERY_ARGS, "--output-dir", str(output_dir), *trainer_args],
+            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1", **env),
             stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -131,10 +169,12 @@ def sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def kill_launcher(launcher: subprocess.Popen) -> None:
+def kill_launcher(launcher: subprocess.Popen, output_dir: Path | None = None) -> None:
     """SIGKILL a launcher that still runs (a test's hang guard, after a failure) and every process under it. The
     local launcher starts each node in a session of its own (a terminal's Ctrl-C must reach the launcher alone), so
-    ``os.killpg`` on the launcher would leave its nodes running: they are found as its descendants first."""
+    ``os.killpg`` on the launcher would leave its nodes running: they are found as its descendants first, and, with
+    ``output_dir``, as any live process with it in its command line (a node's agent or worker whose parent died
+    before, no longer under the launcher)."""
     if launcher.poll() is not None:
         return
     with contextlib.suppress(psutil.NoSuchProcess):
@@ -145,6 +185,19 @@ def kill_launcher(launcher: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait()
+    for pid in processes_of(output_dir) if output_dir else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def processes_of(output_dir: Path) -> list[int]:
+    """Live processes with ``output_dir`` in their command line: a node's worker.sh, agent and workers."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and str(output_dir).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+    return found
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float) -> T:

@@ -18,7 +18,7 @@ import pytest
 from distqa.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE
 
 from conftest import (
-    FAST_ARGS,
+    MACHINERY_ARGS,
     REPO_ROOT,
     WORKER,
     clean_env,
@@ -65,8 +65,8 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
     with output_file.open("w") as output_sink:
         run = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-             "distqa.train", *FAST_ARGS, "--output-dir", str(tmp_path), "--run-name", "stall", "--max-steps", "100000",
-             "--checkpoint-every", "0", "--dist-timeout-s", "10", "--global-batch-size", "8",
+             "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--run-name", "stall",
+             "--max-steps", "100000", "--checkpoint-every", "0", "--dist-timeout-s", "10", "--global-batch-size", "8",
              "--per-rank-batch-size", "4"],
             cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1", INJECT_FAULT="hang:rank=1:step=3"), stdout=output_sink,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)

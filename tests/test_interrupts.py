@@ -7,7 +7,6 @@ Ctrl-C does to it. Its output goes to a file, read while it runs, so that the si
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -19,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    FAST_ARGS,
+    MACHINERY_ARGS,
     REPO_ROOT,
     WORKER,
     clean_env,
     free_port,
+    kill_launcher,
     sigint_as_in_a_terminal,
     training_process,
     wait_for,
@@ -43,7 +43,7 @@ def launch(tmp_path: Path, output: Path, *trainer_args: str) -> subprocess.Popen
     with output.open("ab") as sink:
         return subprocess.Popen(
             ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", "2", "--port",
-             str(free_port()), "--run-id", RUN_ID, "--", *FAST_ARGS, "--output-dir", str(tmp_path), *trainer_args],
+             str(free_port()), "--run-id", RUN_ID, "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), *trainer_args],
             cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=sink, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 
@@ -55,27 +55,6 @@ def logged(path: Path, text: str) -> Callable[[], bool]:
 def end(launcher: subprocess.Popen[bytes], timeout: float) -> int:
     """The launcher's exit status, waited for up to ``timeout`` s (a hang guard)."""
     return launcher.wait(timeout=timeout)
-
-
-def kill_if_running(launcher: subprocess.Popen[bytes], output_dir: Path) -> None:
-    """SIGKILL the launcher and its session if it still runs (after a failure), and its nodes, which run in sessions
-    of their own: found by ``output_dir`` in their command lines."""
-    if launcher.poll() is None:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait()
-        for pid in processes_of(output_dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def processes_of(output_dir: Path) -> list[int]:
-    """Live processes with ``output_dir`` in their command line: a node's worker.sh, agent and workers."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if proc.name.isdigit() and str(output_dir).encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-    return found
 
 
 def no_worker_left(tmp_path: Path) -> bool:
@@ -100,7 +79,7 @@ def test_one_interrupt_checkpoints_the_step_reached_on_every_node_shows_their_li
             os.kill(launcher.pid, signal.SIGTERM)
         status = end(launcher, timeout=120)
     finally:
-        kill_if_running(launcher, tmp_path)
+        kill_launcher(launcher, tmp_path)
     text = output.read_text(errors="replace")
     assert status == 75, text
     said = "SIGINT" if interrupt == "ctrl-c" else "SIGTERM"
@@ -123,7 +102,7 @@ def test_one_interrupt_checkpoints_the_step_reached_on_every_node_shows_their_li
     try:
         assert end(resumed, timeout=180) == 0, resumed_output.read_text(errors="replace")
     finally:
-        kill_if_running(resumed, tmp_path)
+        kill_launcher(resumed, tmp_path)
     assert f"resumed from {tmp_path / RUN_ID / 'checkpoints' / f'step-{step:08d}.pt'} at step {step}" in \
         resumed_output.read_text(errors="replace")
 
@@ -141,7 +120,7 @@ def test_a_second_ctrl_c_stops_every_node_at_once(tmp_path: Path) -> None:
         os.killpg(launcher.pid, signal.SIGINT)
         status = end(launcher, timeout=60)
     finally:
-        kill_if_running(launcher, tmp_path)
+        kill_launcher(launcher, tmp_path)
     text = output.read_text(errors="replace")
     assert status == 130, text
     assert "interrupted again (SIGINT): stopping every node at once" in text
@@ -183,6 +162,6 @@ def test_an_agent_that_got_the_signal_passes_it_to_its_workers_once(tmp_path: Pa
         node.send_signal(signal.SIGTERM)  # worker.sh passes it to its agent, the agent to its worker
         status = end(node, timeout=60)
     finally:
-        kill_if_running(node, tmp_path)
+        kill_launcher(node, tmp_path)
     assert status == 75, (tmp_path / "node.out").read_text(errors="replace")
     assert (tmp_path / "signals").read_text() == "1", (tmp_path / "node.out").read_text(errors="replace")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    FAST_ARGS,
+    MACHINERY_ARGS,
     final_weights,
     finish,
     free_port,
@@ -27,7 +27,11 @@ from conftest import (
 
 pytestmark = pytest.mark.distributed
 TRAINER_ARGS = ("--max-steps", "150", "--checkpoint-every", "10", "--global-batch-size", "8", "--per-rank-batch-size",
-                "4", "--dropout", "0.1")
+                "4", "--classifier-dropout", "0.1")
+# Node 1's rank frozen (SIGSTOP) right after step 12, once per run directory: the node is killed in a state the run
+# reaches and stays in (node 0 waits in step 13's all-reduce), past the checkpoint of step 10, not a race with a
+# machine fast enough to finish first.
+FROZEN = "hang:rank=1:step=12"
 
 
 def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
@@ -35,11 +39,13 @@ def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterr
     node_args = ("--max-restarts", "2", "--join-timeout", "60")
 
     def start(rank: int):
-        return start_node(rank, 2, port, "node-loss", tmp_path, *node_args, trainer_args=TRAINER_ARGS)
+        return start_node(rank, 2, port, "node-loss", tmp_path, *node_args, trainer_args=TRAINER_ARGS,
+                          INJECT_FAULT=FROZEN)
 
     nodes = [start(0), start(1)]
     try:
         wait_for((tmp_path / "node-loss" / "checkpoints" / "step-00000010.pt").exists, timeout=180)
+        wait_for((tmp_path / "node-loss" / "logs" / "rank-1.fault").exists, timeout=180)
         # The whole node: worker.sh and its agent (the node's session), and its worker (torchrun starts
         # workers in sessions of their own, so it would outlive its agent).
         worker = wait_for(lambda: training_process(1, tmp_path), timeout=10)
@@ -60,6 +66,7 @@ def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterr
     assert "resumed from" in output_1, "the returned node resumed from a checkpoint"
     assert "restarting" in output_0.lower() or "resumed from" in output_0, "node 0's agent restarted its worker"
 
-    run_training([*FAST_ARGS, *TRAINER_ARGS, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
+    run_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"],
+                 nproc=2)
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "node-loss"))
     assert difference < 1e-6, f"the run whose node was lost and returned differs by {difference:.2e}"

@@ -19,6 +19,7 @@ import torch
 from distqa.stop import STOPPED_EXIT_CODE
 
 from conftest import (
+    AT_STEP,
     MACHINERY_ARGS,
     REPO_ROOT,
     clean_env,
@@ -165,13 +166,13 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path: Path, si
     assert not half_written.exists()
 
 
-def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2, max_restarts: int = 0
-                   ) -> subprocess.Popen[str]:
+def launch_locally(tmp_path: Path, *trainer_args: str, nodes: int = 2, max_restarts: int = 0,
+                   launcher_args: tuple[str, ...] = (), **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", str(nodes),
-         "--port", str(free_port()), "--run-id", "launcher-test", "--max-restarts", str(max_restarts), "--",
-         *MACHINERY_ARGS, "--output-dir", str(tmp_path), *trainer_args],
-        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--port", str(free_port()), "--run-id", "launcher-test", "--max-restarts", str(max_restarts),
+         *launcher_args, "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), *trainer_args],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
 
 
@@ -229,20 +230,22 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, moment: s
 
 
 def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
-    """torchrun (--max-restarts 1) restarts every worker after one is SIGKILLed at an arbitrary step;
-    they resume from the newest checkpoint and, since resumption is exact, end with the weights of
-    a run that was never interrupted (dropout on)."""
+    """torchrun (--max-restarts 1) restarts every worker after one is SIGKILLed mid-run; they resume from the newest
+    checkpoint and, since resumption is exact, end with the weights of a run that was never interrupted (dropout on,
+    an epoch boundary crossed). The kill lands on rank 1 frozen right after step 7 (INJECT_FAULT=hang, once per run
+    directory): a state the run stays in, past the checkpoint of step 5, however fast the machine."""
     args = ["--max-steps", "40", "--checkpoint-every", "5", "--global-batch-size", "8",
             "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", *reviews(tmp_path, 320)]  # 32 steps an epoch
-    launcher = launch_locally(tmp_path, *args, max_restarts=1)
-    checkpoint_5 = tmp_path / "launcher-test" / "checkpoints" / "step-00000005.pt"
+    launcher = launch_locally(tmp_path, *args, max_restarts=1, INJECT_FAULT="hang:rank=1:step=7")
+    marker = tmp_path / "launcher-test" / "logs" / "rank-1.fault"
     try:
-        _kill_rank_1_once(tmp_path, lambda: wait_for(checkpoint_5.exists, timeout=120))
+        wait_for(marker.exists, timeout=180)
+        os.kill(int(marker.read_text().split("(pid ")[1].rstrip(")\n")), signal.SIGKILL)
         output, _ = launcher.communicate(timeout=300)
     finally:
-        kill_launcher(launcher)
+        kill_launcher(launcher, tmp_path)
     assert launcher.returncode == 0, output
-    assert "resumed from" in output
+    assert "resumed from" in output and "at step 5" in output, output
     run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
@@ -256,15 +259,17 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     uninterrupted run (dropout on)."""
     args = ["--max-steps", "60", "--checkpoint-every", "0", "--global-batch-size", "8",
             "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", "--stop-check-every", "1"]
-    # Restarts left (the platform's and Slurm's default) must not start the stopped workers again.
-    launcher = launch_locally(tmp_path, *args, max_restarts=2)
-    rank_0_log = tmp_path / "launcher-test" / "logs" / "rank-0.log"
+    # Restarts left (the platform's and Slurm's default) must not start the stopped workers again. Rank 1 (node 1's
+    # only worker) sends the SIGTERM to its parent, node 1's agent, at step 3 and holds that step until the agent has
+    # passed it on (conftest.AT_STEP): mid-run however fast the steps, not a race with the end of the run.
+    (tmp_path / "at_step.py").write_text(AT_STEP)
+    launcher = launch_locally(tmp_path, *args, max_restarts=2, launcher_args=("--entry-module", "at_step"),
+                              PYTHONPATH=str(tmp_path), AT_STEP="3", AT_RANK="1", SIGNAL="SIGTERM",
+                              TARGET_PID="parent")
     try:
-        wait_for(lambda: rank_0_log.exists() and "step 3/60" in rank_0_log.read_text(), timeout=180)
-        os.kill(wait_for(lambda: _agent_of_node(1, tmp_path), timeout=10), signal.SIGTERM)
-        output, _ = launcher.communicate(timeout=120)
+        output, _ = launcher.communicate(timeout=180)
     finally:
-        kill_launcher(launcher)
+        kill_launcher(launcher, tmp_path)
     assert launcher.returncode == 75, output
     checkpoints = sorted((tmp_path / "launcher-test" / "checkpoints").glob("step-*.pt"))
     assert len(checkpoints) == 1, checkpoints
@@ -304,21 +309,6 @@ def test_worker_stop_after_stops_the_run_with_a_checkpoint(tmp_path: Path) -> No
     assert len(checkpoints) == 1
     assert "worker.sh: run 'stop-after' node 0: stopped by SIGTERM at step " in worker.stderr
     assert f"checkpoint {checkpoints[0]} written; exit code 75" in worker.stderr
-
-
-def _agent_of_node(node: int, output_dir: Path) -> int | None:
-    """PID of the torchrun agent of emulated node ``node`` started by this test (see below)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"distqa.agent" in cmdline and f"is_host={int(node == 0)},".encode() in b" ".join(cmdline) \
-                and b"launcher-test" in cmdline and str(output_dir).encode() in cmdline:
-            return int(proc.name)
-    return None
 
 
 def _kill_rank_1_once(output_dir: Path, wait_before_kill) -> None:
