@@ -14,7 +14,7 @@ import pytest
 
 from distqa.preflight import PackageCode, RankReport, disagreements
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", "--progress-bar", "false"]
 
@@ -119,8 +119,8 @@ def stale_distqa(tmp_path: Path) -> Path:
     stale = tmp_path / "stale"
     shutil.copytree(REPO_ROOT / "src" / "distqa", stale / "src" / "distqa",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    with (stale / "src" / "distqa" / "model.py").open("a") as model:
-        model.write("# an edit that reached one node only\n")
+    with (stale / "src" / "distqa" / "trainer.py").open("a") as trainer:  # machinery every task runs
+        trainer.write("# an edit that reached one node only\n")
     for shared in ("configs", "data"):  # the copy finds presets and the tiny model beside it, as a checkout
         (stale / shared).symlink_to(REPO_ROOT / shared)
     return stale / "src"
@@ -134,7 +134,7 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     stale = stale_distqa(tmp_path)
     port = str(free_port())
     common = ["--nnodes", "2", "--master-port", port, "--run-id", "doctor-test", "--nproc-per-node", "1",
-              "--join-timeout", "60", "--doctor", "--", "--output-dir", str(tmp_path / "results"),
+              "--join-timeout", "60", "--doctor", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path / "results"),
               "--allreduce-mb", "1", "--timeout-s", "60"]
     outputs = doctor_on_two_nodes(common, node_1_env={"PYTHONPATH": str(stale), "DISTQA_LR": "0.001"})
     master_out = outputs[0].stdout
@@ -144,7 +144,7 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     assert table[1].split()[code] != table[2].split()[code] and table[1].split()[config] != table[2].split()[config]
     assert "all-reduce 1 MB float32 over 2 ranks (gloo):" in master_out and "bus bandwidth" in master_out
     found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
-    assert any("rank 1 (" in f and "runs other code" in f and "package distqa differs in distqa/qa/model.py (changed)"
+    assert any("rank 1 (" in f and "runs other code" in f and "package distqa differs in distqa/trainer.py (changed)"
                in f for f in found), found
     assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
     assert len(found) == 2, found
@@ -184,21 +184,22 @@ def test_training_on_a_node_with_other_code_stops_naming_the_file_with_exit_2_an
     first changed file and where each node imports it from, and is in every rank's log file too."""
     stale = stale_distqa(tmp_path)
     common = ["--nnodes", "2", "--master-port", str(free_port()), "--run-id", "stale", "--nproc-per-node", "1",
-              "--join-timeout", "60", "--", *FAST_ARGS, "--output-dir", str(tmp_path / "results"), "--max-steps", "2"]
+              "--join-timeout", "60", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path / "results"),
+              "--max-steps", "2"]
     outputs = doctor_on_two_nodes(common, node_1_env={"PYTHONPATH": str(stale)}, node_0_status=2)
     run_dir = tmp_path / "results" / "stale"
     for node, output in enumerate(outputs):
         assert output.returncode == 2, output.stderr
         assert output.stderr.count("distqa.train: configuration error: the ranks of this run disagree:") == 1
         assert (f"rank 1 ({socket.gethostname()}) runs other code than rank 0 ({socket.gethostname()}): package distqa "
-                f"differs in distqa/qa/model.py (changed), imported from {stale / 'distqa'} on rank 1, "
+                f"differs in distqa/trainer.py (changed), imported from {stale / 'distqa'} on rank 1, "
                 f"{REPO_ROOT / 'src' / 'distqa'} on rank 0; both run on this host") in output.stderr
         assert "Traceback" not in output.stderr and "ChildFailedError" not in output.stderr, output.stderr
         assert f"worker.sh: run 'stale' node {node}: the workers refused to run (exit 2); why is above and in " \
             f"{run_dir}/logs/rank-*.log" in output.stderr
         log = (run_dir / "logs" / f"rank-{node}.log").read_text()
         assert f"[rank {node}] ERROR distqa: distqa.train: configuration error: the ranks of this run disagree" in log
-        assert "package distqa differs in distqa/qa/model.py (changed)" in log
+        assert "package distqa differs in distqa/trainer.py (changed)" in log
     assert not (run_dir / "checkpoints").exists()
 
 
@@ -218,9 +219,9 @@ def test_training_refuses_to_start_when_ranks_resolved_other_configs(tmp_path: P
     script = tmp_path / "other_lr_on_rank_1.py"
     script.write_text(OTHER_LR_ON_RANK_1)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(script), *FAST_ARGS, "--output-dir", str(tmp_path), "--max-steps", "2"],
-                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                            timeout=180)
+                             str(script), *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--max-steps", "2"],
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT)),  # the task's
+                            capture_output=True, text=True, timeout=180)  # package: a script's folder is sys.path[0]
     assert result.returncode != 0
     refusal = "distqa.train: configuration error: the ranks of this run disagree"
     assert result.stderr.count(refusal) == 2, result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port
 
 SHELL_FILES = sorted([*(REPO_ROOT / "scripts").iterdir(), *(REPO_ROOT / "tests" / "docker").glob("*.sh"),
                       REPO_ROOT / ".ci" / "run", REPO_ROOT / "Makefile", REPO_ROOT / "Dockerfile",
@@ -81,7 +81,7 @@ def test_the_kaggle_download_reads_env_comments_like_everyone_else(tmp_path: Pat
 def test_the_local_launcher_runs_worker_sh_per_node_on_loopback(tmp_path: Path) -> None:
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", "2", "--port",
-         str(free_port()), "--run-id", "via-worker", "--", *FAST_ARGS, "--max-steps", "2", "--output-dir",
+         str(free_port()), "--run-id", "via-worker", "--", *MACHINERY_ARGS, "--max-steps", "2", "--output-dir",
          str(tmp_path)],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

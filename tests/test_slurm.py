@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, final_weights, free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -61,7 +61,7 @@ def two_node_allocation(tmp_path: Path, job_id: str) -> dict[str, str]:
 def test_sbatch_script_trains_two_nodes(tmp_path: Path) -> None:
     env = two_node_allocation(tmp_path, "4242")
     result = subprocess.run(
-        ["bash", "scripts/train_slurm.sbatch", "--", *FAST_ARGS, "--max-steps", "3",
+        ["bash", "scripts/train_slurm.sbatch", "--", *MACHINERY_ARGS, "--max-steps", "3",
          "--output-dir", str(tmp_path / "results")],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -74,9 +74,9 @@ def test_sbatch_script_runs_the_doctor_on_every_node(tmp_path: Path) -> None:
     """What docs/FAULT_TOLERANCE.md asks for before a long job: the same allocation and arguments, with --doctor."""
     env = two_node_allocation(tmp_path, "4243")
     result = subprocess.run(
-        ["bash", "scripts/train_slurm.sbatch", "--doctor", "--", *FAST_ARGS, "--output-dir", str(tmp_path / "results"),
-         "--allreduce-mb", "1", "--expect-world-size", "2"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-        timeout=300)
+        ["bash", "scripts/train_slurm.sbatch", "--doctor", "--", *MACHINERY_ARGS, "--output-dir",
+         str(tmp_path / "results"), "--allreduce-mb", "1", "--expect-world-size", "2"], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [row.split()[:2] for row in result.stdout.splitlines()[1:3]] == [["0", "0"], ["1", "1"]]
     assert "all-reduce 1 MB float32 over 2 ranks (gloo)" in result.stdout

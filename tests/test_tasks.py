@@ -20,7 +20,7 @@ from distqa.config.sources import load_config
 from distqa.tasks import task_class
 from distqa.tasks.base import Task
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port
+from conftest import FAST_ARGS, MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 MINE = Section("mine", "a test task")
@@ -207,6 +207,8 @@ def test_the_local_launcher_starts_a_forks_entry_module_on_every_node(tmp_path: 
     assert "prepare" not in result.stderr  # a fork's module gets its own arguments, not distqa's preparation
 
 
-def test_fast_args_are_the_dummy_tasks() -> None:
-    """The suite's small configuration is a dummy-task run (what the launcher tests start)."""
+def test_the_suites_small_configurations_are_the_machinery_task_and_the_dummy_task() -> None:
+    """MACHINERY_ARGS (what the tests of distribution, faults, launchers, checkpoints and tracking start) is the
+    example fork's task; FAST_ARGS (the QA tasks' own end-to-end tests) a dummy-task run."""
+    assert load(*MACHINERY_ARGS).task == MACHINERY_TASK
     assert load(*FAST_ARGS).task == "dummy"

@@ -26,7 +26,7 @@ from distqa.training_metrics import (
     summarise,
 )
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env
+from conftest import FAST_ARGS, MACHINERY_ARGS, REPO_ROOT, clean_env, reviews
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -223,9 +223,9 @@ def test_a_run_that_stops_between_log_lines_logs_its_last_window_and_its_summary
         tmp_path: Path) -> None:
     """stop_at_step 7 with a log line every 3 steps: steps 7 is logged (the window of step 7 alone); the resumed
     run ends with --max-steps at the end of an epoch, and summary.json holds the final checkpoint's progress."""
-    common = [*FAST_ARGS, "--dummy-size", "64", "--global-batch-size", "16", "--per-rank-batch-size", "16",
+    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "16",
               "--max-steps", "8", "--log-every", "3", "--checkpoint-every", "0", "--output-dir", str(tmp_path),
-              "--run-name", "partial"]  # 64 examples / 16 per step: 4 steps per epoch, the run ends with epoch 1
+              "--run-name", "partial"]  # 64 training texts / 16 per step: 4 steps per epoch, the run ends with epoch 1
     stopped = subprocess.run([sys.executable, "-m", "distqa.train", *common, "--stop-at-step", "7"], cwd=REPO_ROOT,
                              env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=180)
     assert stopped.returncode == 0, stopped.stderr
