@@ -33,7 +33,7 @@ from distqa.files import DiskFullError
 from distqa.stop import StopWindow, graceful_stop_window
 
 from conftest import (
-    FAST_ARGS,
+    MACHINERY_ARGS,
     REPO_ROOT,
     WORKER,
     clean_env,
@@ -272,8 +272,10 @@ with slow_checkpoint_storage(float(os.environ["MB_PER_S"]), sigterm_mid_write):
     sys.exit(main())
 """
 """An entry module: the real run on slow storage, with a SIGTERM that lands while a checkpoint is being written."""
+# Word vectors of 8192 numbers: a checkpoint of about 5 MB (weights and Adam's two moments), over a second to write
+# at 4 MB/s, so the first write is longer than the 1 s stop window by its bytes alone.
 STOP_ARGS = ["--max-steps", "12", "--checkpoint-every", "4", "--stop-check-every", "1", "--global-batch-size", "8",
-             "--per-rank-batch-size", "4"]
+             "--per-rank-batch-size", "4", "--embedding-dim", "8192"]
 
 
 @pytest.mark.distributed
@@ -287,7 +289,7 @@ def test_a_sigterm_during_a_slow_write_ends_with_complete_checkpoints_exit_75_an
     (tmp_path / "sigterm_mid_write.py").write_text(SIGTERM_MID_WRITE)
     stopped = subprocess.run(
         ["bash", WORKER, "--nproc-per-node", "2", "--run-id", "stopped", "--entry-module", "sigterm_mid_write", "--",
-         *FAST_ARGS, "--output-dir", str(tmp_path), *STOP_ARGS],
+         *MACHINERY_ARGS, "--output-dir", str(tmp_path), *STOP_ARGS],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path),
                                      BENCH_DIR=str(REPO_ROOT / "bench"), MB_PER_S="4", WORKER_STOP_WINDOW_S="1"),
         capture_output=True, text=True, timeout=300)
@@ -306,8 +308,8 @@ def test_a_sigterm_during_a_slow_write_ends_with_complete_checkpoints_exit_75_an
     assert "a graceful stop may not save its checkpoint in time: step-00000004.pt is" in rank_0
     assert "the 1 s that worker.sh --life-span leaves between its stop and the end of the job" in rank_0
 
-    run_training([*FAST_ARGS, "--output-dir", str(tmp_path), "--run-name", "stopped", *STOP_ARGS], nproc=2)
-    run_training([*FAST_ARGS, "--output-dir", str(tmp_path), "--run-name", "uninterrupted", *STOP_ARGS], nproc=2)
+    run_training([*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--run-name", "stopped", *STOP_ARGS], nproc=2)
+    run_training([*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--run-name", "uninterrupted", *STOP_ARGS], nproc=2)
     difference = max_difference(final_weights(tmp_path / "stopped"), final_weights(tmp_path / "uninterrupted"))
     assert difference < 1e-6, f"the run resumed after the stop differs by {difference:.2e}"
 
@@ -364,8 +366,9 @@ def test_resume_reads_the_checkpoint_once_per_node(tmp_path: Path) -> None:
     def launch(*launcher_args: str, steps: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--procs-per-node", "2", "--port",
-             str(free_port()), "--run-id", "audited", *launcher_args, "--", *FAST_ARGS, "--output-dir", str(tmp_path),
-             "--max-steps", str(steps), "--global-batch-size", "16", "--per-rank-batch-size", "4"],
+             str(free_port()), "--run-id", "audited", *launcher_args, "--", *MACHINERY_ARGS, "--output-dir",
+             str(tmp_path), "--max-steps", str(steps), "--global-batch-size", "16", "--per-rank-batch-size", "4",
+             "--embedding-dim", "2048"],  # a checkpoint of about 1.3 MB: the bytes a resume reads are its own
             cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, PYTHONPATH=str(tmp_path), AUDIT_DIR=str(audit)),
             capture_output=True, text=True, timeout=300)
 
@@ -402,7 +405,7 @@ def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_
                            timeout=30)
     if shutil.which("unshare") is None or probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
-    run_training([*FAST_ARGS, "--output-dir", str(results), "--run-name", "unshared", "--max-steps", "1"])
+    run_training([*MACHINERY_ARGS, "--output-dir", str(results), "--run-name", "unshared", "--max-steps", "1"])
     checkpoint = checkpoint_path(results / "unshared", 1)
 
     port = free_port()
@@ -411,7 +414,7 @@ def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_
         node_1 = subprocess.Popen(
             [*namespace, "sh", "-c", f'mount -t tmpfs tmpfs {results} && exec "$@"', "sh", "bash", WORKER, "--nnodes",
              "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", "unshared",
-             "--nproc-per-node", "1", "--", *FAST_ARGS, "--output-dir", str(results), "--max-steps", "2"],
+             "--nproc-per-node", "1", "--", *MACHINERY_ARGS, "--output-dir", str(results), "--max-steps", "2"],
             cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1"),
             stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     finish(node_0, timeout=180)

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_in_a_terminal, wait_for
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_in_a_terminal, wait_for
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
 JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "jupyter", "tensorboard", "filebrowser",
         "remote_debug"}
-TRAIN_ARGS = [*FAST_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
+TRAIN_ARGS = [*MACHINERY_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
               "--per-rank-batch-size", "4"]
 
 
@@ -256,7 +256,7 @@ def test_launcher_runs_two_nodes_to_a_checkpoint_on_the_results_volume(platform:
 @pytest.mark.distributed
 def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[str, str]) -> None:
     env = {**platform, "FLOW_CLI": "neuro-flow"}
-    launcher = launch(env, "fail", "--", *FAST_ARGS, "--max-steps", "100000", "--checkpoint-every", "0")
+    launcher = launch(env, "fail", "--", *MACHINERY_ARGS, "--max-steps", "100000", "--checkpoint-every", "0")
     try:
         master = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs" / "distributed_training-fail-0.log"
         wait_for(lambda: master.exists() and "step 2/" in master.read_text(), timeout=240)  # training
@@ -284,7 +284,7 @@ def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_rea
     follows platform-api and Kubernetes), so the workers stop gracefully: each job's command exits 75, one
     checkpoint, of the step reached (no periodic one), is on the results volume, and each node's "stopped by"
     line is in its job's log."""
-    launcher = launch(platform, "intr", "--", *FAST_ARGS, "--max-steps", "100000", "--checkpoint-every", "0",
+    launcher = launch(platform, "intr", "--", *MACHINERY_ARGS, "--max-steps", "100000", "--checkpoint-every", "0",
                       "--stop-check-every", "1")
     logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
     try:
@@ -340,7 +340,7 @@ def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(pla
         (held / key).touch()
     # A batch that 3 ranks split evenly: the jobs train until the Ctrl-C instead of failing on their own, which
     # would race the interrupt (the launcher's own failure path exits 1, not 130).
-    launcher = launch(platform, "par", "--timeout", "300", "--", *FAST_ARGS, "--max-steps", "100000",
+    launcher = launch(platform, "par", "--timeout", "300", "--", *MACHINERY_ARGS, "--max-steps", "100000",
                       "--global-batch-size", "24", "--per-rank-batch-size", "8", nodes=3)
     def both_workers_submitted() -> bool:
         return set(workers) <= set(jobs(platform))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import FAST_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference
+from conftest import AT_STEP, MACHINERY_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from tracking_overhead import MLFLOW, mlflow_server  # the benchmark's server, started the same way
@@ -26,38 +26,6 @@ from tracking_overhead import MLFLOW, mlflow_server  # the benchmark's server, s
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not MLFLOW.exists(), reason="no .venv-mlflow: run `make setup`")]
 SECRET = "not-to-be-logged-7f3a"
-AT_STEP = """
-import os, signal, sys, time
-from distqa.trainer import Trainer
-from distqa.train import main
-
-train_step = Trainer.train_step
-
-
-def act_once_at_step(self, micro_batches):  # the run's own step; at a known step of rank 0, the test's action
-    acted = os.environ.get("ACTED_FILE")  # once per run across processes (a worker restarted by torchrun)
-    if self.progress.step == int(os.environ["AT_STEP"]) and os.environ.get("RANK", "0") == "0" \
-            and not os.environ.get("ACTED") and not (acted and os.path.exists(acted)):
-        os.environ["ACTED"] = "1"
-        if acted:
-            open(acted, "w").close()
-        if os.environ["SIGNAL"] == "RAISE":
-            raise RuntimeError("a crash the test injected")
-        target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
-        pid = {"self": os.getpid(), "parent": os.getppid()}.get(target) or int(target)
-        os.kill(pid, getattr(signal, os.environ["SIGNAL"]))
-        if target == "parent":  # the agent forwards it to this worker: hold the step until it is here, however slow
-            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.stop.StopSignal, installed
-            deadline = time.monotonic() + 120
-            while not stop.received and time.monotonic() < deadline:
-                time.sleep(0.01)
-    return train_step(self, micro_batches)
-
-
-Trainer.train_step = act_once_at_step
-sys.exit(main())
-"""
-"""A training run that sends a signal at a step it reaches (to itself, or to the server): no race with the clock."""
 
 
 def runs_of(uri: str, experiment: str) -> list:
@@ -72,10 +40,10 @@ def train(tmp_path: Path, uri: str, *args: str, script: Path | None = None, torc
     entry = [str(script)] if script else ["-m", "distqa.train"]
     if torchrun:
         entry = ["-m", "torch.distributed.run", *torchrun, *(entry if script else ["-m", "distqa.train"])]
-    return subprocess.run([sys.executable, *entry, *FAST_ARGS, "--output-dir", str(tmp_path), "--progress-bar", "false",
-                           "--tracker", "mlflow", *args], cwd=REPO_ROOT,
-                          env=clean_env(OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=uri, **env), capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run([sys.executable, *entry, *MACHINERY_ARGS, "--output-dir", str(tmp_path),
+                           "--progress-bar", "false", "--tracker", "mlflow", *args], cwd=REPO_ROOT,
+                          env=clean_env(OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(REPO_ROOT), **env),
+                          capture_output=True, text=True, timeout=180)  # PYTHONPATH: the task's package, for a script
 
 
 def test_a_two_node_run_stopped_and_resumed_is_one_mlflow_run_with_its_config_and_tensorboard_scalars(
@@ -237,7 +205,7 @@ def test_a_run_left_running_by_a_killed_start_is_ended_failed_when_a_fresh_start
 def test_a_server_killed_mid_run_or_never_there_costs_one_warning_not_the_run(tmp_path: Path) -> None:
     script = tmp_path / "at_step.py"
     script.write_text(AT_STEP)
-    untracked = subprocess.run([sys.executable, "-m", "distqa.train", *FAST_ARGS, "--output-dir", str(tmp_path),
+    untracked = subprocess.run([sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path),
                                 "--run-name", "untracked", "--max-steps", "12", "--log-every", "2",
                                 "--progress-bar", "false"], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
                                capture_output=True, text=True, timeout=180)
