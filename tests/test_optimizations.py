@@ -23,7 +23,7 @@ from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
 from distqa.tasks import make_task
 
-from conftest import FAST_ARGS, QA_ARGS, final_weights, max_difference, run_training
+from conftest import FAST_ARGS, MACHINERY_ARGS, QA_ARGS, final_weights, max_difference, run_training
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -124,7 +124,7 @@ def test_compiled_ddp_training_with_accumulation_ends_with_the_eager_weights(tmp
 
 @pytest.mark.distributed
 def test_a_grown_global_batch_is_what_the_run_uses_logs_and_saves(tmp_path: Path) -> None:
-    result = run_training([*FAST_ARGS, "--output-dir", str(tmp_path), "--run-name", "grown", "--global-batch-size",
+    result = run_training([*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--run-name", "grown", "--global-batch-size",
                            "4", "--per-rank-batch-size", "4", "--grow-global-batch", "true", "--lr", "1e-4",
                            "--warmup-steps", "4", "--max-steps", "2"], nproc=2)
     saved = json.loads((tmp_path / "grown" / "config.json").read_text())
