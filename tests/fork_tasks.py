@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from distqa.config import Config, Section, resolve_path
 from distqa.distributed import Runtime, all_gather_tensor
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.optim import Precision
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
 

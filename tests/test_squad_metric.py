@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from distqa import score
 from distqa.config import TINY_MODEL_DIR
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.nq.decode import SPANS_PER_WINDOW, WindowSpans
 from distqa.qa.squad.cache import SquadCacheRequest, SquadWindows, build_squad_cache, open_examples
 from distqa.qa.squad.inference import decode_answers

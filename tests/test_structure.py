@@ -116,7 +116,7 @@ def test_modules_hold_one_concern() -> None:
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules (and the metric, which `score` runs on machines without a GPU stack)
     stay importable without torch, so no caller needs a lazy import to stay light."""
-    code = ("import sys; import distqa.qa.answers, distqa.files, distqa.qa.nq.metric, distqa.score, "
+    code = ("import sys; import distqa.qa.answers, distqa.files, distqa.errors, distqa.qa.nq.metric, distqa.score, "
             "distqa.qa.nq.prepared; "
             "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); print(heavy); sys.exit(bool(heavy))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from distqa.config import Config, ConfigError, Section, resolve_path
 from distqa.distributed import Runtime, all_gather_tensor, on_device
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.optim import Precision
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
 

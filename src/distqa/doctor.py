@@ -50,7 +50,7 @@ from distqa.config import Config, ConfigError
 from distqa.config.flags import build_arg_parser
 from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.files import DataError, print_error
+from distqa.errors import DataError, print_error
 from distqa.memory import GiB, Step, fixes, needed_bytes
 from distqa.optim import Precision
 from distqa.preflight import (

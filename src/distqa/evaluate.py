@@ -28,7 +28,7 @@ from distqa.config import ConfigError
 from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
 from distqa.config.sources import dotenv_file
 from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
-from distqa.files import DataError, print_error
+from distqa.errors import DataError, print_error
 from distqa.optim import Precision
 from distqa.qa.configs import NQConfig, SquadConfig
 from distqa.qa.hf_format import checkpoint_task

@@ -45,7 +45,7 @@ from dotenv import load_dotenv
 from distqa.config import ConfigError
 from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
 from distqa.config.sources import dotenv_file
-from distqa.files import DataError, print_error
+from distqa.errors import DataError, print_error
 from distqa.qa.configs import NQConfig, SquadConfig
 from distqa.qa.nq.metric import write_submission
 from distqa.qa.nq.reader import require_file

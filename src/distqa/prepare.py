@@ -31,7 +31,7 @@ from dotenv import load_dotenv
 from distqa.config import ConfigError
 from distqa.config.flags import prepare_sections, train_sections
 from distqa.config.sources import dotenv_file, load_config
-from distqa.files import SKIP_ADVICE, BadRecordError, DataError
+from distqa.errors import SKIP_ADVICE, BadRecordError, DataError
 from distqa.tasks import make_task
 
 

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.nq.metric import SubmissionError, read_gold, read_submission, score_answers
 from distqa.qa.squad import metric as squad_metric
 

@@ -55,7 +55,7 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
+from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
 from distqa.resume import resume

@@ -42,7 +42,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from distqa.encoders.template import PairTemplate
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.answers import AnswerType
 from distqa.qa.featurize import featurising_pool, join_parts, make_tasks, read_table, run_tasks
 from distqa.qa.nq.reader import BadLinePolicy, ScanResult, require_file, scan

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from distqa.files import BadRecordError, DataError
+from distqa.errors import BadRecordError, DataError
 from distqa.qa.answers import AnswerType, Span
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from distqa.config import CONSOLE, ENCODER, NQ_FILES, WINDOWS
 from distqa.distributed import Runtime
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.configs import NQConfig
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.inference import Evaluator

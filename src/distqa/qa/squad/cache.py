@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from distqa.config import ConfigError
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.featurize import featurising_pool, read_table
 from distqa.qa.nq.cache import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest
 from distqa.qa.nq.reader import BadLinePolicy

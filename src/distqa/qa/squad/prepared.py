@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.configs import SquadConfig
 from distqa.qa.nq.prepared import auto_num_proc
 from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache, cached

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from distqa.config import CONSOLE, ENCODER, SQUAD_FILES, WINDOWS
 from distqa.distributed import Runtime
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.configs import SquadConfig
 from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.inference import SquadEvaluator
