@@ -23,10 +23,11 @@ from distqa.encoders.template import PairTemplate
 from distqa.optim import Precision
 from distqa.qa.answers import Span
 from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.inference import score_windows
 from distqa.qa.model import build_model
 from distqa.qa.nq.cache import CacheRequest, NQWindows, open_examples
 from distqa.qa.nq.decode import ExampleColumns, WindowLayout, decode
-from distqa.qa.nq.inference import Predictor, score_windows
+from distqa.qa.nq.inference import Predictor
 from distqa.qa.nq.reader import parse_example
 from distqa.qa.nq.windows import Featurizer, WindowSettings, token_span_to_pieces, window_span_to_tokens
 from distqa.qa.squad.cache import SquadWindows

@@ -18,15 +18,12 @@ from distqa.qa.nq.decode import (
     Prediction,
     Thresholds,
     WindowLayout,
-    WindowSpans,
     decode,
-    document_mask,
     golds_of,
-    merge_gathered,
-    top_spans,
     tune_thresholds,
 )
 from distqa.qa.nq.metric import read_gold, score_answers
+from distqa.qa.spans import WindowSpans, document_mask, merge_gathered, top_spans
 
 from conftest import REPO_ROOT
 

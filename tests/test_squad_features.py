@@ -16,8 +16,7 @@ from distqa.config import TINY_MODEL_DIR, ConfigError
 from distqa.config.flags import build_arg_parser, prepare_sections
 from distqa.qa.answers import AnswerType
 from distqa.qa.configs import SquadConfig
-from distqa.qa.featurize import read_table
-from distqa.qa.nq.cache import load_manifest
+from distqa.qa.feature_store import load_manifest, read_table
 from distqa.qa.squad.cache import (
     SquadCacheRequest,
     SquadWindows,

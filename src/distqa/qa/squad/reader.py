@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from distqa.config import resolve_path
 from distqa.encoders.hub import hf_home, hub_offline, hub_unreachable
 from distqa.errors import BadRecordError, DataError
-from distqa.qa.nq.reader import BadLinePolicy, check_bad_fraction
+from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
 
 log = logging.getLogger(__name__)
 
