@@ -22,7 +22,7 @@ from distqa.encoders.pretrained import check_sources
 from distqa.encoders.template import PairTemplate
 from distqa.optim import Precision
 from distqa.qa.answers import Span
-from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.dummy import DummyDataset
 from distqa.qa.inference import score_windows
 from distqa.qa.model import build_model
 from distqa.qa.nq.cache import CacheRequest, NQWindows, open_examples
