@@ -1,17 +1,11 @@
-"""Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON.
+"""The evaluate command of the question-answering tasks (``python -m distqa.evaluate`` runs it for their checkpoints).
 
-One process, or all ranks of a torchrun job (they share the windows)::
-
-    python -m distqa.evaluate --checkpoint results/nq-sample/checkpoints/best.pt
-    torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output answers.csv
-
-The thresholds are tuned again on the split unless both ``--long-threshold`` and
-``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV. The
-evaluation itself is :class:`distqa.qa.nq.inference.Evaluator`, the one that training runs.
-
-A checkpoint of the ``squad`` task is scored the same way on the validation split of its SQuAD feature cache
-(:class:`distqa.qa.squad.inference.SquadEvaluator`): the official metrics and the no-answer threshold (tuned again
-unless ``--no-answer-threshold`` is given) as JSON; ``--output`` writes the predictions JSON.
+An ``nq`` checkpoint (and a ``dummy`` one) is scored on the validation split of its NQ feature cache by
+:class:`distqa.qa.nq.inference.Evaluator`, the one that training runs: the metrics and the decoding thresholds (tuned
+again unless both ``--long-threshold`` and ``--short-threshold`` are given) as JSON; ``--output`` also writes the
+answers as a submission CSV. A ``squad`` checkpoint is scored the same way on the validation split of its SQuAD
+feature cache (:class:`distqa.qa.squad.inference.SquadEvaluator`): the official metrics and the no-answer threshold
+(tuned again unless ``--no-answer-threshold`` is given); ``--output`` writes the predictions JSON.
 """
 
 from __future__ import annotations
@@ -31,13 +25,15 @@ from distqa.distributed import distributed_runtime, read_torchrun_env, setup_log
 from distqa.files import DataError, print_error
 from distqa.optim import Precision
 from distqa.qa.configs import NQConfig, SquadConfig
-from distqa.qa.hf_format import checkpoint_task
 from distqa.qa.nq.inference import Evaluator, Predictor
 from distqa.qa.nq.metric import write_submission
 from distqa.qa.nq.prepared import find_features
 from distqa.qa.squad.inference import SquadEvaluator, SquadPredictor
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.prepared import find_squad_features
+from distqa.tasks.commands import checkpoint_task
+
+DESCRIPTION = "Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON."
 
 NQ_SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
 SQUAD_SETTINGS = ("squad_cache_dir", "squad_train_file", "squad_validation_file", "no_answer_threshold",
@@ -47,7 +43,7 @@ SETTINGS = tuple(dict.fromkeys(NQ_SETTINGS + SQUAD_SETTINGS))
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=DESCRIPTION)
     parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
     parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0); for a "
@@ -69,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(read_torchrun_env()["RANK"])
         task = checkpoint_task(args.checkpoint)
         refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
-                                 f"{args.checkpoint} is of task {task or 'nq'!r}")
+                                 f"{args.checkpoint} is of task {task!r}")
         if task == "squad":
             return evaluate_squad(args)
         overrides = setting_overrides(args, NQ_SETTINGS, NQConfig, os.environ)

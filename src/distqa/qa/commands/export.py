@@ -1,21 +1,6 @@
-"""Export a trained checkpoint as a Hugging Face directory that ``transformers`` loads offline.
-
-::
-
-    python -m distqa.export --checkpoint results/nq-sample/checkpoints/best.pt --output results/nq-sample/model
-
-Then, with no network and nothing of this repository::
-
-    from transformers import AutoModelForQuestionAnswering, pipeline
-    model = AutoModelForQuestionAnswering.from_pretrained("results/nq-sample/model")
-    answer = pipeline("question-answering", model="results/nq-sample/model")(question=..., context=...)
-
-and ``python -m distqa.predict --checkpoint results/nq-sample/model …`` writes the same file as from ``best.pt``
-(the answer-type head, the tuned thresholds and the run's config are in the directory too). What the
-directory holds: :mod:`distqa.qa.hf_format`. To publish it on a model hub: ``hf upload ORG/NAME DIR`` (the
-``huggingface_hub`` CLI, after ``hf auth login``), or ``model.push_to_hub`` after loading it.
-
-Exit status: 0 when written; 2 with one line on stderr when the checkpoint cannot be read or exported.
+"""The export command of the question-answering tasks (``python -m distqa.export`` runs it for their checkpoints): a
+Hugging Face directory that ``transformers`` loads offline, as :mod:`distqa.export` shows; what the directory holds is
+:mod:`distqa.qa.hf_format`.
 """
 
 from __future__ import annotations
@@ -32,9 +17,11 @@ from distqa.qa.hf_format import export_model, load_model_checkpoint
 
 log = logging.getLogger("distqa.export")
 
+DESCRIPTION = "Export a trained checkpoint as a Hugging Face directory that ``transformers`` loads offline."
+
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m distqa.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m distqa.export", description=DESCRIPTION)
     parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt written by distqa.train")
     parser.add_argument("--output", required=True, type=Path,
                         help="the directory to write (must not exist, or be empty)")

@@ -1,34 +1,19 @@
-"""Answer every question of a file with a trained checkpoint: NQ jsonl to a Kaggle CSV, SQuAD to predictions JSON.
+"""The predict command of the question-answering tasks (``python -m distqa.predict`` runs it for their checkpoints).
 
-The sample test file, on one process (CPU or one GPU)::
+An ``nq`` checkpoint (and a ``dummy`` one) answers an NQ jsonl with a Kaggle submission CSV, a ``squad`` checkpoint a
+file in the SQuAD schema with the official predictions JSON; :mod:`distqa.predict` shows the commands.
 
-    python -m distqa.predict --checkpoint results/nq-sample/checkpoints/best.pt \\
-        --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
-
-Over all GPUs of a node (each rank scores a share of the windows; rank 0 writes the file)::
-
-    torchrun --standalone --nproc-per-node gpu -m distqa.predict --checkpoint … --input … --output …
-
-Score it against a train-format file of the same examples::
-
-    python -m distqa.score --gold data/nq-sample/simplified-nq-test-gold.jsonl --submission submission.csv
-
-A checkpoint of the ``squad`` task answers a file in the SQuAD schema (a SQuAD .json, a .jsonl or .parquet in the
-Hugging Face schema, or hf:NAME:SPLIT; answers in it are ignored) and writes the official predictions JSON,
-``{question id: answer text}`` with ``""`` for no answer, using the no-answer threshold tuned in training::
-
-    python -m distqa.predict --checkpoint results/squad-sample/checkpoints/best.pt \\
-        --input data/squad-sample/dev.json --output predictions.json
-    python -m distqa.score --format squad --gold data/squad-sample/dev.json --predictions predictions.json
-
-The rest of this text is about NQ checkpoints (the checkpoint's task chooses).
-The input may be the test file (no annotations) or a train-format file (annotations are ignored).
+For NQ, the input may be the test file (no annotations) or a train-format file (annotations are ignored).
 It is featurised with the window settings and tokenizer the checkpoint was trained with, into the
 feature cache (``--nq-cache-dir``; reused when the same file is predicted again). Every line must be
 valid: a submission needs a row for every example. The decoding thresholds are the ones tuned on
 the validation split and stored in the checkpoint, unless ``--long-threshold``/``--short-threshold``
 say otherwise. The CSV has the header ``example_id,PredictionString`` and rows ``<id>_long`` and
 ``<id>_short`` in input order, with ``start:end``, ``YES``, ``NO`` or blank.
+
+For SQuAD, the input is a SQuAD .json, a .jsonl or .parquet in the Hugging Face schema, or hf:NAME:SPLIT (answers in
+it are ignored); the predictions JSON is ``{question id: answer text}`` with ``""`` for no answer, using the
+no-answer threshold tuned in training unless ``--no-answer-threshold`` says otherwise.
 """
 
 from __future__ import annotations
@@ -51,8 +36,12 @@ from distqa.qa.nq.metric import write_submission
 from distqa.qa.nq.reader import require_file
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.reader import hub_name, source_path
+from distqa.tasks.commands import checkpoint_task
 
 log = logging.getLogger("distqa.predict")
+
+DESCRIPTION = ("Answer every question of a file with a trained checkpoint: NQ jsonl to a Kaggle CSV, SQuAD to "
+               "predictions JSON.")
 
 NQ_SETTINGS = ("long_threshold", "short_threshold", "eval_batch_size", "device", "nq_cache_dir", "num_proc")
 SQUAD_SETTINGS = ("no_answer_threshold", "eval_batch_size", "device", "squad_cache_dir", "num_proc")
@@ -61,7 +50,7 @@ SETTINGS = tuple(dict.fromkeys(NQ_SETTINGS + SQUAD_SETTINGS))
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m distqa.predict", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m distqa.predict", description=DESCRIPTION)
     parser.add_argument("--checkpoint", required=True, type=Path,
                         help="best.pt or a step-*.pt written by distqa.train, or a directory written by "
                         "distqa.export")
@@ -80,10 +69,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Here, not at the top: featurising processes start with multiprocessing's spawn, which re-imports
-    # this module, and should not import torch and transformers for nothing.
+    # Here, not at the top: featurising processes start with multiprocessing's spawn, which re-imports the
+    # modules their work is defined in, and should not import torch and transformers for nothing.
     from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
-    from distqa.qa.hf_format import checkpoint_task
     from distqa.qa.nq.inference import Predictor
 
     args = build_arg_parser().parse_args(argv)
@@ -92,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(read_torchrun_env()["RANK"])
         task = checkpoint_task(args.checkpoint)
         refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
-                                 f"{args.checkpoint} is of task {task or 'nq'!r}")
+                                 f"{args.checkpoint} is of task {task!r}")
         if task == "squad":
             return predict_squad(args)
         require_file(args.input)

@@ -1,5 +1,5 @@
-"""Score answers against gold answers: the Kaggle NQ micro-F1 of a submission CSV, or the official SQuAD metrics of
-a predictions JSON.
+"""The score command of the question-answering tasks (``python -m distqa.score`` runs it for ``--format nq`` and
+``--format squad``): the Kaggle NQ micro-F1 of a submission CSV, or the official SQuAD metrics of a predictions JSON.
 
 Natural Questions (the default ``--format nq``): a submission CSV against a train-format jsonl holding the same
 examples with their annotations::
