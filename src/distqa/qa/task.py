@@ -35,7 +35,8 @@ class QATask(Task):
     # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
     sync_buffers = False
     # One module per command serves every QA task (it reads nq or squad from the checkpoint, as before the seam).
-    commands: ClassVar[Mapping[str, str]] = {name: f"distqa.qa.commands.{name}:main" for name in ("predict", "evaluate", "score", "export")}
+    commands: ClassVar[Mapping[str, str]] = {
+        name: f"distqa.qa.commands.{name}:main" for name in ("predict", "evaluate", "score", "export")}
     config: QAConfig
 
     def __init__(self, config: QAConfig) -> None:
