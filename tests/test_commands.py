@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -103,31 +104,45 @@ def copy_without_the_qa_package(root: Path) -> Path:
     return root
 
 
+IN_THE_FORK = """
+import contextlib, importlib.util, io, json, sys
+import distqa
+from distqa import evaluate, export, predict, score
+said = {"distqa": distqa.__file__, "qa": importlib.util.find_spec("distqa.qa") is not None}
+for name, main, argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = {"predict": predict, "evaluate": evaluate, "export": export, "score": score}[main].main(argv)
+        except SystemExit as exit_:  # --help
+            code = exit_.code
+    said[name] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(said))
+"""
+"""Imports the entry points and runs each command line given (name, entry point, argv) in one process."""
+
+
 def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(example_checkpoint: Path,
                                                                           tmp_path: Path) -> None:
     fork = copy_without_the_qa_package(tmp_path / "fork")
-    env = clean_env(PYTHONPATH=f"{fork / 'src'}:{fork}")
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, *args], cwd=fork, env=env, capture_output=True, text=True,
-                              timeout=300)
-
-    imported = run("-c", "import distqa.predict, distqa.evaluate, distqa.score, distqa.export, distqa; "
-                   "import importlib.util; print(distqa.__file__, importlib.util.find_spec('distqa.qa'))")
-    assert imported.returncode == 0 and imported.stdout.split() == [str(fork / "src" / "distqa" / "__init__.py"),
-                                                                    "None"], imported.stdout + imported.stderr
+    runs = [(command, command, command_line(command, example_checkpoint, tmp_path)) for command in ENTRY_POINTS]
+    runs += [("nq checkpoint", "predict", command_line("predict", FORMAT_2_BEST, tmp_path)),
+             ("score", "score", ["--gold", "gold.jsonl", "--submission", "submission.csv"]),
+             ("help", "evaluate", ["--help"])]
+    done = subprocess.run([sys.executable, "-c", IN_THE_FORK, json.dumps(runs)], cwd=fork, capture_output=True,
+                          text=True, env=clean_env(PYTHONPATH=f"{fork / 'src'}:{fork}"), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = json.loads(done.stdout)
+    assert said["distqa"] == str(fork / "src" / "distqa" / "__init__.py") and not said["qa"]
     for command in ENTRY_POINTS:
-        refused = run("-m", f"distqa.{command}", *command_line(command, example_checkpoint, tmp_path))
-        assert refused.returncode == 2 and not refused.stdout, refused.stdout + refused.stderr
-        line = one_error_line(refused.stderr)
-        assert line.startswith(f"python -m distqa.{command}: error: task 'text_classification' has no {command} "
-                               "command"), line
-    nq = run("-m", "distqa.predict", *command_line("predict", FORMAT_2_BEST, tmp_path))
-    assert nq.returncode == 2 and "task 'nq': no module named 'distqa.qa'" in one_error_line(nq.stderr), nq.stderr
-    scored = run("-m", "distqa.score", "--gold", "gold.jsonl", "--submission", "submission.csv")
-    assert scored.returncode == 2 and "task 'nq': no module named 'distqa.qa'" in one_error_line(scored.stderr)
-    helped = run("-m", "distqa.evaluate", "--help")
-    assert helped.returncode == 0 and "--checkpoint CHECKPOINT" in helped.stdout, helped.stdout + helped.stderr
+        code, out, err = said[command]
+        assert code == 2 and not out and one_error_line(err).startswith(
+            f"python -m distqa.{command}: error: task 'text_classification' has no {command} command"), err
+    for name, prog in (("nq checkpoint", "python -m distqa.predict"), ("score", "distqa.score")):
+        code, out, err = said[name]
+        assert code == 2 and one_error_line(err).startswith(f"{prog}: error: task 'nq': no module named 'distqa.qa'")
+    code, out, _ = said["help"]
+    assert code == 0 and "--checkpoint CHECKPOINT" in out, out
 
 
 def test_old_and_unreadable_checkpoints_name_their_task_or_say_why(tmp_path: Path) -> None:
