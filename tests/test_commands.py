@@ -19,6 +19,7 @@ import torch
 from distqa import evaluate, export, predict, score
 from distqa.checkpoint import ModelCheckpoint, Progress, save_checkpoint
 from distqa.config import ConfigError
+from distqa.tasks import task_class
 from distqa.tasks.base import Task
 from distqa.tasks.commands import checkpoint_task, task_command
 
@@ -138,11 +139,29 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
         code, out, err = said[command]
         assert code == 2 and not out and one_error_line(err).startswith(
             f"python -m distqa.{command}: error: task 'text_classification' has no {command} command"), err
-    for name, prog in (("nq checkpoint", "python -m distqa.predict"), ("score", "distqa.score")):
-        code, out, err = said[name]
-        assert code == 2 and one_error_line(err).startswith(f"{prog}: error: task 'nq': no module named 'distqa.qa'")
+    code, _, err = said["nq checkpoint"]
+    assert code == 2 and one_error_line(err).startswith(
+        "python -m distqa.predict: error: task 'nq': no module named 'distqa.qa'"), err
+    code, _, err = said["score"]
+    assert code == 2 and one_error_line(err).startswith(
+        "distqa.score: error: task 'nq': its score command distqa.qa.commands.score:main: importing "
+        "distqa.qa.commands.score failed (ModuleNotFoundError: No module named 'distqa.qa')"), err
     code, out, _ = said["help"]
     assert code == 0 and "--checkpoint CHECKPOINT" in out, out
+
+
+def test_score_imports_no_task_for_the_qa_formats_and_runs_what_their_classes_declare(tmp_path: Path) -> None:
+    """Scoring an NQ or SQuAD file needs neither torch nor transformers (the tasks' modules import both)."""
+    for name, path in score.QA_SCORE_COMMANDS.items():
+        assert task_class(name).commands["score"] == path
+    gold = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
+    code = ("import sys; from distqa import score; "
+            f"code = score.main(['--gold', {str(gold)!r}, '--submission', {str(tmp_path / 'none.csv')!r}]); "
+            "print(code, sorted({'torch', 'transformers'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.strip() == "2 []", done.stdout + done.stderr
+    assert done.stderr == f"distqa.score: error: {tmp_path / 'none.csv'}: no such submission file\n"
 
 
 def test_old_and_unreadable_checkpoints_name_their_task_or_say_why(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
@@ -43,14 +43,20 @@ def task_command(task: str, command: str) -> Command:
         raise ConfigError(f"task {name!r} has no {command} command{declared}: {chosen.__name__}.commands names "
                           f"none. A task declares its own as commands = {{{command!r}: 'package.module:function'}} "
                           "(distqa.tasks.base.Task.commands).")
+    return import_command(path, name, command)
+
+
+def import_command(path: str, task: str, command: str) -> Command:
+    """The function at ``path`` (``package.module:function``), ``task``'s ``command``; a one-line ConfigError when
+    it cannot be imported or is not a function."""
     module_name, _, function_name = path.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), function_name, None)
     except ImportError as err:
-        raise ConfigError(f"task {name!r}: its {command} command {path}: importing {module_name} failed "
+        raise ConfigError(f"task {task!r}: its {command} command {path}: importing {module_name} failed "
                           f"({type(err).__name__}: {err}).") from None
     if not callable(function):
-        raise ConfigError(f"task {name!r}: its {command} command {path} is not a function in {module_name}; "
+        raise ConfigError(f"task {task!r}: its {command} command {path} is not a function in {module_name}; "
                           "commands maps a name to 'package.module:function'.")
     return function
 
@@ -118,13 +124,15 @@ def run_checkpoint_command(command: str, prog: str, argv: Sequence[str] | None, 
         return 2
 
 
-def run_named_command(command: str, prog: str, argv: Sequence[str] | None, option: str, default: str) -> int:
-    """``command`` of the task that ``option`` names in ``argv`` (``default`` when absent), called with ``argv``."""
+def run_named_command(command: str, prog: str, argv: Sequence[str] | None, option: str, default: str,
+                      known: Mapping[str, str]) -> int:
+    """``command`` of the task that ``option`` names in ``argv`` (``default`` when absent), called with ``argv``.
+    ``known``: task name -> the path its class declares for ``command``, imported without the task's module."""
     early = argparse.ArgumentParser(prog=prog, add_help=False)
     early.add_argument(option, default=default)
     task = getattr(early.parse_known_args(argv)[0], option.lstrip("-").replace("-", "_"))
     try:
-        function = task_command(task, command)
+        function = import_command(known[task], task, command) if task in known else task_command(task, command)
     except ConfigError as err:
         print_error(f"{prog}: error: {err}")
         return 2
