@@ -165,9 +165,10 @@ def test_prepare_shows_and_accepts_only_what_determines_the_cache(tmp_path: Path
     assert skipped.returncode == 0 and not skipped.stdout and not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("module", ["distqa.predict", "distqa.evaluate"])
+@pytest.mark.parametrize("module", ["distqa.qa.commands.predict", "distqa.qa.commands.evaluate"])
 def test_predict_and_evaluate_show_only_the_settings_they_take_from_flags(module: str) -> None:
-    """The rest comes from the checkpoint; the flags they have are the settings' own (same help, same types)."""
+    """The rest comes from the checkpoint; the flags they have are the settings' own (same help, same types).
+    The QA tasks' commands, which ``python -m distqa.predict|evaluate`` run for their checkpoints."""
     entry_point = importlib.import_module(module)
     help_text = entry_point.build_arg_parser().format_help()
     assert flags_in(help_text) == setting_flags(entry_point.SETTINGS)

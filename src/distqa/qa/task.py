@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ class QATask(Task):
     # The encoders' buffers (position and token type ids, ModernBERT's rotary frequencies) are constants, outside
     # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
     sync_buffers = False
+    # One module per command serves every QA task (it reads nq or squad from the checkpoint, as before the seam).
+    commands: ClassVar[Mapping[str, str]] = {
+        name: f"distqa.qa.commands.{name}:main" for name in ("predict", "evaluate", "score", "export")}
     config: QAConfig
 
     def __init__(self, config: QAConfig) -> None:

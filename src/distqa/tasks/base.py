@@ -101,6 +101,11 @@ class Task:
     each training forward (torch's default, ``forward_sync_buffers``) and the trainer before each evaluation, so
     all ranks evaluate, and the checkpoints hold, one model. False only when the buffers never change in training
     (the QA encoders' position ids): it saves a broadcast per forward."""
+    commands: ClassVar[Mapping[str, str]] = {}
+    """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
+    name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
+    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.tasks.commands`); only that module is imported.
+    A command the task leaves out says so in one line."""
 
     def __init__(self, config: Config) -> None:
         if not isinstance(config, self.config_class):
