@@ -45,8 +45,9 @@ from gpu_common import (
 from harness import add_common_arguments, bench_config, pin_threads
 from transformers.utils import logging as hf_logging
 
-from distqa.memory import GiB, Step, TrainingMemory, count_on_meta
-from distqa.qa.configs import QAConfig
+from distqa.encoders.memory import EncoderMemory, count_on_meta
+from distqa.memory import GiB, Step
+from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model
 from distqa.throughput import peak_bf16_flops
 
@@ -83,7 +84,7 @@ def row_config(flags: list[str], model: str, micro_batch: int, checkpointing: bo
 def estimate(config: QAConfig, device: torch.device) -> tuple[int, float, str]:
     """(parameters, estimated peak in GiB, its moment) of one step of ``config`` in one process on ``device``."""
     model = count_on_meta(lambda: build_model(config))
-    memory = TrainingMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
+    memory = EncoderMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
     step = Step(config.per_rank_batch_size, "bf16", device.type, config.activation_checkpointing,
                 gradients_persist=False)
     figure = memory.estimate(step)

@@ -41,9 +41,9 @@ from gpu_common import BERT_SIZES
 from harness import bench_config
 from transformers import BertConfig
 
-from distqa.config import TINY_MODEL_DIR
+from distqa.encoders.config import TINY_MODEL_DIR
+from distqa.encoders.flops import model_flops_per_token
 from distqa.qa.model import build_model
-from distqa.throughput import model_flops_per_token
 
 MEASURED_H100 = {"samples_per_s": 888.7, "micro_batch": 32, "seq_len": 512}
 """bench/gpu.sh on one H100 80GB HBM3 (2026-11-22): ours bf16 + torch.compile, BERT-base, seq 512."""

@@ -18,6 +18,7 @@ from torch import nn
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
+from distqa.encoders.flops import non_embedding_parameters
 from distqa.encoders.pretrained import check_sources
 from distqa.encoders.template import PairTemplate
 from distqa.optim import Precision
@@ -34,7 +35,6 @@ from distqa.qa.squad.cache import open_examples as open_squad_examples
 from distqa.qa.squad.inference import decode_answers
 from distqa.rundir import prepare_run_dir
 from distqa.tasks import make_task
-from distqa.throughput import non_embedding_parameters
 from distqa.train import train
 
 from conftest import QA_ARGS, REPO_ROOT, TinyEncoder

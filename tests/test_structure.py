@@ -16,7 +16,7 @@ import pytest
 
 from distqa.config import SECTIONS, ConfigError, fields_of
 from distqa.config.flags import build_arg_parser, coerce_flag, prepare_sections, section_fields, train_sections
-from distqa.qa.configs import NQConfig
+from distqa.qa.nq.config import NQConfig
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, clean_env

@@ -7,7 +7,7 @@ import logging
 from torch.utils.data import Dataset
 
 from distqa.distributed import Runtime
-from distqa.qa.configs import DummyConfig
+from distqa.qa.config import DummyConfig
 from distqa.qa.dummy_data import DummyDataset
 from distqa.qa.task import QATask
 from distqa.tasks.base import Evaluator

@@ -37,7 +37,7 @@ from distqa.checkpoint import FORMAT_VERSION, CheckpointError, ModelCheckpoint, 
 from distqa.config import ConfigError
 from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
 
 log = logging.getLogger(__name__)

@@ -15,14 +15,14 @@ from transformers import PreTrainedTokenizerBase
 
 from distqa.config import ConfigError
 from distqa.distributed import Runtime, broadcast_object
+from distqa.encoders.flops import model_flops_per_token
+from distqa.encoders.memory import EncoderMemory, count_on_meta
 from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.encoders.template import PairTemplate
-from distqa.memory import TrainingMemory, count_on_meta
 from distqa.qa.collate import collate_trimmed
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
 from distqa.tasks.base import Batch, Task
-from distqa.throughput import model_flops_per_token
 
 
 class QATask(Task):
@@ -85,8 +85,8 @@ class QATask(Task):
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
         return model_flops_per_token(model.encoder, seq_len)
 
-    def training_memory(self) -> TrainingMemory:
+    def training_memory(self) -> EncoderMemory:
         """The model of these settings counted on the meta device: from its config alone, no weights loaded."""
         model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
-        return TrainingMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
+        return EncoderMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
                                        self.config.attn_implementation)

@@ -34,10 +34,11 @@ from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision
 from distqa.qa.answers import Answer
 from distqa.qa.collate import collate_trimmed
-from distqa.qa.configs import NQConfig, QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.hf_format import load_model_checkpoint
 from distqa.qa.model import INPUT_NAMES, build_model, forward
 from distqa.qa.nq.cache import NQWindows, open_examples
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.decode import (
     Decoding,
     ExampleColumns,

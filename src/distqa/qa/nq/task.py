@@ -9,11 +9,13 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from distqa.config import CONSOLE, ENCODER, NQ_FILES, WINDOWS
+from distqa.config import CONSOLE
 from distqa.distributed import Runtime
+from distqa.encoders.config import ENCODER
 from distqa.files import DataError
-from distqa.qa.configs import NQConfig
+from distqa.qa.config import WINDOWS
 from distqa.qa.nq.cache import NQWindows
+from distqa.qa.nq.config import NQ_FILES, NQConfig
 from distqa.qa.nq.inference import Evaluator
 from distqa.qa.nq.prepared import find_features, prepare_nq, require_nq_features
 from distqa.qa.task import QATask

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from distqa.config import CONSOLE, ENCODER, SQUAD_FILES, WINDOWS
+from distqa.config import CONSOLE
 from distqa.distributed import Runtime
+from distqa.encoders.config import ENCODER
 from distqa.files import DataError
-from distqa.qa.configs import SquadConfig
+from distqa.qa.config import WINDOWS
 from distqa.qa.squad.cache import SquadWindows
+from distqa.qa.squad.config import SQUAD_FILES, SquadConfig
 from distqa.qa.squad.inference import SquadEvaluator
 from distqa.qa.squad.prepared import find_squad_features, prepare_squad, require_squad_features
 from distqa.qa.task import QATask
