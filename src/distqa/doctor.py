@@ -151,7 +151,7 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     problems += [] if config_error else disk_problems
     if task is not None and not config_error:
         try:  # what the run reads, without building anything (a cache must be built before launch)
-            task.check(build=False)
+            task.check_inputs(may_build=False)
         except (ConfigError, DataError) as err:
             problems.append(str(err))
     if runtime.device.type == "cuda" and runtime.local_world_size < torch.cuda.device_count():

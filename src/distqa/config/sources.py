@@ -89,7 +89,8 @@ def load_config(
     (set by torchrun) is used to check that the global batch splits evenly (after :meth:`Config.for_world_size`),
     so a bad batch size fails before any rendezvous. The config returned is the one given; the trainer scales it
     to its world size.
-    ``default_task``: the entry point's task when no flag, variable or preset names one (``prepare``: nq).
+    ``default_task``: the entry point's task when no flag, variable or preset names one (None: the ``task``
+    setting's default, ``dummy``).
     ``check_data_paths``: False where the caller reads the task's data files at once itself (``prepare``), so a
     missing one is named by the reader.
     """
@@ -151,9 +152,9 @@ class SettingSources:
         env = {k: v for k, v in merged.items() if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "PRESET"}
         early, _ = _early_parser().parse_known_args(argv)
         given = "--preset" if early.preset else f"{ENV_PREFIX}PRESET" if merged.get(ENV_PREFIX + "PRESET") else ""
-        named = early.preset or merged.get(ENV_PREFIX + "PRESET")
         # A fork that deleted the built-in tasks may delete their presets, the default one among them.
-        preset = read_preset(named or (DEFAULT_PRESET if (PRESETS_DIR / f"{DEFAULT_PRESET}.toml").is_file() else "none"))
+        default = DEFAULT_PRESET if (PRESETS_DIR / f"{DEFAULT_PRESET}.toml").is_file() else "none"
+        preset = read_preset(early.preset or merged.get(ENV_PREFIX + "PRESET") or default)
         # The task decides which settings exist, so it is chosen first, by the same precedence.
         task = default_task or fields_of(Config)["task"].default
         task = _take_task(preset.values, "task", "dataset", f"preset {preset.path}") or task
@@ -266,8 +267,9 @@ def _world_size(environ: Mapping[str, str]) -> int:
 
 
 def env_example() -> str:
-    """The text of ``.env.example``: every setting of every registered task (whose module is here) as a commented ``DISTQA_*`` line
-    with its help; a setting that not every task has names the tasks that have it."""
+    """The text of ``.env.example``: every setting of every registered task whose module is here, as a commented
+    ``DISTQA_*`` line with its help; a setting that not every task has names the tasks that have it. Sections come
+    in ``--help``'s order (:func:`~distqa.config.flags.ordered_sections`)."""
     classes = {name: task_class(name).config_class for name in available_tasks()}
     everything: dict[str, dataclasses.Field[Any]] = {}  # a setting several tasks declare: in its first one's section
     helps: dict[str, dict[str, list[str]]] = {}  # setting -> its help -> the tasks that declare it with that help

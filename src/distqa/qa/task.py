@@ -40,7 +40,7 @@ class QATask(Task):
         super().__init__(config)
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """The encoder config, the weights (unless from_scratch) and a local tokenizer load, and the tokenizer's
         pair format leaves the windows room for the document (one ConfigError naming the path or setting and the
         fix otherwise); hub names are checked when :meth:`setup` loads them."""
@@ -68,7 +68,7 @@ class QATask(Task):
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """Loaded once: by :meth:`check` when local, else here (after :meth:`setup` for a hub name)."""
+        """Loaded once: by :meth:`check_inputs` when local, else here (after :meth:`setup` for a hub name)."""
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.config)
         return self._tokenizer

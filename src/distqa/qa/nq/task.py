@@ -29,13 +29,13 @@ class NQTask(QATask):
     prepare_sections = (ENCODER, WINDOWS, NQ_FILES, CONSOLE)
     config: NQConfig
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """The sources load, and the feature cache exists: built here by a single process that finds none;
         a multi-process run (or the doctor) needs it built before launch, since the other ranks would wait
         in a collective while one featurises."""
-        super().check(build)
+        super().check_inputs(may_build)
         try:
-            require_nq_features(self.config, self.tokenizer, build=build)
+            require_nq_features(self.config, self.tokenizer, build=may_build)
         except DataError as err:
             raise DataError(f"feature cache: {err}") from None
 

@@ -30,12 +30,12 @@ class SquadTask(QATask):
     prepare_sections = (ENCODER, WINDOWS, SQUAD_FILES, CONSOLE)
     config: SquadConfig
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """The sources load, and the feature cache exists: built here by a single process that finds none; a
         multi-process run (or the doctor) needs it built before launch, as NQ's."""
-        super().check(build)
+        super().check_inputs(may_build)
         try:
-            require_squad_features(self.config, self.tokenizer, build=build)
+            require_squad_features(self.config, self.tokenizer, build=may_build)
         except DataError as err:
             raise DataError(f"feature cache: {err}") from None
 
