@@ -5,7 +5,9 @@ fork's own settings stopping a resume with other values; a fork's own entry modu
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -210,3 +212,61 @@ def test_the_local_launcher_starts_a_forks_entry_module_on_every_node(tmp_path: 
 def test_fast_args_are_the_dummy_tasks() -> None:
     """The suite's small configuration is a dummy-task run (what the launcher tests start)."""
     assert load(*FAST_ARGS).task == "dummy"
+
+
+# --- prepare's task, and a fork that deleted the QA package ----------------------------------------------
+
+def test_prepare_alone_prepares_the_default_task_which_builds_nothing(tmp_path: Path) -> None:
+    """``python -m distqa.prepare`` chooses the task as train does (dummy by default), not NQ: one line, no cache."""
+    result = subprocess.run([sys.executable, "-m", "distqa.prepare"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env=clean_env(DISTQA_NQ_CACHE_DIR=str(tmp_path / "cache")), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout and not (tmp_path / "cache").exists()
+    assert "task 'dummy' has nothing to build before training" in result.stderr and "--task" in result.stderr
+
+
+EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
+
+
+@pytest.fixture(scope="module")
+def without_qa(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A fork's checkout: the package without distqa/qa, and the example task, without the presets (QA ones), and
+    the environment that imports distqa from it."""
+    root = tmp_path_factory.mktemp("fork")
+    shutil.copytree(REPO_ROOT / "src" / "distqa", root / "src" / "distqa",
+                    ignore=lambda folder, names: [n for n in names if n == "__pycache__" or
+                                                  (n == "qa" and Path(folder).name == "distqa")])
+    shutil.copytree(REPO_ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    assert not (root / "src" / "distqa" / "qa").exists() and not (root / "configs").exists()
+    return root, clean_env(PYTHONPATH=os.pathsep.join([str(root / "src"), str(root)]))
+
+
+def test_a_fork_without_the_qa_package_shows_its_settings(without_qa: tuple[Path, dict[str, str]]) -> None:
+    """The registry, the settings and --help import only the task in use: the registered tasks whose package is gone
+    are left out, a flag that is no setting of the run's is refused as argparse refuses it, and .env.example lists
+    what is here."""
+    root, env = without_qa
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+    shown = run("-m", "distqa.train", "--task", EXAMPLE_TASK, "--help")
+    assert shown.returncode == 0, shown.stderr
+    assert "--data-file" in shown.stdout and "--max-seq-len" not in shown.stdout
+    assert "registered: none here" in " ".join(shown.stdout.split())
+    refused = run("-m", "distqa.train", "--task", EXAMPLE_TASK, "--nq-cache-dir", "x")
+    assert refused.returncode == 2 and "unrecognized arguments: --nq-cache-dir x" in refused.stderr
+    example = run("-m", "distqa.config.sources")
+    assert example.returncode == 0 and "DISTQA_LR=" in example.stdout
+    assert "DISTQA_MODEL_NAME_OR_PATH" not in example.stdout
+    for result in (shown, refused, example):
+        assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_fork_without_the_qa_package_runs_the_doctor(without_qa: tuple[Path, dict[str, str]]) -> None:
+    root, env = without_qa
+    result = subprocess.run([sys.executable, "-m", "distqa.doctor", "--task", EXAMPLE_TASK], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "memory: not estimated (task 'text_classification' defines no training_memory)" in result.stdout
+    assert "doctor: all checks passed on 1 rank(s)" in result.stdout

@@ -58,7 +58,7 @@ def build_arg_parser(prog: str = "python -m distqa.train", task: type[Task] | No
         description=(description + " " if description else "") + "Precedence of settings: defaults < --preset "
         f"file < .env / DISTQA_* environment variables < these flags. The settings shown are those of task "
         f"{task.name or config_class.__name__!r}; --task NAME --help shows another's (registered: "
-        f"{', '.join(available_tasks())}; a fork's: --task package.module:ClassName).",
+        f"{', '.join(available_tasks()) or 'none here'}; a fork's: --task package.module:ClassName).",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )

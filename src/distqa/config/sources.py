@@ -270,7 +270,8 @@ def env_example() -> str:
     """The text of ``.env.example``: every setting of every registered task whose module is here, as a commented
     ``DISTQA_*`` line with its help; a setting that not every task has names the tasks that have it. Sections come
     in ``--help``'s order (:func:`~distqa.config.flags.ordered_sections`)."""
-    classes = {name: task_class(name).config_class for name in available_tasks()}
+    # With no registered task here (a fork deleted them and registered none), the settings every run has.
+    classes = {name: task_class(name).config_class for name in available_tasks()} or {"any": Config}
     everything: dict[str, dataclasses.Field[Any]] = {}  # a setting several tasks declare: in its first one's section
     helps: dict[str, dict[str, list[str]]] = {}  # setting -> its help -> the tasks that declare it with that help
     for task, config_class in classes.items():
