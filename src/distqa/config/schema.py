@@ -78,10 +78,11 @@ DISTRIBUTED = Section("distributed", "distributed")
 CHECKPOINTS = Section("checkpoints", "checkpoints")
 LOGGING = Section("logging", "logging")
 CONSOLE = Section("console", "console")
-SECTIONS = (PRESET, TASK, RUN, MODEL, DATA, OPTIMISATION, EVALUATION, DISTRIBUTED, CHECKPOINTS, LOGGING, CONSOLE)
+SECTIONS = (PRESET, TASK, RUN, DATA, OPTIMISATION, EVALUATION, DISTRIBUTED, CHECKPOINTS, LOGGING, CONSOLE)
 """The machinery's sections, in the order ``--help`` and .env.example show them; a task's own sections follow, in
-the order of its fields. ``MODEL``, ``DATA`` and ``EVALUATION`` are generic: a task puts its own settings of its
-model, data and evaluation there (``MODEL`` has no setting of every run)."""
+the order of its fields. ``DATA`` and ``EVALUATION`` are generic: a task adds its settings of its data and its
+evaluation there. So is ``MODEL``, which holds no setting of every run: it is a task's section, shown where its
+first field comes."""
 
 
 @dataclass
