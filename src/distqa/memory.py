@@ -1,7 +1,7 @@
 """The memory check's task-neutral half: the settings of a training step that memory depends on (:class:`Step`),
 an estimate of one step's peak (:class:`StepMemory`), what a task's estimate offers (:class:`TrainingMemory`, what
 ``Task.training_memory`` returns), what a GPU must have besides the tensors, and the fixes when a step does not
-fit. The doctor uses it; a task brings the estimate (a transformers encoder's: :mod:`distqa.encoders.memory`).
+fit. The doctor uses it; a task brings the estimate (a transformers encoder's: ``encoders/memory.py``).
 No torch here.
 """
 

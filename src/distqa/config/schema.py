@@ -2,8 +2,8 @@
 
 :class:`Config` holds what every run has, whatever it trains (run directory, optimisation, distribution,
 checkpoints, logging). A task extends it with its own fields, declared next to its code, in a chain a fork
-can start from anywhere (the built-in tasks': ``distqa.encoders.config.EncoderConfig`` adds a ``transformers``
-encoder, ``distqa.qa.config.QAConfig`` its question-answering windows, each task's own ``config`` module what
+can start from anywhere (the built-in tasks': ``EncoderConfig`` in ``encoders/config.py`` adds a ``transformers``
+encoder, ``QAConfig`` in ``qa/config.py`` its question-answering windows, each task's own ``config`` module what
 that task reads; docs/FORKING.md). Every field is made by a :class:`Section`, which gives it its help text, its
 section of ``--help`` and ``.env.example``, and says whether it defines the run. The sections defined here are
 the machinery's (:data:`SECTIONS`, shown first in a fixed order); a task's own come after them, in field order.
@@ -269,7 +269,7 @@ class Config:
         """Adjust ``values`` (typed, merged from every source, before the config is built) where a setting's value
         depends on which source set it: ``set_later`` names the settings that the environment or a flag set over
         the preset, whose raw values (file ``preset_path``) are ``preset_values``. A subclass calls super() first.
-        Default: nothing (:class:`~distqa.encoders.config.EncoderConfig`: a preset's from_scratch)."""
+        Default: nothing (``EncoderConfig``'s: a preset's from_scratch)."""
 
     def check_machine(self) -> None:
         """A ConfigError when this machine lacks what these settings need, besides the ``must_exist`` paths that

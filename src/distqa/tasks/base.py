@@ -153,6 +153,6 @@ class Task:
     def training_memory(self) -> TrainingMemory | None:
         """How a training step's memory depends on its settings, for the doctor's memory check (a
         :class:`distqa.memory.TrainingMemory`: the estimate for a step and what it assumed). A transformers
-        encoder's task returns ``distqa.encoders.memory.EncoderMemory.of_model`` of its model built by
+        encoder's task returns ``EncoderMemory.of_model`` (``encoders/memory.py``) of its model built by
         ``count_on_meta`` (no weights loaded). None: the doctor prints no estimate."""
         return None
