@@ -178,6 +178,39 @@ def test_a_forks_settings_come_from_flags_variables_and_presets_and_are_run_defi
     assert "\na test task:\n" in help_text and "--words INT" in help_text and "--dummy-size" not in help_text
 
 
+@dataclass
+class HookedConfig(Config):
+    """A fork's settings with rules of their own: a source-dependent value and a check of the machine."""
+
+    words: int = MINE(8, "Words per text.")
+    data_dir: str = MINE("", "Where the data is; must exist on the machine when given.")
+
+    @classmethod
+    def settle_sources(cls, values: dict, set_later: set[str], preset_values: dict, preset_path: Path | None) -> None:
+        super().settle_sources(values, set_later, preset_values, preset_path)
+        if "words" in preset_values and "words" not in set_later:  # the preset's words count double
+            values["words"] *= 2
+
+    def check_machine(self) -> None:
+        super().check_machine()
+        if self.data_dir and not Path(self.data_dir).is_dir():
+            raise ConfigError(f"data_dir: {self.data_dir} is not a directory here")
+
+
+Hooked = a_task(HookedConfig)
+
+
+def test_a_forks_settings_class_brings_its_own_source_and_machine_rules(tmp_path: Path) -> None:
+    """load_config knows no task: a settings class's hooks see which source set a value, and check the machine."""
+    preset = tmp_path / "hooked.toml"
+    preset.write_text('task = "test_tasks:Hooked"\nwords = 5\n')
+    assert load("--preset", str(preset)).words == 10
+    assert load("--preset", str(preset), "--words", "5").words == 5  # a flag's value is taken as given
+    assert load("--task", "test_tasks:Hooked", "--data-dir", str(tmp_path)).data_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"data_dir: .*missing is not a directory here"):
+        load("--task", "test_tasks:Hooked", "--data-dir", str(tmp_path / "missing"))
+
+
 @pytest.mark.distributed
 def test_a_forks_run_defining_setting_stops_a_resume_with_another_value(tmp_path: Path) -> None:
     args = ["--task", "examples.text_classification.task:TextClassification", "--output-dir", str(tmp_path),
