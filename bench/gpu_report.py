@@ -98,7 +98,7 @@ def print_inference(part: dict[str, Any]) -> None:
 
 
 def print_large(part: dict[str, Any]) -> bool:
-    """The large encoders' rows, the measured peak next to distqa.memory's estimate; True when a row failed."""
+    """The large encoders' rows, the measured peak next to distqa.encoders.memory's estimate; True when a row failed."""
     how = "compiled" if part["compiled"] else "not compiled"
     print(f"\nlarge encoders at seq {part['seq_len']}, bf16, {how} (random weights, DummyDataset windows padded to "
           f"the sequence length); median of {part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up "

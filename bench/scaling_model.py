@@ -19,7 +19,7 @@ Arithmetic, not a measurement (no GPU and no network needed); its inputs are mea
   all-reduce is hidden when it takes no longer than the backward, ≈ 2/3 of the step's compute (backward
   FLOPs are twice the forward's). The compute time of a micro-step comes from a measured throughput
   (default: our compiled bf16 step on one H100 at seq 512, micro-batch 32, docs/PERFORMANCE.md "GPU"), and
-  for BERT-large from the same MFU scaled by its FLOPs per token (``distqa.throughput``).
+  for BERT-large from the same MFU scaled by its FLOPs per token (``distqa.encoders.flops``).
 - **Efficiency at a given bandwidth.** What is not hidden adds to the step: efficiency = compute /
   (compute + max(0, all-reduce - backward)). Gradient accumulation over k micro-batches does not give the
   all-reduce more time to hide in (DDP skips it, ``no_sync``, on all but the last micro-batch, whose
