@@ -168,8 +168,8 @@ def measure(row: LargeRow, config: QAConfig, device: torch.device, args: argpars
 def print_estimates(models: list[str]) -> None:
     """The estimate of every row's peak on a CUDA GPU, from the models built on the meta device."""
     device = torch.device("cuda")
-    print(f"distqa.encoders.memory's estimate of each row's peak (seq {SEQ_LEN}, bf16, compiled rows measure below it, one "
-          "process):")
+    print(f"distqa.encoders.memory's estimate of each row's peak (seq {SEQ_LEN}, bf16, compiled rows measure below it, "
+          "one process):")
     for model in models:
         with model_flags(model) as flags:
             for micro_batch in MICRO_BATCHES:
