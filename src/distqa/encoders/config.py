@@ -17,8 +17,7 @@ from typing import Any, Literal
 from distqa.config import MODEL, REPO_ROOT, Config, ConfigError, Section, fields_of, require_existing, resolve_path
 from distqa.encoders.hub import cached_snapshot, hub_offline, not_available
 
-# Logged as the settings' sources, where the rest of their notices come from.
-log = logging.getLogger("distqa.config.sources")
+log = logging.getLogger(__name__)
 
 TINY_MODEL_DIR = REPO_ROOT / "data" / "tiny-bert"
 """The offline tiny model (a BERT config and a WordPiece tokenizer, no weights): every default runs offline."""
