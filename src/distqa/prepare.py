@@ -34,7 +34,7 @@ from distqa.config import ConfigError
 from distqa.config.flags import prepare_sections, train_sections
 from distqa.config.sources import dotenv_file, load_config
 from distqa.files import SKIP_ADVICE, BadRecordError, DataError
-from distqa.tasks import make_task
+from distqa.tasks import available_tasks, make_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if for_training:  # the launchers' call before every run: nothing to say
             return 0
         logging.getLogger("distqa.prepare").info(
-            "task %r has nothing to build before training (its data is made as it is read); name the task whose "
-            "data to build with --task (nq: the NQ feature cache)", config.task)
+            "task %r has nothing to build before training (its data is made as it is read); to build another "
+            "task's data, name it with --task (registered: %s)", config.task, ", ".join(available_tasks()))
         return 0
     print(directory)
     return 0
