@@ -248,7 +248,7 @@ def test_the_gold_of_the_cache_is_the_gold_the_scorer_reads(tmp_path: Path) -> N
     """Evaluation in training scores against the cache's example rows; `score` reads the jsonl: the same."""
     from transformers import AutoTokenizer
 
-    from distqa.config import TINY_MODEL_DIR
+    from distqa.encoders.config import TINY_MODEL_DIR
     from distqa.qa.nq.cache import CacheRequest, build_cache, open_examples
     from distqa.qa.nq.windows import WindowSettings
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from distqa.config import REPO_ROOT, TINY_MODEL_DIR
+from distqa.config import REPO_ROOT
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType, Span
 from distqa.qa.feature_store import load_manifest

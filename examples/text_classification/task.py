@@ -169,7 +169,7 @@ class TextClassification(Task):
     def corpus(self) -> Corpus:
         return Corpus.read(resolve_path(self.config.data_file), self.config.validation_fraction)
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         self.corpus  # noqa: B018 -- reading the file is the check: a bad line fails before any process group
 
     def train_dataset(self) -> Dataset:

@@ -38,9 +38,10 @@ from transformers import (
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from distqa.config import TINY_MODEL_DIR, ConfigError
+from distqa.config import ConfigError
+from distqa.encoders.config import TINY_MODEL_DIR, EncoderConfig
 from distqa.encoders.hub import cached_files, cached_snapshot, hub_cache, hub_offline, not_available
-from distqa.qa.configs import EncoderConfig, QAConfig
+from distqa.qa.config import QAConfig
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 """The files ``AutoModel.from_pretrained`` reads PyTorch weights from, in a model directory."""

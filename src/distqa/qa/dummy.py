@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from distqa.distributed import Runtime
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
-from distqa.qa.configs import DummyConfig
+from distqa.qa.config import DummyConfig
 from distqa.qa.task import QATask
 from distqa.tasks.base import Evaluator
 

@@ -37,7 +37,7 @@ from distqa.checkpoint import FORMAT_VERSION, CheckpointError, ModelCheckpoint, 
 from distqa.config import ConfigError
 from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
 from distqa.tasks.commands import RUN_FILE  # the run's config, inference state and metrics: the commands read its task
 

@@ -21,7 +21,7 @@ from distqa.config.sources import saved_config
 from distqa.distributed import Runtime, all_gather_objects, on_device
 from distqa.optim import Precision
 from distqa.qa.collate import collate_trimmed
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.hf_format import load_model_checkpoint
 from distqa.qa.model import INPUT_NAMES, build_model, forward
 from distqa.qa.spans import WindowSpans, document_mask, merge_gathered, top_spans

@@ -24,10 +24,11 @@ from distqa.config.sources import dotenv_file
 from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
 from distqa.errors import DataError, print_error
 from distqa.optim import Precision
-from distqa.qa.configs import NQConfig, SquadConfig
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.inference import Evaluator, Predictor
 from distqa.qa.nq.metric import write_submission
 from distqa.qa.nq.prepared import find_features
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.inference import SquadEvaluator, SquadPredictor
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.prepared import find_squad_features

@@ -31,9 +31,10 @@ from distqa.config import ConfigError
 from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
 from distqa.config.sources import dotenv_file
 from distqa.errors import DataError, print_error
-from distqa.qa.configs import NQConfig, SquadConfig
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.metric import write_submission
 from distqa.qa.nq.reader import require_file
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.reader import hub_name, source_path
 from distqa.tasks.commands import checkpoint_task

@@ -28,9 +28,9 @@ from distqa.distributed import Runtime, barrier
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision
 from distqa.qa.answers import Answer
-from distqa.qa.configs import NQConfig
 from distqa.qa.inference import load_trained, score_windows
 from distqa.qa.nq.cache import NQWindows, open_examples
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.decode import (
     Decoding,
     ExampleColumns,

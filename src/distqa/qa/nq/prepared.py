@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.config import ConfigError
 from distqa.errors import DataError
-from distqa.qa.configs import NQConfig
 from distqa.qa.featurize import auto_num_proc
 from distqa.qa.nq.cache import CacheRequest, build_cache, cached
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.windows import WindowSettings
 
 if TYPE_CHECKING:

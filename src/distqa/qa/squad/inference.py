@@ -27,10 +27,10 @@ from torch import nn
 from distqa.distributed import Runtime, barrier
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision
-from distqa.qa.configs import SquadConfig
 from distqa.qa.inference import load_trained, score_windows
 from distqa.qa.spans import WindowSpans
 from distqa.qa.squad.cache import SquadWindows, open_examples
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import best_threshold, question_scores, score_predictions
 from distqa.qa.squad.prepared import find_squad_features, prepare_squad
 from distqa.qa.squad.reader import hub_name, source_path
