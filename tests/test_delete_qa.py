@@ -114,6 +114,6 @@ def test_a_qa_only_command_ends_in_one_line_without_the_qa_package(fork: Path, t
                     str(fork / "examples" / "text_classification" / "reviews.tsv"), "--output",
                     str(tmp_path / "predictions.csv"))
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("distqa.predict: "), result.stderr
+    assert result.returncode == 2 and len(lines) == 1 and "distqa.predict" in lines[0], result.stderr
     assert "text_classification" in lines[0] or TASK in lines[0], lines[0]
     assert not (tmp_path / "predictions.csv").exists()

@@ -46,8 +46,9 @@ def lose_a_node_then_resume(output_dir: Path, repo: Path = REPO_ROOT, **env: str
         assert killed.wait(timeout=180) != 0, "the launcher noticed the lost node"
     finally:
         kill_launcher(killed)
-    assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in \
-        (output_dir / "killed" / "logs" / "rank-1.log").read_text()
+    rank_1_log = output_dir / "killed" / "logs" / "rank-1.log"
+    assert rank_1_log.is_file(), (output_dir / "killed.log").read_text()  # no worker started: the launcher says why
+    assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in rank_1_log.read_text()
     checkpoints = (output_dir / "killed" / "checkpoints").glob("step-*.pt")
     interrupted_at = max(int(p.stem.split("-")[1]) for p in checkpoints)
     assert interrupted_at == 20, "the newest checkpoint is the one before the fault"
