@@ -29,7 +29,8 @@ from distqa.tasks import REGISTERED, task_class
 from conftest import REPO_ROOT, clean_env
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
-ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.doctor"}
+ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.export",
+                "distqa.doctor"}
 MAX_MODULE_LINES = 400
 
 
