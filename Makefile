@@ -93,8 +93,9 @@ test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and
 test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
 
-lint: $(INSTALLED) ## ruff on Python, shellcheck on the scripts, hadolint on the Dockerfiles
+lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles
 	$(VENV)/bin/ruff check src tests bench notebooks examples
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 

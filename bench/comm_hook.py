@@ -79,8 +79,8 @@ from harness import (
     spread,
 )
 
-from distqa.config import TINY_MODEL_DIR
 from distqa.distributed import all_reduce_max, all_reduce_mean, barrier, distributed_runtime
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.rng import seed_everything
 from distqa.trainer import Trainer
 

@@ -56,10 +56,11 @@ from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
+from distqa.encoders.flops import model_flops_per_token
 from distqa.encoders.pretrained import load_encoder_config
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
-from distqa.throughput import mfu, model_flops_per_token, peak_bf16_flops
+from distqa.throughput import mfu, peak_bf16_flops
 
 SEQ_LENS = (384, 512)
 FP16_SEQ_LEN = 512

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig, RobertaConfig
 
-from distqa.config import TINY_MODEL_DIR
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.files import write_json
 
 BERT_SIZES: dict[str, dict[str, int]] = {

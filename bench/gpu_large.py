@@ -1,4 +1,4 @@
-"""The large presets' encoders on one GPU: throughput, MFU and peak memory against distqa.memory's estimate.
+"""The large presets' encoders on one GPU: throughput, MFU and peak memory against distqa.encoders.memory's estimate.
 
     .venv/bin/python bench/gpu_large.py --json large.json       # one GPU; bench/gpu.sh runs it (about 10 minutes)
     .venv/bin/python bench/gpu_large.py --estimates             # the estimates alone: no GPU, models on meta only
@@ -10,7 +10,7 @@ Models: BERT-large, RoBERTa-large and DeBERTa-v3-large at their published sizes 
 windows padded to it), micro-batch 8 and 32, activation checkpointing off and on, compiled (``--compile
 true``), bf16: our ``Trainer.train_step`` as bench/gpu_bert.py times it (warm-up steps, where the compile
 happens, then the median of ``--repeats`` × ``--steps`` steps): samples/s, MFU and the peak of
-``torch.cuda.max_memory_allocated`` next to distqa.memory's estimate of it for the same step (one process, no
+``torch.cuda.max_memory_allocated`` next to distqa.encoders.memory's estimate of it for the same step (one process, no
 accumulation). The estimate counts the eager step; the compiled one measured 10-13 % below it for BERT-base
 (docs/PERFORMANCE.md). A row that runs out of memory says so.
 
@@ -45,8 +45,9 @@ from gpu_common import (
 from harness import add_common_arguments, bench_config, pin_threads
 from transformers.utils import logging as hf_logging
 
-from distqa.memory import GiB, Step, TrainingMemory, count_on_meta
-from distqa.qa.configs import QAConfig
+from distqa.encoders.memory import EncoderMemory, count_on_meta
+from distqa.memory import GiB, Step
+from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model
 from distqa.throughput import peak_bf16_flops
 
@@ -64,7 +65,7 @@ class LargeRow(Measured):
     seq_len: int
     parameters: int
     estimated_peak_gib: float
-    """distqa.memory's estimate of the step's peak (eager; one process, no accumulation)."""
+    """distqa.encoders.memory's estimate of the step's peak (eager; one process, no accumulation)."""
     estimated_moment: str
 
 
@@ -83,7 +84,7 @@ def row_config(flags: list[str], model: str, micro_batch: int, checkpointing: bo
 def estimate(config: QAConfig, device: torch.device) -> tuple[int, float, str]:
     """(parameters, estimated peak in GiB, its moment) of one step of ``config`` in one process on ``device``."""
     model = count_on_meta(lambda: build_model(config))
-    memory = TrainingMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
+    memory = EncoderMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
     step = Step(config.per_rank_batch_size, "bf16", device.type, config.activation_checkpointing,
                 gradients_persist=False)
     figure = memory.estimate(step)
@@ -167,8 +168,8 @@ def measure(row: LargeRow, config: QAConfig, device: torch.device, args: argpars
 def print_estimates(models: list[str]) -> None:
     """The estimate of every row's peak on a CUDA GPU, from the models built on the meta device."""
     device = torch.device("cuda")
-    print(f"distqa.memory's estimate of each row's peak (seq {SEQ_LEN}, bf16, compiled rows measure below it, one "
-          "process):")
+    print(f"distqa.encoders.memory's estimate of each row's peak (seq {SEQ_LEN}, bf16, compiled rows measure below it, "
+          "one process):")
     for model in models:
         with model_flags(model) as flags:
             for micro_batch in MICRO_BATCHES:

@@ -98,11 +98,11 @@ def print_inference(part: dict[str, Any]) -> None:
 
 
 def print_large(part: dict[str, Any]) -> bool:
-    """The large encoders' rows, the measured peak next to distqa.memory's estimate; True when a row failed."""
+    """The large encoders' rows, the measured peak next to distqa.encoders.memory's estimate; True when a row failed."""
     how = "compiled" if part["compiled"] else "not compiled"
     print(f"\nlarge encoders at seq {part['seq_len']}, bf16, {how} (random weights, DummyDataset windows padded to "
           f"the sequence length); median of {part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up "
-          "steps; the estimate is distqa.memory's for the eager step in one process:")
+          "steps; the estimate is distqa.encoders.memory's for the eager step in one process:")
     header = ("model", "micro-batch", "checkpointing", "samples/s", "MFU", "peak mem", "estimate", "peak/estimate")
     rows = [header] + [(
         row["model"], str(row["micro_batch"]), "on" if row["activation_checkpointing"] else "off",

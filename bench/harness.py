@@ -27,7 +27,7 @@ from distqa.ddp import training_module
 from distqa.distributed import Runtime
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision, build_optimizer, build_scheduler
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import forward, qa_loss
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq

@@ -73,7 +73,7 @@ from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model, forward, qa_loss
 from distqa.rng import seed_everything
 

@@ -37,7 +37,7 @@ from harness import Target, machine_line, print_targets
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from distqa.config import TINY_MODEL_DIR
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.synthetic import write_jsonl
 

@@ -19,7 +19,7 @@ Arithmetic, not a measurement (no GPU and no network needed); its inputs are mea
   all-reduce is hidden when it takes no longer than the backward, ≈ 2/3 of the step's compute (backward
   FLOPs are twice the forward's). The compute time of a micro-step comes from a measured throughput
   (default: our compiled bf16 step on one H100 at seq 512, micro-batch 32, docs/PERFORMANCE.md "GPU"), and
-  for BERT-large from the same MFU scaled by its FLOPs per token (``distqa.throughput``).
+  for BERT-large from the same MFU scaled by its FLOPs per token (``distqa.encoders.flops``).
 - **Efficiency at a given bandwidth.** What is not hidden adds to the step: efficiency = compute /
   (compute + max(0, all-reduce - backward)). Gradient accumulation over k micro-batches does not give the
   all-reduce more time to hide in (DDP skips it, ``no_sync``, on all but the last micro-batch, whose
@@ -41,9 +41,9 @@ from gpu_common import BERT_SIZES
 from harness import bench_config
 from transformers import BertConfig
 
-from distqa.config import TINY_MODEL_DIR
+from distqa.encoders.config import TINY_MODEL_DIR
+from distqa.encoders.flops import model_flops_per_token
 from distqa.qa.model import build_model
-from distqa.throughput import model_flops_per_token
 
 MEASURED_H100 = {"samples_per_s": 888.7, "micro_batch": 32, "seq_len": 512}
 """bench/gpu.sh on one H100 80GB HBM3 (2026-11-22): ours bf16 + torch.compile, BERT-base, seq 512."""

@@ -51,7 +51,7 @@ from harness import (
 from run_qa_features import DOC_STRIDE, MAX_SEQ_LENGTH, prepare_train_features
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from distqa.config import TINY_MODEL_DIR
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.qa.squad.cache import SquadCacheRequest, SquadWindows, build_squad_cache
 from distqa.qa.squad.synthetic import write
 from distqa.qa.squad.windows import SquadWindowSettings

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 
 from distqa.distributed import all_reduce_max
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.qa.configs import DummyConfig
-from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.config import DummyConfig
+from distqa.qa.dummy import DummyDataset
 from distqa.qa.model import build_model, forward, qa_loss
 from distqa.rng import seed_everything
 

@@ -282,7 +282,7 @@ if [[ -f "${reports[0]}" ]]; then
     echo "worker.sh: run '$run_id' node $node_rank: $report" >&2
     exit 75
 fi
-# Workers that refused to run (a configuration or data error: distqa.files.report_failure) said why and left
+# Workers that refused to run (a configuration or data error: distqa.errors.report_failure) said why and left
 # exit-<CODE>-rank-<R> here; distqa.agent then exits with their code instead of torchrun's 1 and its traceback.
 if (( status != 0 )) && compgen -G "$stop_reports/exit-$status-rank-*" >/dev/null; then
     echo "worker.sh: run '$run_id' node $node_rank: the workers refused to run (exit $status); why is above$(

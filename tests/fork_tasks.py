@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from distqa.config import Config, Section, resolve_path
 from distqa.distributed import Runtime, all_gather_tensor
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.optim import Precision
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
 
@@ -124,8 +124,8 @@ class BuiltRegression(Regression):
     def data_file(self) -> Path:
         return resolve_path(self.config.data_dir) / "samples.pt"
 
-    def check(self, build: bool) -> None:
-        if build and not self.data_file.is_file():
+    def check_inputs(self, may_build: bool) -> None:
+        if may_build and not self.data_file.is_file():
             self.build_data()
         if not self.data_file.is_file():
             raise DataError(f"{self.data_file} does not exist; build it with python -m distqa.prepare --task "

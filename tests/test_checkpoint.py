@@ -30,7 +30,8 @@ from distqa.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from distqa.files import DiskFullError, atomic_write
+from distqa.errors import DiskFullError
+from distqa.files import atomic_write
 from distqa.qa.nq.decode import Decoding, Thresholds
 
 

@@ -29,7 +29,7 @@ import distqa.checkpoint_writer
 from distqa.checkpoint import Progress, TrainingCheckpoint, checkpoint_path, list_checkpoints, verify_checkpoint
 from distqa.checkpoint_writer import CheckpointWriter
 from distqa.distributed import local_runtime
-from distqa.files import DiskFullError
+from distqa.errors import DiskFullError
 from distqa.stop import StopWindow, graceful_stop_window
 
 from conftest import (

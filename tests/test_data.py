@@ -10,7 +10,7 @@ import torch
 
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
-from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.dummy import DummyDataset
 from distqa.sampler import ResumableDistributedSampler
 
 

@@ -37,7 +37,8 @@ def test_one_process_reports_itself_and_passes(tmp_path: Path) -> None:
     assert header.split()[:6] == ["rank", "node", "host", "device", "GPUs", "torch"]
     assert row.split()[:2] == ["0", "0"] and " cpu " in row
     assert "all-reduce: not run (world size 1)" in result.stdout
-    assert "\nmemory per rank: " in result.stdout and "on CPU (distqa.memory); --gpu-memory-gb N" in result.stdout
+    assert "\nmemory per rank: " in result.stdout
+    assert "on CPU (distqa.encoders.memory); --gpu-memory-gb N" in result.stdout
     assert result.stdout.rstrip().endswith("doctor: all checks passed on 1 rank(s)")
     assert not list((tmp_path / "results" / "local").iterdir()), "the writability probe leaves nothing behind"
 

@@ -18,15 +18,17 @@ from torch import nn
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
+from distqa.encoders.flops import non_embedding_parameters
 from distqa.encoders.pretrained import check_sources
 from distqa.encoders.template import PairTemplate
 from distqa.optim import Precision
 from distqa.qa.answers import Span
-from distqa.qa.dummy_data import DummyDataset
+from distqa.qa.dummy import DummyDataset
+from distqa.qa.inference import score_windows
 from distqa.qa.model import build_model
 from distqa.qa.nq.cache import CacheRequest, NQWindows, open_examples
 from distqa.qa.nq.decode import ExampleColumns, WindowLayout, decode
-from distqa.qa.nq.inference import Predictor, score_windows
+from distqa.qa.nq.inference import Predictor
 from distqa.qa.nq.reader import parse_example
 from distqa.qa.nq.windows import Featurizer, WindowSettings, token_span_to_pieces, window_span_to_tokens
 from distqa.qa.squad.cache import SquadWindows
@@ -34,7 +36,6 @@ from distqa.qa.squad.cache import open_examples as open_squad_examples
 from distqa.qa.squad.inference import decode_answers
 from distqa.rundir import prepare_run_dir
 from distqa.tasks import make_task
-from distqa.throughput import non_embedding_parameters
 from distqa.train import train
 
 from conftest import QA_ARGS, REPO_ROOT, TinyEncoder
@@ -137,7 +138,7 @@ def test_two_training_steps_then_decoded_spans_lie_inside_the_document(tiny_enco
                   "--global-batch-size", "8", "--per-rank-batch-size", "8", "--checkpoint-every", "0",
                   "--validation-fraction", "0.03", "--eval-batch-size", "64", "--device", "cpu", "--precision", "fp32")
     task = make_task(config)
-    task.check(build=True)
+    task.check_inputs(may_build=True)
     runtime = local_runtime("cpu")
     assert train(config, runtime, prepare_run_dir(config, runtime), task).step == 2
 
@@ -169,7 +170,7 @@ def test_the_squad_sample_featurises_labels_its_answers_and_decodes_inside_the_c
                   "--squad-cache-dir", str(tmp_path / "cache"), "--max-seq-len", "64", "--window-overlap", "16",
                   "--device", "cpu")
     task = make_task(config)
-    task.check(build=True)
+    task.check_inputs(may_build=True)
     directory = next((tmp_path / "cache").iterdir())
     recovered = 0
     for split in ("train", "validation"):
@@ -314,6 +315,7 @@ def test_roberta_windows_hold_four_special_tokens_and_512_positions(tiny_encoder
     document tokens) but not RoBERTa's (44), and a window longer than roberta-base's 514 - 2 positions."""
     roberta = str(tiny_encoder.directory)
     with pytest.raises(ConfigError, match=r"doc_stride \(45\) must be between 1 and .* - 4 \(special tokens\) = 44"):
-        make_task(load(*QA_ARGS, "--task", "nq", "--model-name-or-path", roberta, "--doc-stride", "45")).check(False)
+        make_task(load(*QA_ARGS, "--task", "nq", "--model-name-or-path", roberta, "--doc-stride", "45")
+                  ).check_inputs(False)
     with pytest.raises(ConfigError, match=r"max_seq_len \(513\) exceeds the 512 positions of the encoder"):
         check_sources(load("--model-name-or-path", roberta, "--max-seq-len", "513", "--max-question-len", "16"))

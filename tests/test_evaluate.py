@@ -18,15 +18,12 @@ from distqa.qa.nq.decode import (
     Prediction,
     Thresholds,
     WindowLayout,
-    WindowSpans,
     decode,
-    document_mask,
     golds_of,
-    merge_gathered,
-    top_spans,
     tune_thresholds,
 )
 from distqa.qa.nq.metric import read_gold, score_answers
+from distqa.qa.spans import WindowSpans, document_mask, merge_gathered, top_spans
 
 from conftest import REPO_ROOT
 
@@ -251,7 +248,7 @@ def test_the_gold_of_the_cache_is_the_gold_the_scorer_reads(tmp_path: Path) -> N
     """Evaluation in training scores against the cache's example rows; `score` reads the jsonl: the same."""
     from transformers import AutoTokenizer
 
-    from distqa.config import TINY_MODEL_DIR
+    from distqa.encoders.config import TINY_MODEL_DIR
     from distqa.qa.nq.cache import CacheRequest, build_cache, open_examples
     from distqa.qa.nq.windows import WindowSettings
 

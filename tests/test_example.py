@@ -26,13 +26,43 @@ its worker SIGKILLed by the supported fault injection (distqa.faults), which lan
 example trains a step in milliseconds, faster than a test can watch for a checkpoint)."""
 
 
-def launch(run_id: str, output_dir: Path, **env: str) -> subprocess.Popen[str]:
-    """The example on 2 emulated nodes × 1 process, through the README's local launcher."""
+def launch(run_id: str, output_dir: Path, repo: Path = REPO_ROOT, **env: str) -> subprocess.Popen[str]:
+    """The example on 2 emulated nodes × 1 process, through the README's local launcher of the checkout ``repo``
+    (tests/test_delete_qa.py passes a copy without the QA package)."""
+    preset = str(repo / Path(PRESET).relative_to(REPO_ROOT))
     command = ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--run-id",
-               run_id, "--", "--preset", PRESET, "--output-dir", str(output_dir), *RUN_ARGS]
+               run_id, "--", "--preset", preset, "--output-dir", str(output_dir), *RUN_ARGS]
     log = (output_dir / f"{run_id}.log").open("a")
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, **env), stdout=log,
+    return subprocess.Popen(command, cwd=repo, env=clean_env(PYTHON=sys.executable, **env), stdout=log,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def lose_a_node_then_resume(output_dir: Path, repo: Path = REPO_ROOT, **env: str) -> None:
+    """Node 1 lost after step 30, the same launcher command run again, and an uninterrupted run: the fault lands where
+    it should, the second launch resumes, and the resumed run (``killed``) ends with the uninterrupted run's weights
+    (``uninterrupted``), both under ``output_dir``."""
+    killed = launch("killed", output_dir, repo, INJECT_FAULT=NODE_1_LOST, **env)
+    try:
+        assert killed.wait(timeout=180) != 0, "the launcher noticed the lost node"
+    finally:
+        kill_launcher(killed)
+    rank_1_log = output_dir / "killed" / "logs" / "rank-1.log"
+    assert rank_1_log.is_file(), (output_dir / "killed.log").read_text()  # no worker started: the launcher says why
+    assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in rank_1_log.read_text()
+    checkpoints = (output_dir / "killed" / "checkpoints").glob("step-*.pt")
+    interrupted_at = max(int(p.stem.split("-")[1]) for p in checkpoints)
+    assert interrupted_at == 20, "the newest checkpoint is the one before the fault"
+
+    # The same command and run id: --resume auto picks the newest intact checkpoint, and the fault, done in this
+    # run directory already, does not fire again.
+    again = launch("killed", output_dir, repo, INJECT_FAULT=NODE_1_LOST, **env)
+    uninterrupted = launch("uninterrupted", output_dir, repo, **env)
+    assert again.wait(timeout=300) == 0, (output_dir / "killed.log").read_text()
+    assert uninterrupted.wait(timeout=300) == 0, (output_dir / "uninterrupted.log").read_text()
+    assert f"resumed from {output_dir / 'killed' / 'checkpoints'}" in (output_dir / "killed.log").read_text()
+
+    difference = max_difference(final_weights(output_dir / "killed"), final_weights(output_dir / "uninterrupted"))
+    assert difference < 1e-6, f"the resumed run differs from the uninterrupted one by {difference:.2e}"
 
 
 def test_the_committed_data_is_what_the_generator_writes(tmp_path: Path) -> None:
@@ -44,26 +74,7 @@ def test_the_committed_data_is_what_the_generator_writes(tmp_path: Path) -> None
 
 @pytest.mark.distributed
 def test_two_nodes_resume_after_a_node_is_killed_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    killed = launch("killed", tmp_path, INJECT_FAULT=NODE_1_LOST)
-    try:
-        assert killed.wait(timeout=180) != 0, "the launcher noticed the lost node"
-    finally:
-        kill_launcher(killed)
-    assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in \
-        (tmp_path / "killed" / "logs" / "rank-1.log").read_text()
-    interrupted_at = max(int(p.stem.split("-")[1]) for p in (tmp_path / "killed" / "checkpoints").glob("step-*.pt"))
-    assert interrupted_at == 20, "the newest checkpoint is the one before the fault"
-
-    # The same command and run id: --resume auto picks the newest intact checkpoint, and the fault, done in this
-    # run directory already, does not fire again.
-    again = launch("killed", tmp_path, INJECT_FAULT=NODE_1_LOST)
-    uninterrupted = launch("uninterrupted", tmp_path)
-    assert again.wait(timeout=300) == 0, (tmp_path / "killed.log").read_text()
-    assert uninterrupted.wait(timeout=300) == 0, (tmp_path / "uninterrupted.log").read_text()
-    assert f"resumed from {tmp_path / 'killed' / 'checkpoints'}" in (tmp_path / "killed.log").read_text()
-
-    difference = max_difference(final_weights(tmp_path / "killed"), final_weights(tmp_path / "uninterrupted"))
-    assert difference < 1e-6, f"the resumed run differs from the uninterrupted one by {difference:.2e}"
+    lose_a_node_then_resume(tmp_path)
     # best.pt is chosen by the example's own metric, and holds the example's inference state.
     best = torch.load(tmp_path / "killed" / "checkpoints" / "best.pt", weights_only=True)
     progress = best["progress"]

@@ -23,15 +23,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig
 
-from distqa.config import TINY_MODEL_DIR
 from distqa.config.sources import load_config
 from distqa.ddp import wrap_ddp
 from distqa.distributed import local_runtime
 from distqa.doctor import check_memory
-from distqa.memory import GiB, Step, TrainingMemory, count_on_meta, fixes, needed_bytes, smallest_gpu
+from distqa.encoders.config import TINY_MODEL_DIR
+from distqa.encoders.memory import EncoderMemory, count_on_meta
+from distqa.memory import GiB, Step, fixes, needed_bytes, smallest_gpu
 from distqa.optim import Precision, build_optimizer
 from distqa.preflight import rank_report
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model, qa_loss
 from distqa.tasks import make_task
 
@@ -66,7 +67,7 @@ def qa_config(model_dir: Path, micro_batch: int, seq_len: int, *flags: str) -> Q
 
 def estimated(config: QAConfig, step: Step) -> int:
     model = count_on_meta(lambda: build_model(config))
-    memory = TrainingMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
+    memory = EncoderMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
     return memory.estimate(step).peak
 
 
@@ -173,7 +174,7 @@ def test_the_estimate_of_bert_base_on_an_h100_is_within_10_percent_of_its_measur
 def test_the_fixes_name_the_largest_micro_batch_that_fits_checkpointing_and_the_smallest_gpu(tmp_path: Path) -> None:
     config = large("bert-large", tmp_path)
     model = count_on_meta(lambda: build_model(config))
-    memory = TrainingMemory.of_model(model, model.encoder.config, 512)
+    memory = EncoderMemory.of_model(model, model.encoder.config, 512)
     step = Step(32, "bf16", "cuda")
     l4 = 24.1e9
     peak = memory.estimate(step).peak
@@ -204,7 +205,7 @@ def test_the_large_presets_state_their_estimated_memory_and_smallest_gpu(preset:
     encoder_config(PRESET_ENCODERS[preset]).save_pretrained(tmp_path / "encoder")
     config = dataclasses.replace(given, model_name_or_path=str(tmp_path / "encoder"), from_scratch=True)
     model = count_on_meta(lambda: build_model(config))
-    memory = TrainingMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
+    memory = EncoderMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
     precision = "bf16" if config.precision == "auto" else config.precision
     step = Step(config.per_rank_batch_size, precision, "cuda", config.activation_checkpointing)
     peak = memory.estimate(step).peak

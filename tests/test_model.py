@@ -13,8 +13,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distqa.config import TINY_MODEL_DIR, ConfigError
+from distqa.config import ConfigError
 from distqa.config.sources import load_config
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.pretrained import check_sources
 from distqa.optim import Precision, build_optimizer
 from distqa.qa.answers import AnswerType

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from distqa.config import REPO_ROOT, TINY_MODEL_DIR
+from distqa.config import REPO_ROOT
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType, Span
-from distqa.qa.nq.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached, load_manifest
+from distqa.qa.feature_store import load_manifest
+from distqa.qa.nq.cache import CacheRequest, NQWindows, assign_splits, build_cache, cached
 from distqa.qa.nq.reader import BadLine, DataError, parse_example, scan
 from distqa.qa.nq.windows import (
     Featurizer,
@@ -502,9 +504,10 @@ def test_progress_is_logged_when_there_is_no_terminal(tmp_path: Path, monkeypatc
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """Platform jobs log to files, where tqdm stays off: the build reports progress in the log."""
     import distqa.qa.featurize
+    import distqa.qa.nq.featurize
 
     monkeypatch.setattr(distqa.qa.featurize, "PROGRESS_LOG_SECONDS", 0)
-    monkeypatch.setattr(distqa.qa.featurize, "BATCH_BYTES", 4096)
+    monkeypatch.setattr(distqa.qa.nq.featurize, "BATCH_BYTES", 4096)
     caplog.set_level("INFO", logger="distqa.qa.featurize")
     build_cache(request(sample_file(tmp_path, count=40)), tmp_path / "cache", num_proc=1, progress=False)
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("featurised")]

@@ -72,7 +72,7 @@ def test_a_checkpoint_of_other_data_is_not_resumed(tmp_path: Path) -> None:
 
 def test_committed_sample_prepares_cleanly(tmp_path: Path) -> None:
     """The README's NQ example: the sample featurises with no bad line and every answer type."""
-    built = prepare(["--progress-bar", "false", "--nq-cache-dir", str(tmp_path / "cache")])
+    built = prepare(["--task", "nq", "--progress-bar", "false", "--nq-cache-dir", str(tmp_path / "cache")])
     manifest = json.loads((Path(built.stdout.strip()) / "manifest.json").read_text())
     assert (manifest["examples"], manifest["bad_lines"]) == (200, 0)
     train = manifest["splits"]["train"]
@@ -108,8 +108,8 @@ def test_local_launcher_prepares_the_cache_before_starting_the_nodes(tmp_path: P
 
 def test_prepare_errors_are_one_line_messages(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--progress-bar", "false", *args],
-                              cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--progress-bar", "false",
+                               *args], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
 
     missing = run("--nq-train-file", str(tmp_path / "missing.jsonl"))
     assert missing.returncode == 2 and "missing.jsonl: no such file" in missing.stderr
@@ -128,8 +128,9 @@ def test_prepare_skips_or_refuses_an_undecodable_line_without_a_traceback(case: 
     source = write_jsonl(tmp_path / "nq.jsonl", [*records[:80], UNDECODABLE_LINES[case], *records[80:]])
 
     def run(policy: str) -> subprocess.CompletedProcess[str]:  # a cache each: a built one would be reused
-        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--progress-bar", "false", "--nq-train-file",
-                               str(source), "--nq-cache-dir", str(tmp_path / policy), "--on-bad-line", policy],
+        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--progress-bar", "false",
+                               "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / policy),
+                               "--on-bad-line", policy],
                               cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
 
     skipped = run("skip")

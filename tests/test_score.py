@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from distqa.qa.answers import Answer, Gold
+from distqa.qa.commands.score import build_arg_parser
 from distqa.qa.nq.metric import (
     Counts,
     SubmissionError,
@@ -24,7 +25,7 @@ from distqa.qa.nq.metric import (
     write_submission,
 )
 from distqa.qa.nq.reader import DataError, parse_annotations
-from distqa.score import build_arg_parser, main
+from distqa.score import main
 
 from conftest import REPO_ROOT, clean_env
 from nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl

@@ -12,12 +12,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from distqa import prepare
-from distqa.config import TINY_MODEL_DIR, ConfigError
+from distqa.config import ConfigError
 from distqa.config.flags import build_arg_parser, prepare_sections
+from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.qa.answers import AnswerType
-from distqa.qa.configs import SquadConfig
-from distqa.qa.featurize import read_table
-from distqa.qa.nq.cache import load_manifest
+from distqa.qa.feature_store import load_manifest, read_table
 from distqa.qa.squad.cache import (
     SquadCacheRequest,
     SquadWindows,
@@ -26,6 +25,7 @@ from distqa.qa.squad.cache import (
     hold_out,
     open_examples,
 )
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.reader import SquadExample, read_squad
 from distqa.qa.squad.synthetic import write
 from distqa.qa.squad.windows import SquadFeaturizer, SquadWindowSettings, answer_span

@@ -11,8 +11,8 @@ import torch
 
 from distqa import evaluate, predict, prepare, score
 from distqa.checkpoint import ModelCheckpoint, Progress
-from distqa.qa.configs import SquadConfig
 from distqa.qa.model import build_model
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import read_gold
 
 from conftest import REPO_ROOT

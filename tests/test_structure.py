@@ -14,15 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from distqa.config import SECTIONS, ConfigError, fields_of
-from distqa.config.flags import build_arg_parser, coerce_flag, prepare_sections, section_fields, train_sections
-from distqa.qa.configs import NQConfig
+from distqa.config import ConfigError, fields_of
+from distqa.config.flags import (
+    build_arg_parser,
+    coerce_flag,
+    ordered_sections,
+    prepare_sections,
+    section_fields,
+    train_sections,
+)
+from distqa.qa.nq.config import NQConfig
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, clean_env
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
-ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.doctor"}
+ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.export",
+                "distqa.doctor"}
 MAX_MODULE_LINES = 400
 
 
@@ -116,12 +124,32 @@ def test_modules_hold_one_concern() -> None:
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules (and the metric, which `score` runs on machines without a GPU stack)
     stay importable without torch, so no caller needs a lazy import to stay light."""
-    code = ("import sys; import distqa.qa.answers, distqa.files, distqa.qa.nq.metric, distqa.score, "
+    code = ("import sys; import distqa.qa.answers, distqa.files, distqa.errors, distqa.qa.nq.metric, distqa.score, "
             "distqa.qa.nq.prepared; "
             "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); print(heavy); sys.exit(bool(heavy))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MACHINERY_TO_IMPORT = ("distqa.config.sources", "distqa.config.flags", "distqa.tasks", "distqa.tasks.base",
+                      "distqa.memory", "distqa.throughput", "distqa.doctor", "distqa.prepare", "distqa.train")
+
+
+def test_the_machinery_imports_neither_the_qa_tasks_nor_the_encoder_helpers() -> None:
+    """The settings, the registry, the doctor and the entry points a fork keeps load no module of distqa.qa or
+    distqa.encoders (the task in use is imported when a run chooses it); the task-neutral halves of the memory
+    check and of the MFU, and the settings, stay free of torch too."""
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {MACHINERY_TO_IMPORT!r}]; "
+            "print(sorted(m for m in sys.modules if m.startswith(('distqa.qa', 'distqa.encoders'))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+    light = ("import sys, distqa.memory, distqa.throughput, distqa.config.sources; "
+             "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", light], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
 
 
 # --- each entry point shows and accepts only its own settings --------------------------------------
@@ -131,6 +159,9 @@ def setting_flags(names: Iterable[str]) -> set[str]:
 
 
 ALL_SETTINGS = set().union(*(fields_of(task_class(task).config_class) for task in REGISTERED))
+ALL_SECTIONS = ordered_sections(f.metadata["section"] for task in REGISTERED
+                                for f in fields_of(task_class(task).config_class).values())
+"""The machinery's sections and every registered task's own."""
 
 
 def flags_in(help_text: str) -> set[str]:
@@ -144,7 +175,7 @@ def test_train_shows_every_setting_of_its_task_in_its_sections(task: str) -> Non
     chosen = task_class(task)
     help_text = build_arg_parser(task=chosen).format_help()
     assert flags_in(help_text) == setting_flags(fields_of(chosen.config_class))
-    for section in SECTIONS:
+    for section in ALL_SECTIONS:
         assert (f"\n{section.title}:\n" in help_text) == (section in train_sections(chosen)), section.title
 
 
@@ -165,9 +196,10 @@ def test_prepare_shows_and_accepts_only_what_determines_the_cache(tmp_path: Path
     assert skipped.returncode == 0 and not skipped.stdout and not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("module", ["distqa.predict", "distqa.evaluate"])
+@pytest.mark.parametrize("module", ["distqa.qa.commands.predict", "distqa.qa.commands.evaluate"])
 def test_predict_and_evaluate_show_only_the_settings_they_take_from_flags(module: str) -> None:
-    """The rest comes from the checkpoint; the flags they have are the settings' own (same help, same types)."""
+    """The rest comes from the checkpoint; the flags they have are the settings' own (same help, same types).
+    The QA tasks' commands, which ``python -m distqa.predict|evaluate`` run for their checkpoints."""
     entry_point = importlib.import_module(module)
     help_text = entry_point.build_arg_parser().format_help()
     assert flags_in(help_text) == setting_flags(entry_point.SETTINGS)

@@ -5,7 +5,9 @@ fork's own settings stopping a resume with other values; a fork's own entry modu
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -176,6 +178,39 @@ def test_a_forks_settings_come_from_flags_variables_and_presets_and_are_run_defi
     assert "\na test task:\n" in help_text and "--words INT" in help_text and "--dummy-size" not in help_text
 
 
+@dataclass
+class HookedConfig(Config):
+    """A fork's settings with rules of their own: a source-dependent value and a check of the machine."""
+
+    words: int = MINE(8, "Words per text.")
+    data_dir: str = MINE("", "Where the data is; must exist on the machine when given.")
+
+    @classmethod
+    def settle_sources(cls, values: dict, set_later: set[str], preset_values: dict, preset_path: Path | None) -> None:
+        super().settle_sources(values, set_later, preset_values, preset_path)
+        if "words" in preset_values and "words" not in set_later:  # the preset's words count double
+            values["words"] *= 2
+
+    def check_machine(self) -> None:
+        super().check_machine()
+        if self.data_dir and not Path(self.data_dir).is_dir():
+            raise ConfigError(f"data_dir: {self.data_dir} is not a directory here")
+
+
+Hooked = a_task(HookedConfig)
+
+
+def test_a_forks_settings_class_brings_its_own_source_and_machine_rules(tmp_path: Path) -> None:
+    """load_config knows no task: a settings class's hooks see which source set a value, and check the machine."""
+    preset = tmp_path / "hooked.toml"
+    preset.write_text('task = "test_tasks:Hooked"\nwords = 5\n')
+    assert load("--preset", str(preset)).words == 10
+    assert load("--preset", str(preset), "--words", "5").words == 5  # a flag's value is taken as given
+    assert load("--task", "test_tasks:Hooked", "--data-dir", str(tmp_path)).data_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"data_dir: .*missing is not a directory here"):
+        load("--task", "test_tasks:Hooked", "--data-dir", str(tmp_path / "missing"))
+
+
 @pytest.mark.distributed
 def test_a_forks_run_defining_setting_stops_a_resume_with_another_value(tmp_path: Path) -> None:
     args = ["--task", "examples.text_classification.task:TextClassification", "--output-dir", str(tmp_path),
@@ -212,3 +247,61 @@ def test_the_suites_small_configurations_are_the_machinery_task_and_the_dummy_ta
     example fork's task; FAST_ARGS (the QA tasks' own end-to-end tests) a dummy-task run."""
     assert load(*MACHINERY_ARGS).task == MACHINERY_TASK
     assert load(*FAST_ARGS).task == "dummy"
+
+
+# --- prepare's task, and a fork that deleted the QA package ----------------------------------------------
+
+def test_prepare_alone_prepares_the_default_task_which_builds_nothing(tmp_path: Path) -> None:
+    """``python -m distqa.prepare`` chooses the task as train does (dummy by default), not NQ: one line, no cache."""
+    result = subprocess.run([sys.executable, "-m", "distqa.prepare"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env=clean_env(DISTQA_NQ_CACHE_DIR=str(tmp_path / "cache")), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout and not (tmp_path / "cache").exists()
+    assert "task 'dummy' has nothing to build before training" in result.stderr and "--task" in result.stderr
+
+
+EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
+
+
+@pytest.fixture(scope="module")
+def without_qa(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A fork's checkout: the package without distqa/qa, and the example task, without the presets (QA ones), and
+    the environment that imports distqa from it."""
+    root = tmp_path_factory.mktemp("fork")
+    shutil.copytree(REPO_ROOT / "src" / "distqa", root / "src" / "distqa",
+                    ignore=lambda folder, names: [n for n in names if n == "__pycache__" or
+                                                  (n == "qa" and Path(folder).name == "distqa")])
+    shutil.copytree(REPO_ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    assert not (root / "src" / "distqa" / "qa").exists() and not (root / "configs").exists()
+    return root, clean_env(PYTHONPATH=os.pathsep.join([str(root / "src"), str(root)]))
+
+
+def test_a_fork_without_the_qa_package_shows_its_settings(without_qa: tuple[Path, dict[str, str]]) -> None:
+    """The registry, the settings and --help import only the task in use: the registered tasks whose package is gone
+    are left out, a flag that is no setting of the run's is refused as argparse refuses it, and .env.example lists
+    what is here."""
+    root, env = without_qa
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+    shown = run("-m", "distqa.train", "--task", EXAMPLE_TASK, "--help")
+    assert shown.returncode == 0, shown.stderr
+    assert "--data-file" in shown.stdout and "--max-seq-len" not in shown.stdout
+    assert "registered: none here" in " ".join(shown.stdout.split())
+    refused = run("-m", "distqa.train", "--task", EXAMPLE_TASK, "--nq-cache-dir", "x")
+    assert refused.returncode == 2 and "unrecognized arguments: --nq-cache-dir x" in refused.stderr
+    example = run("-m", "distqa.config.sources")
+    assert example.returncode == 0 and "DISTQA_LR=" in example.stdout
+    assert "DISTQA_MODEL_NAME_OR_PATH" not in example.stdout
+    for result in (shown, refused, example):
+        assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_fork_without_the_qa_package_runs_the_doctor(without_qa: tuple[Path, dict[str, str]]) -> None:
+    root, env = without_qa
+    result = subprocess.run([sys.executable, "-m", "distqa.doctor", "--task", EXAMPLE_TASK], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "memory: not estimated (task 'text_classification' defines no training_memory)" in result.stdout
+    assert "doctor: all checks passed on 1 rank(s)" in result.stdout

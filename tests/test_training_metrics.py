@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from distqa.config import TINY_MODEL_DIR
-from distqa.throughput import model_flops_per_token
+from distqa.encoders.config import TINY_MODEL_DIR
+from distqa.encoders.flops import model_flops_per_token
 from distqa.training_metrics import (
     STRAGGLER_MIN_STEPS,
     MetricsWindow,

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from distqa.config import Config, ConfigError, Section, resolve_path
 from distqa.distributed import Runtime, all_gather_tensor, on_device
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.optim import Precision
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
 
@@ -169,7 +169,7 @@ class TextClassification(Task):
     def corpus(self) -> Corpus:
         return Corpus.read(resolve_path(self.config.data_file), self.config.validation_fraction)
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         self.corpus  # noqa: B018 -- reading the file is the check: a bad line fails before any process group
 
     def train_dataset(self) -> Dataset:

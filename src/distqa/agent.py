@@ -220,7 +220,7 @@ def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals:
 
 
 def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
-    """The exit code every failed worker reported (distqa.files.report_failure: ``exit-<CODE>-rank-<R>`` in the
+    """The exit code every failed worker reported (distqa.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
     report folder), or None when one did not."""
     codes = {failure.exitcode for failure in err.failures.values()}
     if not report_dir or len(codes) != 1 or not all(

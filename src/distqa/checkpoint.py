@@ -4,7 +4,7 @@ A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt
 tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
 It is written to a temporary name, flushed to disk and renamed: a job killed mid-write leaves the
 previous checkpoint intact and never a truncated file under a real name. A full disk fails the write
-with :class:`~distqa.files.DiskFullError` (folder and free space named), the previous file intact.
+with :class:`~distqa.errors.DiskFullError` (folder and free space named), the previous file intact.
 The trainer writes through :mod:`distqa.checkpoint_writer` (rank 0, in the background, from a host copy
 of the step's state).
 

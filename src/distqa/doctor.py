@@ -20,11 +20,11 @@ library versions, code and config hashes, /dev/shm, free disk), the all-reduce b
 per failed check saying what to fix. Checks: the world size (``--expect-world-size``); the same code
 (distqa and the task's package), config and library versions on every rank; an all-reduce of
 ``--allreduce-mb`` with its result checked and its bandwidth measured; /dev/shm size; free disk and
-writability of the results directory; what the task reads (its ``check``: the model's sources, NQ's
-feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
+writability of the results directory; what the task reads (its ``check_inputs``: the model's sources,
+NQ's feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
 interfaces that exist and are up; the estimated peak memory of a training step against each rank's GPU
 (``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine), with the fix when it
-does not fit (:mod:`distqa.memory`).
+does not fit (the task's ``training_memory``, checked by :mod:`distqa.memory`).
 
 Exit status: 0 when every check passed, 1 when one failed (every rank exits so, and torchrun with it),
 2 for a setting that is wrong in itself.
@@ -50,7 +50,7 @@ from distqa.config import Config, ConfigError
 from distqa.config.flags import build_arg_parser
 from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.files import DataError, print_error
+from distqa.errors import DataError, print_error
 from distqa.memory import GiB, Step, fixes, needed_bytes
 from distqa.optim import Precision
 from distqa.preflight import (
@@ -151,7 +151,7 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     problems += [] if config_error else disk_problems
     if task is not None and not config_error:
         try:  # what the run reads, without building anything (a cache must be built before launch)
-            task.check(build=False)
+            task.check_inputs(may_build=False)
         except (ConfigError, DataError) as err:
             problems.append(str(err))
     if runtime.device.type == "cuda" and runtime.local_world_size < torch.cuda.device_count():
@@ -222,10 +222,10 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
     ``gpu_memory_gb``) it does not fit gets a problem naming the fixes (added to its report's problems)."""
     try:
         memory = task.training_memory()
-    except ConfigError as err:  # the encoder's config cannot be read here (a hub name without network)
+    except ConfigError as err:  # the model's config cannot be read here (an encoder's hub name without network)
         reports[0].problems.append(f"memory: cannot estimate it: {err}")
         return "memory: not estimated"
-    except ValueError as err:  # an encoder config distqa.memory cannot read its sizes from
+    except ValueError as err:  # a model the task's estimate cannot read its sizes from
         return f"memory: not estimated ({err})"
     if memory is None:
         return f"memory: not estimated (task {task.name or config.task!r} defines no training_memory)"
@@ -238,14 +238,11 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
         precision = "bf16" if gpu else "fp32"
     world_size = runtime.world_size
     accumulation = config.for_world_size(world_size).accumulation_steps(world_size)
-    checkpointing = getattr(config, "activation_checkpointing", None)  # a setting of transformers encoders' tasks
+    checkpointing = getattr(config, "activation_checkpointing", None)  # a task's setting, if it has one
     step = Step(micro_batch=config.per_rank_batch_size, precision=precision, device_type="cuda" if gpu else "cpu",
                 activation_checkpointing=bool(checkpointing), gradients_persist=world_size > 1 or accumulation > 1)
     estimate = memory.estimate(step)
-    line = (f"memory per rank: {estimate.describe()}, estimated for micro-batch {step.micro_batch} × {memory.seq_len} "
-            f"tokens, {precision}, {memory.attention} attention, activation checkpointing "
-            f"{'on' if checkpointing else 'off'}, on {'CUDA' if gpu else 'CPU'} (distqa.memory"
-            f"{'' if memory.encoder.counted else f'; {memory.encoder.model_type} counted as BERT layers'})")
+    line = f"memory per rank: {estimate.describe()}, estimated for {memory.describe(step)}"
     for report in reports:
         total = int(gpu_memory_gb * GB) if gpu_memory_gb else report.device_memory_bytes
         if total is None or needed_bytes(estimate.peak) <= total:

@@ -5,112 +5,28 @@ One process, or all ranks of a torchrun job (they share the windows)::
     python -m distqa.evaluate --checkpoint results/nq-sample/checkpoints/best.pt
     torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output answers.csv
 
-The thresholds are tuned again on the split unless both ``--long-threshold`` and
-``--short-threshold`` are given; ``--output`` also writes the answers as a submission CSV. The
-evaluation itself is :class:`distqa.qa.nq.inference.Evaluator`, the one that training runs.
-
-A checkpoint of the ``squad`` task is scored the same way on the validation split of its SQuAD feature cache
-(:class:`distqa.qa.squad.inference.SquadEvaluator`): the official metrics and the no-answer threshold (tuned again
-unless ``--no-answer-threshold`` is given) as JSON; ``--output`` writes the predictions JSON.
+The checkpoint's task runs it (its ``evaluate`` command, :attr:`distqa.tasks.base.Task.commands`). For the
+question-answering tasks that is :mod:`distqa.qa.commands.evaluate`: the decoding thresholds are tuned again
+unless both ``--long-threshold`` and ``--short-threshold`` are given, and ``--output`` also writes the answers as a
+submission CSV; a ``squad`` checkpoint is scored on the validation split of its SQuAD feature cache with the
+official metrics and the no-answer threshold (``--output``: the predictions JSON). A task without one is one line
+on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
+import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from dotenv import load_dotenv
+from distqa.tasks.commands import run_checkpoint_command
 
-from distqa.config import ConfigError
-from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
-from distqa.config.sources import dotenv_file
-from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
-from distqa.files import DataError, print_error
-from distqa.optim import Precision
-from distqa.qa.configs import NQConfig, SquadConfig
-from distqa.qa.hf_format import checkpoint_task
-from distqa.qa.nq.inference import Evaluator, Predictor
-from distqa.qa.nq.metric import write_submission
-from distqa.qa.nq.prepared import find_features
-from distqa.qa.squad.inference import SquadEvaluator, SquadPredictor
-from distqa.qa.squad.metric import write_predictions
-from distqa.qa.squad.prepared import find_squad_features
-
-NQ_SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
-SQUAD_SETTINGS = ("squad_cache_dir", "squad_train_file", "squad_validation_file", "no_answer_threshold",
-                  "eval_batch_size", "device")
-SETTINGS = tuple(dict.fromkeys(NQ_SETTINGS + SQUAD_SETTINGS))
-"""The settings evaluate takes from its flags (those of the checkpoint's task); the others come from the checkpoint."""
-
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m distqa.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt")
-    parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
-    parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0); for a "
-                        "squad checkpoint the predictions JSON")
-    overrides = parser.add_argument_group(
-        "settings (default: DISTQA_* variables, else the checkpoint's; thresholds left out are tuned)")
-    add_setting_flags(overrides, NQ_SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"},
-                      show_defaults=False)
-    squad = parser.add_argument_group("settings of a squad checkpoint (the same defaults)")
-    add_setting_flags(squad, [name for name in SQUAD_SETTINGS if name not in NQ_SETTINGS], SquadConfig,
-                      show_defaults=False)
-    return parser
+HELP_TASK = "nq"
+"""The task whose command answers ``--help`` and usage errors when no ``--checkpoint`` is given."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
-    load_dotenv(dotenv_file(), override=False)
-    try:
-        setup_logging(read_torchrun_env()["RANK"])
-        task = checkpoint_task(args.checkpoint)
-        refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
-                                 f"{args.checkpoint} is of task {task or 'nq'!r}")
-        if task == "squad":
-            return evaluate_squad(args)
-        overrides = setting_overrides(args, NQ_SETTINGS, NQConfig, os.environ)
-        long_threshold, short_threshold = overrides.pop("long_threshold", None), overrides.pop("short_threshold", None)
-        with distributed_runtime(overrides.pop("device", "auto")) as runtime:
-            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, **overrides)
-            config = predictor.config
-            directory = find_features(config, predictor.tokenizer, hint=" (the training's), or pass --nq-cache-dir")
-            evaluator = Evaluator(directory, runtime, config.eval_batch_size, predictor.max_answer_len,
-                                  long_threshold, short_threshold, split=args.split)
-            evaluation = evaluator.evaluate(predictor.model, Precision.choose(config.precision, runtime.device))
-            if runtime.is_main_process:
-                print(json.dumps({**evaluation.metrics, "long_threshold": evaluation.thresholds.long,
-                                  "short_threshold": evaluation.thresholds.short}))
-                if args.output:
-                    write_submission(args.output, {p.example_id: p.answer(evaluation.thresholds)
-                                                   for p in evaluation.predictions})
-    except (ConfigError, DataError, FileNotFoundError) as err:
-        print_error(f"distqa.evaluate: error: {err}")
-        return 2
-    return 0
-
-
-def evaluate_squad(args: argparse.Namespace) -> int:
-    """The official metrics of a squad checkpoint on a split of its feature cache (errors reach main's handler)."""
-    overrides = setting_overrides(args, SQUAD_SETTINGS, SquadConfig, os.environ)
-    threshold = overrides.pop("no_answer_threshold", None)
-    with distributed_runtime(overrides.pop("device", "auto")) as runtime:
-        predictor = SquadPredictor.from_checkpoint(args.checkpoint, runtime, **overrides)
-        config = predictor.config
-        directory = find_squad_features(config, predictor.tokenizer,
-                                        hint=" (the training's), or pass --squad-cache-dir")
-        evaluator = SquadEvaluator(directory, runtime, config.eval_batch_size, predictor.max_answer_len, threshold,
-                                   split=args.split)
-        evaluation = evaluator.evaluate(predictor.model, Precision.choose(config.precision, runtime.device))
-        if runtime.is_main_process:
-            print(json.dumps({**evaluation.metrics, "no_answer_threshold": evaluation.threshold}))
-            if args.output:
-                write_predictions(args.output, evaluation.answers)
-    return 0
+    return run_checkpoint_command("evaluate", "python -m distqa.evaluate", argv, HELP_TASK)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -15,47 +15,26 @@ and ``python -m distqa.predict --checkpoint results/nq-sample/model …`` writes
 directory holds: :mod:`distqa.qa.hf_format`. To publish it on a model hub: ``hf upload ORG/NAME DIR`` (the
 ``huggingface_hub`` CLI, after ``hf auth login``), or ``model.push_to_hub`` after loading it.
 
+The checkpoint's task runs it (its ``export`` command, :attr:`distqa.tasks.base.Task.commands`; for the
+question-answering tasks :mod:`distqa.qa.commands.export`). A task without one is one line on stderr and exit
+status 2, as is a checkpoint that cannot be read.
+
 Exit status: 0 when written; 2 with one line on stderr when the checkpoint cannot be read or exported.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from distqa.config import ConfigError
-from distqa.distributed import setup_logging
-from distqa.qa.hf_format import export_model, load_model_checkpoint
+from distqa.tasks.commands import run_checkpoint_command
 
-log = logging.getLogger("distqa.export")
-
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m distqa.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, type=Path, help="best.pt or a step-*.pt written by distqa.train")
-    parser.add_argument("--output", required=True, type=Path,
-                        help="the directory to write (must not exist, or be empty)")
-    return parser
+HELP_TASK = "nq"
+"""The task whose command answers ``--help`` and usage errors when no ``--checkpoint`` is given."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
-    setup_logging(0)
-    try:
-        checkpoint = load_model_checkpoint(args.checkpoint)
-        output = export_model(checkpoint, args.output)
-    except ConfigError as err:
-        print(f"distqa.export: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # not writable, a full disk: nothing half-written is left under --output
-        print(f"distqa.export: error: cannot write {args.output}: {err.strerror or err}", file=sys.stderr)
-        return 2
-    log.info("exported %s to %s: load it with AutoModelForQuestionAnswering.from_pretrained(%r)", args.checkpoint,
-             output, str(output))
-    return 0
+    return run_checkpoint_command("export", "python -m distqa.export", argv, HELP_TASK)
 
 
 if __name__ == "__main__":

@@ -1,44 +1,23 @@
-"""Writing files so that readers never see a partial one; imports no torch."""
+"""Writing files so that readers never see a partial one; imports no torch. The errors a write raises
+(:class:`~distqa.errors.DiskFullError`) live in :mod:`distqa.errors` with the other refusals."""
 
 from __future__ import annotations
 
 import errno
 import json
-import logging
 import mmap
 import os
 import shutil
-import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from distqa.errors import DiskFullError
+
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 WRITE_BUFFER_BYTES = 1 << 20
-WORKER_REPORT_DIR_VARIABLE = "WORKER_STOP_REPORT_DIR"
-"""The node-local folder scripts/worker.sh gives its workers for a one-line report of why they ended (torchrun
-itself exits with 1 whatever their codes were): distqa.stop's ``rank-<R>`` after a graceful stop, and
-``exit-<CODE>-rank-<R>`` from :func:`report_failure`."""
-
-
-
-class DataError(ValueError):
-    """An input file cannot be used; the message names the file, line and field, and the fix. Entry points
-    print it in one line (exit 2); a task raises it for data it cannot read."""
-
-
-class BadRecordError(DataError):
-    """A malformed line or record read with ``on_bad_line='fail'``; the message says what is wrong and to fix or remove
-    it. Only the commands that have ``--on-bad-line`` (prepare, train) add :data:`SKIP_ADVICE` where they print it:
-    predict and score read every record, so they have no way to skip one to advise."""
-
-
-SKIP_ADVICE = "Or pass --on-bad-line skip to skip and count bad records."
-
-class DiskFullError(OSError):
-    """A write failed for lack of space (or quota); the message names the folder and its free space."""
 
 
 @dataclass(frozen=True)
@@ -147,28 +126,3 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` as indented, key-sorted JSON, written atomically."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
-
-
-def print_error(line: str) -> None:
-    """``line`` and its newline on stderr in one write: the ranks of a job share their agent's pipe, and with
-    ``PYTHONUNBUFFERED`` print() writes the text and the newline apart, so two ranks' lines could run together."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def report_failure(message: str, exit_code: int) -> int:
-    """An entry point's refusal, said once everywhere it is looked for: ``message`` on stderr
-    (:func:`print_error`), in this process's log files (``logs/rank-<R>.log`` once the run directory exists),
-    and, under ``scripts/worker.sh``, in ``$WORKER_STOP_REPORT_DIR/exit-<CODE>-rank-<R>``: worker.sh then exits
-    with ``exit_code`` instead of torchrun's 1, and distqa.agent leaves out torchrun's ChildFailedError
-    traceback. Returns ``exit_code``."""
-    print_error(message)
-    record = logging.LogRecord("distqa", logging.ERROR, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):  # stderr has it already
-            handler.handle(record)
-    folder = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
-    if folder and Path(folder).is_dir():
-        rank = os.environ.get("RANK", "0")
-        (Path(folder) / f"exit-{exit_code}-rank-{rank}").write_text(message + "\n")
-    return exit_code

@@ -21,113 +21,25 @@ Hugging Face schema, or hf:NAME:SPLIT; answers in it are ignored) and writes the
         --input data/squad-sample/dev.json --output predictions.json
     python -m distqa.score --format squad --gold data/squad-sample/dev.json --predictions predictions.json
 
-The rest of this text is about NQ checkpoints (the checkpoint's task chooses).
-The input may be the test file (no annotations) or a train-format file (annotations are ignored).
-It is featurised with the window settings and tokenizer the checkpoint was trained with, into the
-feature cache (``--nq-cache-dir``; reused when the same file is predicted again). Every line must be
-valid: a submission needs a row for every example. The decoding thresholds are the ones tuned on
-the validation split and stored in the checkpoint, unless ``--long-threshold``/``--short-threshold``
-say otherwise. The CSV has the header ``example_id,PredictionString`` and rows ``<id>_long`` and
-``<id>_short`` in input order, with ``start:end``, ``YES``, ``NO`` or blank.
+The checkpoint's task runs it (its ``predict`` command, :attr:`distqa.tasks.base.Task.commands`): for the
+question-answering tasks :mod:`distqa.qa.commands.predict`, which says what the input may be and what the file
+holds. A task without one is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from dotenv import load_dotenv
+from distqa.tasks.commands import run_checkpoint_command
 
-from distqa.config import ConfigError
-from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
-from distqa.config.sources import dotenv_file
-from distqa.files import DataError, print_error
-from distqa.qa.configs import NQConfig, SquadConfig
-from distqa.qa.nq.metric import write_submission
-from distqa.qa.nq.reader import require_file
-from distqa.qa.squad.metric import write_predictions
-from distqa.qa.squad.reader import hub_name, source_path
-
-log = logging.getLogger("distqa.predict")
-
-NQ_SETTINGS = ("long_threshold", "short_threshold", "eval_batch_size", "device", "nq_cache_dir", "num_proc")
-SQUAD_SETTINGS = ("no_answer_threshold", "eval_batch_size", "device", "squad_cache_dir", "num_proc")
-SETTINGS = tuple(dict.fromkeys(NQ_SETTINGS + SQUAD_SETTINGS))
-"""The settings predict takes from its flags (those of the checkpoint's task); the others come from the checkpoint."""
-
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m distqa.predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, type=Path,
-                        help="best.pt or a step-*.pt written by distqa.train, or a directory written by "
-                        "distqa.export")
-    parser.add_argument("--input", required=True, type=Path, help="NQ jsonl: the test file or a train-format file; "
-                        "for a squad checkpoint a file in the SQuAD schema (or hf:NAME:SPLIT)")
-    parser.add_argument("--output", required=True, type=Path, help="submission CSV to write (rank 0); for a squad "
-                        "checkpoint the predictions JSON")
-    overrides = parser.add_argument_group(
-        "settings (default: DISTQA_* variables, else the checkpoint's; the thresholds: its tuned ones)")
-    add_setting_flags(overrides, NQ_SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"},
-                      show_defaults=False)
-    squad = parser.add_argument_group("settings of a squad checkpoint (the same defaults)")
-    add_setting_flags(squad, [name for name in SQUAD_SETTINGS if name not in NQ_SETTINGS], SquadConfig,
-                      show_defaults=False)
-    return parser
+HELP_TASK = "nq"
+"""The task whose command answers ``--help`` and usage errors when no ``--checkpoint`` is given (the question-answering
+tasks share one; it lists their flags)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Here, not at the top: featurising processes start with multiprocessing's spawn, which re-imports
-    # this module, and should not import torch and transformers for nothing.
-    from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
-    from distqa.qa.hf_format import checkpoint_task
-    from distqa.qa.nq.inference import Predictor
-
-    args = build_arg_parser().parse_args(argv)
-    load_dotenv(dotenv_file(), override=False)
-    try:
-        setup_logging(read_torchrun_env()["RANK"])
-        task = checkpoint_task(args.checkpoint)
-        refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
-                                 f"{args.checkpoint} is of task {task or 'nq'!r}")
-        if task == "squad":
-            return predict_squad(args)
-        require_file(args.input)
-        overrides = setting_overrides(args, SETTINGS, NQConfig, os.environ)
-        with distributed_runtime(overrides.pop("device", "auto")) as runtime:
-            predictor = Predictor.from_checkpoint(args.checkpoint, runtime, overrides.pop("long_threshold", None),
-                                                  overrides.pop("short_threshold", None), **overrides)
-            answers = predictor.answers(predictor.predict_file(args.input))
-            if runtime.is_main_process:
-                write_submission(args.output, answers)
-                log.info("wrote %s: %d examples, %d long and %d short answers", args.output, len(answers),
-                         sum(bool(a.long) for a in answers.values()), sum(bool(a.short) for a in answers.values()))
-    except (ConfigError, DataError) as err:
-        print_error(f"distqa.predict: error: {err}")
-        return 2
-    return 0
-
-
-def predict_squad(args: argparse.Namespace) -> int:
-    """The predictions JSON of a squad checkpoint (ConfigError and DataError reach main's handler)."""
-    # Here, not at the top, for the reason main gives.
-    from distqa.distributed import distributed_runtime
-    from distqa.qa.squad.inference import SquadPredictor
-
-    if not hub_name(str(args.input)):
-        source_path(str(args.input), "--input")
-    overrides = setting_overrides(args, SQUAD_SETTINGS, SquadConfig, os.environ)
-    with distributed_runtime(overrides.pop("device", "auto")) as runtime:
-        predictor = SquadPredictor.from_checkpoint(args.checkpoint, runtime, overrides.pop("no_answer_threshold", None),
-                                                   **overrides)
-        answers = predictor.answers(predictor.predict_file(args.input))
-        if runtime.is_main_process:
-            write_predictions(args.output, answers)
-            log.info("wrote %s: %d questions, %d answered", args.output, len(answers), sum(map(bool, answers.values())))
-    return 0
+    return run_checkpoint_command("predict", "python -m distqa.predict", argv, HELP_TASK)
 
 
 if __name__ == "__main__":

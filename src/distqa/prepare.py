@@ -1,23 +1,25 @@
-"""Build once what a task reads before training: for ``--task nq``, the NQ feature cache that training reads.
+"""Build once what a task reads before training: for ``--task nq`` the NQ feature cache, for ``--task squad``
+the SQuAD one; a fork's task builds what its ``build_data`` builds.
 
-The committed NQ sample with the default (tiny-cpu) window settings (``nq`` is prepare's task when no flag,
-``DISTQA_TASK`` or preset names one)::
+The task is the run's, chosen as ``python -m distqa.train`` chooses it (``--task``, ``DISTQA_TASK``, the preset's
+``task``; ``dummy`` by default, which has nothing to build and says so in one line). The committed NQ sample with
+the default (tiny-cpu) window settings::
 
-    python -m distqa.prepare
+    python -m distqa.prepare --task nq
 
-The real data, 16 processes (the platform's ``prepare`` job runs this)::
+The real data, 16 processes (the platform's ``prepare`` job runs this; the preset names its task, ``nq``)::
 
     python -m distqa.prepare --preset bert-base-nq --nq-train-file data/nq/simplified-nq-train.jsonl \\
         --nq-cache-dir /data/nq-cache --num-proc 16
 
 It reads the settings the way ``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the
 training run finds the cache by the same fingerprint; its flags (``--task nq --help``) are those that
-determine the cache and how it is built. Re-running with unchanged input, tokenizer and window settings
-reuses the cache at once; changing any of them builds a new one. Run it before launching a multi-process
-training: ranks never featurise while others wait in a collective. Prints the cache directory on stdout;
-the summary goes to the log (stderr). A task with nothing to build (``dummy``) says so and exits 0. With
-``--only-if-needed`` (what the launchers pass, followed by the trainer's arguments) it accepts every flag
-of training and does nothing, silently, when that run's task builds nothing (its ``build_data`` returns None).
+determine the cache and how it is built (the task's ``prepare_sections``). Re-running with unchanged input,
+tokenizer and window settings reuses the cache at once; changing any of them builds a new one. Run it before
+launching a multi-process training: ranks never featurise while others wait in a collective. Prints the cache
+directory on stdout; the summary goes to the log (stderr). With ``--only-if-needed`` (what the launchers pass,
+followed by the trainer's arguments) it accepts every flag of training and does nothing, silently, when that
+run's task builds nothing (its ``build_data`` returns None).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from dotenv import load_dotenv
 from distqa.config import ConfigError
 from distqa.config.flags import prepare_sections, train_sections
 from distqa.config.sources import dotenv_file, load_config
-from distqa.files import SKIP_ADVICE, BadRecordError, DataError
-from distqa.tasks import make_task
+from distqa.errors import SKIP_ADVICE, BadRecordError, DataError
+from distqa.tasks import available_tasks, make_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,11 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(argv, prog="python -m distqa.prepare",
                              sections=train_sections if for_training else prepare_sections, description=(
-            "Build what a task reads before training (--task nq: the NQ feature cache). With --only-if-needed, "
-            "the arguments are a training command line (all of train's flags): prepare what that run reads."),
-            # Alone, prepare builds what it always built: the NQ cache. A training command line (with
-            # --only-if-needed) means that run's task, whose default is train's.
-            default_task=None if for_training else "nq",
+            "Build what the run's task reads before training (--task nq: the NQ feature cache; the task is chosen "
+            "as train chooses it). With --only-if-needed, the arguments are a training command line (all of "
+            "train's flags): prepare what that run reads."),
             # Alone, it reads the data at once, in one process: the reader names a missing file.
             check_data_paths=for_training)
         # The task is imported here, not at the top: it imports torch, and each featurising process re-imports
@@ -75,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if for_training:  # the launchers' call before every run: nothing to say
             return 0
         logging.getLogger("distqa.prepare").info(
-            "task %r has nothing to build before training (its data is made as it is read); --task nq builds "
-            "the NQ feature cache", config.task)
+            "task %r has nothing to build before training (its data is made as it is read); to build another "
+            "task's data, name it with --task (registered: %s)", config.task, ", ".join(available_tasks()))
         return 0
     print(directory)
     return 0

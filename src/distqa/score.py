@@ -20,69 +20,27 @@ It prints one JSON object with the official evaluation's names and numbers (perc
 Any problem with either file prints one line ``distqa.score: error: <file>:<where>: ...`` on stderr and exits 2;
 nothing is skipped, since a skipped row or gold line would change the score. The metrics themselves are
 :mod:`distqa.qa.nq.metric` (NQ) and :mod:`distqa.qa.squad.metric` (SQuAD).
+
+``--format`` names the task whose answers these are; that task's ``score`` command runs
+(:attr:`distqa.tasks.base.Task.commands`; for ``nq`` and ``squad`` :mod:`distqa.qa.commands.score`). A task
+without one is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from distqa.files import DataError
-from distqa.qa.nq.metric import SubmissionError, read_gold, read_submission, score_answers
-from distqa.qa.squad import metric as squad_metric
+from distqa.tasks.commands import run_named_command
 
-# --- command line ----------------------------------------------------------------------------------
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="distqa.score", description="Score a Kaggle NQ submission CSV (micro F1 over long and short rows) or "
-        "SQuAD predictions (the official exact match and F1).",
-        epilog="Prints one JSON object on stdout. Errors: one line on stderr, exit status 2.")
-    parser.add_argument("--format", choices=("nq", "squad"), default="nq",
-                        help="nq: a Kaggle submission CSV (the default); squad: the official predictions JSON")
-    parser.add_argument("--gold", required=True, type=Path,
-                        help="nq: train-format jsonl of the submission's examples, with annotations; squad: the "
-                        "questions in the SQuAD schema, with their answers")
-    parser.add_argument("--submission", type=Path,
-                        help="nq: CSV with header example_id,PredictionString and rows <id>_long, <id>_short")
-    parser.add_argument("--predictions", type=Path,
-                        help="squad: JSON object {question id: answer text}, \"\" for no answer")
-    return parser
+QA_SCORE_COMMANDS = {"nq": "distqa.qa.commands.score:main", "squad": "distqa.qa.commands.score:main"}
+"""The score command the nq and squad task classes declare (tests/test_commands.py checks that they agree), named
+here so that scoring their files imports no task: a task's module imports torch and transformers, the scorer
+neither (score starts in about 0.4 s of CPU, not 4)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_arg_parser()
-    args = parser.parse_args(argv)
-    answers, unused = ("submission", "predictions") if args.format == "nq" else ("predictions", "submission")
-    if getattr(args, answers) is None:
-        parser.error(f"the following arguments are required: --{answers}")
-    if getattr(args, unused) is not None:
-        parser.error(f"--{unused} is for --format {'squad' if unused == 'predictions' else 'nq'}; give --{answers}")
-    try:
-        for path, what in ((args.gold, "gold"), (getattr(args, answers), answers.rstrip("s"))):
-            if not path.is_file():
-                raise DataError(f"{path}: no such {what} file")
-        result = score_squad(args.gold, args.predictions) if args.format == "squad" else \
-            score_nq(args.gold, args.submission)
-    except (DataError, SubmissionError, OSError) as err:
-        print(f"{parser.prog}: error: {str(err).replace(chr(10), ' ')}", file=sys.stderr)
-        return 2
-    print(json.dumps(result))
-    return 0
-
-
-def score_nq(gold: Path, submission: Path) -> dict[str, float | int]:
-    read_submission(submission)  # the format first: reading a large gold file takes minutes
-    golds = read_gold(gold)
-    return score_answers(golds, read_submission(submission, expected_ids=golds.keys()))
-
-
-def score_squad(gold: Path, predictions: Path) -> dict[str, float | int]:
-    golds = squad_metric.read_gold(gold)
-    return squad_metric.score_predictions(golds, squad_metric.read_predictions(predictions, golds.keys()))
+    return run_named_command("score", "distqa.score", argv, "--format", default="nq", known=QA_SCORE_COMMANDS)
 
 
 if __name__ == "__main__":

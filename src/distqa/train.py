@@ -1,4 +1,6 @@
-"""Train the question-answering model with DistributedDataParallel, on one process or many nodes.
+"""Train a task's model with DistributedDataParallel, on one process or many nodes: the task (``--task``) brings
+the data, the model, the loss and the evaluation; this run brings the rest (distribution, the same global batch
+on any world size, checkpoints and exact resume, graceful stops, logging).
 
 One process (CPU, or one GPU)::
 
@@ -17,10 +19,10 @@ Two emulated nodes on this machine, through the same c10d rendezvous::
 
     scripts/run_distributed_locally.sh
 
-What the run trains is its task (``--task``: ``dummy``, the default offline synthetic data; ``nq``, Natural
-Questions; or a fork's ``package.module:ClassName``, docs/FORKING.md). With ``--task nq`` the run scores the
-validation split every ``--eval-every`` steps and at the end (Kaggle micro-F1, on all ranks) and keeps the
-best model in ``checkpoints/best.pt``; then::
+What the run trains is its task (``--task``: a registered name, ``dummy`` by default, or a fork's
+``package.module:ClassName``, docs/FORKING.md). A task with an evaluator is scored every ``--eval-every`` steps
+and at the end, on all ranks, and its best model kept in ``checkpoints/best.pt``. For the built-in QA tasks
+(``nq``, Natural Questions, scored by Kaggle's micro-F1; ``squad``), then::
 
     python -m distqa.predict --checkpoint results/local/checkpoints/best.pt \
         --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
@@ -55,7 +57,7 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
-from distqa.files import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
+from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
 from distqa.resume import resume
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = make_task(config)
         # Before any process group, so that no rank waits in a collective meanwhile: a model that cannot load
         # fails here, and a single process builds a missing feature cache itself.
-        task.check(build=ranks["WORLD_SIZE"] == 1)
+        task.check_inputs(may_build=ranks["WORLD_SIZE"] == 1)
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
             run_dir = prepare_run_dir(config, runtime)
             if config != given:

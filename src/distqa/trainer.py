@@ -57,7 +57,7 @@ from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
 from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops
 from distqa.tracking import RunRecord
-from distqa.training_metrics import MetricsWindow, RankWindow, StragglerWatch, summarise
+from distqa.training_metrics import MetricsWindow, RankWindow, StragglerWatch, summarise, tracked_scalars
 
 log = logging.getLogger(__name__)
 
@@ -124,72 +124,113 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
-        config, progress = self.config, self.progress
-        log.info("training %d steps (%d per epoch): global batch %d = %d per rank × %d ranks × %d "
-                 "accumulation, precision %s, device %s", self.plan.total_steps, self.plan.steps_per_epoch,
-                 config.global_batch_size, config.per_rank_batch_size, self.runtime.world_size,
-                 self.plan.accumulation, self.precision.name, self.runtime.device)
-        if 0 < config.stop_at_step <= progress.step or self._stops_early():
-            log.info("already at step %d, %s: nothing to do", progress.step, "where early stopping ended the run"
-                     if self._stops_early() else f"past stop_at_step={config.stop_at_step}")
-            return progress
-        metrics = self.metrics
-        stop = StopSignal(self.runtime.device, config.stop_check_every)
+        """Train to the plan's last step, or until stop_at_step, early stopping or a stop signal all ranks agree on
+        (:class:`~distqa.stop.TrainingStoppedError`, after a checkpoint). Collective: every rank calls it."""
+        self._log_plan()
+        if self._already_done():
+            return self.progress
+        stop = StopSignal(self.runtime.device, self.config.stop_check_every)
         scalars = record.writer  # rank 0's TensorBoard and tracker; None elsewhere
         with self._progress_bar() as bar, stop.installed(), self.checkpoints.finishing(), \
-                collective_timeouts_named(self.runtime, lambda: progress.step):
-            while progress.step < self.plan.total_steps:
-                if progress.samples_in_epoch // config.global_batch_size >= self.plan.steps_per_epoch:
-                    # Here, not after the epoch's last step: a run that ends there keeps the position its last
-                    # checkpoint holds (summary.json and the checkpoint agree).
-                    progress.epoch += 1
-                    progress.samples_in_epoch = 0
-                self.sampler.set_epoch(progress.epoch)
-                self.sampler.resume_at(progress.samples_in_epoch)
-                micro_batches = iter(self.loader)
-                done_in_epoch = progress.samples_in_epoch // config.global_batch_size
-                for _ in range(min(self.plan.steps_per_epoch - done_in_epoch, self.plan.total_steps - progress.step)):
-                    started = time.perf_counter()
-                    loss, grad_norm = self.train_step(micro_batches)
-                    if progress.step == self.first_step and compile_enabled(config, self.runtime.device):
-                        log.info("torch.compile: the first step took %.1f s, compilation included (once per process; "
-                                 "the first log window's throughput includes it)", time.perf_counter() - started)
-                    progress.step += 1
-                    progress.samples_in_epoch += config.global_batch_size
-                    self.fault.at(progress.step)  # INJECT_FAULT's kill or hang, to test a resume (distqa.faults)
-                    metrics.add(loss, grad_norm)
-                    bar.update(1)
-                    last = progress.step == self.plan.total_steps
-                    if progress.step % config.log_every == 0 or last:
-                        self._log_metrics(metrics.flush(), bar, scalars)
-                    best = False
-                    if self.evaluator is not None and (last or _due(config.eval_every, progress.step)):
-                        with metrics.paused():  # samples/s and ms/step measure training alone
-                            best = self.evaluate(scalars)
-                    early = not last and self._stops_early()
-                    stopping = progress.step == config.stop_at_step or early
-                    saved = last or stopping or _due(config.checkpoint_every, progress.step)
-                    if saved or best:
-                        self.save_checkpoint(step=saved, best=best)
-                    if not last and (received := stop.agreed(progress.step)):
-                        path = checkpoint_path(self.run_dir, progress.step) if saved else self.save_checkpoint()
-                        self._log_partial_window(bar, scalars)
-                        self.finish_checkpoints()
-                        raise TrainingStoppedError(signal.Signals(received).name, progress.step, path)
-                    if stopping:
-                        self._log_partial_window(bar, scalars)
-                    if early:
-                        log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
-                                 "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
-                                 progress.best_metric, config.early_stopping_min_delta, progress.best_value)
-                    elif stopping:
-                        log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
-                    if stopping:
-                        self.finish_checkpoints()
-                        return progress
+                collective_timeouts_named(self.runtime, lambda: self.progress.step):
+            while self.progress.step < self.plan.total_steps:
+                if self._train_epoch(bar, scalars, stop):
+                    return self.progress
             self.finish_checkpoints()
-        log.info("training finished at step %d", progress.step)
-        return progress
+        log.info("training finished at step %d", self.progress.step)
+        return self.progress
+
+    def _log_plan(self) -> None:
+        log.info("training %d steps (%d per epoch): global batch %d = %d per rank × %d ranks × %d "
+                 "accumulation, precision %s, device %s", self.plan.total_steps, self.plan.steps_per_epoch,
+                 self.config.global_batch_size, self.config.per_rank_batch_size, self.runtime.world_size,
+                 self.plan.accumulation, self.precision.name, self.runtime.device)
+
+    def _already_done(self) -> bool:
+        """A resumed run that stop_at_step or early stopping had already ended: nothing to train."""
+        step, stop_at_step = self.progress.step, self.config.stop_at_step
+        if not (0 < stop_at_step <= step or self._stops_early()):
+            return False
+        log.info("already at step %d, %s: nothing to do", step, "where early stopping ended the run"
+                 if self._stops_early() else f"past stop_at_step={stop_at_step}")
+        return True
+
+    def _train_epoch(self, bar: tqdm, scalars: RunRecord | None, stop: StopSignal) -> bool:
+        """The steps left in the current epoch, from the position the progress holds (a resumed run's included).
+        True when the run ends in it (stop_at_step, early stopping), its checkpoints complete."""
+        micro_batches, steps_left = self._enter_epoch()
+        for _ in range(steps_left):
+            self._take_step(micro_batches, bar)
+            if self._after_step(bar, scalars, stop):
+                return True
+        return False
+
+    def _enter_epoch(self) -> tuple[Iterator[dict[str, torch.Tensor]], int]:
+        """The loader's micro-batches from the progress's position (in the next epoch when this one is done), and the
+        steps left in their epoch."""
+        progress = self.progress
+        if progress.samples_in_epoch // self.config.global_batch_size >= self.plan.steps_per_epoch:
+            # Here, not after the epoch's last step: a run that ends there keeps the position its last
+            # checkpoint holds (summary.json and the checkpoint agree).
+            progress.epoch += 1
+            progress.samples_in_epoch = 0
+        self.sampler.set_epoch(progress.epoch)
+        self.sampler.resume_at(progress.samples_in_epoch)
+        micro_batches = iter(self.loader)
+        done_in_epoch = progress.samples_in_epoch // self.config.global_batch_size
+        return micro_batches, min(self.plan.steps_per_epoch - done_in_epoch, self.plan.total_steps - progress.step)
+
+    def _take_step(self, micro_batches: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> None:
+        """One optimizer step, counted in the progress, the metrics window and the bar."""
+        progress, started = self.progress, time.perf_counter()
+        loss, grad_norm = self.train_step(micro_batches)
+        if progress.step == self.first_step and compile_enabled(self.config, self.runtime.device):
+            log.info("torch.compile: the first step took %.1f s, compilation included (once per process; "
+                     "the first log window's throughput includes it)", time.perf_counter() - started)
+        progress.step += 1
+        progress.samples_in_epoch += self.config.global_batch_size
+        self.fault.at(progress.step)  # INJECT_FAULT's kill or hang, to test a resume (distqa.faults)
+        self.metrics.add(loss, grad_norm)
+        bar.update(1)
+
+    def _after_step(self, bar: tqdm, scalars: RunRecord | None, stop: StopSignal) -> bool:
+        """What follows a step, in order: its log line, the evaluation and checkpoints that are due, then a stop
+        signal (raises TrainingStoppedError), stop_at_step or early stopping (True: the run ends here)."""
+        config, step, last = self.config, self.progress.step, self.progress.step == self.plan.total_steps
+        if step % config.log_every == 0 or last:
+            self._log_metrics(self.metrics.flush(), bar, scalars)
+        best = self._evaluate_if_due(last, scalars)
+        early = not last and self._stops_early()
+        stopping = step == config.stop_at_step or early
+        saved = last or stopping or _due(config.checkpoint_every, step)
+        if saved or best:
+            self.save_checkpoint(step=saved, best=best)
+        if not last and (received := stop.agreed(step)):
+            path = checkpoint_path(self.run_dir, step) if saved else self.save_checkpoint()
+            self._log_partial_window(bar, scalars)
+            self.finish_checkpoints()
+            raise TrainingStoppedError(signal.Signals(received).name, step, path)
+        if stopping:
+            self._log_partial_window(bar, scalars)
+            self._log_why_it_stops(early)
+            self.finish_checkpoints()
+        return stopping
+
+    def _evaluate_if_due(self, last: bool, scalars: RunRecord | None) -> bool:
+        """Evaluate (all ranks) every eval_every steps and at the last; True when best.pt is to be saved."""
+        if self.evaluator is None or not (last or _due(self.config.eval_every, self.progress.step)):
+            return False
+        with self.metrics.paused():  # samples/s and ms/step measure training alone
+            return self.evaluate(scalars)
+
+    def _log_why_it_stops(self, early: bool) -> None:
+        progress = self.progress
+        if early:
+            log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
+                     "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
+                     progress.best_metric, self.config.early_stopping_min_delta, progress.best_value)
+        else:
+            log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
 
     def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation`` micro-batches; returns (mean loss, grad norm)."""
@@ -288,6 +329,7 @@ class Trainer:
     # --- helpers -----------------------------------------------------------------------------
     def _stops_early(self) -> bool:
         return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
+
     def _log_partial_window(self, bar: tqdm, scalars: RunRecord | None) -> None:
         """Collective, where the run stops before its next log line (a graceful stop, stop_at_step, early
         stopping): the steps since the last line are logged now, not lost."""
@@ -325,17 +367,8 @@ class Trainer:
                         self.hosts[named], 1000 * ranks[named].local_p50, 1000 * window.local_p50_median,
                         self.stragglers.streak_steps)
         if scalars is not None:
-            values = {"loss": window.loss, "lr": lr, "grad_norm": window.grad_norm,
-                       "samples_per_s": window.samples_per_s, "step_time_s": step_time}
-            if counts_tokens:
-                values |= {"tokens_per_s": window.tokens_per_s, "padded_tokens_per_s": window.padded_tokens_per_s}
-            if window.mfu is not None:
-                values["mfu"] = window.mfu
-            for name, value in values.items():
-                scalars.add_scalar(f"train/{name}", value, step)
-            for rank, w in enumerate(ranks):
-                for name in ("step_p50", "step_p95", "local_p50", "local_p95"):
-                    scalars.add_scalar(f"ranks/{name}_ms/rank_{rank}", 1000 * getattr(w, name), step)
+            for name, value in tracked_scalars(window, ranks, lr).items():
+                scalars.add_scalar(name, value, step)
             scalars.flush()
 
     def _peak_flops(self) -> float | None:

@@ -216,6 +216,22 @@ def summarise(ranks: list[RankWindow], global_batch_size: int, peak_flops_per_ra
                    extremes=(fastest, slowest), local_p50_median=median, straggler=straggler)
 
 
+def tracked_scalars(window: Summary, ranks: list[RankWindow], lr: float) -> dict[str, float]:
+    """A log window as TensorBoard and tracker scalars: ``train/<name>`` for the job, then
+    ``ranks/<time>_ms/rank_<R>`` for every rank's step and local times."""
+    values = {"loss": window.loss, "lr": lr, "grad_norm": window.grad_norm, "samples_per_s": window.samples_per_s,
+              "step_time_s": window.seconds / window.steps}
+    if window.padded_tokens_per_s > 0:  # a task whose batches have no attention_mask counts none
+        values |= {"tokens_per_s": window.tokens_per_s, "padded_tokens_per_s": window.padded_tokens_per_s}
+    if window.mfu is not None:
+        values["mfu"] = window.mfu
+    scalars = {f"train/{name}": value for name, value in values.items()}
+    for rank, times in enumerate(ranks):
+        for name in ("step_p50", "step_p95", "local_p50", "local_p95"):
+            scalars[f"ranks/{name}_ms/rank_{rank}"] = 1000 * getattr(times, name)
+    return scalars
+
+
 class StragglerWatch:
     """Rank 0's memory of the windows' stragglers: :meth:`observe` returns the rank to name in the log, when the same
     rank has been each window's straggler for ``min_steps`` steps in a row and was not named in the last

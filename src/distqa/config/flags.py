@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.config import ENV_PREFIX, PRESET, SECTIONS, TASK, Config, ConfigError, Section, fields_of
 from distqa.config.values import coerce, metavar
-from distqa.tasks import REGISTERED, other_tasks_settings, task_class
+from distqa.tasks import available_tasks, other_tasks_settings, task_class
 
 if TYPE_CHECKING:
     from distqa.tasks.base import Task
@@ -24,8 +24,15 @@ SectionsOf = Callable[[type["Task"]], Sequence[Section]]
 
 
 def train_sections(task: type[Task]) -> list[Section]:
-    """``python -m distqa.train`` (and the doctor): every section of the task's settings, built-in ones first."""
-    used = [f.metadata["section"] for f in fields_of(task.config_class).values()]
+    """``python -m distqa.train`` (and the doctor): every section of the task's settings (:func:`ordered_sections`)."""
+    return ordered_sections(f.metadata["section"] for f in fields_of(task.config_class).values())
+
+
+def ordered_sections(used: Iterable[Section]) -> list[Section]:
+    """The sections of ``used`` (in field order, repeats allowed) in the order ``--help`` and .env.example show
+    them: the machinery's (:data:`~distqa.config.SECTIONS`) first in their fixed order, then a task's own in the
+    order their first field comes."""
+    used = list(used)
     return [s for s in SECTIONS if s in used] + list(dict.fromkeys(s for s in used if s not in SECTIONS))
 
 
@@ -51,7 +58,7 @@ def build_arg_parser(prog: str = "python -m distqa.train", task: type[Task] | No
         description=(description + " " if description else "") + "Precedence of settings: defaults < --preset "
         f"file < .env / DISTQA_* environment variables < these flags. The settings shown are those of task "
         f"{task.name or config_class.__name__!r}; --task NAME --help shows another's (registered: "
-        f"{', '.join(REGISTERED)}; a fork's: --task package.module:ClassName).",
+        f"{', '.join(available_tasks()) or 'none here'}; a fork's: --task package.module:ClassName).",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )

@@ -1,17 +1,19 @@
 """The typed settings of every run: a documented field per setting, grouped in sections, one class per task.
 
 :class:`Config` holds what every run has, whatever it trains (run directory, optimisation, distribution,
-checkpoints, logging). A task extends it with its own fields: the built-in tasks' are in
-:mod:`distqa.qa.configs`, in a chain a fork can start from anywhere (``EncoderConfig`` adds a
-``transformers`` encoder, ``QAConfig`` its question-answering windows, ``DummyConfig`` and ``NQConfig``
-what the two built-in tasks read); a fork's task declares its own subclass next to its code
-(docs/FORKING.md). Every field is made by a :class:`Section`, which gives it its help text, its section of
-``--help`` and ``.env.example``, and says whether it defines the run.
+checkpoints, logging). A task extends it with its own fields, declared next to its code, in a chain a fork
+can start from anywhere (the built-in tasks': ``EncoderConfig`` in ``encoders/config.py`` adds a ``transformers``
+encoder, ``QAConfig`` in ``qa/config.py`` its question-answering windows, each task's own ``config`` module what
+that task reads; docs/FORKING.md). Every field is made by a :class:`Section`, which gives it its help text, its
+section of ``--help`` and ``.env.example``, and says whether it defines the run. The sections defined here are
+the machinery's (:data:`SECTIONS`, shown first in a fixed order); a task's own come after them, in field order.
 
 A config checks its values (types, ranges, consistency) when it is built, and nothing else: what the
 machine must provide (paths that exist, network access to the hub) is checked by the entry points
 through :func:`distqa.config.sources.load_config`, which also says where values come from (defaults < preset
-< .env and ``DISTQA_*`` variables < flags) and which sections each entry point accepts.
+< .env and ``DISTQA_*`` variables < flags) and which sections each entry point accepts. A settings class adds
+its own rules there through two hooks: :meth:`Config.settle_sources` (values that depend on which source set
+them) and :meth:`Config.check_machine` (what the machine must provide besides the ``must_exist`` paths).
 
 The settings that define a run (a checkpoint of other values of them is not resumed) are marked once,
 on their fields (``defines_run``), and listed by :meth:`Config.run_defining`.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +32,6 @@ ENV_PREFIX = "DISTQA_"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PRESETS_DIR = REPO_ROOT / "configs"
 DEFAULT_PRESET = "tiny-cpu"
-TINY_MODEL_DIR = REPO_ROOT / "data" / "tiny-bert"
 
 
 class ConfigError(ValueError):
@@ -68,21 +70,19 @@ class Section:
 PRESET = Section("preset", "where the other values start from")
 TASK = Section("task", "task")
 RUN = Section("run", "run and output")
-ENCODER = Section("encoder", "encoder and tokenizer")
 MODEL = Section("model", "model")
-WINDOWS = Section("windows", "windows (with the tokenizer, what the NQ feature cache's fingerprint covers)")
 DATA = Section("data", "training data")
-NQ_FILES = Section("nq_files", "Natural Questions files and featurisation")
-SQUAD_FILES = Section("squad_files", "SQuAD files and featurisation")
 OPTIMISATION = Section("optimisation", "optimisation")
 EVALUATION = Section("evaluation", "evaluation and decoding")
 DISTRIBUTED = Section("distributed", "distributed")
 CHECKPOINTS = Section("checkpoints", "checkpoints")
 LOGGING = Section("logging", "logging")
 CONSOLE = Section("console", "console")
-SECTIONS = (PRESET, TASK, RUN, ENCODER, MODEL, WINDOWS, DATA, NQ_FILES, SQUAD_FILES, OPTIMISATION, EVALUATION,
-            DISTRIBUTED, CHECKPOINTS, LOGGING, CONSOLE)
-"""The built-in sections, in the order ``--help`` and .env.example show them (a fork's come after)."""
+SECTIONS = (PRESET, TASK, RUN, DATA, OPTIMISATION, EVALUATION, DISTRIBUTED, CHECKPOINTS, LOGGING, CONSOLE)
+"""The machinery's sections, in the order ``--help`` and .env.example show them; a task's own sections follow, in
+the order of its fields. ``DATA`` and ``EVALUATION`` are generic: a task adds its settings of its data and its
+evaluation there. So is ``MODEL``, which holds no setting of every run: it is a task's section, shown where its
+first field comes."""
 
 
 @dataclass
@@ -262,6 +262,21 @@ class Config:
         marks = {f.name: f.metadata["defines_run"] for f in dataclasses.fields(self)}
         return tuple(name for name, mark in marks.items() if mark is True or (mark and self.task in mark))
 
+    # --- hooks of a task's settings class -------------------------------------------------------------------
+    @classmethod
+    def settle_sources(cls, values: dict[str, Any], set_later: set[str], preset_values: Mapping[str, Any],
+                       preset_path: Path | None) -> None:
+        """Adjust ``values`` (typed, merged from every source, before the config is built) where a setting's value
+        depends on which source set it: ``set_later`` names the settings that the environment or a flag set over
+        the preset, whose raw values (file ``preset_path``) are ``preset_values``. A subclass calls super() first.
+        Default: nothing (``EncoderConfig``'s: a preset's from_scratch)."""
+
+    def check_machine(self) -> None:
+        """A ConfigError when this machine lacks what these settings need, besides the ``must_exist`` paths that
+        :func:`distqa.config.sources.check_environment` checks for every settings class (a local model that is
+        missing, a hub name while offline). Runs in the entry points, not for a config rebuilt from a checkpoint.
+        A subclass calls super() first. Default: nothing."""
+
     def refuse_another_run(self, saved: dict[str, Any], path: str) -> None:
         """ConfigError when the config ``saved`` in the checkpoint at ``path`` has other values of the run-defining
         settings: resuming would continue another run (other data, another model) as if it were this one."""
@@ -284,6 +299,12 @@ def require_not_negative(config: Config, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(config, name) < 0:
             raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}.")
+
+
+def require_existing(path: Path, name: str, hint: str) -> None:
+    """ConfigError naming the setting ``name`` when ``path`` does not exist; ``hint`` (what to do) ends it."""
+    if not path.exists():
+        raise ConfigError(f"{name}: {path} does not exist; {hint}.")
 
 
 def fields_of(config_class: type[Config]) -> dict[str, dataclasses.Field[Any]]:

@@ -22,8 +22,10 @@ the sections it uses (:mod:`distqa.config.flags`). ``predict`` and ``evaluate`` 
 :func:`load_config` checks every value before any process group exists, so a typo fails in a second
 with a message naming the field and where the value came from: the task, unknown keys, wrong types and
 out-of-range values (the dataclass's own checks), then what this machine must provide (paths that
-must exist, an uncached hub name while ``HF_HUB_OFFLINE`` is set) and a global batch that the world size
-cannot split, all as a :class:`~distqa.config.ConfigError`. A fork's settings class that declares a
+must exist, and what the settings class checks itself: an encoder's uncached hub name while ``HF_HUB_OFFLINE``
+is set) and a global batch that the world size cannot split, all as a :class:`~distqa.config.ConfigError`. A
+settings class's own rules come in through its hooks (:meth:`~distqa.config.Config.settle_sources`,
+:meth:`~distqa.config.Config.check_machine`): nothing here knows a task. A fork's settings class that declares a
 setting wrongly is refused by :func:`~distqa.config.values.check_declarations`, naming the setting.
 
 Which ``.env``, for every entry point and script (``scripts/common.sh``): ``$ENV_FILE`` (refused when it names no
@@ -48,11 +50,11 @@ from dotenv import dotenv_values
 from distqa.config import (
     DEFAULT_PRESET,
     ENV_PREFIX,
-    REPO_ROOT,
-    SECTIONS,
+    PRESETS_DIR,
     Config,
     ConfigError,
     fields_of,
+    require_existing,
     resolve_path,
 )
 from distqa.config.flags import (
@@ -60,14 +62,13 @@ from distqa.config.flags import (
     add_setting_flags,
     build_arg_parser,
     coerce_flag,
+    ordered_sections,
     parse_flags,
     train_sections,
 )
 from distqa.config.presets import read_preset
 from distqa.config.values import check_declarations, coerce
-from distqa.encoders.hub import cached_snapshot, hub_offline, not_available
-from distqa.qa.configs import EncoderConfig
-from distqa.tasks import REGISTERED, other_tasks_settings, task_class
+from distqa.tasks import available_tasks, other_tasks_settings, task_class
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ def load_config(
     (set by torchrun) is used to check that the global batch splits evenly (after :meth:`Config.for_world_size`),
     so a bad batch size fails before any rendezvous. The config returned is the one given; the trainer scales it
     to its world size.
-    ``default_task``: the entry point's task when no flag, variable or preset names one (``prepare``: nq).
+    ``default_task``: the entry point's task when no flag, variable or preset names one (None: the ``task``
+    setting's default, ``dummy``).
     ``check_data_paths``: False where the caller reads the task's data files at once itself (``prepare``), so a
     missing one is named by the reader.
     """
@@ -119,8 +121,7 @@ def load_config(
     for name, raw in flags.items():
         values[name] = coerce_flag(name, raw, config_class)
         later.add(name)
-    if issubclass(config_class, EncoderConfig):
-        _preset_random_weights_for_its_model_only(values, later, source, config_class)
+    config_class.settle_sources(values, later, source.preset_values, source.preset_path)
 
     config = config_class(**values)
     check_environment(config, check_data_paths)
@@ -153,7 +154,9 @@ class SettingSources:
         env = {k: v for k, v in merged.items() if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "PRESET"}
         early, _ = _early_parser().parse_known_args(argv)
         given = "--preset" if early.preset else f"{ENV_PREFIX}PRESET" if merged.get(ENV_PREFIX + "PRESET") else ""
-        preset = read_preset(early.preset or merged.get(ENV_PREFIX + "PRESET") or DEFAULT_PRESET)
+        # A fork that deleted the built-in tasks may delete their presets, the default one among them.
+        default = DEFAULT_PRESET if (PRESETS_DIR / f"{DEFAULT_PRESET}.toml").is_file() else "none"
+        preset = read_preset(early.preset or merged.get(ENV_PREFIX + "PRESET") or default)
         # The task decides which settings exist, so it is chosen first, by the same precedence.
         task = default_task or fields_of(Config)["task"].default
         task = _take_task(preset.values, "task", "dataset", f"preset {preset.path}") or task
@@ -168,23 +171,6 @@ class SettingSources:
                 raise ConfigError(preset.refusal(given, task))
             preset = read_preset("none")
         return cls(list(argv), env, preset.name, preset.path, preset.values, task)
-
-
-def _preset_random_weights_for_its_model_only(values: dict[str, Any], later: set[str], source: SettingSources,
-                                              config_class: type[Config]) -> None:
-    """A preset's ``from_scratch = true`` is for the preset's own model (a weightless one, such as the tiny
-    model's): when the environment or a flag names another model and says nothing of from_scratch, it becomes
-    ``auto`` again, with a notice, so naming a pretrained model never trains random weights unasked."""
-    if values.get("from_scratch") is not True or "from_scratch" in later or "model_name_or_path" not in later:
-        return
-    default = fields_of(config_class)["model_name_or_path"].default
-    preset_model = source.preset_values.get("model_name_or_path", default)
-    if values["model_name_or_path"] == preset_model:
-        return
-    log.warning("preset %s: its from_scratch = true is for its own model (%s), not for %s: from_scratch is auto "
-                "(pretrained weights where the model has them); set --from-scratch true for random weights",
-                source.preset_path, preset_model, values["model_name_or_path"])
-    values["from_scratch"] = "auto"
 
 
 def _take_task(values: dict[str, Any], key: str, old_key: str, place: str) -> str | None:
@@ -219,7 +205,8 @@ def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
             values.setdefault(new, old_value)
     config_class = task_class(values.get("task", fields_of(Config)["task"].default)).config_class
     known = fields_of(config_class)
-    others = set().union(*other_tasks_settings(config_class).values())
+    # The other tasks are imported only when the checkpoint holds settings this task lacks (an older layout).
+    others = set().union(*other_tasks_settings(config_class).values()) if set(values) - set(known) else set()
     unknown = sorted(name for name in values if name not in known and name not in others)
     if unknown:
         log.warning("ignoring settings this version does not know: %s", ", ".join(unknown))
@@ -228,23 +215,18 @@ def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
 
 def check_environment(config: Config, check_data_paths: bool = True) -> None:
     """What this machine must provide for ``config``: local paths that exist (every setting declared with
-    ``must_exist``), and, while ``HF_HUB_OFFLINE`` is set, hub names only from the hub cache
-    (:mod:`distqa.encoders.hub`).
+    ``must_exist``), what its settings class checks itself (:meth:`~distqa.config.Config.check_machine`: an
+    encoder's local model, or hub names while ``HF_HUB_OFFLINE`` is set), a checkpoint to resume, the tracker's
+    address.
     The entry points call it (through :func:`load_config`); a config rebuilt from a checkpoint for inference skips
     it, since the training data need not exist there."""
     for name, f in fields_of(type(config)).items():
         if f.metadata.get("must_exist") and check_data_paths:
-            _require_local(resolve_path(getattr(config, name)), name, hint=f.metadata["must_exist"])
-    if isinstance(config, EncoderConfig):
-        for name in ("model_name_or_path", "tokenizer_name_or_path"):
-            value = getattr(config, name)
-            if value and _looks_local(value):
-                _require_local(resolve_path(value), name)
-            elif value and hub_offline() and cached_snapshot(value) is None:  # what from_pretrained would refuse
-                raise ConfigError(not_available(name, value, "HF_HUB_OFFLINE is set, so nothing is downloaded"))
+            require_existing(resolve_path(getattr(config, name)), name, f.metadata["must_exist"])
+    config.check_machine()
     if config.resume not in ("auto", "none"):
-        _require_local(Path(config.resume), "resume", hint="use 'auto', 'none' or a "
-                       "checkpoint file written by an earlier run")
+        require_existing(Path(config.resume), "resume", "use 'auto', 'none' or a checkpoint file written by an "
+                         "earlier run")
     if config.tracker == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
         raise ConfigError("tracker: 'mlflow' needs MLFLOW_TRACKING_URI (the server's http(s) address) in the "
                           "environment or .env; or --tracker none.")
@@ -263,13 +245,6 @@ def _refuse_unknown(name: str, config_class: type[Config], message: str, ignored
         log.warning("%s: ignoring %s, a setting of task %s, not of this run's", ignored_in, name, " and ".join(owners))
 
 
-def _require_local(path: Path, name: str, hint: str = "") -> None:
-    if not path.exists():
-        hint = hint or ("pass an existing directory, or a hub name such as bert-base-uncased (downloaded on "
-                        "first use; with HF_HUB_OFFLINE=1, from the hub cache in HF_HOME)")
-        raise ConfigError(f"{name}: {path} does not exist; {hint}.")
-
-
 def dotenv_file(environ: Mapping[str, str] | None = None) -> Path:
     """The ``.env`` every entry point and script (scripts/common.sh) reads: ``$ENV_FILE``, else ``./.env``."""
     return Path((os.environ if environ is None else environ).get("ENV_FILE") or ".env")
@@ -279,14 +254,6 @@ def _read_dotenv(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     return {k: v for k, v in dotenv_values(path).items() if v is not None}
-
-
-def _looks_local(name: str) -> bool:
-    """A name whose first path component exists here is meant as a local path (data/tiny-bert);
-    hub names (bert-base-uncased, google/bert_uncased_L-2_H-128_A-2) have no such directory."""
-    first = Path(name).parts[0] if Path(name).parts else name
-    return name.startswith(("/", ".", "~")) or any(
-        (base / first).exists() for base in (Path.cwd(), REPO_ROOT))
 
 
 def _world_size(environ: Mapping[str, str]) -> int:
@@ -302,9 +269,11 @@ def _world_size(environ: Mapping[str, str]) -> int:
 
 
 def env_example() -> str:
-    """The text of ``.env.example``: every setting of every registered task as a commented ``DISTQA_*`` line
-    with its help; a setting that not every task has names the tasks that have it."""
-    classes = {name: task_class(name).config_class for name in REGISTERED}
+    """The text of ``.env.example``: every setting of every registered task whose module is here, as a commented
+    ``DISTQA_*`` line with its help; a setting that not every task has names the tasks that have it. Sections come
+    in ``--help``'s order (:func:`~distqa.config.flags.ordered_sections`)."""
+    # With no registered task here (a fork deleted them and registered none), the settings every run has.
+    classes = {name: task_class(name).config_class for name in available_tasks()} or {"any": Config}
     everything: dict[str, dataclasses.Field[Any]] = {}  # a setting several tasks declare: in its first one's section
     helps: dict[str, dict[str, list[str]]] = {}  # setting -> its help -> the tasks that declare it with that help
     for task, config_class in classes.items():
@@ -317,10 +286,8 @@ def env_example() -> str:
         "# Settings of another task than the run's are ignored, so one .env can serve several tasks.",
         "",
     ]
-    for section in SECTIONS:
+    for section in ordered_sections(f.metadata["section"] for f in everything.values()):
         names = [name for name, f in everything.items() if f.metadata["section"] is section]
-        if not names:
-            continue
         lines += [f"# --- {section.title} ---", ""]
         for name in names:
             f = everything[name]

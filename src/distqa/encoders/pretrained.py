@@ -38,9 +38,9 @@ from transformers import (
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from distqa.config import TINY_MODEL_DIR, ConfigError
+from distqa.config import ConfigError
+from distqa.encoders.config import TINY_MODEL_DIR, EncoderConfig
 from distqa.encoders.hub import cached_files, cached_snapshot, hub_cache, hub_offline, not_available
-from distqa.qa.configs import EncoderConfig, QAConfig
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 """The files ``AutoModel.from_pretrained`` reads PyTorch weights from, in a model directory."""
@@ -134,7 +134,7 @@ def _from_pretrained(load: Callable[..., Any], source: str, setting: str, **kwar
     return load(source, **kwargs)
 
 
-def check_sources(config: QAConfig) -> PreTrainedTokenizerBase | None:
+def check_sources(config: EncoderConfig) -> PreTrainedTokenizerBase | None:
     """Raise ConfigError unless the encoder config, the weights (unless ``from_scratch``) and the
     tokenizer of ``config`` load. Local sources are checked whole; a hub name is checked when loaded,
     after :func:`fetch_once` (asking the hub here would be one request per rank).
@@ -153,8 +153,8 @@ def check_sources(config: QAConfig) -> PreTrainedTokenizerBase | None:
     return load_tokenizer(config) if Path(config.tokenizer_source).is_dir() else None
 
 
-def load_encoder_config(config: QAConfig) -> PretrainedConfig:
-    """The encoder's config, checked against the window length of ``config``."""
+def load_encoder_config(config: EncoderConfig) -> PretrainedConfig:
+    """The encoder's config, checked against the window length of ``config`` where its task has one."""
     try:
         encoder_config = _from_pretrained(AutoConfig.from_pretrained, config.model_source, "model_name_or_path")
     except ConfigError:  # a hub name neither cached nor fetched: its line says so
@@ -167,8 +167,10 @@ def load_encoder_config(config: QAConfig) -> PretrainedConfig:
     positions = encoder_config.max_position_embeddings
     if encoder_config.model_type in PADDING_OFFSET_POSITIONS:  # positions count from pad_token_id + 1
         positions -= encoder_config.pad_token_id + 1
-    if config.max_seq_len > positions:
-        raise ConfigError(f"max_seq_len ({config.max_seq_len}) exceeds the {positions} positions of the encoder "
+    # A task of windows (QAConfig and its kind) sets max_seq_len; an encoder task without it has no length to check.
+    max_seq_len = getattr(config, "max_seq_len", None)
+    if max_seq_len is not None and max_seq_len > positions:
+        raise ConfigError(f"max_seq_len ({max_seq_len}) exceeds the {positions} positions of the encoder "
                           f"(max_position_embeddings {encoder_config.max_position_embeddings}); lower max_seq_len.")
     return encoder_config
 
@@ -192,7 +194,7 @@ def weights_choice(config: EncoderConfig) -> tuple[bool, str]:
     return True, ""
 
 
-def attention_kernel(config: QAConfig, encoder_config: PretrainedConfig) -> str:
+def attention_kernel(config: EncoderConfig, encoder_config: PretrainedConfig) -> str:
     """``config.attn_implementation``, or ``eager`` (with one warning) where transformers has no SDPA kernel for
     this encoder. transformers says so with a plain ValueError (``_sdpa_can_dispatch``), the type of every other
     load error; so the model class is asked first (its ``_supports_sdpa``), and no message is read."""
@@ -206,7 +208,7 @@ def attention_kernel(config: QAConfig, encoder_config: PretrainedConfig) -> str:
     return "eager"
 
 
-def load_encoder(config: QAConfig, encoder_config: PretrainedConfig, weights_from_checkpoint: bool = False
+def load_encoder(config: EncoderConfig, encoder_config: PretrainedConfig, weights_from_checkpoint: bool = False
                  ) -> PreTrainedModel:
     """The pretrained weights, or random ones (:func:`weights_choice`, logged in one line), with the attention
     kernel of :func:`attention_kernel`. ``weights_from_checkpoint``: random ones that the caller replaces at once

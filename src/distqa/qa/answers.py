@@ -11,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from distqa.qa.nq.reader import Targets
+from typing import NamedTuple, Protocol
 
 
 class AnswerType(IntEnum):
@@ -62,6 +59,17 @@ class Answer(NamedTuple):
     """"" (blank), "start:end", "YES" or "NO"."""
 
 
+class AnnotationTargets(Protocol):
+    """What one annotation says (NQ's reader makes them: :class:`distqa.qa.nq.reader.Targets`)."""
+
+    @property
+    def answer_type(self) -> AnswerType: ...
+    @property
+    def long(self) -> Span | None: ...
+    @property
+    def short(self) -> tuple[Span, ...]: ...
+
+
 @dataclass(frozen=True)
 class Gold:
     """Every answer that counts as right for one example, over all its annotations."""
@@ -80,7 +88,7 @@ class Gold:
         return cls(frozenset([long.text] if long is not None else []), frozenset(shorts))
 
     @classmethod
-    def from_targets(cls, targets: Iterable[Targets]) -> Gold:
+    def from_targets(cls, targets: Iterable[AnnotationTargets]) -> Gold:
         """From the targets of each annotation (:func:`distqa.qa.nq.reader.parse_annotations`)."""
         return cls.union(cls.of(t.answer_type, t.long, t.short) for t in targets)
 

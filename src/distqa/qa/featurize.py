@@ -1,9 +1,10 @@
-"""Featurising an NQ file in parallel into part files, and joining the parts into the cache's Arrow files.
+"""Featurising in parallel, for any task's feature cache: the worker pool, running tasks on it with progress,
+and joining the part files the tasks wrote, in input order.
 
-:func:`distqa.qa.nq.cache.build_cache` drives it: :func:`make_tasks` cuts the scanned lines into runs,
-:func:`run_tasks` featurises them in ``num_proc`` spawned processes (at most two tasks per process in
-flight, so memory stays flat), each into its own part files, and :func:`join_parts` concatenates the
-parts in input order. Worker processes import this module: it stays free of torch and transformers.
+A task's cache (:mod:`distqa.qa.nq.cache`, :mod:`distqa.qa.squad.cache`) brings what one worker process runs: the
+initializer that loads its featuriser and the function that featurises one run of input. At most two runs per
+process are in flight, so memory stays flat whatever the input's size. Worker processes import this module: it
+stays free of torch and transformers.
 """
 
 from __future__ import annotations
@@ -14,120 +15,45 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 from tqdm import tqdm  # not tqdm.auto: a notebook needs no widget for a cache build
 
-from distqa.qa.nq.reader import ScanResult, parse_example, read_lines
-from distqa.qa.nq.windows import EXAMPLE_COLUMNS, Features, Featurizer, WindowStats
-
-if TYPE_CHECKING:
-    from distqa.qa.nq.cache import CacheRequest
+from distqa.qa.feature_store import read_table
 
 log = logging.getLogger(__name__)
 
 PROGRESS_LOG_SECONDS = 60
-MAX_TASK_BYTES = 64 << 20
-BATCH_BYTES = 2 << 20
-"""Input bytes per tokenizer call: bounds the memory of a featurising process (the fast tokenizer
-keeps ~100 bytes per wordpiece until the batch is done)."""
+AUTO_BYTES_PER_PROCESS = 16 * 2**20
+"""With ``num_proc`` 0, one featurising process per this much input, at most one per core: a process
+takes about a second to start, which featurising a few MB never wins back."""
 
 
-# --- parallel featurisation --------------------------------------------------------------------
+class SplitStats(Protocol):
+    """A task's counts over the examples of one split, added up with ``+=``."""
 
-@dataclass(frozen=True)
-class Task:
-    index: int
-    source: Path
-    lines: np.ndarray
-    offsets: np.ndarray
-    lengths: np.ndarray
-    splits: np.ndarray
-    split_names: tuple[str, ...]
-    labelled: bool
-    parts: Path
+    def __iadd__(self, other: Self, /) -> Self: ...
 
 
-def make_tasks(request: CacheRequest, scanned: ScanResult, splits: np.ndarray, parts: Path,
-           num_proc: int) -> Iterator[Task]:
-    """Runs of consecutive lines, about four per process (load balance) and at most
-    MAX_TASK_BYTES each (so a lost task costs little and the part files stay small)."""
-    target = min(MAX_TASK_BYTES, max(1, int(scanned.lengths.sum()) // (4 * num_proc)))
-    ends = np.cumsum(scanned.lengths)
-    start, index = 0, 0
-    while start < len(scanned):
-        # The first line past `target` bytes from here ends the task (so every task holds >= 1 line).
-        stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + target, side="left")) + 1
-        part = slice(start, min(stop, len(scanned)))
-        yield Task(index, request.source, scanned.lines[part], scanned.offsets[part], scanned.lengths[part],
-                    splits[part], request.splits, request.labelled, parts)
-        start, index = part.stop, index + 1
+Work = TypeVar("Work")
+Stats = TypeVar("Stats", bound=SplitStats)
 
 
-_featurizer: Featurizer | None = None
-
-
-def _init_worker(request: CacheRequest, parallel_tokenizer: bool) -> None:
-    global _featurizer
-    if not parallel_tokenizer:  # one process per core already; the Rust thread pool would oversubscribe
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _featurizer = Featurizer(Tokenizer.from_str(request.tokenizer_json), request.pad_id, request.settings,
-                             request.template)
-
-
-def _featurize_task(task: Task) -> tuple[int, dict[str, WindowStats]]:
-    """Featurise one task's lines into its part files, one tokenizer batch of at most
-    BATCH_BYTES at a time: a worker's memory does not depend on the size of the input."""
-    assert _featurizer is not None, "worker not initialised"
-    stats = {split: WindowStats() for split in task.split_names}
-    writers = {split: _PartWriter(task.parts, split, task.index) for split in task.split_names}
-    try:
-        for batch in _batches(task.lengths, BATCH_BYTES):
-            raw_lines = read_lines(task.source, task.offsets[batch], task.lengths[batch])
-            examples = [parse_example(raw, task.labelled) for raw in raw_lines]
-            for split_index, split in enumerate(task.split_names):
-                members = np.flatnonzero(task.splits[batch] == split_index)
-                # Training windows are downsampled; evaluation needs every window of its examples.
-                features = _featurizer.featurize([examples[i] for i in members], keep_all=split != "train")
-                features.examples["line"] = task.lines[batch][members]
-                features.examples["byte_offset"] = task.offsets[batch][members]
-                writers[split].write(features)
-                stats[split] += features.stats
-        for writer in writers.values():
-            if not writer.writers:  # no example of this split here: empty parts keep the join simple
-                features = _featurizer.featurize([])
-                features.examples["line"] = features.examples["byte_offset"] = np.empty(0, dtype=np.int64)
-                writer.write(features)
-    finally:
-        for writer in writers.values():
-            writer.close()
-    return len(task.lines), stats
-
-
-def _batches(lengths: np.ndarray, max_bytes: int) -> Iterator[slice]:
-    start, size = 0, 0
-    for index, length in enumerate(lengths.tolist()):
-        if size and size + length > max_bytes:
-            yield slice(start, index)
-            start, size = index, 0
-        size += length
-    if start < len(lengths):
-        yield slice(start, len(lengths))
+def auto_num_proc(source_bytes: int) -> int:
+    """The featurising processes for ``source_bytes`` of input when ``num_proc`` is 0 (auto)."""
+    return max(1, min(os.cpu_count() or 1, -(-source_bytes // AUTO_BYTES_PER_PROCESS)))
 
 
 @contextlib.contextmanager
-def featurising_pool(request: Any, num_proc: int, initializer: Callable[[Any, bool], None] | None = None
+def featurising_pool(request: Any, num_proc: int, initializer: Callable[[Any, bool], None]
                      ) -> Iterator[ProcessPoolExecutor | None]:
     """``num_proc`` started worker processes, or None (featurise in this process) for one. Each (or this process)
-    is set up by ``initializer(request, parallel_tokenizer)``, a module-level function (default: NQ's featuriser
-    for a :class:`~distqa.qa.nq.cache.CacheRequest`; the SQuAD cache passes its own)."""
-    initializer = initializer or _init_worker
+    is set up by ``initializer(request, parallel_tokenizer)``, a module-level function of the task's cache that
+    loads its featuriser for ``request``."""
     if num_proc <= 1:
         initializer(request, True)
         yield None
@@ -140,22 +66,25 @@ def featurising_pool(request: Any, num_proc: int, initializer: Callable[[Any, bo
         yield pool
 
 
-def run_tasks(tasks: list[Task], pool: ProcessPoolExecutor | None, request: CacheRequest, num_proc: int,
-         progress: bool, total: int) -> dict[str, WindowStats]:
-    stats = {split: WindowStats() for split in request.splits}
+def run_tasks(tasks: list[Work], pool: ProcessPoolExecutor | None,
+              featurize: Callable[[Work], tuple[int, dict[str, Stats]]], stats: dict[str, Stats], num_proc: int,
+              progress: bool, total: int) -> dict[str, Stats]:
+    """Run ``featurize`` (a module-level function: it is sent to the workers) on every task, in ``pool`` or in this
+    process, adding each result's per-split counts into ``stats``; it returns how many of the ``total`` examples
+    the task held. A progress bar on a terminal; without one (a platform job's log), a log line now and then."""
     bar = tqdm(total=total, unit="example", desc="featurising", disable=None if progress else True)
-    # Without a terminal (a platform job's log) the bar is off: log the progress now and then instead.
     started = last_report = time.monotonic()
+    finished = 0
 
-    def collect(result: tuple[int, dict[str, WindowStats]]) -> None:
-        nonlocal last_report
+    def collect(result: tuple[int, dict[str, Stats]]) -> None:
+        nonlocal last_report, finished
         done, task_stats = result
         for split, split_stats in task_stats.items():
             stats[split] += split_stats
+        finished += done
         bar.update(done)
         if bar.disable and time.monotonic() - last_report >= PROGRESS_LOG_SECONDS:
             last_report = time.monotonic()
-            finished = sum(s.examples for s in stats.values())
             rate = finished / (last_report - started)
             log.info("featurised %d of %d examples (%.0f/s, about %.0f min left)", finished, total, rate,
                      (total - finished) / max(rate, 1e-9) / 60)
@@ -163,72 +92,25 @@ def run_tasks(tasks: list[Task], pool: ProcessPoolExecutor | None, request: Cach
     with bar:
         if pool is None:
             for task in tasks:
-                collect(_featurize_task(task))
+                collect(featurize(task))
             return stats
         pending: set[Future] = set()
         for task in tasks:  # at most two tasks per process in flight: memory stays flat
-            pending.add(pool.submit(_featurize_task, task))
+            pending.add(pool.submit(featurize, task))
             if len(pending) >= 2 * num_proc:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
+                done_now, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done_now:
                     collect(future.result())
         for future in pending:
             collect(future.result())
     return stats
 
 
-# --- Arrow files -------------------------------------------------------------------------------
+# --- part files --------------------------------------------------------------------------------
 
-def _window_table(features: Features) -> pa.Table:
-    columns = dict(features.windows)
-    input_ids = columns.pop("input_ids")
-    arrays = {"input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), input_ids.shape[1])}
-    arrays |= {name: pa.array(values) for name, values in columns.items()}
-    return pa.table(arrays)
-
-
-_EXAMPLE_TYPES = {
-    "example_id": pa.int64(), "question": pa.string(), "answer_type": pa.int8(), "num_tokens": pa.int32(),
-    "question_len": pa.int16(), "piece_to_token": pa.list_(pa.int32()), "candidate_start": pa.list_(pa.int32()),
-    "candidate_end": pa.list_(pa.int32()), "candidate_top_level": pa.list_(pa.bool_()),
-    "long_start": pa.int32(), "long_end": pa.int32(), "long_candidate": pa.int32(),
-    "short_start": pa.list_(pa.int32()), "short_end": pa.list_(pa.int32()),
-    "line": pa.int64(), "byte_offset": pa.int64(),
-}
-assert set(_EXAMPLE_TYPES) == {*EXAMPLE_COLUMNS, "line", "byte_offset"}
-
-
-def _example_table(features: Features) -> pa.Table:
-    return pa.table({name: pa.array(features.examples[name], type=kind) for name, kind in _EXAMPLE_TYPES.items()})
-
-
-class _PartWriter:
-    """A task's window and example part files of one split, appended to batch by batch."""
-
-    def __init__(self, parts: Path, split: str, task: int) -> None:
-        self.paths = {name: parts / f"{split}-{name}-{task:06d}.arrow" for name in ("windows", "examples")}
-        self.sinks: dict[str, Any] = {}
-        self.writers: dict[str, Any] = {}
-        self.example_rows = 0
-
-    def write(self, features: Features) -> None:
-        features.windows["example_index"] = features.windows["example_index"] + self.example_rows
-        self.example_rows += len(features.examples["example_id"])
-        for name, table in (("windows", _window_table(features)), ("examples", _example_table(features))):
-            if name not in self.writers:
-                self.sinks[name] = pa.OSFile(str(self.paths[name]), "wb")
-                self.writers[name] = pa.ipc.new_stream(self.sinks[name], table.schema)
-            self.writers[name].write_table(table)
-
-    def close(self) -> None:
-        for name in self.writers:
-            self.writers[name].close()
-            self.sinks[name].close()
-
-
-def read_table(path: Path) -> pa.Table:
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_stream(source).read_all()
+def part_file(parts: Path, split: str, name: str, task: int) -> Path:
+    """Where task ``task`` writes its ``name`` rows (``windows``, ``examples``) of ``split``."""
+    return parts / f"{split}-{name}-{task:06d}.arrow"
 
 
 def join_parts(building: Path, split: str, num_tasks: int) -> None:
@@ -239,8 +121,8 @@ def join_parts(building: Path, split: str, num_tasks: int) -> None:
     sinks = []
     try:
         for task in range(num_tasks):
-            windows = read_table(building / "parts" / f"{split}-windows-{task:06d}.arrow")
-            examples = read_table(building / "parts" / f"{split}-examples-{task:06d}.arrow")
+            windows = read_table(part_file(building / "parts", split, "windows", task))
+            examples = read_table(part_file(building / "parts", split, "examples", task))
             index = windows.column("example_index").to_numpy() + examples_so_far
             windows = windows.set_column(windows.schema.get_field_index("example_index"), "example_index",
                                          pa.array(index.astype(np.int32)))
@@ -255,6 +137,3 @@ def join_parts(building: Path, split: str, num_tasks: int) -> None:
             writer.close()
         for sink in sinks:
             sink.close()
-
-
-# --- summary -----------------------------------------------------------------------------------

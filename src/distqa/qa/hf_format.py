@@ -37,15 +37,14 @@ from distqa.checkpoint import FORMAT_VERSION, CheckpointError, ModelCheckpoint, 
 from distqa.config import ConfigError
 from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
+from distqa.tasks.commands import RUN_FILE  # the run's config, inference state and metrics: the commands read its task
 
 log = logging.getLogger(__name__)
 
 EXTRA_HEADS = "distqa_heads.safetensors"
 """The heads transformers' question-answering classes have no place for (the answer-type head)."""
-RUN_FILE = "distqa.json"
-"""The run's config, the task's inference state and metrics, as :class:`~distqa.checkpoint.ModelCheckpoint` has them."""
 
 
 def export_model(checkpoint: ModelCheckpoint, output: Path) -> Path:
@@ -138,20 +137,6 @@ def load_model_checkpoint(path: Path) -> ModelCheckpoint:
         return load_checkpoint(path, ModelCheckpoint)
     except CheckpointError as err:
         raise ConfigError(str(err)) from None
-
-
-def checkpoint_task(path: Path) -> str | None:
-    """The task a checkpoint (a file, or an exported directory) was trained on, read without loading its weights (a
-    file is memory-mapped); None when it cannot be read that way (:func:`load_model_checkpoint` then says why)."""
-    try:
-        if path.is_dir():
-            config = json.loads((path / RUN_FILE).read_text()).get("config")
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            config = state.get("config") if isinstance(state, dict) else None
-    except Exception:  # a missing, damaged or foreign file: loading it properly reports which
-        return None
-    return config.get("task", config.get("dataset")) if isinstance(config, dict) else None
 
 
 def _read_export(directory: Path) -> ModelCheckpoint:

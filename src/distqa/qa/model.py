@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 from distqa.config import ConfigError
 from distqa.encoders.pretrained import load_encoder, load_encoder_config
 from distqa.qa.answers import AnswerType
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 
 # Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
 # use the first two, DistilBERT the last two).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -15,14 +15,14 @@ from transformers import PreTrainedTokenizerBase
 
 from distqa.config import ConfigError
 from distqa.distributed import Runtime, broadcast_object
+from distqa.encoders.flops import model_flops_per_token
+from distqa.encoders.memory import EncoderMemory, count_on_meta
 from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.encoders.template import PairTemplate
-from distqa.memory import TrainingMemory, count_on_meta
 from distqa.qa.collate import collate_trimmed
-from distqa.qa.configs import QAConfig
+from distqa.qa.config import QAConfig
 from distqa.qa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
 from distqa.tasks.base import Batch, Task
-from distqa.throughput import model_flops_per_token
 
 
 class QATask(Task):
@@ -34,13 +34,16 @@ class QATask(Task):
     # The encoders' buffers (position and token type ids, ModernBERT's rotary frequencies) are constants, outside
     # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
     sync_buffers = False
+    # One module per command serves every QA task (it reads nq or squad from the checkpoint, as before the seam).
+    commands: ClassVar[Mapping[str, str]] = {
+        name: f"distqa.qa.commands.{name}:main" for name in ("predict", "evaluate", "score", "export")}
     config: QAConfig
 
     def __init__(self, config: QAConfig) -> None:
         super().__init__(config)
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """The encoder config, the weights (unless from_scratch) and a local tokenizer load, and the tokenizer's
         pair format leaves the windows room for the document (one ConfigError naming the path or setting and the
         fix otherwise); hub names are checked when :meth:`setup` loads them."""
@@ -68,7 +71,7 @@ class QATask(Task):
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """Loaded once: by :meth:`check` when local, else here (after :meth:`setup` for a hub name)."""
+        """Loaded once: by :meth:`check_inputs` when local, else here (after :meth:`setup` for a hub name)."""
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.config)
         return self._tokenizer
@@ -85,8 +88,8 @@ class QATask(Task):
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
         return model_flops_per_token(model.encoder, seq_len)
 
-    def training_memory(self) -> TrainingMemory:
+    def training_memory(self) -> EncoderMemory:
         """The model of these settings counted on the meta device: from its config alone, no weights loaded."""
         model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
-        return TrainingMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
+        return EncoderMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
                                        self.config.attn_implementation)

@@ -1,8 +1,11 @@
 """The tasks a run can train, by name, and the import of a fork's own (``--task package.module:ClassName``).
 
-The interface is :mod:`distqa.tasks.base`. This module stays free of torch (the registry holds import
-paths, imported when a task is chosen): ``python -m distqa.prepare`` resolves settings through it, and its
-featurising processes re-import what it imports.
+The interface is :mod:`distqa.tasks.base`. This module stays free of torch and of every task: the registry
+holds import paths, and only the task a run uses is imported (:func:`task_class`). Other registered tasks are
+imported only where their settings must be named (a flag or key that is not the run's, ``.env.example``), and
+one whose module is gone (a fork that deleted ``distqa/qa``) is left out there (:func:`available_tasks`).
+``python -m distqa.prepare`` resolves settings through it, and its featurising processes re-import what it
+imports.
 """
 
 from __future__ import annotations
@@ -64,11 +67,26 @@ def make_task(config: Config) -> Task:
     return task_class(config.task)(config)
 
 
+def available_tasks() -> list[str]:
+    """The registered tasks whose module is on the Python path, found without importing it (a fork may delete
+    ``distqa/qa`` and keep this registry as it is)."""
+    return [name for name, path in REGISTERED.items() if _module_exists(path.partition(":")[0])]
+
+
 def other_tasks_settings(config_class: type[Config]) -> dict[str, set[str]]:
-    """Registered task -> the settings it has and ``config_class`` lacks (a ``.env`` or a preset may hold them;
-    a flag of them is refused naming the task)."""
+    """Available registered task -> the settings it has and ``config_class`` lacks (a ``.env`` or a preset may
+    hold them; a flag of them is refused naming the task). Imports every available task: call it only where a
+    setting is not ``config_class``'s."""
     mine = set(fields_of(config_class))
-    return {name: extra for name in REGISTERED if (extra := set(fields_of(task_class(name).config_class)) - mine)}
+    return {name: extra for name in available_tasks()
+            if (extra := set(fields_of(task_class(name).config_class)) - mine)}
+
+
+def _module_exists(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:  # a package above it is missing
+        return False
 
 
 def _where(err: BaseException, module_name: str) -> str:

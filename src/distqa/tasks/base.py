@@ -7,7 +7,7 @@ built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task bring
   made by a :class:`~distqa.config.Section`. Flags, ``DISTQA_*`` variables, presets, ``--help`` and
   run-defining checks come from those fields (``python -m distqa.train --task NAME --help`` shows them);
 - **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
-  must exist before training (:meth:`Task.check`) and a cache built once (:meth:`Task.build_data`);
+  must exist before training (:meth:`Task.check_inputs`) and a cache built once (:meth:`Task.build_data`);
 - **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
   called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch); rank 0's buffers
   are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`);
@@ -101,6 +101,11 @@ class Task:
     each training forward (torch's default, ``forward_sync_buffers``) and the trainer before each evaluation, so
     all ranks evaluate, and the checkpoints hold, one model. False only when the buffers never change in training
     (the QA encoders' position ids): it saves a broadcast per forward."""
+    commands: ClassVar[Mapping[str, str]] = {}
+    """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
+    name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
+    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.tasks.commands`); only that module is imported.
+    A command the task leaves out says so in one line."""
 
     def __init__(self, config: Config) -> None:
         if not isinstance(config, self.config_class):
@@ -108,10 +113,11 @@ class Task:
         self.config = config
 
     # --- before any process group exists --------------------------------------------------------
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """Raise ConfigError (or DataError) with the fix when this run could not read what it needs: a model
         that does not load, a missing cache. Runs on every rank before any process group exists, and in the
-        doctor. ``build``: the run is a single process, so it may build a missing cache itself (nobody waits)."""
+        doctor. ``may_build``: the run is a single process, so it may build a missing cache itself
+        (:meth:`build_data`; nobody waits); False: a multi-process run or the doctor, which only check."""
 
     def build_data(self) -> Path | None:
         """Build what the task reads once, before training (``python -m distqa.prepare``, which the launchers run
@@ -150,7 +156,8 @@ class Task:
         return None
 
     def training_memory(self) -> TrainingMemory | None:
-        """How a training step's memory depends on its settings, for the doctor's memory check: a transformers
-        encoder's task returns ``TrainingMemory.of_model`` of its model built by ``distqa.memory.count_on_meta``
-        (no weights loaded). None: the doctor prints no estimate."""
+        """How a training step's memory depends on its settings, for the doctor's memory check (a
+        :class:`distqa.memory.TrainingMemory`: the estimate for a step and what it assumed). A transformers
+        encoder's task returns ``EncoderMemory.of_model`` (``encoders/memory.py``) of its model built by
+        ``count_on_meta`` (no weights loaded). None: the doctor prints no estimate."""
         return None

@@ -24,15 +24,11 @@ temporary name, then renamed), so an interrupted build leaves nothing that looks
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import shutil
-import socket
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +38,19 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from distqa.encoders.template import PairTemplate
-from distqa.files import DataError
+from distqa.errors import DataError
 from distqa.qa.answers import AnswerType
-from distqa.qa.featurize import featurising_pool, join_parts, make_tasks, read_table, run_tasks
-from distqa.qa.nq.reader import BadLinePolicy, ScanResult, require_file, scan
+from distqa.qa.bad_records import BadLinePolicy
+from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table
+from distqa.qa.featurize import featurising_pool, join_parts, run_tasks
+from distqa.qa.nq.featurize import featurize_run, init_worker, make_runs
+from distqa.qa.nq.reader import ScanResult, require_file, scan
 from distqa.qa.nq.windows import WindowSettings, WindowStats, tokenizes_words_independently
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 """Bump when the features change meaning, so old caches are not reused."""
-MANIFEST = "manifest.json"
-SAMPLE_BLOCKS, SAMPLE_BLOCK_BYTES = 16, 1 << 16
 
 
 @dataclass(frozen=True)
@@ -137,7 +134,7 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
         return final
     started = time.perf_counter()
     # The featurising processes start first: they load while this process scans the file.
-    with featurising_pool(request, num_proc) as pool:
+    with featurising_pool(request, num_proc, init_worker) as pool:
         log.info("scanning %s", request.source)
         scanned = scan(request.source, request.labelled, on_bad_line, max_bad_line_fraction)
         splits = assign_splits(scanned, request.validation_fraction, request.settings.seed) if request.labelled \
@@ -145,73 +142,17 @@ def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_ba
         scan_seconds = time.perf_counter() - started
         with building_directory(final) as building:
             (building / "parts").mkdir(parents=True)
-            tasks = list(make_tasks(request, scanned, splits, building / "parts", num_proc))
-            log.info("featurising %d examples with %d process(es) in %d tasks", len(scanned), num_proc, len(tasks))
-            stats = run_tasks(tasks, pool, request, num_proc, progress, total=len(scanned))
+            runs = list(make_runs(request, scanned, splits, building / "parts", num_proc))
+            log.info("featurising %d examples with %d process(es) in %d tasks", len(scanned), num_proc, len(runs))
+            stats = run_tasks(runs, pool, featurize_run, {split: WindowStats() for split in request.splits}, num_proc,
+                              progress, total=len(scanned))
             for split in request.splits:
-                join_parts(building, split, len(tasks))
+                join_parts(building, split, len(runs))
             shutil.rmtree(building / "parts")
             summary = _summary(request, scanned, stats, scan_seconds, time.perf_counter() - started)
             (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
     log.info("NQ feature cache ready: %s\n%s", final, format_summary(summary))
     return final
-
-
-# --- what every feature cache shares (the SQuAD one too): its fingerprint's input digest, atomic publication
-
-def hash_source(digest: Any, path: Path, whole_below: int = 0) -> None:
-    """Feed ``digest`` (a ``hashlib`` object) with the size of the file at ``path`` and its content: all of it
-    when it is smaller than ``whole_below`` bytes, else 16 sampled blocks (a full read of a 16 GB NQ file would
-    cost minutes at every start). Neither its path nor its mtime counts: both change when it is copied."""
-    size = path.stat().st_size
-    digest.update(str(size).encode())
-    with path.open("rb") as file:
-        if size < whole_below:
-            digest.update(file.read())
-            return
-        for block in range(SAMPLE_BLOCKS):
-            file.seek(size * block // SAMPLE_BLOCKS)
-            digest.update(file.read(SAMPLE_BLOCK_BYTES))
-
-
-@contextlib.contextmanager
-def building_directory(final: Path) -> Iterator[Path]:
-    """An empty temporary sibling of ``final`` to build a cache in, renamed to ``final`` when the block ends
-    without an error (write the manifest last): readers never see a partial cache, and an interrupted build
-    leaves nothing that looks complete. Partial builds of killed processes of this host are removed first."""
-    _remove_abandoned_builds(final)
-    building = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
-    try:
-        yield building
-        try:
-            building.rename(final)
-        except OSError:
-            if not (final / MANIFEST).is_file():  # another process finished the same cache first: fine
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-
-
-def _remove_abandoned_builds(final: Path) -> None:
-    """Delete partial builds of this cache left by killed processes of this host (they can be GBs)."""
-    host = socket.gethostname()
-    for partial in final.parent.glob(f"{final.name}.tmp-{host}-*"):
-        pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            log.info("removing %s, left by an interrupted build", partial)
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def assign_splits(scanned: ScanResult, validation_fraction: float, seed: int) -> np.ndarray:
@@ -289,52 +230,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def load_manifest(directory: Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / MANIFEST).read_text())
-
-
 # --- reading -----------------------------------------------------------------------------------
-
-class StoredWindows:
-    """The windows of one split of a feature cache (``<split>/windows.arrow``), as a map-style dataset. The token ids
-    stay memory-mapped, one zero-copy (rows, max_seq_len) view per record batch: opening a cache of any size takes
-    milliseconds and no RAM. The per-window ``SCALARS`` are loaded as int64 arrays in ``columns``. A subclass makes
-    the items and sets ``document_begin``/``document_end``, the window positions where answers may lie (what
-    :func:`distqa.qa.nq.inference.score_windows` reads)."""
-
-    SCALARS: tuple[str, ...] = ()
-    KIND = ""
-    """The task's data, in the message for a missing file."""
-
-    def __init__(self, directory: Path, split: str) -> None:
-        path = Path(directory) / split / "windows.arrow"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist; is {directory} a complete {self.KIND} feature cache?")
-        self.table = read_table(path)
-        self.num_rows = self.table.num_rows
-        column = self.table.column("input_ids")
-        self.max_seq_len = column.type.list_size
-        self.input_ids = [chunk.values.to_numpy(zero_copy_only=True).reshape(-1, self.max_seq_len)
-                          for chunk in column.chunks if len(chunk)]
-        self.chunk_starts = np.cumsum([0] + [len(ids) for ids in self.input_ids])[:-1]
-        """Where each record batch starts."""
-        self.columns = {name: self.table.column(name).to_numpy().astype(np.int64) for name in self.SCALARS}
-        self.positions = np.arange(self.max_seq_len)
-        self.document_begin: np.ndarray
-        """Window position of each window's first document (context) token."""
-        self.document_end: np.ndarray
-        """Window position after each window's last document (context) token."""
-
-    def __len__(self) -> int:
-        return self.num_rows
-
-    def token_ids(self, index: int) -> np.ndarray:
-        """Window ``index``'s token ids, padding included (an IndexError past the end)."""
-        if not 0 <= index < self.num_rows:
-            raise IndexError(f"window {index} out of range for {self.num_rows} windows")
-        chunk = int(np.searchsorted(self.chunk_starts, index, side="right")) - 1
-        return self.input_ids[chunk][index - self.chunk_starts[chunk]].astype(np.int64)
-
 
 class NQWindows(StoredWindows):
     """The windows of one split of an NQ cache, as DummyDataset-shaped items: dicts of numpy arrays (the

@@ -1,7 +1,7 @@
 """Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
 
-:func:`score_windows` (the model over any task's windows, shared by all ranks) and :func:`load_trained` (a
-checkpoint's model) serve SQuAD's evaluation and prediction too (:mod:`distqa.qa.squad.inference`).
+Running the model over windows on every rank (:func:`~distqa.qa.inference.score_windows`) and loading a
+checkpoint's model (:func:`~distqa.qa.inference.load_trained`) are the QA package's, shared with SQuAD.
 
 Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
 ``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
@@ -21,35 +21,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from distqa.checkpoint import ModelCheckpoint
-from distqa.config import ConfigError
-from distqa.config.sources import saved_config
-from distqa.distributed import Runtime, all_gather_objects, barrier, on_device
+from distqa.distributed import Runtime, barrier
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision
 from distqa.qa.answers import Answer
-from distqa.qa.collate import collate_trimmed
-from distqa.qa.configs import NQConfig, QAConfig
-from distqa.qa.hf_format import load_model_checkpoint
-from distqa.qa.model import INPUT_NAMES, build_model, forward
+from distqa.qa.inference import load_trained, score_windows
 from distqa.qa.nq.cache import NQWindows, open_examples
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.decode import (
     Decoding,
     ExampleColumns,
     Prediction,
     Thresholds,
     WindowLayout,
-    WindowSpans,
     decode,
-    document_mask,
     golds_of,
-    merge_gathered,
-    top_spans,
     tune_thresholds,
 )
 from distqa.qa.nq.metric import score_answers
@@ -57,51 +46,6 @@ from distqa.qa.nq.prepared import find_features, prepare_nq
 from distqa.tasks.base import BestMetric, Evaluation
 
 log = logging.getLogger(__name__)
-
-
-# --- running the model over windows ------------------------------------------------------------
-
-class _IndexedWindows(Dataset):
-    """Windows with their index, so gathered results can be put back in order and deduplicated."""
-
-    def __init__(self, windows: Dataset) -> None:
-        self.windows = windows
-
-    def __len__(self) -> int:
-        return len(self.windows)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {**self.windows[index], "window": index}
-
-
-@torch.no_grad()
-def score_windows(model: nn.Module, windows: Dataset, runtime: Runtime, precision: Precision,
-                  batch_size: int, max_answer_len: int) -> WindowSpans:
-    """Candidate spans of every window of ``windows``, computed over all ranks; the same on each rank. Spans lie
-    in each window's document part, from ``windows.document_begin`` up to ``document_end`` (arrays by window:
-    :class:`~distqa.qa.nq.cache.NQWindows`, :class:`~distqa.qa.squad.cache.SquadWindows`)."""
-    bounds = torch.from_numpy(np.stack([windows.document_begin, windows.document_end], axis=1))
-    dataset = _IndexedWindows(windows)
-    sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank, shuffle=False)
-    # Windows are only read, never compiled for: every batch is cut to its longest window.
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_trimmed,
-                        pin_memory=runtime.device.type == "cuda")
-    was_training = model.training
-    model.eval()
-    parts: list[tuple[np.ndarray, WindowSpans]] = []
-    try:
-        for batch in loader:
-            inputs = on_device(batch, runtime.device, INPUT_NAMES)
-            with precision.autocast():
-                output = forward(model, inputs)
-            begin, end = bounds[batch["window"]].to(runtime.device).unbind(dim=1)
-            found = top_spans(output.start_logits, output.end_logits,
-                              document_mask(begin, end, inputs["input_ids"].shape[1]),
-                              output.answer_type_logits, max_answer_len)
-            parts.append((batch["window"].numpy(), WindowSpans(*(t.cpu().numpy() for t in found))))
-    finally:
-        model.train(was_training)
-    return merge_gathered(all_gather_objects(parts), len(dataset))
 
 
 # --- evaluation on a labelled split ------------------------------------------------------------
@@ -218,20 +162,3 @@ class Predictor:
     def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
         """The submission rows of ``predictions`` under this predictor's thresholds."""
         return {p.example_id: p.answer(self.thresholds) for p in predictions}
-
-
-def load_trained(path: Path, runtime: Runtime, config_class: type[QAConfig],
-                 **overrides: Any) -> tuple[nn.Module, QAConfig, ModelCheckpoint]:
-    """The model of the checkpoint at ``path`` (``best.pt``, a ``step-*.pt`` or an exported directory) on the
-    runtime's device, in eval mode, with its config (``overrides`` replace values; None = keep), which must be a
-    ``config_class``; one ConfigError naming the file and the fix otherwise."""
-    checkpoint = load_model_checkpoint(path)
-    config = saved_config(checkpoint.config, device=runtime.device.type,
-                          **{k: v for k, v in overrides.items() if v is not None})
-    if not isinstance(config, config_class):
-        raise ConfigError(f"{path} is a checkpoint of task {config.task!r}; predict and evaluate answer with "
-                          "checkpoints of the question-answering tasks 'nq' and 'squad' only.")
-    model = build_model(config, weights_from_checkpoint=True)
-    model.load_state_dict(checkpoint.model)
-    model.to(runtime.device).eval()
-    return model, config, checkpoint

@@ -6,23 +6,18 @@ re-imports ``prepare`` (multiprocessing's spawn), so they start light.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distqa.config import ConfigError
-from distqa.files import DataError
-from distqa.qa.configs import NQConfig
+from distqa.errors import DataError
+from distqa.qa.featurize import auto_num_proc
 from distqa.qa.nq.cache import CacheRequest, build_cache, cached
+from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.windows import WindowSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-AUTO_BYTES_PER_PROCESS = 16 * 2**20
-"""With ``num_proc`` 0, one featurising process per this much input, at most one per core: a process
-takes about a second to start, which featurising a few MB never wins back."""
-
 
 def window_settings(config: NQConfig) -> WindowSettings:
     """The window settings of ``config`` (its run-defining NQ settings: see ``Config.run_defining``)."""
@@ -69,10 +64,6 @@ def prepare_nq(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Pat
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
                "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
     return build_cache(nq_request(config, tokenizer, source, labelled), config.nq_cache_path, **options)
-
-
-def auto_num_proc(source_bytes: int) -> int:
-    return max(1, min(os.cpu_count() or 1, -(-source_bytes // AUTO_BYTES_PER_PROCESS)))
 
 
 def require_nq_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:

@@ -27,16 +27,16 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from distqa.files import BadRecordError, DataError
+from distqa.errors import BadRecordError, DataError
 from distqa.qa.answers import AnswerType, Span
+from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
 
 log = logging.getLogger(__name__)
 
-BadLinePolicy = Literal["skip", "fail"]
 MAX_REPORTED_BAD_LINES = 20
 
 
@@ -301,7 +301,7 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
     result = ScanResult(path, *columns, total, bad, reports)
     _drop_repeated_ids(result, on_bad_line)
     check_bad_fraction(result.path, total=result.total_lines, usable=len(result), bad=result.bad_lines,
-                       reports=result.bad_reports, limit=max_bad_line_fraction)
+                       reports=result.bad_reports, limit=max_bad_line_fraction, logger=log)
     return result
 
 
@@ -322,30 +322,6 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
     result.bad_lines += int((~keep).sum())
     for name in ("lines", "offsets", "lengths", "example_ids", "answer_types"):
         setattr(result, name, getattr(result, name)[keep])
-
-
-def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, reports: list[str], limit: float,
-                       unit: str = "line", empty: str = "the file holds no examples (it is empty)",
-                       logger: logging.Logger = log) -> None:
-    """Refuse input with nothing usable, or with more than ``limit`` of its ``unit``s malformed; warn about a few.
-
-    ``reports`` are the first bad ones' messages (shown in the error); ``empty`` says what an input with no
-    ``unit`` at all is. The NQ and SQuAD readers both end with this check; the warning goes to ``logger``, the
-    calling reader's, so that it is filtered and attributed under that reader's name.
-    """
-    shown = "\n  ".join(reports)
-    if total == 0:
-        raise DataError(f"{source}: {empty}.")
-    if not usable:
-        raise DataError(f"{source}: none of its {total} {unit}s is usable:\n  {shown}")
-    fraction = bad / total
-    if fraction > limit:
-        raise DataError(
-            f"{source}: {bad} of {total} {unit}s ({fraction:.1%}) are malformed, more than "
-            f"max_bad_line_fraction={limit}. The first ones:\n  {shown}\n"
-            "Check that this is the right file (and not truncated), or raise --max-bad-line-fraction.")
-    if bad:
-        logger.warning("%s: skipped %d malformed %s(s) of %d; the first: %s", source, bad, unit, total, reports[0])
 
 
 def read_lines(path: Path, offsets: np.ndarray, lengths: np.ndarray) -> Iterator[bytes]:

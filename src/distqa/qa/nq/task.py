@@ -9,11 +9,13 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from distqa.config import CONSOLE, ENCODER, NQ_FILES, WINDOWS
+from distqa.config import CONSOLE
 from distqa.distributed import Runtime
-from distqa.files import DataError
-from distqa.qa.configs import NQConfig
+from distqa.encoders.config import ENCODER
+from distqa.errors import DataError
+from distqa.qa.config import WINDOWS
 from distqa.qa.nq.cache import NQWindows
+from distqa.qa.nq.config import NQ_FILES, NQConfig
 from distqa.qa.nq.inference import Evaluator
 from distqa.qa.nq.prepared import find_features, prepare_nq, require_nq_features
 from distqa.qa.task import QATask
@@ -27,13 +29,13 @@ class NQTask(QATask):
     prepare_sections = (ENCODER, WINDOWS, NQ_FILES, CONSOLE)
     config: NQConfig
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """The sources load, and the feature cache exists: built here by a single process that finds none;
         a multi-process run (or the doctor) needs it built before launch, since the other ranks would wait
         in a collective while one featurises."""
-        super().check(build)
+        super().check_inputs(may_build)
         try:
-            require_nq_features(self.config, self.tokenizer, build=build)
+            require_nq_features(self.config, self.tokenizer, build=may_build)
         except DataError as err:
             raise DataError(f"feature cache: {err}") from None
 

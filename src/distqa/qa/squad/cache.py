@@ -1,7 +1,8 @@
 """The SQuAD feature cache: data in the SQuAD schema featurised once, in parallel, into memory-mapped Arrow files.
 
 Layout (one directory per fingerprint of the input files, the tokenizer and the window settings, as NQ's cache;
-the fingerprint, the parallel pool and the atomic publication are :mod:`distqa.qa.nq.cache`'s)::
+the fingerprint, the atomic publication (:mod:`distqa.qa.feature_store`) and the parallel pool
+(:mod:`distqa.qa.featurize`) are shared)::
 
     <squad_cache_dir>/<train file stem>-<fingerprint>/
       manifest.json              sources, settings, counts and the summary of the build
@@ -34,10 +35,10 @@ import numpy as np
 import pyarrow as pa
 
 from distqa.config import ConfigError
-from distqa.files import DataError
-from distqa.qa.featurize import featurising_pool, read_table
-from distqa.qa.nq.cache import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest
-from distqa.qa.nq.reader import BadLinePolicy
+from distqa.errors import DataError
+from distqa.qa.bad_records import BadLinePolicy
+from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table
+from distqa.qa.featurize import featurising_pool
 from distqa.qa.squad.reader import SquadExample, SquadRecords, hub_name, read_squad, source_path
 from distqa.qa.squad.windows import SquadFeatures, SquadFeaturizer, SquadStats, SquadWindowSettings, answer_span
 

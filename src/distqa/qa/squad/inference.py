@@ -1,7 +1,7 @@
 """A trained model's answers to SQuAD questions, on every rank: evaluation in training, and prediction.
 
 Both run the model over the windows of a split of the SQuAD feature cache with
-:func:`distqa.qa.nq.inference.score_windows`
+:func:`distqa.qa.inference.score_windows`
 (the ranks share the windows and gather the few best spans of each; the same code as NQ's), with the spans kept
 inside each window's context part. Decoding, per question: the best span over all of its windows, scored as its
 start + end logit minus the null score (position 0) of its window, as text cut from the context by the tokens'
@@ -27,10 +27,10 @@ from torch import nn
 from distqa.distributed import Runtime, barrier
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.optim import Precision
-from distqa.qa.configs import SquadConfig
-from distqa.qa.nq.decode import WindowSpans
-from distqa.qa.nq.inference import load_trained, score_windows
+from distqa.qa.inference import load_trained, score_windows
+from distqa.qa.spans import WindowSpans
 from distqa.qa.squad.cache import SquadWindows, open_examples
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import best_threshold, question_scores, score_predictions
 from distqa.qa.squad.prepared import find_squad_features, prepare_squad
 from distqa.qa.squad.reader import hub_name, source_path

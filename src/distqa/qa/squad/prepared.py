@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.files import DataError
-from distqa.qa.configs import SquadConfig
-from distqa.qa.nq.prepared import auto_num_proc
+from distqa.errors import DataError
+from distqa.qa.featurize import auto_num_proc
 from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache, cached
+from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.reader import hub_name, source_path
 from distqa.qa.squad.windows import SquadWindowSettings
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from distqa.config import CONSOLE, ENCODER, SQUAD_FILES, WINDOWS
+from distqa.config import CONSOLE
 from distqa.distributed import Runtime
-from distqa.files import DataError
-from distqa.qa.configs import SquadConfig
+from distqa.encoders.config import ENCODER
+from distqa.errors import DataError
+from distqa.qa.config import WINDOWS
 from distqa.qa.squad.cache import SquadWindows
+from distqa.qa.squad.config import SQUAD_FILES, SquadConfig
 from distqa.qa.squad.inference import SquadEvaluator
 from distqa.qa.squad.prepared import find_squad_features, prepare_squad, require_squad_features
 from distqa.qa.task import QATask
@@ -28,12 +30,12 @@ class SquadTask(QATask):
     prepare_sections = (ENCODER, WINDOWS, SQUAD_FILES, CONSOLE)
     config: SquadConfig
 
-    def check(self, build: bool) -> None:
+    def check_inputs(self, may_build: bool) -> None:
         """The sources load, and the feature cache exists: built here by a single process that finds none; a
         multi-process run (or the doctor) needs it built before launch, as NQ's."""
-        super().check(build)
+        super().check_inputs(may_build)
         try:
-            require_squad_features(self.config, self.tokenizer, build=build)
+            require_squad_features(self.config, self.tokenizer, build=may_build)
         except DataError as err:
             raise DataError(f"feature cache: {err}") from None
 

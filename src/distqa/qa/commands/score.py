@@ -1,0 +1,89 @@
+"""The score command of the question-answering tasks (``python -m distqa.score`` runs it for ``--format nq`` and
+``--format squad``): the Kaggle NQ micro-F1 of a submission CSV, or the official SQuAD metrics of a predictions JSON.
+
+Natural Questions (the default ``--format nq``): a submission CSV against a train-format jsonl holding the same
+examples with their annotations::
+
+    python -m distqa.score --gold data/nq-sample/simplified-nq-test-gold.jsonl --submission submission.csv
+
+It prints one JSON object on stdout, ``{"micro_f1": ..., "long_f1": ..., "short_f1": ..., "precision": ...,
+"recall": ..., "tp": ..., "fp": ..., "fn": ..., "examples": ...}``, and exits 0.
+
+SQuAD (``--format squad``): the official predictions JSON ``{question id: answer text}`` against a file in the
+SQuAD schema (a SQuAD v1.1/v2.0 .json, or a .jsonl or .parquet in the Hugging Face schema)::
+
+    python -m distqa.score --format squad --gold data/squad-sample/dev.json --predictions predictions.json
+
+It prints one JSON object with the official evaluation's names and numbers (percentages): ``exact``, ``f1``,
+``total``, and ``HasAns_exact``, ``HasAns_f1``, ``HasAns_total`` / ``NoAns_*`` where there are such questions.
+
+Any problem with either file prints one line ``distqa.score: error: <file>:<where>: ...`` on stderr and exits 2;
+nothing is skipped, since a skipped row or gold line would change the score. The metrics themselves are
+:mod:`distqa.qa.nq.metric` (NQ) and :mod:`distqa.qa.squad.metric` (SQuAD).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from distqa.errors import DataError
+from distqa.qa.nq.metric import SubmissionError, read_gold, read_submission, score_answers
+from distqa.qa.squad import metric as squad_metric
+
+# --- command line ----------------------------------------------------------------------------------
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distqa.score", description="Score a Kaggle NQ submission CSV (micro F1 over long and short rows) or "
+        "SQuAD predictions (the official exact match and F1).",
+        epilog="Prints one JSON object on stdout. Errors: one line on stderr, exit status 2.")
+    parser.add_argument("--format", choices=("nq", "squad"), default="nq",
+                        help="nq: a Kaggle submission CSV (the default); squad: the official predictions JSON")
+    parser.add_argument("--gold", required=True, type=Path,
+                        help="nq: train-format jsonl of the submission's examples, with annotations; squad: the "
+                        "questions in the SQuAD schema, with their answers")
+    parser.add_argument("--submission", type=Path,
+                        help="nq: CSV with header example_id,PredictionString and rows <id>_long, <id>_short")
+    parser.add_argument("--predictions", type=Path,
+                        help="squad: JSON object {question id: answer text}, \"\" for no answer")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    answers, unused = ("submission", "predictions") if args.format == "nq" else ("predictions", "submission")
+    if getattr(args, answers) is None:
+        parser.error(f"the following arguments are required: --{answers}")
+    if getattr(args, unused) is not None:
+        parser.error(f"--{unused} is for --format {'squad' if unused == 'predictions' else 'nq'}; give --{answers}")
+    try:
+        for path, what in ((args.gold, "gold"), (getattr(args, answers), answers.rstrip("s"))):
+            if not path.is_file():
+                raise DataError(f"{path}: no such {what} file")
+        result = score_squad(args.gold, args.predictions) if args.format == "squad" else \
+            score_nq(args.gold, args.submission)
+    except (DataError, SubmissionError, OSError) as err:
+        print(f"{parser.prog}: error: {str(err).replace(chr(10), ' ')}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+def score_nq(gold: Path, submission: Path) -> dict[str, float | int]:
+    read_submission(submission)  # the format first: reading a large gold file takes minutes
+    golds = read_gold(gold)
+    return score_answers(golds, read_submission(submission, expected_ids=golds.keys()))
+
+
+def score_squad(gold: Path, predictions: Path) -> dict[str, float | int]:
+    golds = squad_metric.read_gold(gold)
+    return squad_metric.score_predictions(golds, squad_metric.read_predictions(predictions, golds.keys()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
