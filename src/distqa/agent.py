@@ -42,7 +42,11 @@ from unittest import mock
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousTimeoutError,
+)
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.run import main as torchrun_main
@@ -281,8 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (code := _reported_exit_code(err, os.environ.get(REPORT_DIR_VARIABLE))) is None:
             raise
         return code  # each failed worker said why in one line: no traceback of torchrun's below it
-    except (RendezvousTimeoutError, RendezvousConnectionError) as err:
-        store_closed = isinstance(err, RendezvousConnectionError)
+    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as err:
+        # Node 0 ends at its own deadline, a moment before this node's, and on its way out torchrun closes the
+        # rendezvous (DynamicRendezvousHandler.shutdown): this node then finds it closed, or the store gone.
+        store_closed = isinstance(err, RendezvousConnectionError | RendezvousClosedError)
         # A lost store is only this diagnosis while the rendezvous was still filling up; otherwise (node 0
         # died mid-run, a network fault) torchrun's own report stays.
         if watcher is None or (store_closed and (node_rank == 0 or not watcher.incomplete)):
