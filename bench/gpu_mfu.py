@@ -17,8 +17,10 @@ attempt is measured as bench/gpu_bert.py measures "ours" (its ``measure_ours``: 
                                  to train: there is no fp32 master copy, so small updates are lost)
   compiled, CUDA graphs, bf16 weights
   compiled, micro-batch 2 ×      the same step on twice the windows: what a larger micro-batch gives
+  compiled, CUDA graphs, micro-batch 2 ×
 
-Then a ``torch.profiler`` trace of ``--profile-steps`` steps of the compiled attempt says where its time goes:
+Then a ``torch.profiler`` trace of ``--profile-steps`` steps of each ``--profile`` attempt (default: compiled,
+with and without CUDA graphs) says where its time goes, with the graphs compiled and the graph breaks:
 wall and GPU-busy time per step (a GPU busy far less than the wall time waits for the host), GPU time by kind
 of kernel (matrix products, attention, fused elementwise kernels, copies and casts, the optimizer, other),
 the FLOP rate inside the matrix-product and attention kernels, and the top kernels.
@@ -53,6 +55,7 @@ from gpu_common import (
     write_part,
 )
 from harness import add_common_arguments, bench_config, build_our_trainer, dummy_dataset, endless, pin_threads
+from torch._dynamo.utils import counters
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers.utils import logging as hf_logging
@@ -60,6 +63,7 @@ from transformers.utils import logging as hf_logging
 from distqa.distributed import local_runtime
 from distqa.encoders.pretrained import load_encoder_config
 from distqa.optim import Precision
+from distqa.qa.config import QAConfig
 from distqa.throughput import peak_bf16_flops
 from distqa.trainer import Trainer
 
@@ -97,15 +101,17 @@ ATTEMPTS = (
     Attempt("compiled, bf16 weights", COMPILED, prepare=bf16_weights),
     Attempt("compiled, CUDA graphs, bf16 weights", CUDA_GRAPHS, prepare=bf16_weights),
     Attempt("compiled, micro-batch 2 ×", COMPILED, batch_scale=2),
+    Attempt("compiled, CUDA graphs, micro-batch 2 ×", CUDA_GRAPHS, batch_scale=2),
 )
-PROFILED = "compiled"
+PROFILED = ("compiled", "compiled, CUDA graphs")
 
 KERNEL_KINDS = (  # the first pattern a kernel's name matches (lower case) gives its kind
+    ("attention", r"flash|fmha|attention|sdpa"),
     ("optimizer", r"adam|multi_tensor|foreach|_amp_"),
-    ("copies and casts", r"memcpy|memset|_to_copy|copy_|cast|convert"),
-    ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|triton_tem|sm90_"),
-    ("attention", r"flash|fmha|attention|sdpa|cudnn"),
-    ("fused elementwise (Triton)", r"^triton_"),
+    ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|triton_tem"),
+    # Inductor names a fused kernel after what it fuses: a LayerNorm with its dropout and casts is one kernel.
+    ("fused elementwise and norms (Triton)", r"^triton_"),
+    ("copies and casts", r"memcpy|memset|copy|cast|convert"),
     ("collectives", r"nccl"),
 )
 
@@ -132,7 +138,7 @@ def where_the_time_goes(trainer: Trainer, batches: CountedBatches, steps: int,
     by_kernel: Counter[str] = Counter()
     calls: Counter[str] = Counter()
     for event in trace.profiler.kineto_results.events():
-        if event.device_type() != DeviceType.CUDA:
+        if event.device_type() != DeviceType.CUDA or event.is_user_annotation():  # kernels and copies, not ranges
             continue
         seconds = event.duration_ns() / 1e9
         by_kind[kernel_kind(event.name())] += seconds
@@ -145,6 +151,8 @@ def where_the_time_goes(trainer: Trainer, batches: CountedBatches, steps: int,
         "steps": steps, "tokens_per_step": (batches.tokens - tokens_before) / steps,
         "wall_ms_per_step": 1e3 * wall_s / steps, "gpu_busy_ms_per_step": 1e3 * gpu_s / steps,
         "kernels_per_step": sum(calls.values()) / steps,
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graphs_compiled": counters["stats"]["unique_graphs"],
         "ms_per_step_by_kind": {kind: 1e3 * seconds / steps for kind, seconds in by_kind.most_common()},
         # The model's FLOPs over the time of the kernels that do them: how well the matrix products themselves run.
         "tflops_in_matmul_and_attention": flops / compute_s / 1e12 if compute_s else None,
@@ -154,6 +162,37 @@ def where_the_time_goes(trainer: Trainer, batches: CountedBatches, steps: int,
     }
 
 
+def attempt_config(attempt: Attempt, flags: list[str], device: torch.device, batch_size: int, seq_len: int) -> QAConfig:
+    """The settings of ``attempt``: bf16 at ``seq_len``, one micro-batch of ``batch_size`` × the attempt's scale."""
+    batch_size *= attempt.batch_scale
+    return bench_config(
+        *flags, "--device", device.type, "--precision", "bf16", "--max-seq-len", str(seq_len),
+        "--max-question-len", "32", "--per-rank-batch-size", str(batch_size), "--global-batch-size", str(batch_size),
+        "--dummy-size", str(max(64 * batch_size, 256)), "--warmup-steps", "10",
+        "--num-workers", "4" if device.type == "cuda" else "0", *attempt.flags)
+
+
+def profile_attempt(attempt: Attempt, flags: list[str], device: torch.device, args: argparse.Namespace, seq_len: int,
+                    work: Path, peak_flops: float | None) -> dict[str, Any]:
+    """Build ``attempt``'s trainer, warm it up and profile it (:func:`where_the_time_goes`); a failure is a note."""
+    print(f"profile of {attempt.name} …", flush=True)
+    try:
+        config = attempt_config(attempt, flags, device, args.batch_size, seq_len)
+        trainer = build_our_trainer(config, local_runtime(device.type), dummy_dataset(config), work)
+        if attempt.prepare is not None:
+            attempt.prepare(trainer)
+        batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
+        counters.clear()
+        for _ in range(args.warmup):
+            trainer.train_step(batches)
+        return where_the_time_goes(trainer, batches, args.profile_steps, peak_flops) | {"attempt": attempt.name}
+    except Exception as err:
+        return {"attempt": attempt.name, "note": f"FAILED: {first_line(err)}"}
+    finally:
+        gc.collect()
+        torch.compiler.reset()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, default_repeats=3)
@@ -161,7 +200,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="windows per optimizer step (one micro-batch)")
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per repeat")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
-    parser.add_argument("--profile-steps", type=int, default=3, help="steps of the profiled attempt")
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps of each profiled attempt")
+    parser.add_argument("--profile", nargs="+", default=list(PROFILED), metavar="NAME",
+                        help="the attempts to profile, by name")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these attempts, by name")
     args = parser.parse_args()
     seq_len = SEQ_LEN
@@ -175,17 +216,13 @@ def main() -> None:
     torch.set_float32_matmul_precision("high")  # as distqa.train sets it
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
 
-    rows, failed, profiled = [], False, None
+    rows, failed = [], False
     with model_flags(model_name(args)) as flags, tempfile.TemporaryDirectory(prefix="bench-gpu-mfu-") as work:
         for attempt in ATTEMPTS:
             if args.only and attempt.name not in args.only:
                 continue
             batch_size = args.batch_size * attempt.batch_scale
-            config = bench_config(
-                *flags, "--device", device.type, "--precision", "bf16", "--max-seq-len", str(seq_len),
-                "--max-question-len", "32", "--per-rank-batch-size", str(batch_size),
-                "--global-batch-size", str(batch_size), "--dummy-size", str(max(64 * batch_size, 256)),
-                "--warmup-steps", "10", "--num-workers", "4" if device.type == "cuda" else "0", *attempt.flags)
+            config = attempt_config(attempt, flags, device, args.batch_size, seq_len)
             contender = Contender("ours", "bf16", attempt.compiled, seq_len)
             print(f"{attempt.name}, micro-batch {batch_size} …", flush=True)
             reset_peak_memory(device)
@@ -204,28 +241,14 @@ def main() -> None:
             rows.append(vars(row) | {"micro_batch": batch_size})
             gc.collect()
             torch.compiler.reset()
-        profiled_attempt = next(a for a in ATTEMPTS if a.name == PROFILED)
-        if args.quick and device.type != "cuda":
-            profiled_attempt = ATTEMPTS[0]  # no inductor compile in a smoke run on CPU
-        print(f"profile of {profiled_attempt.name} …", flush=True)
-        try:
-            config = bench_config(
-                *flags, "--device", device.type, "--precision", "bf16", "--max-seq-len", str(seq_len),
-                "--max-question-len", "32", "--per-rank-batch-size", str(args.batch_size),
-                "--global-batch-size", str(args.batch_size), "--dummy-size", str(max(64 * args.batch_size, 256)),
-                "--warmup-steps", "10", "--num-workers", "4" if device.type == "cuda" else "0", *profiled_attempt.flags)
-            trainer = build_our_trainer(config, local_runtime(device.type), dummy_dataset(config), Path(work))
-            batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
-            for _ in range(args.warmup):
-                trainer.train_step(batches)
-            profiled = where_the_time_goes(trainer, batches, args.profile_steps, peak_flops) | {
-                "attempt": profiled_attempt.name}
-        except Exception as err:
-            failed = True
-            profiled = {"attempt": profiled_attempt.name, "note": f"FAILED: {first_line(err)}"}
+        profiled = [profile_attempt(attempt, flags, device, args, seq_len, Path(work), peak_flops)
+                    for attempt in ATTEMPTS if attempt.name in args.profile]
+        if args.quick and device.type != "cuda":  # no inductor compile in a smoke run on CPU
+            profiled = [profile_attempt(ATTEMPTS[0], flags, device, args, seq_len, Path(work), peak_flops)]
+        failed |= any("note" in entry for entry in profiled)
     write_part(args.json, "mfu", device, model=model_name(args), seq_len=seq_len, batch_size=args.batch_size,
                steps=args.steps, repeats=args.repeats, warmup=args.warmup, peak_flops=peak_flops, rows=rows,
-               profile=profiled)
+               profiles=profiled)
     if failed:
         raise SystemExit(1)
 

@@ -38,7 +38,7 @@ def main() -> None:
         raise SystemExit(f"no results in {args.directory}: every part of bench/gpu.sh failed (see its output above)")
     first = next(iter(parts.values()))
     training = parts.get("training")
-    peak = training and training["peak_flops"]
+    peak = next((part["peak_flops"] for part in parts.values() if part.get("peak_flops")), None)
     print(f"device: {first['device']}; torch {first['torch']}, CUDA {first['cuda'] or 'none'}; "
           + (f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s (distqa.throughput)" if peak else "no bf16 peak known"))
     # A part bench/gpu.sh ran has its log beside its JSON: a log without JSON is a failed part; neither, a part
@@ -60,7 +60,8 @@ def main() -> None:
     for name in missing:
         print(f"\n{name}: FAILED, no figures (its error is in bench/gpu.sh's output above)")
     print()
-    print_goals(training)
+    if training is not None or "training" in missing:
+        print_goals(training)
     if failed:
         raise SystemExit(1)
 
@@ -135,27 +136,29 @@ def print_mfu(part: dict[str, Any]) -> bool:
         print(f"  {row['name']:<38} mb {row['micro_batch']:>3}  {_figure(row['samples_per_s'], '8.1f')} samples/s  "
               f"MFU {_mfu(row['mfu'], part['device_type']):>9}  peak {_figure(row['peak_memory_gib'], '.1f', ' GiB')}"
               f"  warm-up {_figure(row['warmup_s'], '.1f', ' s')}  {row['note']}")
-    profile = part["profile"] or {}
-    if "wall_ms_per_step" in profile:
+    for profile in part["profiles"]:
+        if "note" in profile:
+            print(f"  profile of '{profile['attempt']}': {profile['note']}")
+            continue
         print(f"  profile of '{profile['attempt']}' ({profile['steps']} steps): {profile['wall_ms_per_step']:.1f} ms "
               f"a step, the GPU busy {profile['gpu_busy_ms_per_step']:.1f} ms of it, "
-              f"{profile['kernels_per_step']:.0f} kernels a step")
+              f"{profile['kernels_per_step']:.0f} kernels a step, {profile['graphs_compiled']} graphs compiled, "
+              f"{profile['graph_breaks']} graph breaks")
         for kind, ms in profile["ms_per_step_by_kind"].items():
-            print(f"    {kind:<28} {ms:8.2f} ms  {100 * ms / profile['gpu_busy_ms_per_step']:5.1f} % of GPU time")
+            print(f"    {kind:<36} {ms:8.2f} ms  {100 * ms / profile['gpu_busy_ms_per_step']:5.1f} % of GPU time")
         if profile["tflops_in_matmul_and_attention"]:
             print(f"    the model's FLOPs over the matrix-product and attention kernels' time: "
                   f"{profile['tflops_in_matmul_and_attention']:.0f} TFLOP/s")
         for kernel in profile["top_kernels"][:8]:
             print(f"    {kernel['ms_per_step']:7.2f} ms  {kernel['calls_per_step']:5.1f}×  [{kernel['kind']}] "
                   f"{kernel['name'][:90]}")
-    elif profile:
-        print(f"  profile of '{profile.get('attempt')}': {profile.get('note')}")
     best = max((row for row in part["rows"] if row["mfu"] is not None and row["micro_batch"] == part["batch_size"]),
                key=lambda row: row["mfu"], default=None)
     name = f"MFU, best attempt at micro-batch {part['batch_size']}"
     if best is not None:
         print(Target(f"{name} ({best['name']})", best["mfu"], MFU_ATTEMPT_GOAL, at_most=False).line())
-    return any(row["note"].startswith("FAILED") for row in part["rows"]) or "note" in profile
+    return any(row["note"].startswith("FAILED") for row in part["rows"]) or any(
+        "note" in profile for profile in part["profiles"])
 
 
 def print_goals(training: dict[str, Any] | None) -> None:
