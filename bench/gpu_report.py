@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness import Target
+from targets import Target  # not harness: it imports torch, which a report of JSON files does not need
 
 MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
 PARTS = ("training", "startup", "inference", "large")

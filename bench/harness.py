@@ -15,11 +15,11 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from targets import Target  # re-exported: every benchmark imports it from here
 from torch.utils.data import Dataset
 
 from distqa.config.sources import load_config
@@ -87,25 +87,6 @@ def interleaved(contenders: dict[str, Callable[[], float]], repeats: int) -> dic
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
-
-
-@dataclass(frozen=True)
-class Target:
-    """One ratio and the bound it must meet."""
-
-    name: str
-    value: float
-    bound: float
-    at_most: bool
-    """True: the value must be <= bound (a time ratio); False: >= bound (a throughput ratio)."""
-
-    @property
-    def met(self) -> bool:
-        return self.value <= self.bound if self.at_most else self.value >= self.bound
-
-    def line(self) -> str:
-        verdict, relation = "PASS" if self.met else "MISS", "<=" if self.at_most else ">="
-        return f"{verdict}  {self.name:<52} {self.value:8.3f}  (target {relation} {self.bound:g})"
 
 
 def print_table(title: str, rows: Sequence[tuple[str, str, str]]) -> None:

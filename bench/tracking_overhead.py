@@ -119,7 +119,9 @@ def mlflow_server(work: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         server = subprocess.Popen(
             [str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{work}/mlflow.db", "--artifacts-destination",
              str(work / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            cwd=work, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=work, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
+            # Without its job runner (a process for GenAI jobs, starting beside the server): nothing here uses it.
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120  # a hang guard: about 6 s on a quiet 2-core machine

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distqa import predict
 from distqa.qa.nq.metric import read_gold, read_submission
 
 from conftest import REPO_ROOT, clean_env, run_training
@@ -109,7 +110,12 @@ def test_predict_then_score_the_sample_test_file(trained: tuple[Path, str], tmp_
     assert result["tp"] + result["fn"] > 0
 
 
-def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_torchrun_env")
+def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Each case is ``python -m distqa.predict``'s main in this process (the module only exits with what main
+    returns): one interpreter start-up instead of one per case. An uncaught exception fails the test as a traceback
+    would."""
     root, _ = trained
     checkpoint = root / "results" / "sample" / "checkpoints" / "best.pt"
     broken = tmp_path / "broken.jsonl"
@@ -129,11 +135,10 @@ def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_pa
         "truncated line": (["--checkpoint", str(checkpoint), "--input", str(broken)], "broken.jsonl:2"),
     }
     for name, (args, expected) in cases.items():
-        result = subprocess.run([sys.executable, "-m", "distqa.predict", *args, "--output", str(tmp_path / "s.csv"),
-                                 "--nq-cache-dir", str(tmp_path / "cache")], cwd=REPO_ROOT, env=clean_env(),
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2, name
-        assert "Traceback" not in result.stderr and expected in result.stderr, (name, result.stderr)
+        code = predict.main([*args, "--output", str(tmp_path / "s.csv"), "--nq-cache-dir", str(tmp_path / "cache")])
+        stderr = capsys.readouterr().err
+        assert code == 2, (name, stderr)
+        assert "Traceback" not in stderr and expected in stderr, (name, stderr)
         assert not (tmp_path / "s.csv").exists(), name
 
 

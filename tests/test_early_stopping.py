@@ -43,19 +43,23 @@ def test_two_ranks_stop_together_after_the_patience_and_a_resume_stops_at_the_sa
     checkpoint = torch.load(tmp_path / "whole" / "checkpoints" / f"step-{stop_step:08d}.pt", weights_only=True)
     assert checkpoint["progress"]["evaluations_without_improvement"] == 3
 
-    # Interrupted after the first evaluation without improvement (its checkpoint is the newest left, as after a
-    # kill before the next one), then resumed: the count comes back with the checkpoint.
+    # Interrupted after the first evaluation without improvement, as after a kill before the next checkpoint: the
+    # same run directory with the checkpoints after it taken away (keep_checkpoints 3 leaves it the newest of the
+    # three kept), then resumed: the count comes back with the checkpoint.
+    whole = final_weights(tmp_path / "whole")
     first_miss = evaluations[-3][0]
     assert first_miss < stop_step
-    interrupted = tmp_path / "interrupted"
-    run_training([*ARGS, "--output-dir", str(tmp_path), "--run-name", "interrupted",
-                  "--stop-at-step", str(first_miss + 5)], nproc=2)
-    for newer in (interrupted / "checkpoints").glob(f"step-{first_miss + 5:08d}.pt*"):
-        newer.unlink()
-    resumed = run_training([*ARGS, "--output-dir", str(tmp_path), "--run-name", "interrupted"], nproc=2)
-    assert f"resumed from {interrupted / 'checkpoints' / f'step-{first_miss:08d}.pt'}" in resumed.stderr
-    assert [int(STOPPED.search(log).group(1)) for log in rank_logs(interrupted)] == [stop_step, stop_step]
-    assert max_difference(final_weights(interrupted), final_weights(tmp_path / "whole")) < 1e-6
+    for newer in (tmp_path / "whole" / "checkpoints").glob("step-*.pt*"):
+        if int(newer.name.split(".")[0].removeprefix("step-")) > first_miss:
+            newer.unlink()
+    assert max(int(p.stem.removeprefix("step-")) for p in (tmp_path / "whole" / "checkpoints").glob("step-*.pt")) \
+        == first_miss
+    resumed = run_training([*ARGS, "--output-dir", str(tmp_path), "--run-name", "whole"], nproc=2)
+    assert f"resumed from {tmp_path / 'whole' / 'checkpoints' / f'step-{first_miss:08d}.pt'}" in resumed.stderr
+    # The rank logs are appended to: the first run's stop, then the resumed run's, at the same step on both ranks.
+    assert [[int(step) for step, _ in STOPPED.findall(log)] for log in rank_logs(tmp_path / "whole")] == \
+        [[stop_step, stop_step], [stop_step, stop_step]]
+    assert max_difference(final_weights(tmp_path / "whole"), whole) < 1e-6
 
     # Once stopped, a relaunch (--resume auto) does not train on.
     again = run_training([*ARGS, "--output-dir", str(tmp_path), "--run-name", "whole"], nproc=2)

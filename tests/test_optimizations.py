@@ -126,7 +126,8 @@ def test_compiled_ddp_training_with_accumulation_ends_with_the_eager_weights(tmp
               "--task", "nq", "--nq-cache-dir", str(tmp_path / "cache"), "--global-batch-size", "16",
               "--per-rank-batch-size", "4", "--max-steps", "4", "--checkpoint-every", "0", "--dropout", "0",
               "--max-grad-norm", "0", "--eval-every", "0", "--validation-fraction", "0"]
-    run_training([*common, "--run-name", "prepare-only", "--max-steps", "1"])  # one process builds the cache
+    config = load_config(common, environ={}, dotenv_path="/nonexistent")  # the cache both runs read, built here
+    prepare_nq(config, load_tokenizer(config), progress=False)  # (2 ranks need it built before they start)
     run_training([*common, "--run-name", "eager", "--compile", "false"], nproc=2)
     compiled = run_training([*common, "--run-name", "compiled", "--compile", "true"], nproc=2, timeout=400)
     compile_line = re.search(r"torch\.compile: the first step took ([\d.]+) s", compiled.stdout + compiled.stderr)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from distqa import evaluate
 
 from conftest import REPO_ROOT, clean_env, free_port
 
@@ -32,7 +33,9 @@ VALIDATION_F1, HAS_ANSWER_F1 = 55.0, 75.0
 
 
 @pytest.mark.timeout(1200)  # above the run's own guard: the suite's 600 s would cut it first on a slow machine
-def test_a_squad_v2_file_trains_on_2_nodes_is_evaluated_on_both_ranks_and_scored_officially(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_torchrun_env")
+def test_a_squad_v2_file_trains_on_2_nodes_is_evaluated_on_both_ranks_and_scored_officially(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data, results, cache = tmp_path / "data", tmp_path / "results", tmp_path / "cache"
     result = subprocess.run(
         ["scripts/train_synthetic_squad.sh", "--data-dir", str(data), "--run-id", "learn", "--output-dir", str(results),
@@ -55,11 +58,11 @@ def test_a_squad_v2_file_trains_on_2_nodes_is_evaluated_on_both_ranks_and_scored
         abs=1e-3)
 
     # The 2-rank evaluation of training is the one-process evaluation of its best.pt: no window twice, none missing.
-    again = subprocess.run([sys.executable, "-m", "distqa.evaluate", "--checkpoint", str(run_dir / "checkpoints" /
-                            "best.pt"), "--squad-cache-dir", str(cache)], cwd=REPO_ROOT, env=clean_env(),
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    one_process = json.loads(again.stdout)
+    # python -m distqa.evaluate's main, in this process: one process, without another interpreter start-up.
+    code = evaluate.main(["--checkpoint", str(run_dir / "checkpoints" / "best.pt"), "--squad-cache-dir", str(cache)])
+    again = capsys.readouterr()
+    assert code == 0, again.err[-3000:]
+    one_process = json.loads(again.out)
     assert {name: one_process[name] for name in OFFICIAL_NAMES} == pytest.approx(
         {name: best["evaluation"][name] for name in OFFICIAL_NAMES}, abs=1e-9)
 
