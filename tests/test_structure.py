@@ -26,7 +26,7 @@ from distqa.config.flags import (
 from distqa.qa.nq.config import NQConfig
 from distqa.tasks import REGISTERED, task_class
 
-from conftest import REPO_ROOT, clean_env
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
 ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.export",
@@ -150,6 +150,21 @@ def test_the_machinery_imports_neither_the_qa_tasks_nor_the_encoder_helpers() ->
     result = subprocess.run([sys.executable, "-c", light], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_a_run_of_a_task_without_transformers_never_imports_it(tmp_path: Path) -> None:
+    """Every training process pays its imports at start-up, and transformers (with its hub and tokenizers) is about
+    a second of them: a whole run of the machinery's task, which needs none of it (the lr schedule, run.json's and
+    the checkpoints' versions, the evaluation, the saves), loads no module of it nor of the encoder helpers."""
+    args = [*MACHINERY_ARGS, "--max-steps", "2", "--output-dir", str(tmp_path)]
+    hf = ("transformers", "tokenizers", "huggingface_hub", "distqa.encoders")
+    code = (f"import sys; from distqa.train import main; code = main({args!r}); "
+            f"print(code, sorted(m for m in sys.modules if m.startswith({hf!r})))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "0 []", result.stdout.splitlines()[-1]
+    assert (tmp_path / "local" / "checkpoints" / "best.pt").is_file()  # the run went through a save of each kind
 
 
 # --- each entry point shows and accepts only its own settings --------------------------------------

@@ -52,7 +52,9 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args, parse_min_max_nnodes
 
-from distqa.stop import REPORT_DIR_VARIABLE
+# The report folder's name from distqa.errors, which imports nothing: distqa.stop would bring distqa.distributed and
+# the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
+from distqa.errors import WORKER_REPORT_DIR_VARIABLE
 
 RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
@@ -274,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hosts_store = rendezvous_conf(options.rdzv_conf).get("is_host", "").lower() in ("1", "true", "t", "yes", "y")
         watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store).start()
     stop_watch = threading.Event()
-    if report_dir := os.environ.get(REPORT_DIR_VARIABLE):
+    if report_dir := os.environ.get(WORKER_REPORT_DIR_VARIABLE):
         signals = SignalsSeen().install()
         threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals),
                          daemon=True).start()
@@ -282,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with watching_until_the_exit_barrier(watcher):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
-        if (code := _reported_exit_code(err, os.environ.get(REPORT_DIR_VARIABLE))) is None:
+        if (code := _reported_exit_code(err, os.environ.get(WORKER_REPORT_DIR_VARIABLE))) is None:
             raise
         return code  # each failed worker said why in one line: no traceback of torchrun's below it
     except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as err:

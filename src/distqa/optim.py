@@ -1,18 +1,24 @@
-"""Optimizer, learning-rate schedule and mixed precision."""
+"""Optimizer, learning-rate schedule and mixed precision.
+
+The schedules are transformers' ``get_{linear,cosine,constant}_schedule_with_warmup`` (transformers/optimization.py),
+written out here: the same ``LambdaLR`` over a ``functools.partial`` of a module-level function, the same arithmetic
+step for step, so the learning rates are equal to the last bit and a scheduler's ``state_dict`` is the same
+(``lr_lambdas`` holds each partial's empty ``__dict__``: checkpoints written with transformers' schedules load).
+Importing transformers for them cost every training process about a second, and the machinery's runs (a fork's
+task, the tests' example task) need no transformers at all.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import (
-    get_constant_schedule_with_warmup,
-    get_cosine_schedule_with_warmup,
-    get_linear_schedule_with_warmup,
-)
+from torch.optim.lr_scheduler import LambdaLR
 
 from distqa.config import Config, ConfigError
 
@@ -31,15 +37,40 @@ def build_optimizer(model: nn.Module, config: Config, device: torch.device) -> t
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.999), eps=1e-8, fused=fused)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: Config,
-                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> LambdaLR:
     """Linear warm-up to ``lr`` over ``warmup_steps``, then ``lr_schedule``: linear or cosine decay to 0 at
     ``total_steps``, or constant."""
     warmup = min(config.warmup_steps, total_steps)
     if config.lr_schedule == "constant":
-        return get_constant_schedule_with_warmup(optimizer, warmup)
-    decay = {"linear": get_linear_schedule_with_warmup, "cosine": get_cosine_schedule_with_warmup}
-    return decay[config.lr_schedule](optimizer, warmup, total_steps)
+        return LambdaLR(optimizer, functools.partial(_constant_with_warmup, num_warmup_steps=warmup))
+    decay = {"linear": _linear_with_warmup, "cosine": _cosine_with_warmup}[config.lr_schedule]
+    return LambdaLR(optimizer, functools.partial(decay, num_warmup_steps=warmup, num_training_steps=total_steps))
+
+
+# The multipliers of lr at each step, as transformers.optimization's _get_*_schedule_with_warmup_lr_lambda compute
+# them (the same float operations in the same order: test_lr_schedules.py compares every step for equality).
+def _constant_with_warmup(current_step: int, *, num_warmup_steps: int) -> float:
+    if current_step < num_warmup_steps:
+        return float(current_step) / float(max(1.0, num_warmup_steps))
+    return 1.0
+
+
+def _linear_with_warmup(current_step: int, *, num_warmup_steps: int, num_training_steps: int) -> float:
+    if current_step < num_warmup_steps:
+        return float(current_step) / float(max(1, num_warmup_steps))
+    return max(0.0, float(num_training_steps - current_step) / float(max(1, num_training_steps - num_warmup_steps)))
+
+
+def _cosine_with_warmup(current_step: int, *, num_warmup_steps: int, num_training_steps: int,
+                        num_cycles: float = 0.5, min_lr_rate: float = 0.0) -> float:
+    """Half a cosine wave (``num_cycles`` 0.5, transformers' default) from 1 to ``min_lr_rate`` (0) over the steps
+    after the warm-up."""
+    if current_step < num_warmup_steps:
+        return float(current_step) / float(max(1, num_warmup_steps))
+    progress = float(current_step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+    factor = 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress))
+    factor = factor * (1 - min_lr_rate) + min_lr_rate
+    return max(0, factor)
 
 
 @dataclass

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import platform
 import subprocess
 import sys
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 import distqa
 from distqa.config import REPO_ROOT, Config
@@ -56,7 +57,18 @@ def run_metadata(runtime: Runtime) -> dict[str, Any]:
 
 def versions() -> dict[str, str | None]:
     return {"distqa": distqa.__version__, "python": platform.python_version(), "torch": str(torch.__version__),
-            "transformers": transformers.__version__, "cuda": torch.version.cuda}
+            "transformers": installed_version("transformers"), "cuda": torch.version.cuda}
+
+
+@functools.cache
+def installed_version(distribution: str) -> str | None:
+    """The version pip installed of ``distribution``, read from its metadata without importing it (importing
+    transformers cost every training process about a second, and a fork's task may not use it); None when it is
+    not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def git_sha() -> str | None:
