@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -16,6 +17,8 @@ from distqa.encoders.pretrained import load_encoder, load_encoder_config
 from distqa.encoders.varlen import VARLEN_ATTENTION, pad_back, supports_varlen, unpad
 from distqa.qa.answers import AnswerType
 from distqa.qa.config import QAConfig
+
+log = logging.getLogger(__name__)
 
 # Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
 # use the first two, DistilBERT the last two).
@@ -125,6 +128,8 @@ def build_model(config: QAConfig, weights_from_checkpoint: bool = False) -> QAMo
                               "its own attention, which cannot take variable-length windows; turn the setting off "
                               "for this encoder (--unpad false).")
         encoder.set_attn_implementation(VARLEN_ATTENTION)
+        log.info("unpad: the encoder runs on the windows' real tokens only (attention %r, no attention dropout)",
+                 VARLEN_ATTENTION)
     if config.activation_checkpointing:
         if not encoder.supports_gradient_checkpointing:
             raise ConfigError(f"activation_checkpointing: transformers' {type(encoder).__name__} cannot recompute its "
