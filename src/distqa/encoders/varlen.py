@@ -94,8 +94,9 @@ def varlen_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     # [1, heads, T, d] -> [T, heads, d]: the varlen layout
     query, key, value = (tensor[0].transpose(0, 1) for tensor in (query, key, value))
     if query.is_cuda and query.dtype in VARLEN_DTYPES:
+        window = {} if reach is None else {"window_size": (reach, reach)}
         output = varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
-                             scale=scaling, window_size=(-1, -1) if reach is None else (reach, reach))
+                             scale=scaling, **window)
     else:
         output = _attention_per_window(query, key, value, cu_seq_lens_q, scaling, reach)
     return output[None], None
