@@ -6,17 +6,21 @@ kernel itself runs in bench/gpu_packing.py on a GPU."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from distqa.checkpoint import ModelCheckpoint, Progress
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.encoders.varlen import VARLEN_ATTENTION
 from distqa.qa.config import QAConfig
+from distqa.qa.hf_format import export_model
 from distqa.qa.model import QAModel, build_model, qa_loss
+from distqa.rundir import versions
 from distqa.tasks import make_task
 
 from conftest import FAST_ARGS, QA_ARGS, TinyEncoder, run_training
@@ -120,6 +124,19 @@ def test_attention_dropout_is_off_and_hidden_dropout_stays() -> None:
     encoder = build_model(load_config([*QA_ARGS, "--unpad", "true"], environ={}, dotenv_path=os.devnull)).encoder
     assert encoder.config.attention_probs_dropout_prob == 0
     assert encoder.config.hidden_dropout_prob > 0  # the tiny BERT's own 0.1
+
+
+def test_an_unpadded_model_exports_as_a_plain_transformers_model(tmp_path: Path) -> None:
+    """The export is read by transformers alone: its config keeps the encoder's attention dropout (which
+    ``--unpad`` turns off in training) and names no distqa attention."""
+    config = load_config([*QA_ARGS, "--unpad", "true"], environ={}, dotenv_path=os.devnull)
+    model = build_model(config)
+    assert model.encoder.config.attention_probs_dropout_prob == 0
+    checkpoint = ModelCheckpoint(model=model.state_dict(), config=config.to_dict(), task_state={}, evaluation=None,
+                                 progress=Progress(step=1), versions=versions())
+    exported = json.loads((export_model(checkpoint, tmp_path / "model") / "config.json").read_text())
+    assert exported["attention_probs_dropout_prob"] == 0.1  # data/tiny-bert's own
+    assert VARLEN_ATTENTION not in json.dumps(exported)
 
 
 def test_a_training_run_with_unpad(tmp_path: Path) -> None:
