@@ -5,6 +5,7 @@
 #   bench/gpu.sh --quick                # the same parts, fewer steps (a smoke run on the GPU)
 #   bench/gpu.sh --device cpu --quick   # a smoke run on CPU with the tiny model (tests/test_gpu_bench.py)
 #   bench/gpu.sh --out DIR              # keep each part's JSON and log in DIR (default: a temporary folder)
+#   bench/gpu.sh --parts mfu,large      # only these parts (default: all), the report says what it lacks
 #
 # The parts, in order (each file's docstring says what it measures and how):
 #   bench/gpu_bert.py       our trainer's step vs the HF Trainer, seq 384/512, bf16 ± torch.compile, fp16 +
@@ -16,6 +17,8 @@
 #   bench/gpu_large.py      BERT-large, RoBERTa-large, DeBERTa-v3-large at seq 512, micro-batch 8 and 32, activation
 #                           checkpointing off and on, compiled: samples/s, MFU, peak memory against the estimate
 #                           (about 10 minutes alone: `bench/gpu_large.py --json DIR/large.json`, then gpu_report.py)
+#   bench/gpu_mfu.py        what limits the MFU of the BERT-base step at micro-batch 32: attempts (CUDA graphs, bf16
+#                           weights, a larger micro-batch) side by side and a profile of where the step's time goes
 #   bench/gpu_report.py     the table and the goals (>= 40 % MFU at seq 512 bf16; >= 1.3 x the HF Trainer)
 # A part that fails does not stop the others; the script then exits 1. PYTHON picks the interpreter
 # (default: the repository's .venv/bin/python, as scripts/common.sh finds it).
@@ -29,12 +32,18 @@ find_python "$repo"
 device=cuda
 quick=()
 out=""
-usage() { sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+parts="training,startup,inference,packing,large,mfu"
+usage() { sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --device) [[ $# -ge 2 && "$2" =~ ^(cuda|cpu)$ ]] || { echo "bench/gpu.sh: --device takes cuda or cpu" >&2; exit 2; }
                   device="$2"; shift 2 ;;
         --quick) quick=(--quick); shift ;;
+        --parts) [[ $# -ge 2 ]] || { echo "bench/gpu.sh: --parts takes a comma-separated list of $parts" >&2; exit 2; }
+                 for part in ${2//,/ }; do
+                     [[ ",$parts," == *",$part,"* ]] || { echo "bench/gpu.sh: unknown part '$part' (parts: $parts)" >&2; exit 2; }
+                 done
+                 parts="$2"; shift 2 ;;
         --out) [[ $# -ge 2 ]] || { echo "bench/gpu.sh: --out takes a folder" >&2; exit 2; }
                out="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -55,6 +64,7 @@ failed=0
 run_part() {
     local name="$1"
     shift
+    [[ ",$parts," == *",$name,"* ]] || return 0
     echo "=== $name: $*"
     if ! "$@" >"$out/$name.log" 2>&1; then
         echo "$name FAILED; its output:"
@@ -69,6 +79,7 @@ run_part startup env BENCH_LAUNCHED_AT="$(date +%s.%N)" "$PYTHON" -m torch.distr
 run_part inference "$PYTHON" bench/gpu_inference.py --device "$device" "${quick[@]}" --json "$out/inference.json"
 run_part packing "$PYTHON" bench/gpu_packing.py --device "$device" "${quick[@]}" --json "$out/packing.json"
 run_part large "$PYTHON" bench/gpu_large.py --device "$device" "${quick[@]}" --json "$out/large.json"
+run_part mfu "$PYTHON" bench/gpu_mfu.py --device "$device" "${quick[@]}" --json "$out/mfu.json"
 
 echo
 "$PYTHON" bench/gpu_report.py "$out" || failed=1

@@ -32,7 +32,7 @@ import logging
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +61,7 @@ from distqa.encoders.pretrained import load_encoder_config
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
 from distqa.throughput import mfu, peak_bf16_flops
+from distqa.trainer import Trainer
 
 SEQ_LENS = (384, 512)
 FP16_SEQ_LEN = 512
@@ -119,11 +120,14 @@ class CountedBatches(Iterator[dict[str, torch.Tensor]]):
 
 
 def measure_ours(contender: Contender, config: QAConfig, device: torch.device, args: argparse.Namespace,
-                 work: Path, peak_flops: float | None) -> Row:
-    """Build our trainer (as distqa.train builds it), warm it up, time ``args.repeats`` × ``args.steps`` steps."""
+                 work: Path, peak_flops: float | None, prepare: Callable[[Trainer], None] | None = None) -> Row:
+    """Build our trainer (as distqa.train builds it; then ``prepare`` changes it, for bench/gpu_mfu.py's attempts),
+    warm it up, time ``args.repeats`` × ``args.steps`` steps."""
     row = Row(contender.name, contender.framework, contender.precision, contender.compile, contender.seq_len)
     dataset = dummy_dataset(config)
     trainer = build_our_trainer(config, local_runtime(device.type), dataset, work)  # compiled by --compile
+    if prepare is not None:
+        prepare(trainer)
     batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
     synchronize(device)
     started = time.perf_counter()

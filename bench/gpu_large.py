@@ -1,6 +1,7 @@
 """The large presets' encoders on one GPU: throughput, MFU and peak memory against distqa.encoders.memory's estimate.
 
     .venv/bin/python bench/gpu_large.py --json large.json       # one GPU; bench/gpu.sh runs it (about 10 minutes)
+    .venv/bin/python bench/gpu_large.py --eager --json large.json  # not compiled: the step the estimate counts
     .venv/bin/python bench/gpu_large.py --estimates             # the estimates alone: no GPU, models on meta only
     .venv/bin/python bench/gpu_large.py --device cpu --quick    # smoke run: tiny encoders of the three families
 
@@ -100,6 +101,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(LARGE_ENCODERS), default=list(LARGE_ENCODERS))
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per repeat")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile happens here)")
+    parser.add_argument("--eager", action="store_true",
+                        help="not compiled on the GPU either: the step the estimate counts, and no compile time")
     parser.add_argument("--estimates", action="store_true",
                         help="print the estimate of every row's peak on a CUDA GPU and stop (no GPU needed)")
     args = parser.parse_args()
@@ -119,7 +122,7 @@ def main() -> None:
     seq_len = QUICK_SEQ_LEN if tiny else SEQ_LEN
     # Compiled as the presets run on GPUs; a smoke run on CPU compiles nothing (inductor's cold start alone would
     # take minutes on two cores; tests/test_optimizations.py covers the compiled path on CPU).
-    compiled = device.type == "cuda"
+    compiled = device.type == "cuda" and not args.eager
     rows, failed = [], False
     with tempfile.TemporaryDirectory(prefix="bench-gpu-large-") as work:
         for model in args.models:
@@ -133,7 +136,8 @@ def main() -> None:
                               f"{'on' if checkpointing else 'off'} …", flush=True)
                         failed |= measure(row, config, device, args, Path(work), peak_flops)
                         if not compiled:
-                            row.note = (row.note + "; " if row.note else "") + "not compiled (a smoke run on CPU)"
+                            why = "--eager" if args.eager else "a smoke run on CPU"
+                            row.note = (row.note + "; " if row.note else "") + f"not compiled ({why})"
                         rows.append(row)
     write_part(args.json, "large", device, seq_len=seq_len, steps=args.steps, repeats=args.repeats,
                warmup=args.warmup, compiled=compiled, peak_flops=peak_flops, rows=[vars(row) for row in rows])

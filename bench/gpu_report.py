@@ -1,7 +1,7 @@
-"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_packing, gpu_large)
-and the goals.
+"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_packing, gpu_large,
+gpu_mfu) and the goals.
 
-    .venv/bin/python bench/gpu_report.py DIR     # DIR: training, startup, inference, packing, large .json
+    .venv/bin/python bench/gpu_report.py DIR     # DIR: training, startup, inference, packing, large, mfu .json
 
 Goals (issue 13), each a PASS/MISS line (harness.Target):
 
@@ -24,22 +24,29 @@ from harness import Target
 
 MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
 PARTS = ("training", "startup", "inference", "packing", "large")
+OPTIONAL_PARTS = ("mfu",)
+"""Parts that ``bench/gpu.sh --parts`` may leave out without the report counting them as failed."""
+MFU_ATTEMPT_GOAL = 0.45
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path, help="where bench/gpu.sh's parts wrote their JSON")
     args = parser.parse_args()
-    paths = {name: args.directory / f"{name}.json" for name in PARTS}
+    paths = {name: args.directory / f"{name}.json" for name in PARTS + OPTIONAL_PARTS}
     parts = {name: json.loads(path.read_text()) for name, path in paths.items() if path.is_file()}
     if not parts:
         raise SystemExit(f"no results in {args.directory}: every part of bench/gpu.sh failed (see its output above)")
     first = next(iter(parts.values()))
     training = parts.get("training")
-    peak = training and training["peak_flops"]
+    peak = next((part["peak_flops"] for part in parts.values() if part.get("peak_flops")), None)
     print(f"device: {first['device']}; torch {first['torch']}, CUDA {first['cuda'] or 'none'}; "
           + (f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s (distqa.throughput)" if peak else "no bf16 peak known"))
-    missing = [name for name in PARTS if name not in parts]
+    # A part bench/gpu.sh ran has its log beside its JSON: a log without JSON is a failed part; neither, a part
+    # that --parts left out (or a report of JSON files written by the parts' scripts alone).
+    ran = {name for name in PARTS + OPTIONAL_PARTS if (args.directory / f"{name}.log").is_file()}
+    missing = [name for name in PARTS + OPTIONAL_PARTS if name not in parts and (name in ran or (
+        not ran and name in PARTS))]
     failed = bool(missing)
     if training:
         failed |= print_training(training)
@@ -51,10 +58,13 @@ def main() -> None:
         failed |= print_packing(parts["packing"])
     if "large" in parts:
         failed |= print_large(parts["large"])
+    if "mfu" in parts:
+        failed |= print_mfu(parts["mfu"])
     for name in missing:
         print(f"\n{name}: FAILED, no figures (its error is in bench/gpu.sh's output above)")
     print()
-    print_goals(training)
+    if training is not None or "training" in missing:
+        print_goals(training)
     if failed:
         raise SystemExit(1)
 
@@ -142,6 +152,39 @@ def print_large(part: dict[str, Any]) -> bool:
                                                                                                           strict=True)))
         print("  " + "  ".join(cells) + (f"  {source['note']}" if source and source["note"] else ""))
     return any(row["note"].startswith("FAILED") for row in part["rows"])
+
+
+def print_mfu(part: dict[str, Any]) -> bool:
+    """bench/gpu_mfu.py's attempts and the profile of where the step's time goes; True when an attempt failed."""
+    print(f"\nMFU attempts: {part['model']} at seq {part['seq_len']}, bf16, micro-batch {part['batch_size']} unless "
+          f"named; median of {part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps:")
+    for row in part["rows"]:
+        print(f"  {row['name']:<38} mb {row['micro_batch']:>3}  {_figure(row['samples_per_s'], '8.1f')} samples/s  "
+              f"MFU {_mfu(row['mfu'], part['device_type']):>9}  peak {_figure(row['peak_memory_gib'], '.1f', ' GiB')}"
+              f"  warm-up {_figure(row['warmup_s'], '.1f', ' s')}  {row['note']}")
+    for profile in part["profiles"]:
+        if "note" in profile:
+            print(f"  profile of '{profile['attempt']}': {profile['note']}")
+            continue
+        print(f"  profile of '{profile['attempt']}' ({profile['steps']} steps): {profile['wall_ms_per_step']:.1f} ms "
+              f"a step, the GPU busy {profile['gpu_busy_ms_per_step']:.1f} ms of it, "
+              f"{profile['kernels_per_step']:.0f} kernels a step, {profile['graphs_compiled']} graphs compiled, "
+              f"{profile['graph_breaks']} graph breaks")
+        for kind, ms in profile["ms_per_step_by_kind"].items():
+            print(f"    {kind:<36} {ms:8.2f} ms  {100 * ms / profile['gpu_busy_ms_per_step']:5.1f} % of GPU time")
+        if profile["tflops_in_matmul_and_attention"]:
+            print(f"    the model's FLOPs over the matrix-product and attention kernels' time: "
+                  f"{profile['tflops_in_matmul_and_attention']:.0f} TFLOP/s")
+        for kernel in profile["top_kernels"][:8]:
+            print(f"    {kernel['ms_per_step']:7.2f} ms  {kernel['calls_per_step']:5.1f}×  [{kernel['kind']}] "
+                  f"{kernel['name'][:90]}")
+    best = max((row for row in part["rows"] if row["mfu"] is not None and row["micro_batch"] == part["batch_size"]),
+               key=lambda row: row["mfu"], default=None)
+    name = f"MFU, best attempt at micro-batch {part['batch_size']}"
+    if best is not None:
+        print(Target(f"{name} ({best['name']})", best["mfu"], MFU_ATTEMPT_GOAL, at_most=False).line())
+    return any(row["note"].startswith("FAILED") for row in part["rows"]) or any(
+        "note" in profile for profile in part["profiles"])
 
 
 def print_goals(training: dict[str, Any] | None) -> None:

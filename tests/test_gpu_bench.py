@@ -57,14 +57,34 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     assert all(row["samples_per_s"] > 0 and row["estimated_peak_gib"] > 0 and "FAILED" not in row["note"]
                for row in rows.values()), large["rows"]
 
+    mfu = json.loads((out / "mfu.json").read_text())  # the attempts' code paths that run without a compile
+    attempts = {row["name"]: row for row in mfu["rows"]}
+    assert attempts["eager"]["samples_per_s"] > 0 and attempts["eager, bf16 weights"]["samples_per_s"] > 0
+    assert all("--quick on CPU" in row["note"] for row in mfu["rows"] if row["compile"]), mfu["rows"]
+    [profile] = mfu["profiles"]
+    assert profile["attempt"] == "eager" and profile["wall_ms_per_step"] > 0
+
     report = result.stdout
     headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "useful tokens: tiny",
-                "large encoders at seq 64")
+                "large encoders at seq 64", "MFU attempts: tiny at seq 64")
     for heading in headings:
         assert heading in report, report
     assert re.search(r"^(PASS|MISS)  ours / hf \(run_qa \+ bf16\), seq 512, samples/s +[0-9.]+", report, re.MULTILINE)
     assert re.search(r"^n/a   MFU, ours bf16 seq 512", report, re.MULTILINE), report
     assert re.search(r"^PASS  loss, unpad vs padded, bf16", report, re.MULTILINE), report
+
+
+def test_gpu_sh_parts_runs_only_those_and_the_report_names_none_missing(tmp_path) -> None:
+    out = tmp_path / "gpu"
+    result = subprocess.run(["bash", str(GPU_SH), "--device", "cpu", "--quick", "--parts", "mfu", "--out", str(out)],
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"bench/gpu.sh failed:\n{result.stdout}\n{result.stderr}"
+    assert sorted(path.name for path in out.iterdir()) == ["mfu.json", "mfu.log"]
+    assert "MFU attempts" in result.stdout and "FAILED" not in result.stdout, result.stdout
+    refused = subprocess.run(["bash", str(GPU_SH), "--parts", "mfu,warp"], cwd=REPO_ROOT, env=clean_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unknown part 'warp'" in refused.stderr
 
 
 def test_gpu_bench_without_cuda_says_so_in_one_line() -> None:

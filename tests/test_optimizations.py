@@ -15,7 +15,8 @@ from torch.utils.data import default_collate
 
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
-from distqa.ddp import compile_enabled
+from distqa.ddp import compile_enabled, training_module
+from distqa.distributed import local_runtime
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.collate import LENGTH_MULTIPLE, SEQUENCE_COLUMNS, collate_for, collate_trimmed
 from distqa.qa.model import build_model, forward, qa_loss
@@ -101,6 +102,19 @@ def test_the_attention_kernel_is_the_one_asked_for_and_sdpa_equals_eager() -> No
 def test_compile_is_on_by_default_on_gpus_only(setting: bool | None, device: str, expected: bool) -> None:
     config = load(*(["--compile", str(setting).lower()] if setting is not None else []))
     assert compile_enabled(config, torch.device(device)) is expected
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """--compile-mode is torch.compile's mode (bench/gpu_mfu.py measures each on a GPU); another value is refused
+    by the settings with the choices."""
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(torch, "compile", lambda module, **options: calls.append(options) or module)
+    config = load("--compile", "true", "--compile-mode", mode)
+    training_module(torch.nn.Linear(2, 2), local_runtime("cpu"), config)
+    assert calls == [{"mode": mode}]
+    with pytest.raises(ConfigError, match=r"compile_mode: invalid value 'fast' .*choose one of"):
+        load("--compile-mode", "fast")
 
 
 @pytest.mark.distributed

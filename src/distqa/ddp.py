@@ -26,7 +26,7 @@ def training_module(model: nn.Module, runtime: Runtime, config: Config, sync_buf
     module is what is compiled: DDP's optimizer then splits the graph at its buckets, so the all-reduce
     still overlaps the backward)."""
     ddp_model = wrap_ddp(model, runtime, config, sync_buffers, **ddp_options)
-    return compile_model(ddp_model) if compile_enabled(config, runtime.device) else ddp_model
+    return compile_model(ddp_model, config.compile_mode) if compile_enabled(config, runtime.device) else ddp_model
 
 
 def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, sync_buffers: bool = True,
@@ -70,10 +70,11 @@ def compile_enabled(config: Config, device: torch.device) -> bool:
     return config.compile if config.compile is not None else device.type == "cuda"
 
 
-def compile_model(module: nn.Module) -> nn.Module:
-    """``module`` under torch.compile, with PyTorch's default for shapes: the first graph is compiled for
-    the first batch's shape, and when trim_padding brings another sequence length, once more for any length."""
-    return torch.compile(module)
+def compile_model(module: nn.Module, mode: str = "default") -> nn.Module:
+    """``module`` under torch.compile in ``mode`` (the ``compile_mode`` setting), with PyTorch's default for
+    shapes: the first graph is compiled for the first batch's shape, and when trim_padding brings another
+    sequence length, once more for any length."""
+    return torch.compile(module, mode=mode)
 
 
 def _bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]

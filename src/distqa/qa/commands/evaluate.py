@@ -16,14 +16,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from dotenv import load_dotenv
-
 from distqa.config import ConfigError
-from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
-from distqa.config.sources import dotenv_file
-from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
+from distqa.config.flags import setting_overrides
+from distqa.distributed import distributed_runtime
 from distqa.errors import DataError, print_error
 from distqa.optim import Precision
+from distqa.qa.commands.checkpoint_flags import add_checkpoint_settings, start_checkpoint_command
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.inference import Evaluator, Predictor
 from distqa.qa.nq.metric import write_submission
@@ -32,7 +30,6 @@ from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.inference import SquadEvaluator, SquadPredictor
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.prepared import find_squad_features
-from distqa.tasks.commands import checkpoint_task
 
 DESCRIPTION = "Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON."
 
@@ -49,24 +46,16 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="validation", help="split of the feature cache (default: validation)")
     parser.add_argument("--output", type=Path, help="also write the answers as a submission CSV (rank 0); for a "
                         "squad checkpoint the predictions JSON")
-    overrides = parser.add_argument_group(
-        "settings (default: DISTQA_* variables, else the checkpoint's; thresholds left out are tuned)")
-    add_setting_flags(overrides, NQ_SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"},
-                      show_defaults=False)
-    squad = parser.add_argument_group("settings of a squad checkpoint (the same defaults)")
-    add_setting_flags(squad, [name for name in SQUAD_SETTINGS if name not in NQ_SETTINGS], SquadConfig,
-                      show_defaults=False)
+    add_checkpoint_settings(
+        parser, "settings (default: DISTQA_* variables, else the checkpoint's; thresholds left out are tuned)",
+        NQ_SETTINGS, SQUAD_SETTINGS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    load_dotenv(dotenv_file(), override=False)
     try:
-        setup_logging(read_torchrun_env()["RANK"])
-        task = checkpoint_task(args.checkpoint)
-        refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
-                                 f"{args.checkpoint} is of task {task!r}")
+        task = start_checkpoint_command(args, NQ_SETTINGS, SQUAD_SETTINGS)
         if task == "squad":
             return evaluate_squad(args)
         overrides = setting_overrides(args, NQ_SETTINGS, NQConfig, os.environ)

@@ -25,19 +25,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dotenv import load_dotenv
-
 from distqa.config import ConfigError
-from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags, setting_overrides
-from distqa.config.sources import dotenv_file
+from distqa.config.flags import setting_overrides
 from distqa.errors import DataError, print_error
+from distqa.qa.commands.checkpoint_flags import add_checkpoint_settings, start_checkpoint_command
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.metric import write_submission
 from distqa.qa.nq.reader import require_file
 from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.reader import hub_name, source_path
-from distqa.tasks.commands import checkpoint_task
 
 log = logging.getLogger("distqa.predict")
 
@@ -59,29 +56,21 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "for a squad checkpoint a file in the SQuAD schema (or hf:NAME:SPLIT)")
     parser.add_argument("--output", required=True, type=Path, help="submission CSV to write (rank 0); for a squad "
                         "checkpoint the predictions JSON")
-    overrides = parser.add_argument_group(
-        "settings (default: DISTQA_* variables, else the checkpoint's; the thresholds: its tuned ones)")
-    add_setting_flags(overrides, NQ_SETTINGS, NQConfig, aliases={"eval_batch_size": "--batch-size"},
-                      show_defaults=False)
-    squad = parser.add_argument_group("settings of a squad checkpoint (the same defaults)")
-    add_setting_flags(squad, [name for name in SQUAD_SETTINGS if name not in NQ_SETTINGS], SquadConfig,
-                      show_defaults=False)
+    add_checkpoint_settings(
+        parser, "settings (default: DISTQA_* variables, else the checkpoint's; the thresholds: its tuned ones)",
+        NQ_SETTINGS, SQUAD_SETTINGS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Here, not at the top: featurising processes start with multiprocessing's spawn, which re-imports the
     # modules their work is defined in, and should not import torch and transformers for nothing.
-    from distqa.distributed import distributed_runtime, read_torchrun_env, setup_logging
+    from distqa.distributed import distributed_runtime
     from distqa.qa.nq.inference import Predictor
 
     args = build_arg_parser().parse_args(argv)
-    load_dotenv(dotenv_file(), override=False)
     try:
-        setup_logging(read_torchrun_env()["RANK"])
-        task = checkpoint_task(args.checkpoint)
-        refuse_other_tasks_flags(args, SETTINGS, SQUAD_SETTINGS if task == "squad" else NQ_SETTINGS,
-                                 f"{args.checkpoint} is of task {task!r}")
+        task = start_checkpoint_command(args, NQ_SETTINGS, SQUAD_SETTINGS)
         if task == "squad":
             return predict_squad(args)
         require_file(args.input)
