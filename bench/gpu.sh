@@ -12,6 +12,8 @@
 #                           GradScaler: samples/s, tokens/s, MFU, peak memory
 #   bench/gpu_startup.py    process-group start-up at world size 1 under torchrun (NCCL on the GPU)
 #   bench/gpu_inference.py  `python -m distqa.evaluate` and `python -m distqa.predict` on a small NQ cache
+#   bench/gpu_packing.py    useful tokens: SQuAD-format windows at seq 384 padded, trimmed (--trim-padding) and
+#                           unpadded (--unpad), eager and compiled: samples/s, computed and useful tokens/s, MFU
 #   bench/gpu_large.py      BERT-large, RoBERTa-large, DeBERTa-v3-large at seq 512, micro-batch 8 and 32, activation
 #                           checkpointing off and on, compiled: samples/s, MFU, peak memory against the estimate
 #                           (about 10 minutes alone: `bench/gpu_large.py --json DIR/large.json`, then gpu_report.py)
@@ -30,7 +32,7 @@ find_python "$repo"
 device=cuda
 quick=()
 out=""
-parts="training,startup,inference,large,mfu"
+parts="training,startup,inference,packing,large,mfu"
 usage() { sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -75,6 +77,7 @@ run_part training "$PYTHON" bench/gpu_bert.py --device "$device" "${quick[@]}" -
 run_part startup env BENCH_LAUNCHED_AT="$(date +%s.%N)" "$PYTHON" -m torch.distributed.run --standalone \
     --nproc-per-node 1 bench/gpu_startup.py --device "$device" --json "$out/startup.json"
 run_part inference "$PYTHON" bench/gpu_inference.py --device "$device" "${quick[@]}" --json "$out/inference.json"
+run_part packing "$PYTHON" bench/gpu_packing.py --device "$device" "${quick[@]}" --json "$out/packing.json"
 run_part large "$PYTHON" bench/gpu_large.py --device "$device" "${quick[@]}" --json "$out/large.json"
 run_part mfu "$PYTHON" bench/gpu_mfu.py --device "$device" "${quick[@]}" --json "$out/mfu.json"
 

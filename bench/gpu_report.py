@@ -1,6 +1,7 @@
-"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_large) and the goals.
+"""The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_packing, gpu_large,
+gpu_mfu) and the goals.
 
-    .venv/bin/python bench/gpu_report.py DIR     # DIR holds training.json, startup.json, inference.json, large.json
+    .venv/bin/python bench/gpu_report.py DIR     # DIR: training, startup, inference, packing, large, mfu .json
 
 Goals (issue 13), each a PASS/MISS line (harness.Target):
 
@@ -22,7 +23,7 @@ from typing import Any
 from targets import Target  # not harness: it imports torch, which a report of JSON files does not need
 
 MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
-PARTS = ("training", "startup", "inference", "large")
+PARTS = ("training", "startup", "inference", "packing", "large")
 OPTIONAL_PARTS = ("mfu",)
 """Parts that ``bench/gpu.sh --parts`` may leave out without the report counting them as failed."""
 MFU_ATTEMPT_GOAL = 0.45
@@ -53,6 +54,8 @@ def main() -> None:
         print_startup(parts["startup"])
     if "inference" in parts:
         print_inference(parts["inference"])
+    if "packing" in parts:
+        failed |= print_packing(parts["packing"])
     if "large" in parts:
         failed |= print_large(parts["large"])
     if "mfu" in parts:
@@ -105,6 +108,29 @@ def print_inference(part: dict[str, Any]) -> None:
     for row in part["rows"]:
         print(f"  {row['name']:<9} {row['windows']:5d} windows  {row['seconds']:7.2f} s  "
               f"{row['windows_per_s']:8.1f} windows/s")
+
+
+def print_packing(part: dict[str, Any]) -> bool:
+    """Padded, trimmed and unpadded batches side by side, and the loss check; True when a row failed."""
+    print(f"\nuseful tokens: {part['model']}, bf16, {part['windows']} SQuAD-format windows of {part['seq_len']} "
+          f"({part['mean_window_tokens']:.0f} real tokens on average), micro-batch {part['batch_size']}; median of "
+          f"{part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps; computed = the positions "
+          "the model runs on, useful = attention mask 1; MFU of the computed tokens:")
+    header = ("contender", "samples/s", "computed tokens/s", "useful tokens/s", "MFU", "peak mem", "warm-up")
+    rows = [header] + [(
+        row["name"], _figure(row["samples_per_s"], ".1f"), _figure(row["tokens_per_s"], ".0f"),
+        _figure(row["useful_tokens_per_s"], ".0f"), _mfu(row["mfu"], part["device_type"]),
+        _figure(row["peak_memory_gib"], ".1f", " GiB"), _figure(row["warmup_s"], ".1f", " s")) for row in part["rows"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row, source in zip(rows, [None, *part["rows"]], strict=True):
+        cells = (cell.ljust(width) if i == 0 else cell.rjust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
+        print("  " + "  ".join(cells) + (f"  {source['note']}" if source and source["note"] else ""))
+    check = part["loss_check"]
+    print(Target(f"loss, unpad vs padded, bf16, {check['batches']} batches (relative)",
+                 check["max_relative_difference"], check["tolerance"], at_most=True).line()
+          + f"; largest absolute difference {check['max_abs_difference']:.2e}")
+    return any(row["note"].startswith("FAILED") for row in part["rows"])
 
 
 def print_large(part: dict[str, Any]) -> bool:

@@ -1,7 +1,7 @@
 """bench/gpu.sh runs end to end on CPU (``--device cpu --quick``: the tiny model, gloo), so that the GPU
 script is not first run on a rented GPU. Its figures are meaningless here; what is checked is that every
-part (training contenders, process-group start-up, evaluate and predict) ran and reached the report, and
-that asking for CUDA on a machine without it gives one line that says what to do.
+part (training contenders, process-group start-up, evaluate and predict, padded vs unpadded batches) ran and
+reached the report, and that asking for CUDA on a machine without it gives one line that says what to do.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ GPU_SH = REPO_ROOT / "bench" / "gpu.sh"
 def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> None:
     out = tmp_path / "gpu"
     result = subprocess.run(["bash", str(GPU_SH), "--device", "cpu", "--quick", "--out", str(out)], cwd=REPO_ROOT,
-                            env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+                            env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=420)
     assert result.returncode == 0, f"bench/gpu.sh failed:\n{result.stdout}\n{result.stderr}"
 
     training = json.loads((out / "training.json").read_text())
@@ -40,6 +40,15 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     inference = json.loads((out / "inference.json").read_text())
     assert {row["name"] for row in inference["rows"]} == {"evaluate", "predict"}
     assert all(row["windows"] > 0 and row["seconds"] > 0 for row in inference["rows"])
+    packing = json.loads((out / "packing.json").read_text())  # padded vs trimmed vs unpadded SQuAD windows
+    rows = {row["name"]: row for row in packing["rows"]}
+    assert set(rows) == {f"{layout}{suffix}" for layout in ("padded", "trim", "unpad") for suffix in ("", " compile")}
+    for layout in ("padded", "trim", "unpad"):
+        assert rows[layout]["samples_per_s"] > 0 and "FAILED" not in rows[layout]["note"], rows[layout]
+        assert rows[f"{layout} compile"]["samples_per_s"] is None  # no cold inductor compile on CPU
+    assert rows["unpad"]["tokens_per_s"] == rows["unpad"]["useful_tokens_per_s"]  # it computes the real tokens only
+    assert rows["padded"]["tokens_per_s"] > rows["padded"]["useful_tokens_per_s"]
+    assert packing["loss_check"]["max_relative_difference"] <= packing["loss_check"]["tolerance"]
     large = json.loads((out / "large.json").read_text())  # the large encoders' families at tiny sizes
     rows = {(row["model"], row["micro_batch"], row["activation_checkpointing"]): row for row in large["rows"]}
     assert {model for model, _, _ in rows} == {f"{name} (tiny sizes)" for name in ("bert-large", "roberta-large",
@@ -56,12 +65,13 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     assert profile["attempt"] == "eager" and profile["wall_ms_per_step"] > 0
 
     report = result.stdout
-    headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "large encoders at seq 64",
-                "MFU attempts: tiny at seq 64")
+    headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "useful tokens: tiny",
+                "large encoders at seq 64", "MFU attempts: tiny at seq 64")
     for heading in headings:
         assert heading in report, report
     assert re.search(r"^(PASS|MISS)  ours / hf \(run_qa \+ bf16\), seq 512, samples/s +[0-9.]+", report, re.MULTILINE)
     assert re.search(r"^n/a   MFU, ours bf16 seq 512", report, re.MULTILINE), report
+    assert re.search(r"^PASS  loss, unpad vs padded, bf16", report, re.MULTILINE), report
 
 
 def test_gpu_sh_parts_runs_only_those_and_the_report_names_none_missing(tmp_path) -> None:

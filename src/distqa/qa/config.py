@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distqa.config import DATA, ConfigError, Section, require_positive
+from distqa.config import DATA, MODEL, ConfigError, Section, require_positive
 from distqa.encoders.config import EncoderConfig
 from distqa.encoders.template import check_window_shape
 
@@ -28,6 +28,13 @@ class QAConfig(EncoderConfig):
         128, "Tokens per window: the tokenizer's pair format ([CLS] question [SEP] document [SEP] for BERT, "
         "<s> question </s></s> document </s> for RoBERTa) + pad.", defines_run=True)
     max_question_len: int = WINDOWS(32, "Most question tokens kept in a window.", defines_run=True)
+
+    # --- model -------------------------------------------------------------------------------------
+    unpad: bool = MODEL(
+        False, "Run the encoder on the windows' real tokens only (variable-length attention): no FLOPs on padding. "
+        "Attention dropout is off, since the variable-length kernels have none. FlashAttention's varlen kernel on "
+        "CUDA in bf16/fp16; elsewhere the same attention window by window. Not for DeBERTa (its attention has "
+        "its own kernel).")
 
     # --- training data -----------------------------------------------------------------------------
     trim_padding: bool = DATA(

@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,8 @@ def export_model(checkpoint: ModelCheckpoint, output: Path) -> Path:
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty directory; choose a new one (an export "
                           "never overwrites).")
-    model = build_model(config, weights_from_checkpoint=True)
+    # A plain transformers model: padded attention and the encoder's own attention dropout, whatever --unpad was.
+    model = build_model(replace(config, unpad=False), weights_from_checkpoint=True)
     model.load_state_dict(checkpoint.model)
     hf_model = _hf_question_answering(model)
     staging = output.with_name(f".{output.name}.tmp")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -13,12 +14,16 @@ from transformers import PreTrainedModel
 
 from distqa.config import ConfigError
 from distqa.encoders.pretrained import load_encoder, load_encoder_config
+from distqa.encoders.varlen import VARLEN_ATTENTION, pad_back, supports_varlen, unpad
 from distqa.qa.answers import AnswerType
 from distqa.qa.config import QAConfig
+
+log = logging.getLogger(__name__)
 
 # Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
 # use the first two, DistilBERT the last two).
 DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+ATTENTION_DROPOUT_ATTRIBUTES = ("attention_probs_dropout_prob", "attention_dropout")
 
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -35,7 +40,11 @@ class QAOutput(NamedTuple):
 
 
 class QAModel(nn.Module):
-    def __init__(self, encoder: PreTrainedModel) -> None:
+    """``unpad``: the encoder runs on the real tokens of a padded batch only (:mod:`distqa.encoders.varlen`; the
+    encoder's attention is then :data:`~distqa.encoders.varlen.VARLEN_ATTENTION`); the heads read the same
+    ``[batch, seq_len, hidden]`` either way."""
+
+    def __init__(self, encoder: PreTrainedModel, unpad: bool = False) -> None:
         super().__init__()
         # A pooler is unused here (the type head reads [CLS] directly); unused parameters would make
         # DDP with find_unused_parameters=False fail, and cost memory and optimizer time.
@@ -55,13 +64,25 @@ class QAModel(nn.Module):
         # token_type_ids, and RoBERTa accepts them but has a single segment (id 1 would be out of range).
         self.uses_token_types = ("token_type_ids" in inspect.signature(encoder.forward).parameters
                                  and getattr(encoder.config, "type_vocab_size", 0) > 1)
+        self.unpad = unpad
+        # RoBERTa-family embeddings number a window's positions from padding id + 1, not 0
+        # (their create_position_ids_from_input_ids); explicit position_ids must do the same.
+        embeddings = getattr(encoder, "embeddings", None)
+        self.first_position = (embeddings.padding_idx + 1
+                               if hasattr(embeddings, "create_position_ids_from_input_ids") else 0)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> QAOutput:
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self.uses_token_types and token_type_ids is not None:
-            inputs["token_type_ids"] = token_type_ids
-        hidden = self.encoder(**inputs).last_hidden_state
+        token_types = token_type_ids if self.uses_token_types else None
+        if self.unpad and not bool(attention_mask.all()):
+            row = unpad(input_ids, attention_mask, token_types, self.first_position)
+            hidden = self.encoder(**row.inputs, attention_mask=None, **row.attention_kwargs()).last_hidden_state
+            hidden = pad_back(hidden, row.indices, input_ids.shape)
+        else:
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if token_types is not None:
+                inputs["token_type_ids"] = token_types
+            hidden = self.encoder(**inputs).last_hidden_state
         start_logits, end_logits = self.span_head(hidden).unbind(dim=-1)
         return QAOutput(start_logits, end_logits, self.answer_type_head(hidden[:, 0]))
 
@@ -96,7 +117,19 @@ def build_model(config: QAConfig, weights_from_checkpoint: bool = False) -> QAMo
         for name in DROPOUT_ATTRIBUTES:
             if hasattr(encoder_config, name):
                 setattr(encoder_config, name, config.dropout)
+    if config.unpad:
+        for name in ATTENTION_DROPOUT_ATTRIBUTES:  # the varlen kernels have no dropout (the setting's help says so)
+            if hasattr(encoder_config, name):
+                setattr(encoder_config, name, 0.0)
     encoder = load_encoder(config, encoder_config, weights_from_checkpoint)
+    if config.unpad:
+        if not supports_varlen(encoder):
+            raise ConfigError(f"unpad: transformers' {type(encoder).__name__} ({config.model_name_or_path}) computes "
+                              "its own attention, which cannot take variable-length windows; turn the setting off "
+                              "for this encoder (--unpad false).")
+        encoder.set_attn_implementation(VARLEN_ATTENTION)
+        log.info("unpad: the encoder runs on the windows' real tokens only (attention %r, no attention dropout)",
+                 VARLEN_ATTENTION)
     if config.activation_checkpointing:
         if not encoder.supports_gradient_checkpointing:
             raise ConfigError(f"activation_checkpointing: transformers' {type(encoder).__name__} cannot recompute its "
@@ -105,4 +138,4 @@ def build_model(config: QAConfig, weights_from_checkpoint: bool = False) -> QAMo
         # transformers#23018) and torch.compile; this one also replays the layer's dropout masks exactly.
         encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         encoder.config.use_cache = False  # an encoder caches no keys; said here, transformers does not warn of it
-    return QAModel(encoder)
+    return QAModel(encoder, unpad=config.unpad)
