@@ -77,14 +77,29 @@ def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
                                        msg=lambda m, name=name: f"{name}: gradients differ: {m}")
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
+def six_steps_of_2_ranks(data: list[str], output_dir: Path) -> list[str]:
+    """A 2-rank run of 6 steps with dropout and a checkpoint every 2 steps: with ``data`` of 80 reviews (64 training
+    texts, 16 per step), 4 steps an epoch, so the run crosses an epoch boundary."""
+    return [*MACHINERY_ARGS, *data, "--global-batch-size", "16", "--per-rank-batch-size", "4", "--max-steps", "6",
+            "--classifier-dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(output_dir)]
+
+
+@pytest.fixture(scope="module")
+def six_steps_straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """The data arguments of six_steps_of_2_ranks and the run directory of its uninterrupted run: the reference of
+    the tests that stop it and resume it, run once for them."""
+    directory = tmp_path_factory.mktemp("six-steps")
+    data = reviews(directory, 80)
+    run_training([*six_steps_of_2_ranks(data, directory), "--run-name", "straight"], nproc=2)
+    return data, directory / "straight"
+
+
+def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list[str], Path]) -> None:
     """A 2-rank run stopped mid-epoch and resumed with --resume auto ends with the same weights as an
     uninterrupted run — across an epoch boundary and with dropout on (per-rank RNG states restored)."""
-    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "4",
-              "--max-steps", "6", "--classifier-dropout", "0.1", "--checkpoint-every", "2",
-              "--output-dir", str(tmp_path)]
-    # 64 training texts / 16 per step = 4 steps per epoch; the stop at step 3 is mid-epoch 0.
-    run_training([*common, "--run-name", "straight"], nproc=2)
+    data, straight_dir = six_steps_straight
+    common = six_steps_of_2_ranks(data, tmp_path)
+    # 4 steps per epoch; the stop at step 3 is mid-epoch 0.
     run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
@@ -98,10 +113,10 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 
     resumed = run_training([*common, "--run-name", "interrupted", "--resume", "auto"], nproc=2)
     assert "resumed from" in resumed.stderr and "at step 3" in resumed.stderr
-    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "interrupted"))
+    difference = max_difference(final_weights(straight_dir), final_weights(tmp_path / "interrupted"))
     assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
     ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
-    straight = torch.load(tmp_path / "straight" / "checkpoints" / "step-00000006.pt", weights_only=True)
+    straight = torch.load(straight_dir / "checkpoints" / "step-00000006.pt", weights_only=True)
     # evaluated once, at the end: the same accuracy as the uninterrupted run's
     assert ended["progress"] == straight["progress"] == {
         "step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": "accuracy", "best_mode": "max",
@@ -109,14 +124,13 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
         "tracking_run_id": None}
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(
+        tmp_path: Path, six_steps_straight: tuple[list[str], Path]) -> None:
     """The newest checkpoint of a 2-rank run is cut in half (a full disk, a copy that stopped); the next
     start reports it in one line naming the file, resumes from the one before and, resumption being
     exact, ends with the weights of an uninterrupted run."""
-    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "4",
-              "--max-steps", "6", "--classifier-dropout", "0.1", "--checkpoint-every", "2",
-              "--output-dir", str(tmp_path)]
-    run_training([*common, "--run-name", "straight"], nproc=2)
+    data, straight_dir = six_steps_straight
+    common = six_steps_of_2_ranks(data, tmp_path)
     run_training([*common, "--run-name", "damaged", "--stop-at-step", "4"], nproc=2)
     checkpoints = tmp_path / "damaged" / "checkpoints"
     newest = checkpoints / "step-00000004.pt"
@@ -129,7 +143,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly
         "were written" in reports[0], resumed.stderr
     assert f"resumed from {checkpoints / 'step-00000002.pt'} at step 2" in resumed.stderr
     assert (checkpoints / "step-00000004.pt.corrupt").exists()
-    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "damaged"))
+    difference = max_difference(final_weights(straight_dir), final_weights(tmp_path / "damaged"))
     assert difference < 1e-6, f"the run resumed past a damaged checkpoint differs by {difference:.2e}"
 
 
