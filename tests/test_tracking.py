@@ -186,15 +186,38 @@ def test_a_run_stopped_before_its_first_checkpoint_and_launched_again_is_one_run
     assert steps_logged_once(uri, run.info.run_id) == [4, 6, 8, 10]
 
 
+OPENED_BEFORE_EACH_STEP = """
+import os, time
+from pathlib import Path
+from distqa.trainer import Trainer
+
+opened_step = Trainer.train_step
+
+
+def step_once_opened(self, micro_batches):  # each step waits until the MLflow run's id is in tracking.json: a kill
+    opened = Path(os.environ["TRACKING_FILE"])  # at a step then finds the run opened and recorded, however slowly
+    deadline = time.monotonic() + 120           # the server answered (a hang guard only)
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return opened_step(self, micro_batches)
+
+
+Trainer.train_step = step_once_opened
+"""
+"""Put before AT_STEP: its action at a step comes after the wait of every step before it."""
+
+
 def test_a_run_left_running_by_a_killed_start_is_ended_failed_when_a_fresh_start_replaces_it(
         tmp_path: Path, uri: str) -> None:
-    """A start SIGKILLed at step 3 (no checkpoint, its MLflow run left RUNNING); a start with --resume none in the same
-    run directory opens a new MLflow run and ends the one left RUNNING as FAILED."""
+    """A start SIGKILLed at step 3 (no checkpoint; its MLflow run, open and named in tracking.json, left RUNNING); a
+    start with --resume none in the same run directory opens a new MLflow run and ends the one left RUNNING as
+    FAILED."""
     script = tmp_path / "at_step.py"
-    script.write_text(AT_STEP)
+    script.write_text(OPENED_BEFORE_EACH_STEP + AT_STEP)
     args = ["--run-name", "replaced", "--mlflow-experiment", "replace", "--max-steps", "6", "--log-every", "1",
             "--checkpoint-every", "50", "--global-batch-size", "8", "--per-rank-batch-size", "8"]
-    killed = train(tmp_path, uri, *args, script=script, AT_STEP="3", SIGNAL="SIGKILL", TARGET_PID="self")
+    killed = train(tmp_path, uri, *args, script=script, AT_STEP="3", SIGNAL="SIGKILL", TARGET_PID="self",
+                   TRACKING_FILE=str(tmp_path / "replaced" / "tracking.json"))
     assert killed.returncode == -9, killed.stderr
     [left] = runs_of(uri, "replace")
     assert left.info.status == "RUNNING"
