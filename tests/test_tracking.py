@@ -10,9 +10,11 @@ costs one warning, not the run or its weights."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -233,16 +235,23 @@ def test_a_run_left_running_by_a_killed_start_is_ended_failed_when_a_fresh_start
 def test_a_server_killed_mid_run_or_never_there_costs_one_warning_not_the_run(tmp_path: Path) -> None:
     script = tmp_path / "at_step.py"
     script.write_text(AT_STEP)
-    untracked = subprocess.run([sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path),
-                                "--run-name", "untracked", "--max-steps", "12", "--log-every", "2",
-                                "--progress-bar", "false"], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
-                               capture_output=True, text=True, timeout=180)
+    # The runs that need no server train beside the one that does, while its server starts and the client's retries
+    # wait. Nothing listens on the port held here (bound, not listening): no server started meanwhile can take it.
+    with ThreadPoolExecutor(2) as beside, socket.socket() as nothing_there:
+        nothing_there.bind(("127.0.0.1", 0))
+        untracked = beside.submit(
+            subprocess.run, [sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path),
+                             "--run-name", "untracked", "--max-steps", "12", "--log-every", "2", "--progress-bar",
+                             "false"], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True,
+            text=True, timeout=180)
+        never = beside.submit(train, tmp_path, f"http://127.0.0.1:{nothing_there.getsockname()[1]}", "--run-name",
+                              "never", "--max-steps", "12", "--log-every", "2")
+        with mlflow_server(tmp_path / "server") as (uri, server):
+            killed = train(tmp_path, uri, "--run-name", "killed", "--max-steps", "12", "--log-every", "2",
+                           script=script, AT_STEP="5", SIGNAL="SIGKILL",
+                           TARGET_PID=str(-server.pid))  # the server's whole session
+        untracked, never = untracked.result(), never.result()
     assert untracked.returncode == 0, untracked.stderr
-    with mlflow_server(tmp_path / "server") as (uri, server):
-        killed = train(tmp_path, uri, "--run-name", "killed", "--max-steps", "12", "--log-every", "2", script=script,
-                       AT_STEP="5", SIGNAL="SIGKILL", TARGET_PID=str(-server.pid))  # the server's whole session
-    never = train(tmp_path, f"http://127.0.0.1:{free_port()}", "--run-name", "never", "--max-steps", "12",
-                  "--log-every", "2")
     for result, name in ((killed, "killed"), (never, "never")):
         assert result.returncode == 0, result.stderr
         warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
