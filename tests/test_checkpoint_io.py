@@ -356,25 +356,22 @@ sys.exit(main())
 
 @pytest.mark.distributed
 def test_resume_reads_the_checkpoint_once_per_node(tmp_path: Path) -> None:
-    """2 emulated nodes × 2 processes through the local launcher: a run of 2 steps, then the same run to step 3,
-    resuming from step 2's checkpoint. On each node exactly one rank opens it, once, and reads its bytes once; the
-    node's other rank opens no checkpoint and reads less than half of it; every rank resumes at step 2."""
+    """A 4-rank run of 2 steps (one torchrun: it only leaves the checkpoint), then the same run to step 3 on 2
+    emulated nodes × 2 processes through the local launcher, resuming from step 2's checkpoint. On each node exactly
+    one rank opens it, once, and reads its bytes once; the node's other rank opens no checkpoint and reads less than
+    half of it; every rank resumes at step 2."""
     (tmp_path / "audited_resume.py").write_text(AUDITED_RESUME)
     audit = tmp_path / "audit"
     audit.mkdir()
 
-    def launch(*launcher_args: str, steps: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--procs-per-node", "2", "--port",
-             str(free_port()), "--run-id", "audited", *launcher_args, "--", *MACHINERY_ARGS, "--output-dir",
-             str(tmp_path), "--max-steps", str(steps), "--global-batch-size", "16", "--per-rank-batch-size", "4",
-             "--embedding-dim", "2048"],  # a checkpoint of about 1.3 MB: the bytes a resume reads are its own
-            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, PYTHONPATH=str(tmp_path), AUDIT_DIR=str(audit)),
-            capture_output=True, text=True, timeout=300)
-
-    first = launch(steps=2)
-    assert first.returncode == 0, first.stderr
-    resumed = launch("--entry-module", "audited_resume", steps=3)
+    run = [*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "16", "--per-rank-batch-size", "4",
+           "--embedding-dim", "2048"]  # a checkpoint of about 1.3 MB: the bytes a resume reads are its own
+    run_training([*run, "--run-name", "audited", "--max-steps", "2"], nproc=4)
+    resumed = subprocess.run(
+        ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--procs-per-node", "2", "--port",
+         str(free_port()), "--run-id", "audited", "--entry-module", "audited_resume", "--", *run, "--max-steps", "3"],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, PYTHONPATH=str(tmp_path), AUDIT_DIR=str(audit)),
+        capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     checkpoint = checkpoint_path(tmp_path / "audited", 2)
     size = checkpoint.stat().st_size

@@ -37,10 +37,22 @@ def launch(run_id: str, output_dir: Path, repo: Path = REPO_ROOT, **env: str) ->
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def train_uninterrupted(output_dir: Path, repo: Path = REPO_ROOT, **env: str) -> subprocess.Popen[str]:
+    """The same training, never interrupted, as the reference weights: the same 2 ranks under one torchrun of the
+    checkout ``repo`` (the launcher's nodes are what the interrupted run tests; the reference needs only the ranks,
+    without the launcher's data preparation and second agent)."""
+    preset = str(repo / Path(PRESET).relative_to(REPO_ROOT))
+    log = (output_dir / "uninterrupted.log").open("a")
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "distqa.train", "--preset", preset, "--output-dir", str(output_dir), "--run-name",
+                             "uninterrupted", *RUN_ARGS], cwd=repo, env=clean_env(OMP_NUM_THREADS="1", **env),
+                            stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
 def lose_a_node_then_resume(output_dir: Path, repo: Path = REPO_ROOT, **env: str) -> None:
     """Node 1 lost after step 30, the same launcher command run again, and an uninterrupted run: the fault lands where
     it should, the second launch resumes, and the resumed run (``killed``) ends with the uninterrupted run's weights
-    (``uninterrupted``), both under ``output_dir``."""
+    (``uninterrupted``, :func:`train_uninterrupted`), both under ``output_dir``."""
     killed = launch("killed", output_dir, repo, INJECT_FAULT=NODE_1_LOST, **env)
     try:
         assert killed.wait(timeout=180) != 0, "the launcher noticed the lost node"
@@ -56,7 +68,7 @@ def lose_a_node_then_resume(output_dir: Path, repo: Path = REPO_ROOT, **env: str
     # The same command and run id: --resume auto picks the newest intact checkpoint, and the fault, done in this
     # run directory already, does not fire again.
     again = launch("killed", output_dir, repo, INJECT_FAULT=NODE_1_LOST, **env)
-    uninterrupted = launch("uninterrupted", output_dir, repo, **env)
+    uninterrupted = train_uninterrupted(output_dir, repo, **env)
     assert again.wait(timeout=300) == 0, (output_dir / "killed.log").read_text()
     assert uninterrupted.wait(timeout=300) == 0, (output_dir / "uninterrupted.log").read_text()
     assert f"resumed from {output_dir / 'killed' / 'checkpoints'}" in (output_dir / "killed.log").read_text()

@@ -77,14 +77,29 @@ def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
                                        msg=lambda m, name=name: f"{name}: gradients differ: {m}")
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
+def six_steps_of_2_ranks(data: list[str], output_dir: Path) -> list[str]:
+    """A 2-rank run of 6 steps with dropout and a checkpoint every 2 steps: with ``data`` of 80 reviews (64 training
+    texts, 16 per step), 4 steps an epoch, so the run crosses an epoch boundary."""
+    return [*MACHINERY_ARGS, *data, "--global-batch-size", "16", "--per-rank-batch-size", "4", "--max-steps", "6",
+            "--classifier-dropout", "0.1", "--checkpoint-every", "2", "--output-dir", str(output_dir)]
+
+
+@pytest.fixture(scope="module")
+def six_steps_straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """The data arguments of six_steps_of_2_ranks and the run directory of its uninterrupted run: the reference of
+    the tests that stop it and resume it, run once for them."""
+    directory = tmp_path_factory.mktemp("six-steps")
+    data = reviews(directory, 80)
+    run_training([*six_steps_of_2_ranks(data, directory), "--run-name", "straight"], nproc=2)
+    return data, directory / "straight"
+
+
+def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list[str], Path]) -> None:
     """A 2-rank run stopped mid-epoch and resumed with --resume auto ends with the same weights as an
     uninterrupted run — across an epoch boundary and with dropout on (per-rank RNG states restored)."""
-    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "4",
-              "--max-steps", "6", "--classifier-dropout", "0.1", "--checkpoint-every", "2",
-              "--output-dir", str(tmp_path)]
-    # 64 training texts / 16 per step = 4 steps per epoch; the stop at step 3 is mid-epoch 0.
-    run_training([*common, "--run-name", "straight"], nproc=2)
+    data, straight_dir = six_steps_straight
+    common = six_steps_of_2_ranks(data, tmp_path)
+    # 4 steps per epoch; the stop at step 3 is mid-epoch 0.
     run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
@@ -98,10 +113,10 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 
     resumed = run_training([*common, "--run-name", "interrupted", "--resume", "auto"], nproc=2)
     assert "resumed from" in resumed.stderr and "at step 3" in resumed.stderr
-    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "interrupted"))
+    difference = max_difference(final_weights(straight_dir), final_weights(tmp_path / "interrupted"))
     assert difference < 1e-6, f"resumed run differs by {difference:.2e}"
     ended = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt", weights_only=True)
-    straight = torch.load(tmp_path / "straight" / "checkpoints" / "step-00000006.pt", weights_only=True)
+    straight = torch.load(straight_dir / "checkpoints" / "step-00000006.pt", weights_only=True)
     # evaluated once, at the end: the same accuracy as the uninterrupted run's
     assert ended["progress"] == straight["progress"] == {
         "step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": "accuracy", "best_mode": "max",
@@ -109,14 +124,13 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
         "tracking_run_id": None}
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(tmp_path: Path) -> None:
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(
+        tmp_path: Path, six_steps_straight: tuple[list[str], Path]) -> None:
     """The newest checkpoint of a 2-rank run is cut in half (a full disk, a copy that stopped); the next
     start reports it in one line naming the file, resumes from the one before and, resumption being
     exact, ends with the weights of an uninterrupted run."""
-    common = [*MACHINERY_ARGS, *reviews(tmp_path, 80), "--global-batch-size", "16", "--per-rank-batch-size", "4",
-              "--max-steps", "6", "--classifier-dropout", "0.1", "--checkpoint-every", "2",
-              "--output-dir", str(tmp_path)]
-    run_training([*common, "--run-name", "straight"], nproc=2)
+    data, straight_dir = six_steps_straight
+    common = six_steps_of_2_ranks(data, tmp_path)
     run_training([*common, "--run-name", "damaged", "--stop-at-step", "4"], nproc=2)
     checkpoints = tmp_path / "damaged" / "checkpoints"
     newest = checkpoints / "step-00000004.pt"
@@ -129,7 +143,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly
         "were written" in reports[0], resumed.stderr
     assert f"resumed from {checkpoints / 'step-00000002.pt'} at step 2" in resumed.stderr
     assert (checkpoints / "step-00000004.pt.corrupt").exists()
-    difference = max_difference(final_weights(tmp_path / "straight"), final_weights(tmp_path / "damaged"))
+    difference = max_difference(final_weights(straight_dir), final_weights(tmp_path / "damaged"))
     assert difference < 1e-6, f"the run resumed past a damaged checkpoint differs by {difference:.2e}"
 
 
@@ -230,13 +244,33 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, moment: s
     assert launcher.returncode is not None
 
 
-def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
+def forty_steps_of_2_ranks(data: list[str]) -> list[str]:
+    """The training of the runs that a kill or a stop interrupts: 2 ranks of 4, dropout on; with ``data`` of 320
+    reviews (256 training texts), 32 steps an epoch, so 40 steps cross an epoch boundary. Checkpoints and stop
+    checks are each test's own (they change no weight)."""
+    return ["--max-steps", "40", "--global-batch-size", "8", "--per-rank-batch-size", "4", "--classifier-dropout",
+            "0.1", *data]
+
+
+@pytest.fixture(scope="module")
+def forty_steps_uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """The data arguments of forty_steps_of_2_ranks and the run directory of its uninterrupted run (a checkpoint at
+    the end only), the reference of the tests that interrupt it, run once for them."""
+    directory = tmp_path_factory.mktemp("forty-steps")
+    data = reviews(directory, 320)
+    run_training([*MACHINERY_ARGS, *forty_steps_of_2_ranks(data), "--checkpoint-every", "0", "--output-dir",
+                  str(directory), "--run-name", "uninterrupted"], nproc=2)
+    return data, directory / "uninterrupted"
+
+
+def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(
+        tmp_path: Path, forty_steps_uninterrupted: tuple[list[str], Path]) -> None:
     """torchrun (--max-restarts 1) restarts every worker after one is SIGKILLed mid-run; they resume from the newest
     checkpoint and, since resumption is exact, end with the weights of a run that was never interrupted (dropout on,
     an epoch boundary crossed). The kill lands on rank 1 frozen right after step 7 (INJECT_FAULT=hang, once per run
     directory): a state the run stays in, past the checkpoint of step 5, however fast the machine."""
-    args = ["--max-steps", "40", "--checkpoint-every", "5", "--global-batch-size", "8",
-            "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", *reviews(tmp_path, 320)]  # 32 steps an epoch
+    data, uninterrupted = forty_steps_uninterrupted
+    args = [*forty_steps_of_2_ranks(data), "--checkpoint-every", "5"]
     launcher = launch_locally(tmp_path, *args, max_restarts=1, INJECT_FAULT="hang:rank=1:step=7")
     marker = tmp_path / "launcher-test" / "logs" / "rank-1.fault"
     try:
@@ -247,19 +281,19 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_pat
         kill_launcher(launcher, tmp_path)
     assert launcher.returncode == 0, output
     assert "resumed from" in output and "at step 5" in output, output
-    run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
-    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
+    difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
 
 
-def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exactly(tmp_path: Path) -> None:
+def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exactly(
+        tmp_path: Path, forty_steps_uninterrupted: tuple[list[str], Path]) -> None:
     """SIGTERM to node 1's torchrun agent mid-run (a preempted node, a job at its life span): the agent
     passes it to its worker, both ranks agree at the next step, rank 0 checkpoints that step (there is
     no periodic checkpoint: checkpoint_every 0), every process exits 75 and the launcher says so in one
     line, even with torchrun restarts left. Resuming from that checkpoint ends with the weights of an
     uninterrupted run (dropout on)."""
-    args = ["--max-steps", "60", "--checkpoint-every", "0", "--global-batch-size", "8",
-            "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", "--stop-check-every", "1"]
+    data, uninterrupted = forty_steps_uninterrupted
+    args = [*forty_steps_of_2_ranks(data), "--checkpoint-every", "0", "--stop-check-every", "1"]
     # Restarts left (the platform's and Slurm's default) must not start the stopped workers again. Rank 1 (node 1's
     # only worker) sends the SIGTERM to its parent, node 1's agent, at step 3 and holds that step until the agent has
     # passed it on (conftest.AT_STEP): mid-run however fast the steps, not a race with the end of the run.
@@ -276,7 +310,7 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     assert len(checkpoints) == 1, checkpoints
     stopped = torch.load(checkpoints[0], weights_only=True)
     step = stopped["progress"]["step"]
-    assert 3 <= step < 60 and checkpoints[0].name == f"step-{step:08d}.pt"
+    assert 3 <= step < 40 and checkpoints[0].name == f"step-{step:08d}.pt"
     assert f"[node 1] worker.sh: run 'launcher-test' node 1: stopped by SIGTERM at step {step}, checkpoint " \
         f"{checkpoints[0]} written; exit code 75" in output, output
     assert "a node stopped with a checkpoint of the step reached (exit 75)" in output
@@ -284,8 +318,7 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
 
     run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "launcher-test"], nproc=2)
-    run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "uninterrupted"], nproc=2)
-    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "launcher-test"))
+    difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the run stopped by SIGTERM and resumed differs by {difference:.2e}"
 
 
