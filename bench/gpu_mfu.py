@@ -92,7 +92,7 @@ class Attempt:
 
 
 COMPILED = ("--compile", "true")
-CUDA_GRAPHS = (*COMPILED, "--compile-mode", "reduce-overhead")
+CUDA_GRAPHS = (*COMPILED, "--compile-mode", "reduce-overhead", "--trim-padding", "false")  # graphs need one shape
 ATTEMPTS = (
     Attempt("eager", ("--compile", "false")),
     Attempt("eager, bf16 weights", ("--compile", "false"), prepare=bf16_weights),

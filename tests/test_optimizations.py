@@ -110,11 +110,19 @@ def test_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch, mod
     by the settings with the choices."""
     calls: list[dict[str, object]] = []
     monkeypatch.setattr(torch, "compile", lambda module, **options: calls.append(options) or module)
-    config = load("--compile", "true", "--compile-mode", mode)
+    config = load("--compile", "true", "--compile-mode", mode, "--trim-padding", "false")
     training_module(torch.nn.Linear(2, 2), local_runtime("cpu"), config)
     assert calls == [{"mode": mode}]
     with pytest.raises(ConfigError, match=r"compile_mode: invalid value 'fast' .*choose one of"):
         load("--compile-mode", "fast")
+
+
+@pytest.mark.parametrize(("flags", "named"), [((), "trim_padding"), (("--trim-padding", "false", "--unpad", "true"),
+                                                                     "unpad")])
+def test_cuda_graphs_with_a_length_per_batch_are_refused_in_one_line(flags: tuple[str, ...], named: str) -> None:
+    with pytest.raises(ConfigError, match=rf"reduce-overhead records CUDA graphs .*{named} gives each batch .*"
+                                          r"--trim-padding false --unpad false"):
+        load("--compile-mode", "reduce-overhead", *flags)
 
 
 @pytest.mark.distributed

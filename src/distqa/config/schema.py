@@ -139,8 +139,8 @@ class Config:
         "is logged apart, once per process. none = on CUDA GPUs (1.46× on an H100), off on CPUs (slower there).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = OPTIMISATION(
         "default", "torch.compile's mode when compiling: 'reduce-overhead' replays the step's kernels as CUDA "
-        "graphs (fewer launches; static shapes only: each new sequence length records new graphs, so not with "
-        "trim_padding), 'max-autotune-no-cudagraphs' tries more kernel variants (minutes of compile).")
+        "graphs (fewer launches; one batch shape only: each new shape records new graphs, so the QA tasks refuse "
+        "it with trim_padding or unpad), 'max-autotune-no-cudagraphs' tries more kernel variants (minutes of compile).")
 
     # --- evaluation --------------------------------------------------------------------------------
     eval_every: int = EVALUATION(

@@ -46,6 +46,11 @@ class QAConfig(EncoderConfig):
         super().__post_init__()
         require_positive(self, ("max_seq_len", "max_question_len"))
         self.check_windows()
+        if self.compile_mode == "reduce-overhead" and (self.trim_padding or self.unpad):
+            # CUDA graphs replay one recorded shape: every new batch length would record (and keep) new graphs.
+            raise ConfigError("compile_mode=reduce-overhead records CUDA graphs for one batch shape, and "
+                              f"{'unpad' if self.unpad else 'trim_padding'} gives each batch a length of its own: "
+                              "set --trim-padding false --unpad false for CUDA graphs, or another compile_mode.")
 
     def check_windows(self) -> None:
         try:
