@@ -105,6 +105,12 @@ class CountedBatches(Iterator[dict[str, torch.Tensor]]):
     """Micro-batches of ``batches``, counting the positions the model runs on and their training FLOPs
     (at each batch's own length, so padding trimmed per batch is counted right)."""
 
+    COUNTERS: tuple[str, ...] = ("samples", "tokens", "flops")
+    """The attributes that count; a subclass that counts more names them too."""
+
+    def counts(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in self.COUNTERS}
+
     def __init__(self, batches: Iterator[dict[str, torch.Tensor]], model_config: PretrainedConfig) -> None:
         self.batches, self.model_config = batches, model_config
         self.samples = self.tokens = 0
@@ -119,6 +125,35 @@ class CountedBatches(Iterator[dict[str, torch.Tensor]]):
         return batch
 
 
+@dataclass(frozen=True)
+class Repeat:
+    seconds: float
+    counted: dict[str, float]
+    """What the batches counted (:attr:`CountedBatches.COUNTERS`) in the repeat's steps."""
+
+
+def timed_steps(trainer: Trainer, batches: CountedBatches, device: torch.device,
+                args: argparse.Namespace) -> tuple[float, list[Repeat]]:
+    """``args.warmup`` untimed steps of ``trainer`` (where compile happens), then ``args.repeats`` × ``args.steps``
+    timed ones: the warm-up's seconds, and each repeat's seconds with what ``batches`` counted in it."""
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(args.warmup):
+        trainer.train_step(batches)
+    synchronize(device)
+    warmup_s = time.perf_counter() - started
+    repeats = []
+    for _ in range(args.repeats):
+        before = batches.counts()
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.train_step(batches)
+        synchronize(device)
+        seconds = time.perf_counter() - started
+        repeats.append(Repeat(seconds, {name: value - before[name] for name, value in batches.counts().items()}))
+    return warmup_s, repeats
+
+
 def measure_ours(contender: Contender, config: QAConfig, device: torch.device, args: argparse.Namespace,
                  work: Path, peak_flops: float | None, prepare: Callable[[Trainer], None] | None = None) -> Row:
     """Build our trainer (as distqa.train builds it; then ``prepare`` changes it, for bench/gpu_mfu.py's attempts),
@@ -129,26 +164,13 @@ def measure_ours(contender: Contender, config: QAConfig, device: torch.device, a
     if prepare is not None:
         prepare(trainer)
     batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
-    synchronize(device)
-    started = time.perf_counter()
-    for _ in range(args.warmup):
-        trainer.train_step(batches)
-    synchronize(device)
-    row.warmup_s = time.perf_counter() - started
-    samples, tokens = [], []
-    timed = batches.tokens, batches.flops
-    for _ in range(args.repeats):
-        counted = batches.samples, batches.tokens
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            trainer.train_step(batches)
-        synchronize(device)
-        seconds = time.perf_counter() - started
-        samples.append((batches.samples - counted[0]) / seconds)
-        tokens.append((batches.tokens - counted[1]) / seconds)
-    row.samples_per_s, row.tokens_per_s, row.repeats = median(samples), median(tokens), samples
+    row.warmup_s, repeats = timed_steps(trainer, batches, device, args)
+    samples = [repeat.counted["samples"] / repeat.seconds for repeat in repeats]
+    row.samples_per_s, row.repeats = median(samples), samples
+    row.tokens_per_s = median([repeat.counted["tokens"] / repeat.seconds for repeat in repeats])
     if peak_flops is not None:  # FLOPs per token averaged over the timed batches (their lengths may differ)
-        row.mfu = mfu(row.tokens_per_s, (batches.flops - timed[1]) / (batches.tokens - timed[0]), peak_flops)
+        flops_per_token = sum(r.counted["flops"] for r in repeats) / sum(r.counted["tokens"] for r in repeats)
+        row.mfu = mfu(row.tokens_per_s, flops_per_token, peak_flops)
     if contender.precision == "fp16":
         steps = args.warmup + args.repeats * args.steps
         row.note = f"loss scale {trainer.precision.scaler.get_scale():g} after {steps} steps " \

@@ -28,14 +28,13 @@ import argparse
 import gc
 import logging
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from gpu_bert import CountedBatches
+from gpu_bert import CountedBatches, timed_steps
 from gpu_common import (
     Measured,
     add_device_arguments,
@@ -46,7 +45,6 @@ from gpu_common import (
     model_name,
     peak_memory_gib,
     reset_peak_memory,
-    synchronize,
     write_part,
 )
 from harness import add_common_arguments, bench_config, build_our_trainer, endless, median, pin_threads
@@ -87,6 +85,8 @@ class Counted(CountedBatches):
     the FLOPs at each window's own length: what an unpadded batch computes. FLOPs per token are linear in the
     length (``a + b·s``, distqa.encoders.flops), so a window of ``s`` tokens costs ``s·(a + b·s)``."""
 
+    COUNTERS = (*CountedBatches.COUNTERS, "useful", "useful_flops")
+
     def __init__(self, batches: Iterator[dict[str, torch.Tensor]], model_config: PretrainedConfig) -> None:
         super().__init__(batches, model_config)
         one, two = (model_flops_per_token(model_config, length) for length in (1, 2))
@@ -117,31 +117,15 @@ def measure(name: str, layout: str, compiled: bool, config: QAConfig, windows: l
     row = Row(name=name, layout=layout, compile=compiled)
     trainer = build_our_trainer(config, local_runtime(device.type), windows, work)  # type: ignore[arg-type]
     batches = Counted(endless(trainer.loader), load_encoder_config(config))
-    synchronize(device)
-    started = time.perf_counter()
-    for _ in range(args.warmup):
-        trainer.train_step(batches)
-    synchronize(device)
-    row.warmup_s = time.perf_counter() - started
-    samples, computed, useful = [], [], []
-    flops_before = batches.useful_flops if layout == "unpad" else batches.flops
-    seconds_in_all = 0.0
-    for _ in range(args.repeats):
-        counted = batches.samples, batches.tokens, batches.useful
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            trainer.train_step(batches)
-        synchronize(device)
-        seconds = time.perf_counter() - started
-        seconds_in_all += seconds
-        samples.append((batches.samples - counted[0]) / seconds)
-        useful.append((batches.useful - counted[2]) / seconds)
-        computed.append(useful[-1] if layout == "unpad" else (batches.tokens - counted[1]) / seconds)
-    row.samples_per_s, row.tokens_per_s, row.useful_tokens_per_s = median(samples), median(computed), median(useful)
-    row.repeats = samples
+    row.warmup_s, repeats = timed_steps(trainer, batches, device, args)
+    # An unpadded batch computes its real tokens only, at each window's own length.
+    computed, flops = ("useful", "useful_flops") if layout == "unpad" else ("tokens", "flops")
+    samples = [repeat.counted["samples"] / repeat.seconds for repeat in repeats]
+    row.samples_per_s, row.repeats = median(samples), samples
+    row.tokens_per_s = median([repeat.counted[computed] / repeat.seconds for repeat in repeats])
+    row.useful_tokens_per_s = median([repeat.counted["useful"] / repeat.seconds for repeat in repeats])
     if peak_flops is not None:  # the FLOPs computed over every timed step, per second
-        flops = (batches.useful_flops if layout == "unpad" else batches.flops) - flops_before
-        row.mfu = flops / seconds_in_all / peak_flops
+        row.mfu = sum(r.counted[flops] for r in repeats) / sum(r.seconds for r in repeats) / peak_flops
     return row
 
 

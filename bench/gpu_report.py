@@ -75,16 +75,10 @@ def print_training(part: dict[str, Any]) -> bool:
           f"{part['batch_size']} windows per optimizer step (DummyDataset, padded to the sequence length); median of "
           f"{part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps; ours compiles with "
           f"inductor (--compile true), the HF Trainer with {part['compile_backend']}")
-    header = ("contender", "seq", "samples/s", "tokens/s", "MFU", "peak mem", "warm-up", "note")
-    rows = [header] + [(
+    _print_table(("contender", "seq", "samples/s", "tokens/s", "MFU", "peak mem", "warm-up"), [(
         row["name"], str(row["seq_len"]), _figure(row["samples_per_s"], ".1f"), _figure(row["tokens_per_s"], ".0f"),
         _mfu(row["mfu"], part["device_type"]), _figure(row["peak_memory_gib"], ".1f", " GiB"),
-        _figure(row["warmup_s"], ".1f", " s"), row["note"]) for row in part["rows"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    for row in rows:
-        cells = (cell.ljust(width) if i == 0 else cell.rjust(width)
-                 for i, (cell, width) in enumerate(zip(row, widths, strict=False)))
-        print("  " + "  ".join(cells) + f"  {row[-1]}")
+        _figure(row["warmup_s"], ".1f", " s")) for row in part["rows"]], part["rows"], header_note="note")
     for seq_len in sorted({row["seq_len"] for row in part["rows"]}):
         ratios = [f"{label} {ours / hf:.3f}" for label, compiled in (("eager", False), ("compile", True))
                   if (ours := _rate(part, "ours", seq_len, compiled)) and (hf := _rate(part, "hf", seq_len, compiled))]
@@ -116,16 +110,11 @@ def print_packing(part: dict[str, Any]) -> bool:
           f"({part['mean_window_tokens']:.0f} real tokens on average), micro-batch {part['batch_size']}; median of "
           f"{part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up steps; computed = the positions "
           "the model runs on, useful = attention mask 1; MFU of the computed tokens:")
-    header = ("contender", "samples/s", "computed tokens/s", "useful tokens/s", "MFU", "peak mem", "warm-up")
-    rows = [header] + [(
+    _print_table(("contender", "samples/s", "computed tokens/s", "useful tokens/s", "MFU", "peak mem", "warm-up"), [(
         row["name"], _figure(row["samples_per_s"], ".1f"), _figure(row["tokens_per_s"], ".0f"),
         _figure(row["useful_tokens_per_s"], ".0f"), _mfu(row["mfu"], part["device_type"]),
-        _figure(row["peak_memory_gib"], ".1f", " GiB"), _figure(row["warmup_s"], ".1f", " s")) for row in part["rows"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row, source in zip(rows, [None, *part["rows"]], strict=True):
-        cells = (cell.ljust(width) if i == 0 else cell.rjust(width)
-                 for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
-        print("  " + "  ".join(cells) + (f"  {source['note']}" if source and source["note"] else ""))
+        _figure(row["peak_memory_gib"], ".1f", " GiB"), _figure(row["warmup_s"], ".1f", " s")) for row in part["rows"]],
+        part["rows"])
     check = part["loss_check"]
     print(Target(f"loss, unpad vs padded, bf16, {check['batches']} batches (relative)",
                  check["max_relative_difference"], check["tolerance"], at_most=True).line()
@@ -140,17 +129,12 @@ def print_large(part: dict[str, Any]) -> bool:
           f"the sequence length); median of {part['repeats']} × {part['steps']} steps after {part['warmup']} warm-up "
           "steps; the estimate is distqa.encoders.memory's for the eager step in one process:")
     header = ("model", "micro-batch", "checkpointing", "samples/s", "MFU", "peak mem", "estimate", "peak/estimate")
-    rows = [header] + [(
+    _print_table(header, [(
         row["model"], str(row["micro_batch"]), "on" if row["activation_checkpointing"] else "off",
         _figure(row["samples_per_s"], ".1f"), _mfu(row["mfu"], part["device_type"]),
         _figure(row["peak_memory_gib"], ".2f", " GiB"), _figure(row["estimated_peak_gib"], ".2f", " GiB"),
         _figure(row["peak_memory_gib"] and row["peak_memory_gib"] / row["estimated_peak_gib"], ".2f"),
-        ) for row in part["rows"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row, source in zip(rows, [None, *part["rows"]], strict=True):
-        cells = (cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths,
-                                                                                                          strict=True)))
-        print("  " + "  ".join(cells) + (f"  {source['note']}" if source and source["note"] else ""))
+        ) for row in part["rows"]], part["rows"])
     return any(row["note"].startswith("FAILED") for row in part["rows"])
 
 
@@ -216,6 +200,18 @@ def _rate(part: dict[str, Any], framework: str, seq_len: int, compiled: bool) ->
     """samples/s of the bf16 contender of ``framework`` at ``seq_len``, eager or compiled; None if it failed."""
     return next((row["samples_per_s"] for row in part["rows"] if row["framework"] == framework
                  and row["precision"] == "bf16" and row["seq_len"] == seq_len and row["compile"] == compiled), None)
+
+
+def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], sources: list[dict[str, Any]],
+                 header_note: str = "") -> None:
+    """``rows`` of cells under ``header``, aligned (the first column to the left, the figures to the right), each
+    followed by its source row's note."""
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row, note in zip(table, [header_note, *(source["note"] for source in sources)], strict=True):
+        cells = (cell.ljust(width) if i == 0 else cell.rjust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
+        print("  " + "  ".join(cells) + (f"  {note}" if note else ""))
 
 
 def _figure(value: float | None, spec: str, unit: str = "") -> str:
