@@ -20,10 +20,10 @@ from distqa.qa.config import QAConfig
 
 log = logging.getLogger(__name__)
 
-# Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA
-# use the first two, DistilBERT the last two).
-DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+# Attribute names of the dropout probabilities across BERT-family configs (BERT/RoBERTa/ELECTRA use
+# hidden_dropout_prob and attention_probs_dropout_prob, DistilBERT dropout and attention_dropout).
 ATTENTION_DROPOUT_ATTRIBUTES = ("attention_probs_dropout_prob", "attention_dropout")
+DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", *ATTENTION_DROPOUT_ATTRIBUTES)
 
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")

@@ -36,8 +36,8 @@ DESCRIPTION = "Score a checkpoint on the validation split of its NQ feature cach
 NQ_SETTINGS = ("nq_cache_dir", "nq_train_file", "long_threshold", "short_threshold", "eval_batch_size", "device")
 SQUAD_SETTINGS = ("squad_cache_dir", "squad_train_file", "squad_validation_file", "no_answer_threshold",
                   "eval_batch_size", "device")
-SETTINGS = tuple(dict.fromkeys(NQ_SETTINGS + SQUAD_SETTINGS))
-"""The settings evaluate takes from its flags (those of the checkpoint's task); the others come from the checkpoint."""
+"""The settings evaluate takes from its flags, those of the checkpoint's task (an nq or dummy one's, a squad one's);
+the others come from the checkpoint."""
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
