@@ -120,15 +120,28 @@ def clean_env(**extra: str) -> dict[str, str]:
 def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout: int = 240,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m distqa.train`` in a fresh process, or under ``torchrun --standalone`` for nproc > 1."""
-    launcher = [sys.executable, "-m", "distqa.train"]
-    if nproc > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={nproc}", "-m", "distqa.train"]
-    result = subprocess.run(launcher + args, cwd=cwd, env=env or clean_env(OMP_NUM_THREADS="1"),
+    result = subprocess.run(training_command(nproc) + args, cwd=cwd, env=env or clean_env(OMP_NUM_THREADS="1"),
                             capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def start_training(args: list[str], log: Path, nproc: int = 1, cwd: Path = REPO_ROOT,
+                   env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """:func:`run_training`'s run in the background (a reference run beside the one a test interrupts), its output
+    appended to ``log``, in a session of its own (``os.killpg`` ends it with its workers)."""
+    with log.open("a") as sink:
+        return subprocess.Popen(training_command(nproc) + args, cwd=cwd, env=env or clean_env(OMP_NUM_THREADS="1"),
+                                stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def training_command(nproc: int) -> list[str]:
+    """``python -m distqa.train``, under ``torchrun --standalone`` for nproc > 1."""
+    if nproc == 1:
+        return [sys.executable, "-m", "distqa.train"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
+            "distqa.train"]
 
 
 

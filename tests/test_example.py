@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env, final_weights, free_port, kill_launcher, max_difference
+from conftest import REPO_ROOT, clean_env, final_weights, free_port, kill_launcher, max_difference, start_training
 
 EXAMPLE = REPO_ROOT / "examples" / "text_classification"
 TASK = "examples.text_classification.task:TextClassification"
@@ -42,11 +42,9 @@ def train_uninterrupted(output_dir: Path, repo: Path = REPO_ROOT, **env: str) ->
     checkout ``repo`` (the launcher's nodes are what the interrupted run tests; the reference needs only the ranks,
     without the launcher's data preparation and second agent)."""
     preset = str(repo / Path(PRESET).relative_to(REPO_ROOT))
-    log = (output_dir / "uninterrupted.log").open("a")
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "distqa.train", "--preset", preset, "--output-dir", str(output_dir), "--run-name",
-                             "uninterrupted", *RUN_ARGS], cwd=repo, env=clean_env(OMP_NUM_THREADS="1", **env),
-                            stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return start_training(["--preset", preset, "--output-dir", str(output_dir), "--run-name", "uninterrupted",
+                           *RUN_ARGS], output_dir / "uninterrupted.log", nproc=2, cwd=repo,
+                          env=clean_env(OMP_NUM_THREADS="1", **env))
 
 
 def lose_a_node_then_resume(output_dir: Path, repo: Path = REPO_ROOT, **env: str) -> None:

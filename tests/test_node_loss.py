@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import (
     MACHINERY_ARGS,
-    REPO_ROOT,
-    clean_env,
     final_weights,
     finish,
     free_port,
     max_difference,
     node_output,
     start_node,
+    start_training,
     training_process,
     wait_for,
 )
@@ -50,12 +47,8 @@ def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterr
     # rendezvous keep-alive running out, the returned node's start). Its folder is not under tmp_path, so that
     # training_process(1, tmp_path) finds node 1's worker, never the reference's rank 1.
     reference = tmp_path_factory.mktemp("reference")
-    with (reference / "uninterrupted.out").open("w") as sink:
-        uninterrupted = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-             "distqa.train", *MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(reference), "--run-name",
-             "uninterrupted"], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stdout=sink,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    uninterrupted = start_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(reference), "--run-name",
+                                    "uninterrupted"], reference / "uninterrupted.out", nproc=2)
     nodes = [start(0), start(1)]
     try:
         wait_for((tmp_path / "node-loss" / "checkpoints" / "step-00000010.pt").exists, timeout=180)
