@@ -176,6 +176,28 @@ def test_compiled_sharding_units_give_the_eager_gradients(group_of_one: None) ->
     torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-5, atol=1e-6)
 
 
+def test_a_checkpointed_encoder_sharded_by_layer_gives_the_gradients_of_the_bare_model(group_of_one: None) -> None:
+    """The QA model with --activation-checkpointing (the encoder's own, applied when it is built), sharded per
+    transformer layer: the loss and gradients of the same model unsharded, and its layers still checkpointed."""
+    config = load_config(["--preset", "none", "--dropout", "0", "--activation-checkpointing", "true",
+                          "--data-parallel", "fsdp"], environ={}, dotenv_path=os.devnull)
+    inputs = {"input_ids": torch.randint(5, 200, (4, 48), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(4, 48, dtype=torch.long)}
+    results = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = build_qa_model(config)
+        if sharded:
+            shard_model(model, make_task(config).sharding_units(model), local_runtime("cpu"), config, None)
+        output = model(**inputs)
+        loss = output.start_logits.logsumexp(-1).mean() + output.answer_type_logits.square().mean()
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad.full_tensor() if sharded else p.grad
+                                        for name, p in model.named_parameters()}))
+    assert model.encoder.is_activation_checkpointing
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
 def test_the_default_sharding_units_are_the_repeated_blocks_else_the_children_with_parameters() -> None:
     config = load_config(MACHINERY_ARGS, environ={}, dotenv_path=os.devnull)
     task = make_task(config)
