@@ -142,7 +142,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     # Data parallelism (data_parallel): DDP keeps one replica per rank, averages the gradients over the ranks in
     # backward and broadcasts rank 0's buffers before each forward unless the task's are constants; fsdp/hsdp
     # shard the weights, gradients and optimizer state over the ranks (the task's sharding units, then the root),
-    # computing in the precision's dtype. Compiled on GPUs.
+    # computing in the precision's dtype. Compiled on GPUs. One process has nothing to share: it runs the model.
     if config.data_parallel == "ddp" or not runtime.is_distributed:
         training_model = training_module(model, runtime, config, task.sync_buffers)
     else:

@@ -101,7 +101,8 @@ class Task:
     """Whether every rank holds rank 0's model buffers (BatchNorm's running statistics): DDP broadcasts them before
     each training forward (torch's default, ``forward_sync_buffers``) and the trainer before each evaluation, so
     all ranks evaluate, and the checkpoints hold, one model. False only when the buffers never change in training
-    (the QA encoders' position ids): it saves a broadcast per forward."""
+    (the QA encoders' position ids): it saves a broadcast per forward. A sharded run (``data_parallel = fsdp |
+    hsdp``) broadcasts them before each evaluation only."""
     commands: ClassVar[Mapping[str, str]] = {}
     """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
     name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
