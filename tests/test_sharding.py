@@ -5,7 +5,7 @@ clipping on: DDP and FSDP on 2 ranks, HSDP on 2 emulated nodes × 2 processes (t
 resume the step-2 checkpoints of the first two, in the same and in the other strategy. Every run is started once for
 the module (:func:`runs`) and each test reads several claims off them. Its 17 validation texts split unevenly over
 the ranks, so each rank's evaluator calls the model a different number of times (a sharded forward is a collective:
-the evaluation runs on gathered weights).
+the evaluation runs on gathered weights); the evaluation at step 2 is followed by training (resharded weights).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra
     return [*MACHINERY_ARGS, *data, "--output-dir", str(output_dir), "--run-name", name, "--global-batch-size", "16",
             "--per-rank-batch-size", str(per_rank), "--max-steps", str(STEPS), "--checkpoint-every", "2",
             "--classifier-dropout", "0", "--lr", "5e-4", "--max-grad-norm", str(MAX_GRAD_NORM),
-            "--eval-batch-size", "4", "--dist-timeout-s", "60", *extra]
+            "--eval-every", "2", "--eval-batch-size", "4", "--dist-timeout-s", "60", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,10 @@ def shard_model(model: nn.Module, units: list[nn.Module], runtime: Runtime, conf
     for unit in units:
         if compiled:
             unit.compile(mode=config.compile_mode)  # in place: the names in checkpoints stay the same
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    # The root's weights (embeddings, heads) stay gathered from its forward to its backward, FSDP2's default for
+    # the root; said here because gathered_for_evaluation sets both back after an evaluation.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     log.info("%s: %d sharding units (%s) over a mesh of %s ranks%s", config.data_parallel, len(units),
              kinds,
              " × ".join(str(n) for n in mesh.shape), ", each unit compiled" if compiled else "")
@@ -140,7 +142,7 @@ def gathered_for_evaluation(model: nn.Module) -> Iterator[None]:
     finally:
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(True, recurse=False)
+            unit.set_reshard_after_forward(unit is not model, recurse=False)  # as shard_model set them
 
 
 def full_model_state(model: nn.Module, is_main_process: bool) -> dict[str, torch.Tensor]:
