@@ -13,7 +13,9 @@ storage can serve, whatever the node count; here each node reads it once:
   (:func:`~distqa.distributed.node_local_group`: memory to memory, a binomial tree, so the first rank sends
   at most log2(ranks per node) copies, and storage sees one read per node whatever the ranks per node).
 
-Every rank then loads the bytes into its model, optimizer, scheduler, scaler and its own RNG streams. Each rank
+Every rank then loads the bytes into its bare model (:func:`resume`, before the DDP wrap or the sharding) and,
+once the optimizer is built over the wrapped model, into the optimizer, scheduler, scaler and its own RNG streams
+(:func:`restore_training_state`; a sharded run's ranks keep their slices of the optimizer state). Each rank
 holds the file's bytes in memory until it has loaded them (the price of not reading it again).
 """
 
@@ -39,15 +41,15 @@ from distqa.config import Config, ConfigError
 from distqa.distributed import Runtime, all_gather_objects, broadcast_buffer, broadcast_object, node_local_group
 from distqa.optim import Precision
 from distqa.rng import restore_rng_state, seed_everything
+from distqa.sharding import load_optimizer_state
 
 log = logging.getLogger(__name__)
 
 
-def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-           scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision) -> TrainingCheckpoint | None:
-    """Collective. Load the checkpoint named by ``config.resume`` into the model, optimizer, scheduler, scaler
-    and this rank's random generators; None when the run starts from scratch. Call it before the DDP wrap
-    (which broadcasts rank 0's weights)."""
+def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module) -> TrainingCheckpoint | None:
+    """Collective. The checkpoint named by ``config.resume``, its weights loaded into the bare ``model``; None
+    when the run starts from scratch. Call it before the DDP wrap or the sharding (both take rank 0's weights
+    as they are then), and :func:`restore_training_state` once the optimizer is built over the wrapped model."""
     chosen, problem, data, checkpoint = None, None, None, None
     if runtime.is_main_process:
         for stale in remove_stale_temporaries(run_dir):
@@ -84,7 +86,18 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, op
                           "--run-name to start fresh.") from err
     finally:
         data.close()
-    optimizer.load_state_dict(checkpoint.optimizer)
+    log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen, checkpoint.progress.step,
+             checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch)
+    return checkpoint
+
+
+def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runtime: Runtime, model: nn.Module,
+                           optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+                           precision: Precision) -> None:
+    """Collective for a sharded model. The rest of :func:`resume`'s ``checkpoint`` into the optimizer (built over
+    ``model`` as training runs it: replicated or sharded, :func:`distqa.sharding.load_optimizer_state`), the
+    scheduler, the scaler and this rank's random generators."""
+    load_optimizer_state(model, optimizer, checkpoint.optimizer)
     scheduler.load_state_dict(checkpoint.scheduler)
     precision.scaler.load_state_dict(checkpoint.scaler)
     if len(checkpoint.rng) == runtime.world_size:
@@ -93,9 +106,6 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module, op
         log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
                     len(checkpoint.rng), runtime.world_size)
         seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
-    log.info("resumed from %s at step %d (epoch %d, %d examples into it)", chosen, checkpoint.progress.step,
-             checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch)
-    return checkpoint
 
 
 def read_once_per_node(path: Path, size: int, runtime: Runtime, timeout_s: float,

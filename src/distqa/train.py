@@ -1,6 +1,6 @@
-"""Train a task's model with DistributedDataParallel, on one process or many nodes: the task (``--task``) brings
-the data, the model, the loss and the evaluation; this run brings the rest (distribution, the same global batch
-on any world size, checkpoints and exact resume, graceful stops, logging).
+"""Train a task's model with DistributedDataParallel or sharded (FSDP2), on one process or many nodes: the task
+(``--task``) brings the data, the model, the loss and the evaluation; this run brings the rest (distribution, the
+same global batch on any world size, checkpoints and exact resume, graceful stops, logging).
 
 One process (CPU, or one GPU)::
 
@@ -31,7 +31,8 @@ Every setting (``python -m distqa.train --help``) can come from a preset, ``.env
 variables or flags; see ``distqa.config.sources``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
 
-:func:`train` is the story of a run: data, model, optimizer and schedule, resume, the DDP wrap, the loop.
+:func:`train` is the story of a run: data, model, resume, the DDP wrap or the sharding (``--data-parallel``),
+optimizer and schedule, the loop.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ from distqa.distributed import (
 from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
-from distqa.resume import resume
+from distqa.resume import restore_training_state, resume
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.sampler import ResumableDistributedSampler
+from distqa.sharding import shard_model
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
@@ -115,9 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progress:
-    log.info("rank %d of %d (node %d, local rank %d) on %s with %s; task %s; run directory %s", runtime.rank,
-             runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
-             task.name or config.task, run_dir)
+    log.info("rank %d of %d (node %d, local rank %d) on %s with %s, data parallel %s; task %s; run directory %s",
+             runtime.rank, runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
+             config.data_parallel, task.name or config.task, run_dir)
     # Ranks with other code, config or library versions stop here, all with the same message (no RNG drawn).
     hosts = [report.host for report in check_at_training_start(config, runtime, task)]
     task.setup(runtime)  # e.g. hub weights: rank 0 downloads, the others wait, then all read the cache
@@ -133,17 +135,25 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     parameters = sum(p.numel() for p in model.parameters())
     log.info("model %s: %s parameters", type(model).__name__, count_with_unit(parameters))
 
-    # Optimisation: AdamW, warm-up then the lr_schedule over the whole run, mixed precision for the device.
-    optimizer = build_optimizer(model, config, runtime.device)
-    scheduler = build_scheduler(optimizer, config, plan.total_steps)
+    # Resume: the newest checkpoint of this run (or --resume PATH); its weights go into the bare model now.
+    resumed = resume(config, runtime, run_dir, model)
     precision = Precision.choose(config.precision, runtime.device)
 
-    # Resume: the newest checkpoint of this run (or --resume PATH) restores all of the above and the RNGs.
-    resumed = resume(config, runtime, run_dir, model, optimizer, scheduler, precision)
+    # Data parallelism (data_parallel): DDP keeps one replica per rank, averages the gradients over the ranks in
+    # backward and broadcasts rank 0's buffers before each forward unless the task's are constants; fsdp/hsdp
+    # shard the weights, gradients and optimizer state over the ranks (the task's sharding units, then the root),
+    # computing in the precision's dtype. Compiled on GPUs. One process has nothing to share: it runs the model.
+    if config.data_parallel == "ddp" or not runtime.is_distributed:
+        training_model = training_module(model, runtime, config, task.sync_buffers)
+    else:
+        training_model = shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
 
-    # DDP: one replica per rank; gradients are averaged over the ranks in backward, and rank 0's buffers
-    # broadcast before each forward unless the task's are constants. Compiled on GPUs.
-    ddp_model = training_module(model, runtime, config, task.sync_buffers)
+    # Optimisation: AdamW over the parameters as training holds them (sharded or not), warm-up then the
+    # lr_schedule over the whole run; a resumed run's state restored into them, and the RNGs.
+    optimizer = build_optimizer(model, config, runtime.device)
+    scheduler = build_scheduler(optimizer, config, plan.total_steps)
+    if resumed:
+        restore_training_state(resumed, config, runtime, model, optimizer, scheduler, precision)
 
     # Evaluation: the task's own, on all ranks; it picks best.pt and, with a patience, when to stop early.
     evaluator = task.evaluator(runtime)
@@ -151,9 +161,9 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
         log.warning("early_stopping_patience %d is ignored: task %r has no evaluation", config.early_stopping_patience,
                     task.name)
 
-    trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model, ddp_model=ddp_model,
-                      optimizer=optimizer, scheduler=scheduler, precision=precision, loader=loader, plan=plan,
-                      evaluator=evaluator, resumed=resumed, hosts=hosts)
+    trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
+                      ddp_model=training_model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+                      loader=loader, plan=plan, evaluator=evaluator, resumed=resumed, hosts=hosts)
     # The record: TensorBoard and the tracker on rank 0, closed with how the run ended.
     with run_record(config, runtime, run_dir, trainer.progress) as record:
         return trainer.fit(record)

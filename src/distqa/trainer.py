@@ -2,14 +2,14 @@
 → checkpoint (rank 0, atomic, written in the background: :mod:`distqa.checkpoint_writer`).
 
 The job consumes one global batch per optimizer step whatever its world size: every rank runs
-``accumulation`` micro-batches of ``per_rank_batch_size`` and DDP averages the gradients once, on the
-last micro-batch. Progress is counted in optimizer steps and in examples consumed by the whole job
-in the current epoch, which together with the RNG states makes a resumed run continue exactly where
-the interrupted one stopped.
+``accumulation`` micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.sharding`)
+averages the gradients once, on the last micro-batch. Progress is counted in optimizer steps and in
+examples consumed by the whole job in the current epoch, which together with the RNG states makes a
+resumed run continue exactly where the interrupted one stopped.
 
-``distqa.train`` builds every object the loop uses, in order (:class:`StepPlan`, the scheduler and
-precision, :func:`distqa.resume.resume` into them, the DDP wrap of :mod:`distqa.ddp`), and hands them to
-:class:`Trainer`, which only runs.
+``distqa.train`` builds every object the loop uses, in order (:class:`StepPlan`, :func:`distqa.resume.resume`
+into the model, the DDP wrap of :mod:`distqa.ddp` or the sharding, the optimizer, scheduler and precision), and
+hands them to :class:`Trainer`, which only runs.
 
 The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model
 reads, the loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
+from distqa import sharding
 from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path, checkpoint_path
 from distqa.checkpoint_writer import CheckpointWriter
 from distqa.config import Config, ConfigError
@@ -57,7 +57,7 @@ from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
 from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops
 from distqa.tracking import RunRecord
-from distqa.training_metrics import MetricsWindow, RankWindow, StragglerWatch, summarise, tracked_scalars
+from distqa.training_metrics import MetricsWindow, RankWindow, StragglerWatch, progress_bar, summarise, tracked_scalars
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,9 @@ class StepPlan:
 class Trainer:
     """Runs the loop over objects built by ``distqa.train``; builds none itself.
 
-    ``model`` is the bare model (its weights are what checkpoints hold and evaluation runs);
-    ``ddp_model`` is the same model as :func:`distqa.ddp.training_module` returns it (DDP, compiled), which training
-    steps run.
+    ``model`` is the bare model (its weights are what checkpoints hold and evaluation runs); ``ddp_model`` is the
+    model as training steps run it: :func:`distqa.ddp.training_module`'s (DDP, compiled), or with sharding the
+    model itself (:func:`distqa.sharding.shard_model` shards it in place).
     """
 
     def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, task: Task, model: nn.Module,
@@ -131,7 +131,8 @@ class Trainer:
             return self.progress
         stop = StopSignal(self.runtime.device, self.config.stop_check_every)
         scalars = record.writer  # rank 0's TensorBoard and tracker; None elsewhere
-        with self._progress_bar() as bar, stop.installed(), self.checkpoints.finishing(), \
+        with progress_bar(self.runtime.is_main_process and self.config.progress_bar, self.plan.total_steps,
+                          self.progress.step) as bar, stop.installed(), self.checkpoints.finishing(), \
                 collective_timeouts_named(self.runtime, lambda: self.progress.step):
             while self.progress.step < self.plan.total_steps:
                 if self._train_epoch(bar, scalars, stop):
@@ -241,10 +242,10 @@ class Trainer:
             self.metrics.count_batch(batch)
             # Gradients are all-reduced only on the last micro-batch; before it they accumulate locally.
             syncing = micro_step == self.plan.accumulation - 1
-            skip_sync = self.ddp_model.no_sync() if self.runtime.is_distributed and not syncing \
+            skip_sync = sharding.gradient_sync_skipped(self.ddp_model) if self.runtime.is_distributed and not syncing \
                 else contextlib.nullcontext()
             with skip_sync:
-                with self.precision.autocast():
+                with self.autocast():
                     output = self.ddp_model(**{name: batch[name] for name in self.task.input_names})
                     loss = self.task.loss(output, batch) / self.plan.accumulation
                 if syncing:  # what comes next waits for the other ranks: the rank's own work ends here
@@ -252,8 +253,8 @@ class Trainer:
                 self.precision.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         self.precision.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.config.max_grad_norm or float("inf"))
+        grad_norm = sharding.local_norm(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.max_grad_norm or float("inf")))
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
         self.scheduler.step()
@@ -266,13 +267,16 @@ class Trainer:
         and with ``best`` best.pt, to its writer, which copies this step's state to host memory and writes
         the files in the background (distqa.checkpoint_writer). Returns the step checkpoint's path."""
         rng_states = all_gather_objects(capture_rng_state()) if step else []
-        path = checkpoint_path(self.run_dir, self.progress.step)
-        if self.runtime.is_main_process:
-            fields = self._model_checkpoint_fields()
+        path, main = checkpoint_path(self.run_dir, self.progress.step), self.runtime.is_main_process
+        # Collective when the model is sharded: rank 0 gets whole tensors, in the layout a DDP run saves.
+        model_state = sharding.full_model_state(self.model, main)
+        optimizer_state = sharding.full_optimizer_state(self.model, self.optimizer, main) if step else {}
+        if main:
+            fields = self._model_checkpoint_fields(model_state)
             files: dict[Path, ModelCheckpoint] = {}
             if step:
                 files[path] = TrainingCheckpoint(
-                    **fields, optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+                    **fields, optimizer=optimizer_state, scheduler=self.scheduler.state_dict(),
                     scaler=self.precision.scaler.state_dict(), rng=rng_states, world_size=self.runtime.world_size,
                     saved_by_rank=self.runtime.rank)
             if best:
@@ -288,8 +292,8 @@ class Trainer:
             self.checkpoints.wait()
         barrier()
 
-    def _model_checkpoint_fields(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "config": self.config.to_dict(), "task_state": self.task_state,
+    def _model_checkpoint_fields(self, model_state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return {"model": model_state, "config": self.config.to_dict(), "task_state": self.task_state,
                 "evaluation": self.evaluation, "progress": self.progress, "versions": versions()}
 
     # --- evaluation --------------------------------------------------------------------------
@@ -300,7 +304,8 @@ class Trainer:
         started = time.perf_counter()
         if self.task.sync_buffers:  # every rank evaluates rank 0's model, the one the checkpoints hold
             broadcast_buffers(self.model, self.runtime)
-        evaluation = self.evaluator.evaluate(self.model, self.precision)
+        with sharding.gathered_for_evaluation(self.model):  # a sharded model: whole, so forwards need no peers
+            evaluation = self.evaluator.evaluate(self.model, self.precision)
         self.task_state = evaluation.state
         metrics, step, progress = evaluation.metrics, self.progress.step, self.progress
         self.evaluation = {"step": step, **metrics}
@@ -327,6 +332,10 @@ class Trainer:
         return improved
 
     # --- helpers -----------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """A training forward's autocast; none for a sharded model, whose policy casts the gathered weights."""
+        return contextlib.nullcontext() if sharding.is_sharded(self.ddp_model) else self.precision.autocast()
+
     def _stops_early(self) -> bool:
         return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
 
@@ -380,18 +389,6 @@ class Trainer:
     def _device_name(self) -> str:
         return torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
 
-    @contextlib.contextmanager
-    def _progress_bar(self) -> Iterator[tqdm]:
-        """Rank 0's bar, on a terminal only (piped output gets the log lines instead); log lines go
-        through tqdm.write meanwhile so they never land in the middle of the bar."""
-        show = self.runtime.is_main_process and self.config.progress_bar
-        bar = tqdm(total=self.plan.total_steps, initial=self.progress.step, desc="train", unit="step",
-                   disable=None if show else True, mininterval=1.0)
-        try:
-            with logging_redirect_tqdm():
-                yield bar
-        finally:
-            bar.close()
 
 
 def _due(every: int, step: int) -> bool:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from distqa.distributed import all_gather_tensor
 
@@ -267,3 +269,17 @@ def count_with_unit(count: int) -> str:
         if count >= 0.99995 * scale:  # 999,960 is 1.0M, not 1000.0K
             return f"{count / scale:.1f}{unit}"
     return f"{count / 1e3:.1f}K"
+
+
+@contextlib.contextmanager
+def progress_bar(show: bool, total_steps: int, step: int) -> Iterator[tqdm]:
+    """The training's bar from ``step`` to ``total_steps``, where ``show`` (rank 0 with the ``progress_bar``
+    setting) and on a terminal only (piped output gets the log lines instead); log lines go through tqdm.write
+    meanwhile so they never land in the middle of the bar."""
+    bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", disable=None if show else True,
+               mininterval=1.0)
+    try:
+        with logging_redirect_tqdm():
+            yield bar
+    finally:
+        bar.close()

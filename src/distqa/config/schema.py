@@ -162,6 +162,12 @@ class Config:
     ddp_bucket_cap_mb: int = DISTRIBUTED(
         25, "Size of DDP's gradient buckets in MB: each is all-reduced as soon as backward has filled it, "
         "overlapping communication with the rest of the backward.")
+    data_parallel: Literal["ddp", "fsdp", "hsdp"] = DISTRIBUTED(
+        "ddp", "How the ranks share the model: 'ddp' keeps a whole replica (weights, gradients, optimizer state) "
+        "on every rank; 'fsdp' shards them over all ranks (FSDP2: each rank holds 1/W of them and gathers a "
+        "layer's weights for its forward and backward; for a model whose training state does not fit one GPU); "
+        "'hsdp' shards within each node and replicates across nodes (the gathers stay on a node's fast links). "
+        "A run resumes from a checkpoint of any of them.")
     ddp_comm_hook: Literal["none", "bf16"] = DISTRIBUTED(
         "none", "Gradient compression for the all-reduce: 'bf16' sends gradients as bf16 (half the bytes; "
         "for slow networks between nodes, docs/PERFORMANCE.md), 'none' sends them as they are.")

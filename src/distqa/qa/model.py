@@ -109,6 +109,24 @@ def qa_loss(output: QAOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return sum(losses) / len(losses)
 
 
+LAYER_LISTS = ("encoder.layer", "transformer.layer", "layers")
+"""Where each encoder family keeps its transformer layers: BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa; DistilBERT;
+ModernBERT."""
+
+
+def transformer_layers(model: QAModel) -> list[nn.Module]:
+    """The encoder's transformer layers, in order: the sharding units of a QA model (``data_parallel = fsdp``);
+    the embeddings and the heads stay with the root."""
+    for path in LAYER_LISTS:
+        try:
+            return list(model.encoder.get_submodule(path))
+        except AttributeError:
+            continue
+    raise ConfigError(f"data_parallel: transformers' {type(model.encoder).__name__} keeps its layers in none of "
+                      f"{', '.join(LAYER_LISTS)}; add its path to distqa.qa.model.LAYER_LISTS, or use "
+                      "data_parallel=ddp.")
+
+
 def build_model(config: QAConfig, weights_from_checkpoint: bool = False) -> QAModel:
     """Encoder from any name or directory of the encoder families (pretrained or random weights by
     ``from_scratch``); ``weights_from_checkpoint``: random ones that the caller replaces with a checkpoint's."""

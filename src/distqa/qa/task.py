@@ -21,7 +21,7 @@ from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.encoders.template import PairTemplate
 from distqa.qa.collate import collate_trimmed
 from distqa.qa.config import QAConfig
-from distqa.qa.model import INPUT_NAMES, QAOutput, build_model, qa_loss
+from distqa.qa.model import INPUT_NAMES, QAOutput, build_model, qa_loss, transformer_layers
 from distqa.tasks.base import Batch, Task
 
 
@@ -84,6 +84,9 @@ class QATask(Task):
 
     def loss(self, output: QAOutput, batch: Batch) -> torch.Tensor:
         return qa_loss(output, batch)
+
+    def sharding_units(self, model: nn.Module) -> list[nn.Module]:
+        return transformer_layers(model)
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
         return model_flops_per_token(model.encoder, seq_len)

@@ -10,7 +10,8 @@ built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task bring
   must exist before training (:meth:`Task.check_inputs`) and a cache built once (:meth:`Task.build_data`);
 - **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
   called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch); rank 0's buffers
-  are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`);
+  are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`); which submodules a sharded
+  run shards one by one (:meth:`Task.sharding_units`; a default rule);
 - **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
   ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
 - **its inference state**: :attr:`Evaluation.state` (NQ: the tuned decoding thresholds) is saved in every
@@ -100,7 +101,8 @@ class Task:
     """Whether every rank holds rank 0's model buffers (BatchNorm's running statistics): DDP broadcasts them before
     each training forward (torch's default, ``forward_sync_buffers``) and the trainer before each evaluation, so
     all ranks evaluate, and the checkpoints hold, one model. False only when the buffers never change in training
-    (the QA encoders' position ids): it saves a broadcast per forward."""
+    (the QA encoders' position ids): it saves a broadcast per forward. A sharded run (``data_parallel = fsdp |
+    hsdp``) broadcasts them before each evaluation only."""
     commands: ClassVar[Mapping[str, str]] = {}
     """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
     name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
@@ -146,6 +148,18 @@ class Task:
         """The scalar training loss of one micro-batch: ``output`` is what the model returned."""
         raise NotImplementedError(f"task {self.name!r} must define loss()")
 
+    def sharding_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.sharding`): each
+        one's weights are gathered just before its forward and backward and freed after, so the largest unit
+        sets the peak, and each is one compiled region. Default: the blocks of the model's largest
+        ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold
+        parameters; what no unit holds belongs to the root (the model), gathered for the whole step."""
+        lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
+        largest = max(lists, key=_parameter_count, default=None)
+        if largest is not None and _parameter_count(largest) > 0:
+            return [block for block in largest if _parameter_count(block) > 0]
+        return [child for child in model.children() if _parameter_count(child) > 0]
+
     def evaluator(self, runtime: Runtime) -> Evaluator | None:
         """The evaluation of this run; None: no evaluation, no ``best.pt`` (say why in the log)."""
         log.warning("no evaluation and no best.pt: task %r defines no evaluator", self.name)
@@ -161,3 +175,7 @@ class Task:
         encoder's task returns ``EncoderMemory.of_model`` (``encoders/memory.py``) of its model built by
         ``count_on_meta`` (no weights loaded). None: the doctor prints no estimate."""
         return None
+
+
+def _parameter_count(module: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in module.parameters())

@@ -1,0 +1,225 @@
+"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.sharding): the same model as DDP.
+
+Real runs of the machinery task, fp32, the same global batch of 16 with accumulation (2 micro-batches per rank) and
+clipping on: DDP and FSDP on 2 ranks, HSDP on 2 emulated nodes × 2 processes (the local launcher), then runs that
+resume the step-2 checkpoints of the first two, in the same and in the other strategy. Every run is started once for
+the module (:func:`runs`) and each test reads several claims off them. Its 17 validation texts split unevenly over
+the ranks, so each rank's evaluator calls the model a different number of times (a sharded forward is a collective:
+the evaluation runs on gathered weights); the evaluation at step 2 is followed by training (resharded weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from distqa.config import ConfigError
+from distqa.config.sources import load_config
+from distqa.distributed import local_runtime
+from distqa.qa.model import build_model as build_qa_model
+from distqa.sharding import device_mesh, shard_model
+from distqa.tasks import make_task
+
+from conftest import (
+    MACHINERY_ARGS,
+    REPO_ROOT,
+    TinyEncoder,
+    clean_env,
+    final_weights,
+    free_port,
+    max_difference,
+    reviews,
+    run_training,
+)
+
+STEPS = 4
+MAX_GRAD_NORM = 0.3
+ACROSS_STRATEGIES = 1e-5
+"""DDP against a sharded run: they sum the same gradients in another order (all-reduce against reduce-scatter, the
+clipping norm from per-shard partial norms), which differs in float rounding by ~1e-7 after a few steps."""
+SAME_STRATEGY = 1e-6
+
+
+def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra: str) -> list[str]:
+    return [*MACHINERY_ARGS, *data, "--output-dir", str(output_dir), "--run-name", name, "--global-batch-size", "16",
+            "--per-rank-batch-size", str(per_rank), "--max-steps", str(STEPS), "--checkpoint-every", "2",
+            "--classifier-dropout", "0", "--lr", "5e-4", "--max-grad-norm", str(MAX_GRAD_NORM),
+            "--eval-every", "2", "--eval-batch-size", "4", "--dist-timeout-s", "60", *extra]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Run name -> (its run directory, its output). 85 reviews: 68 training texts (4 steps, one epoch), 17 to
+    validate."""
+    output_dir = tmp_path_factory.mktemp("sharding")
+    data = reviews(output_dir, 85)
+    outputs: dict[str, str] = {}
+
+    def train(name: str, *extra: str) -> None:
+        result = run_training(run_args(data, output_dir, name, 4, *extra), nproc=2)
+        outputs[name] = result.stdout + result.stderr
+
+    train("ddp", "--data-parallel", "ddp")
+    train("fsdp", "--data-parallel", "fsdp")
+    hsdp = subprocess.run(
+        ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--procs-per-node", "2", "--port",
+         str(free_port()), "--run-id", "hsdp", "--", *run_args(data, output_dir, "hsdp", 2, "--data-parallel", "hsdp")],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=300)
+    assert hsdp.returncode == 0, hsdp.stdout + hsdp.stderr
+    outputs["hsdp"] = hsdp.stdout + hsdp.stderr
+    step_2 = "checkpoints/step-00000002.pt"
+    train("fsdp_resumed", "--data-parallel", "fsdp", "--resume", str(output_dir / "fsdp" / step_2))
+    train("ddp_to_fsdp", "--data-parallel", "fsdp", "--resume", str(output_dir / "ddp" / step_2))
+    train("fsdp_to_ddp", "--data-parallel", "ddp", "--resume", str(output_dir / "fsdp" / step_2))
+    return {name: (output_dir / name, output) for name, output in outputs.items()}
+
+
+def last_checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / f"step-{STEPS:08d}.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.mark.distributed
+def test_fsdp_and_hsdp_end_with_the_weights_of_ddp_in_its_checkpoint_layout(runs: dict[str, tuple[Path, str]]) -> None:
+    """fsdp on 2 ranks and hsdp on 2 nodes × 2 processes end with DDP's weights and Adam moments (a running mean of
+    the gradients: a gradient summed instead of averaged would show there) to 1e-5, with clipping active; their
+    checkpoints hold the same keys, optimizer numbering, groups and shapes as DDP's; every log's start line names its
+    data parallelism, and every rank evaluated (unequal shares, no hang) with the same result."""
+    reference = last_checkpoint(runs["ddp"][0])
+    norms = [float(n) for n in re.findall(r"grad norm ([0-9.]+)", runs["ddp"][1])]
+    assert len(norms) == STEPS and max(norms) > MAX_GRAD_NORM, f"clipping never engaged: {norms}"
+    for name in ("fsdp", "hsdp"):
+        checkpoint = last_checkpoint(runs[name][0])
+        assert checkpoint.keys() == reference.keys()
+        assert max_difference(checkpoint["model"], reference["model"]) < ACROSS_STRATEGIES, name
+        assert checkpoint["optimizer"]["param_groups"] == reference["optimizer"]["param_groups"]
+        assert checkpoint["optimizer"]["state"].keys() == reference["optimizer"]["state"].keys()
+        for index, state in reference["optimizer"]["state"].items():
+            for key, value in state.items():
+                torch.testing.assert_close(checkpoint["optimizer"]["state"][index][key], value, rtol=1e-4,
+                                           atol=1e-8, msg=lambda m, name=name, key=key: f"{name} {key}: {m}")
+        evaluation, expected = checkpoint["evaluation"], reference["evaluation"]
+        assert evaluation["texts"] == expected["texts"] == 17 and evaluation["accuracy"] == expected["accuracy"]
+        assert abs(evaluation["loss"] - expected["loss"]) < ACROSS_STRATEGIES
+    for name, world in (("ddp", 2), ("fsdp", 2), ("hsdp", 4)):
+        starts = re.findall(r"rank \d of (\d) \(node \d, local rank \d\) on cpu with gloo, data parallel (\w+);",
+                            runs[name][1])
+        assert sorted(starts) == [(str(world), name)] * world, starts
+    assert "hsdp: 2 sharding units (Embedding, Linear) over a mesh of 2 × 2 ranks" in runs["hsdp"][1]
+
+
+@pytest.mark.distributed
+def test_a_sharded_run_resumes_exactly_and_across_strategies(runs: dict[str, tuple[Path, str]]) -> None:
+    """From the step-2 checkpoints to step 4: fsdp from its own ends where the uninterrupted fsdp run ended (1e-6:
+    the same arithmetic); DDP's checkpoint resumed with fsdp ends with DDP's weights, and fsdp's resumed with DDP
+    with fsdp's (1e-5, ACROSS_STRATEGIES: the continuation sums in the other strategy's order)."""
+    for resumed, uninterrupted, tolerance in (("fsdp_resumed", "fsdp", SAME_STRATEGY),
+                                              ("ddp_to_fsdp", "ddp", ACROSS_STRATEGIES),
+                                              ("fsdp_to_ddp", "fsdp", ACROSS_STRATEGIES)):
+        assert "resumed from" in runs[resumed][1] and "at step 2" in runs[resumed][1]
+        difference = max_difference(final_weights(runs[resumed][0]), final_weights(runs[uninterrupted][0]))
+        assert difference < tolerance, f"{resumed} differs from {uninterrupted} by {difference:.2e}"
+        moments = last_checkpoint(runs[resumed][0])["optimizer"]["state"]
+        for index, state in last_checkpoint(runs[uninterrupted][0])["optimizer"]["state"].items():
+            torch.testing.assert_close(moments[index]["exp_avg"], state["exp_avg"], rtol=1e-4, atol=1e-8)
+
+
+# --- in one process ----------------------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + torch.tanh(self.linear(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.blocks, self.head = nn.Linear(4, 8), nn.ModuleList([Block(), Block()]), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_compiled_sharding_units_give_the_eager_gradients(group_of_one: None) -> None:
+    """A model sharded with --compile true (each unit compiled in place: the parameter names stay) gives the
+    gradients of the same model sharded eagerly; dynamo did capture the units (so the comparison is not eager
+    against eager)."""
+    from torch._dynamo.utils import counters  # dynamo's own counters: how many graphs it captured
+
+    config = load_config([*MACHINERY_ARGS, "--data-parallel", "fsdp"], environ={}, dotenv_path=os.devnull)
+    counters.clear()
+    gradients = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = Stack()
+        shard_model(model, make_task(config).sharding_units(model), local_runtime("cpu"),
+                    dataclasses.replace(config, compile=compiled), None)
+        model(torch.randn(5, 4, generator=torch.Generator().manual_seed(1))).square().mean().backward()
+        gradients.append({name: p.grad.full_tensor() for name, p in model.named_parameters()})
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert list(gradients[0]) == [name for name, _ in Stack().named_parameters()]  # names unchanged by compile
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpointed_encoder_sharded_by_layer_gives_the_gradients_of_the_bare_model(group_of_one: None) -> None:
+    """The QA model with --activation-checkpointing (the encoder's own, applied when it is built), sharded per
+    transformer layer: the loss and gradients of the same model unsharded, and its layers still checkpointed."""
+    config = load_config(["--preset", "none", "--dropout", "0", "--activation-checkpointing", "true",
+                          "--data-parallel", "fsdp"], environ={}, dotenv_path=os.devnull)
+    inputs = {"input_ids": torch.randint(5, 200, (4, 48), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(4, 48, dtype=torch.long)}
+    results = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = build_qa_model(config)
+        if sharded:
+            shard_model(model, make_task(config).sharding_units(model), local_runtime("cpu"), config, None)
+        output = model(**inputs)
+        loss = output.start_logits.logsumexp(-1).mean() + output.answer_type_logits.square().mean()
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad.full_tensor() if sharded else p.grad
+                                        for name, p in model.named_parameters()}))
+    assert model.encoder.is_activation_checkpointing
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_sharding_units_are_the_repeated_blocks_else_the_children_with_parameters() -> None:
+    config = load_config(MACHINERY_ARGS, environ={}, dotenv_path=os.devnull)
+    task = make_task(config)
+    stack = Stack()
+    assert task.sharding_units(stack) == list(stack.blocks)
+    bag = task.build_model()  # the machinery task's bag of words: an embedding, a dropout, a classifier
+    assert task.sharding_units(bag) == [bag.embedding, bag.classifier]
+
+
+def test_the_qa_tasks_shard_their_encoders_transformer_layers(tiny_encoder: TinyEncoder) -> None:
+    config = load_config(["--preset", "none", "--model-name-or-path", str(tiny_encoder.directory), "--from-scratch",
+                          "true"], environ={}, dotenv_path=os.devnull)
+    model = build_qa_model(config)
+    units = make_task(config).sharding_units(model)
+    assert len(units) == model.encoder.config.num_hidden_layers >= 2
+    assert all(type(unit).__name__.endswith(("Layer", "Block", "EncoderLayer")) for unit in units), units
+
+
+def test_hsdp_refuses_nodes_with_unequal_process_counts() -> None:
+    """A world that is not nodes × processes per node (here node 1 runs one process beside node 0's two) cannot be
+    a 2-D mesh: one line naming the setting and the fix, before any collective."""
+    runtime = dataclasses.replace(local_runtime("cpu"), rank=2, world_size=3, local_world_size=1, node_rank=1)
+    with pytest.raises(ConfigError, match=r"^data_parallel=hsdp needs the same number of processes on every node: "
+                                          r"world size 3 .* use data_parallel=fsdp\.$"):
+        device_mesh(runtime, "hsdp")
