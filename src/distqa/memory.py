@@ -209,10 +209,13 @@ def sharding_advice(memory: TrainingMemory, step: Step, total: int, gpu: str,
                   if world_size <= 8 else "")
         return (f"{head}; fits with full sharding (--data-parallel fsdp) on ≥ {world_size} GPUs "
                 f"({needed_bytes(estimate.peak) / GiB:.1f} GiB per GPU){hybrid}")
-    largest = SHARDED_WORLD_SIZES[-1]
+    tried = [n for n in SHARDED_WORLD_SIZES if fsdp_step_at(n) is not None]
+    largest = tried[-1] if tried else 1
     last = fsdp_step_at(largest)
-    still = f" (still {needed_bytes(memory.estimate(last).peak) / GiB:.1f} GiB per GPU)" if last else ""
+    notes = [f"still {needed_bytes(memory.estimate(last).peak) / GiB:.1f} GiB per GPU"] if last else []
+    if largest < SHARDED_WORLD_SIZES[-1]:
+        notes.append("the most GPUs the global batch splits over: --grow-global-batch true lets it grow")
     change = "a smaller --per-rank-batch-size" + (
         ", --activation-checkpointing true" if can_checkpoint and not step.activation_checkpointing else "")
-    return (f"{head}; nor with full sharding on up to {largest} GPUs{still}: sharding divides the weights, "
-            f"gradients and AdamW state, not the activations; change {change}, or a GPU with more memory")
+    return (f"{head}; nor with full sharding on up to {largest} GPUs ({'; '.join(notes)}): sharding divides the "
+            f"weights, gradients and AdamW state, not the activations; use {change}, or a GPU with more memory")
