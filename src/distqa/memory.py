@@ -111,28 +111,33 @@ class ShardingUnits:
 
     def state(self, step: Step, moment: Literal["forward", "backward", "end"]) -> dict[str, int]:
         """Bytes of the training state of one rank of a sharded ``step`` during the forward, the backward, or at
-        the end of the backward (every gradient made), fp32 throughout (autocast over fp32 master weights, as DDP:
-        no ``MixedPrecisionPolicy``, so the gathered weights are fp32 too):
+        the end of the backward (every gradient made), as distqa.sharding runs it: fp32 shards, and FSDP2's
+        ``MixedPrecisionPolicy(param_dtype=<the step's precision>, reduce_dtype=fp32)`` instead of autocast:
 
-        - **weights** (4 bytes per parameter) and **AdamW moments** (8) divided by the shards: each rank's shard.
-        - **gradients**: the rank's shard (4 / shards), counted for the whole step as DDP's buckets are. With
-          accumulation, every unit's unsharded gradient instead (4 per parameter): a micro-batch without gradient
-          sync (``set_requires_gradient_sync(False)``, FSDP1's ``no_sync``) keeps them until the last micro-batch
-          reduce-scatters them (``FSDPParamGroup.post_backward`` returns before reducing).
-        - **gathered**, what the all-gathers hold beyond the shards: the root's full weights from its forward to
-          the end of the backward (FSDP2 does not reshard the root after its forward: ``FSDPState._lazy_init``);
-          two units' full weights, the one computing and the next, since FSDP2 gathers one unit ahead (implicit
-          forward prefetch; ``_backward_prefetch``); in the backward also two units' full gradients, the one being
-          computed and the one before while its reduce-scatter runs; at the end the root's full gradient before
-          its reduce-scatter. Activations are not divided: each rank runs its own micro-batch through all layers.
+        - **weights** (fp32, 4 bytes per parameter) and **AdamW moments** (8), divided by the shards.
+        - **gradients**: the rank's fp32 shard (4 / shards), counted for the whole step as DDP's buckets are. With
+          accumulation, every unit's unsharded gradient instead, in fp32 (4 per parameter): a micro-batch without
+          gradient sync (``set_requires_gradient_sync(False)``) keeps them until the last micro-batch
+          reduce-scatters them (``FSDPParamGroup.post_backward`` returns before reducing;
+          ``FSDPParam.to_accumulated_grad_if_needed`` upcasts them to the reduce dtype).
+        - **gathered**, what the all-gathers hold beyond the shards, in the compute dtype (2 bytes under bf16 or
+          fp16, 4 in fp32): the root's whole weights from its forward to the end of the backward (FSDP2 does not
+          reshard the root after its forward: ``FSDPState._lazy_init``); two units' whole weights, the one
+          computing and the next, since FSDP2 gathers one unit ahead (implicit forward prefetch,
+          ``_backward_prefetch``); in the backward also two units' gradients, each made in the compute dtype
+          and copied to fp32 for its reduce-scatter (the one being made, the one before still reducing); at the
+          end the root's gradient so, before its reduce-scatter. These gathered weights are what the matmuls
+          keep for their backward (freed after the unit's forward, gathered again for its backward): there are
+          no autocast copies besides them.
         """
         shards = max(1, step.shards)
+        compute = 4 if step.precision == "fp32" else 2
         gradients = 4 * self.parameters if step.accumulation_steps > 1 else 4 * self.parameters // shards
-        gathered = 4 * self.root + 2 * 4 * self.largest
+        gathered = compute * self.root + 2 * compute * self.largest
         if moment == "backward":
-            gathered += 2 * 4 * self.largest
+            gathered += 2 * (compute + 4) * self.largest
         elif moment == "end":
-            gathered = 2 * 4 * self.root
+            gathered = compute * self.root + (compute + 4) * self.root
         return {"weights": 4 * self.parameters // shards, "AdamW moments": 8 * self.parameters // shards,
                 "gradients": gradients, "gathered": gathered}
 
@@ -198,7 +203,7 @@ def sharding_advice(memory: TrainingMemory, step: Step, total: int, gpu: str,
     """One line for a ``step`` that does not fit a GPU of ``total`` bytes (``gpu`` names it): its layout, what it
     needs, and the smallest sharded layout that fits, or, when none does up to the largest of
     :data:`SHARDED_WORLD_SIZES`, what to change instead. Hybrid sharding on nodes of n GPUs fits where full sharding
-    on n does: it divides the state as much, over more GPUs in all (less accumulation), so it is named with it."""
+    on n does: it divides the state as much, over as many GPUs or more (no more accumulation): it is named too."""
     needs = needed_bytes(memory.estimate(step).peak)
     layout = step.data_parallel if step.data_parallel == "ddp" else f"{step.data_parallel} over {step.shards} GPU(s)"
     head = f"does not fit with {layout} on {gpu} (needs {needs / GiB:.1f} GiB per GPU)"

@@ -22,7 +22,9 @@ and the activations are derived from the encoder's sizes. One rank of a step hol
 
 Sharded (``data_parallel`` fsdp or hsdp) the weights, gradients and AdamW moments are each rank's shard plus the
 all-gathered units in flight (:class:`distqa.memory.ShardingUnits`: a unit per encoder layer, the rest in the
-root); the weight copies, activations and transients are as under DDP.
+root), which replace autocast's weight copies (FSDP2 gathers the weights in the compute dtype); the activations
+and transients are counted as under autocast, an upper bound: without autocast the residual stream, the
+LayerNorms and CUDA's softmax stay in bf16 instead of fp32.
 
 The peak is the largest of the step's moments: the end of the forward (every activation kept, autocast's
 cache still holding every weight and bias copy), the start of the backward, with checkpointing the backward
@@ -153,7 +155,9 @@ class EncoderMemory:
             end = {"weights": 4 * self.parameters, "AdamW moments": 8 * self.parameters,
                    "gradients": 4 * self.parameters,
                    "transient": 4 * encoder.vocab * encoder.hidden if step.gradients_persist else 0}
-        low = kernels.compute < 4
+        # Sharded, the weights are gathered in the compute dtype and the forward runs without autocast: the
+        # gathered weights (ShardingUnits) are what the matmuls keep, and nothing is cast besides them.
+        low = kernels.compute < 4 and not step.sharded
         copies = 2 * self.linear_weights if low else 0
         cached = 2 * (self.linear_weights + self.linear_biases) if low else 0  # autocast's cache during the forward
         layer = layer_activations(encoder, batch, seq, kernels)
