@@ -188,7 +188,8 @@ def test_doc_stride_must_fit_the_window_for_nq_only(tmp_path: Path) -> None:
 
 
 SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
-GPU_PRESETS = ["bert-base", "bert-base-nq", "bert-large-nq", "roberta-large-nq", "deberta-v3-large-nq"]
+GPU_PRESETS = ["bert-base", "bert-base-nq", "bert-large-nq", "roberta-large-nq", "deberta-v3-large-nq",
+               "xlm-roberta-xl-squad"]
 
 
 @pytest.mark.parametrize("preset_name", GPU_PRESETS)

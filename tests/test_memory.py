@@ -1,5 +1,5 @@
 """The memory estimate (distqa.memory) against the peak measured on CPU, the doctor's fixes, and the large
-presets' comments.
+presets' comments; what sharding (fsdp, hsdp) divides and adds, and the doctor's smallest sharded layout.
 
 The measurement: ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of the CPU
 allocator (c10's ProfiledCPUMemoryReporter: the bytes and address of each); the live bytes, summed in order,
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import BertConfig, DebertaV2Config, PretrainedConfig
+from transformers import BertConfig, DebertaV2Config, PretrainedConfig, XLMRobertaXLConfig
 
 from distqa.config.sources import load_config
 from distqa.ddp import wrap_ddp
@@ -29,7 +29,7 @@ from distqa.distributed import local_runtime
 from distqa.doctor import check_memory
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.memory import GiB, Step, fixes, needed_bytes, smallest_gpu
+from distqa.memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, shards_of, smallest_gpu
 from distqa.optim import Precision, build_optimizer
 from distqa.preflight import rank_report
 from distqa.qa.config import QAConfig
@@ -248,3 +248,131 @@ def test_each_rank_is_checked_against_its_own_gpu(tmp_path: Path) -> None:
     assert reports[0].problems == []
     [problem] = reports[1].problems
     assert "this GPU has 22.4 GiB" in problem and "--per-rank-batch-size 16" in problem
+
+
+def bert_large_memory(tmp_path: Path) -> EncoderMemory:
+    config = large("bert-large", tmp_path)
+    model = count_on_meta(lambda: build_model(config))
+    return EncoderMemory.of_model(model, model.encoder.config, 512)
+
+
+def test_sharding_divides_the_state_by_the_shards_adds_the_gathered_units_and_keeps_the_activations(
+        tmp_path: Path) -> None:
+    """fsdp: weights, gradients and AdamW state each 1/W; the root (embeddings, heads) and two layers gathered whole
+    in bf16 in place of autocast's weight copies; activations and transients as under ddp. hsdp divides by a node's
+    processes, not the world."""
+    memory = bert_large_memory(tmp_path)
+    layer = 4 * (1024 * 1024 + 1024) + 2 * 1024 * 4096 + 4096 + 1024 + 2 * 2 * 1024  # q, k, v, o; FFN; 2 LayerNorms
+    assert memory.largest_layer == layer and memory.outside_layers == memory.parameters - 24 * layer
+    ddp = memory.estimate(Step(32, "bf16", "cuda"))
+    parameters, root = memory.parameters, memory.outside_layers
+    for world_size in (2, 8, 64):
+        fsdp = memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=world_size))
+        assert fsdp.moment == ddp.moment == "forward end"
+        assert fsdp.parts == {**ddp.parts, "weights": 4 * parameters // world_size,
+                              "AdamW moments": 8 * parameters // world_size,
+                              "gradients": 4 * parameters // world_size, "weight copies": 0,
+                              "gathered": 2 * root + 2 * 2 * layer}
+    # Accumulating without gradient sync, FSDP2 keeps every unsharded gradient until the last micro-batch.
+    accumulating = memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=8, accumulation_steps=2))
+    assert accumulating.parts["gradients"] == 4 * parameters
+    # In the backward two layers' gradients are in flight too, in bf16 and their fp32 copies for the reduce-scatter
+    # (checkpointing makes the backward the peak); fp32 gathers 4 bytes per weight.
+    checkpointed = memory.estimate(Step(32, "bf16", "cuda", True, data_parallel="fsdp", shards=8))
+    assert checkpointed.moment == "backward"
+    assert checkpointed.parts["gathered"] == 2 * root + 2 * 2 * layer + 2 * (2 + 4) * layer
+    full = memory.estimate(Step(32, "fp32", "cuda", data_parallel="fsdp", shards=8))
+    assert full.moment == "backward start" and full.parts["gathered"] == 4 * root + 2 * 4 * layer + 2 * 8 * layer
+    hybrid = Step(32, "bf16", "cuda", data_parallel="hsdp", shards=shards_of("hsdp", world_size=16,
+                                                                             processes_per_node=4))
+    assert memory.estimate(hybrid) == memory.estimate(dataclasses.replace(hybrid, data_parallel="fsdp", shards=4))
+    assert (shards_of("ddp", 16, 4), shards_of("fsdp", 16, 4), shards_of("hsdp", 16, 4)) == (1, 16, 4)
+    # ddp ignores the sharding fields: a whole replica whatever the accumulation.
+    assert memory.estimate(Step(32, "bf16", "cuda", accumulation_steps=4, shards=8)) == ddp
+
+
+def doctor_line(config: QAConfig, world_size: int, gpu_memory_gb: float) -> tuple[str, list[str]]:
+    """check_memory's output and rank 0's problems at ``world_size`` ranks of one node, on GPUs of this size."""
+    runtime = dataclasses.replace(local_runtime("cpu"), world_size=world_size, local_world_size=world_size)
+    reports = [rank_report(config, runtime)]
+    return check_memory(config, runtime, reports, make_task(config), gpu_memory_gb), reports[0].problems
+
+
+def test_the_doctor_names_the_layout_and_the_smallest_sharded_one_that_fits(tmp_path: Path) -> None:
+    """BERT-large does not fit ddp on a GPU of 22.5 GB; full sharding on 4 GPUs does (on 2 it does not), which the
+    line says, with hybrid sharding on nodes of 4; with fsdp on 2 GPUs the estimate is fsdp's, and still names 4."""
+    config = large("bert-large", tmp_path, "--global-batch-size", "64", "--grow-global-batch", "true",
+                   "--output-dir", str(tmp_path))
+    memory = bert_large_memory(tmp_path)
+    total = int(22.5e9)
+    needed = {gpus: needed_bytes(memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=gpus,
+                                                      accumulation_steps=max(1, 64 // (32 * gpus)))).peak)
+              for gpus in (2, 4)}
+    assert needed[2] > total >= needed[4]
+    text, problems = doctor_line(config, 1, 22.5)
+    line, advice = text.splitlines()
+    assert "estimated for ddp (a whole replica on every rank)" in line
+    assert advice == ("memory: does not fit with ddp on a GPU of 22.5 GB (needs 25.4 GiB per GPU); fits with full "
+                      f"sharding (--data-parallel fsdp) on ≥ 4 GPUs ({needed[4] / GiB:.1f} GiB per GPU), or with "
+                      "hybrid sharding (--data-parallel hsdp) on nodes of ≥ 4 GPUs")
+    [problem] = problems
+    assert "or --data-parallel fsdp on ≥ 4 GPUs" in problem and problem.endswith("(A100 40GB or larger)")
+    sharded = dataclasses.replace(config, data_parallel="fsdp")
+    text, _ = doctor_line(sharded, 2, 22.5)
+    assert "estimated for fsdp (weights, gradients and AdamW state sharded over 2 rank(s))" in text
+    assert f"does not fit with fsdp over 2 GPU(s) on a GPU of 22.5 GB (needs {needed[2] / GiB:.1f} GiB" in text
+    assert "fits with full sharding (--data-parallel fsdp) on ≥ 4 GPUs" in text
+    text, _ = doctor_line(config, 1, 80)
+    assert len(text.splitlines()) == 1  # it fits: no advice
+
+
+def test_the_doctor_says_what_to_change_when_no_sharding_fits(tmp_path: Path) -> None:
+    """On a 12 GB GPU BERT-large's 16 GiB of activations (micro-batch 32 × 512) fit no layout: sharding does not
+    divide them. Without grow_global_batch the global batch of 64 splits over 2 GPUs at most, and the line says so."""
+    grown = large("bert-large", tmp_path, "--global-batch-size", "64", "--grow-global-batch", "true",
+                  "--output-dir", str(tmp_path))
+    for config, gpus in ((grown, 512), (dataclasses.replace(grown, grow_global_batch=False), 2)):
+        text, _ = doctor_line(config, 1, 12)
+        advice = text.splitlines()[1]
+        assert advice.startswith("memory: does not fit with ddp on a GPU of 12 GB (needs 25.4 GiB per GPU); nor "
+                                 f"with full sharding on up to {gpus} GPUs (still ")
+        assert ("--grow-global-batch true lets it grow" in advice) == (gpus == 2)
+        assert advice.endswith("not the activations; use a smaller --per-rank-batch-size, "
+                               "--activation-checkpointing true, or a GPU with more memory")
+
+
+def test_the_xlm_roberta_xl_preset_states_its_estimate_per_gpu_count(tmp_path: Path) -> None:
+    """configs/xlm-roberta-xl-squad.toml: the fsdp row, the smallest GPUs, the ddp figure and the doctor's line in
+    its comment are what distqa.memory estimates on XLM-RoBERTa-XL's published sizes (XLMRobertaXLConfig's defaults
+    are facebook/xlm-roberta-xl's), at the preset's global batch and micro-batch on 1 to 64 GPUs."""
+    text = (REPO_ROOT / "configs" / "xlm-roberta-xl-squad.toml").read_text()
+    XLMRobertaXLConfig().save_pretrained(tmp_path / "encoder")
+    config = load_config(["--preset", "xlm-roberta-xl-squad", "--model-name-or-path", str(tmp_path / "encoder"),
+                          "--tokenizer-name-or-path", str(TINY_MODEL_DIR), "--from-scratch", "true",
+                          "--output-dir", str(tmp_path)], environ={}, dotenv_path=os.devnull)
+    assert config.data_parallel == "fsdp" and config.activation_checkpointing
+    model = count_on_meta(lambda: build_model(config))
+    memory = EncoderMemory.of_model(model, model.encoder.config, config.max_seq_len, config.attn_implementation)
+    assert round(memory.parameters / 1e8) == 35  # 3.5 B, as the model card says
+
+    def peak(data_parallel: str, gpus: int) -> int:
+        steps = config.for_world_size(gpus).accumulation_steps(gpus)
+        return memory.estimate(Step(32, "bf16", "cuda", True, data_parallel=data_parallel,
+                                    shards=gpus if data_parallel == "fsdp" else 1, accumulation_steps=steps)).peak
+
+    gpus = [int(n) for n in re.search(r"#   GPUs((?:\s+\d+)+)", text)[1].split()]
+    row = [float(n) for n in re.search(r"#   fsdp GiB((?:\s+[0-9.]+)+)", text)[1].split()]
+    assert gpus == [1, 2, 4, 8, 16, 32, 64] and row == [round(peak("fsdp", n) / GiB, 1) for n in gpus]
+    ddp = {round(peak("ddp", n) / GiB, 1) for n in gpus}
+    assert len(ddp) == 1 and f"With --data-parallel ddp: {ddp.pop()} GiB on any number of GPUs" in text
+    a100_40, a100_80 = GPU_MEMORY_BYTES[1][1], GPU_MEMORY_BYTES[2][1]
+    assert needed_bytes(peak("ddp", 1)) > GPU_MEMORY_BYTES[1][0] and smallest_gpu(peak("ddp", 1)) == a100_80
+    smallest = [smallest_gpu(peak("fsdp", n)) for n in gpus]
+    assert smallest == [a100_80] + [a100_40] * 2 + [GPU_MEMORY_BYTES[0][1]] * 4
+    prose = " ".join(line.lstrip("# ") for line in text.splitlines())
+    assert f"Smallest GPU: {a100_80} on 1 GPU, {a100_40} on 2 or 4, {GPU_MEMORY_BYTES[0][1]} from 8 on." in prose
+    gb, quoted = re.search(r'The doctor with --data-parallel ddp --gpu-memory-gb ([0-9.]+) [^"]*"([^"]+)"',
+                           prose).groups()
+    assert float(gb) * 1e9 == GPU_MEMORY_BYTES[1][0]  # an A100 40GB
+    advice = doctor_line(dataclasses.replace(config, data_parallel="ddp"), 1, float(gb))[0].splitlines()[1]
+    assert advice.startswith(f"memory: {quoted}")

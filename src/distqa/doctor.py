@@ -23,8 +23,9 @@ per failed check saying what to fix. Checks: the world size (``--expect-world-si
 writability of the results directory; what the task reads (its ``check_inputs``: the model's sources,
 NQ's feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
 interfaces that exist and are up; the estimated peak memory of a training step against each rank's GPU
-(``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine), with the fix when it
-does not fit (the task's ``training_memory``, checked by :mod:`distqa.memory`).
+(``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine) for the run's
+``data_parallel`` layout, with the fixes when it does not fit, and one line naming the smallest sharded layout
+that fits (the task's ``training_memory``, checked by :mod:`distqa.memory`).
 
 Exit status: 0 when every check passed, 1 when one failed (every rank exits so, and torchrun with it),
 2 for a setting that is wrong in itself.
@@ -51,7 +52,7 @@ from distqa.config.flags import build_arg_parser
 from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
 from distqa.errors import DataError, print_error
-from distqa.memory import GiB, Step, fixes, needed_bytes
+from distqa.memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
 from distqa.optim import Precision
 from distqa.preflight import (
     GB,
@@ -218,8 +219,9 @@ def allreduce_smoke_test(runtime: Runtime, size_mb: float, min_bus_gbs: float,
 
 
 def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], task: Task, gpu_memory_gb: float) -> str:
-    """Rank 0: the estimated peak of one training step per rank, as one line; each rank whose GPU (or the GPU of
-    ``gpu_memory_gb``) it does not fit gets a problem naming the fixes (added to its report's problems)."""
+    """Rank 0: the estimated peak of one training step per rank with the run's data-parallel layout, as one line;
+    each rank whose GPU (or the GPU of ``gpu_memory_gb``) it does not fit gets a problem naming the fixes (added to
+    its report's problems), and a second line names the smallest sharded layout that fits the smallest of them."""
     try:
         memory = task.training_memory()
     except ConfigError as err:  # the model's config cannot be read here (an encoder's hub name without network)
@@ -240,9 +242,23 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
     accumulation = config.for_world_size(world_size).accumulation_steps(world_size)
     checkpointing = getattr(config, "activation_checkpointing", None)  # a task's setting, if it has one
     step = Step(micro_batch=config.per_rank_batch_size, precision=precision, device_type="cuda" if gpu else "cpu",
-                activation_checkpointing=bool(checkpointing), gradients_persist=world_size > 1 or accumulation > 1)
+                activation_checkpointing=bool(checkpointing), gradients_persist=world_size > 1 or accumulation > 1,
+                data_parallel=config.data_parallel,
+                shards=shards_of(config.data_parallel, world_size, runtime.local_world_size),
+                accumulation_steps=accumulation)
+
+    def fsdp_step_at(gpus: int) -> Step | None:
+        """The run's step with full sharding on ``gpus`` GPUs; None where its global batch does not split so."""
+        try:
+            steps = config.for_world_size(gpus).accumulation_steps(gpus)
+        except ConfigError:
+            return None
+        return dataclasses.replace(step, gradients_persist=True, data_parallel="fsdp", shards=gpus,
+                                   accumulation_steps=steps)
+
     estimate = memory.estimate(step)
-    line = f"memory per rank: {estimate.describe()}, estimated for {memory.describe(step)}"
+    line = f"memory per rank: {estimate.describe()}, estimated for {step.layout()}, {memory.describe(step)}"
+    tightest: tuple[int, str] | None = None  # the smallest GPU the step does not fit, and its name
     for report in reports:
         total = int(gpu_memory_gb * GB) if gpu_memory_gb else report.device_memory_bytes
         if total is None or needed_bytes(estimate.peak) <= total:
@@ -250,12 +266,21 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
         where = f"a GPU of {gpu_memory_gb:g} GB (--gpu-memory-gb)" if gpu_memory_gb else "this GPU"
         remedies = fixes(memory, step, total, lambda micro_batch: _keeps_global_batch(config, micro_batch, world_size),
                          can_checkpoint=checkpointing is not None)
+        sharded = smallest_sharded_layout(memory, fsdp_step_at, total)
+        if sharded:  # before the last fix, a larger GPU
+            remedies.insert(-1, f"--data-parallel fsdp on ≥ {sharded[0]} GPUs ({sharded[1].peak / GiB:.1f} GiB)")
         report.problems.append(
             f"memory: a training step needs about {needed_bytes(estimate.peak) / GiB:.1f} GiB (its estimated peak, "
             f"{estimate.peak / GiB:.1f} GiB, with the allocator's margin and CUDA's and NCCL's own) and {where} has "
             f"{total / GiB:.1f} GiB; fix: {', or '.join(remedies)}")
+        if tightest is None or total < tightest[0]:
+            tightest = (total, f"a GPU of {gpu_memory_gb:g} GB" if gpu_memory_gb else
+                        f"{report.device_name} ({total / GiB:.1f} GiB)")
     if not gpu:
         line += "; --gpu-memory-gb N checks it against a GPU of N GB"
+    if tightest:
+        line += "\nmemory: " + sharding_advice(memory, step, *tightest, fsdp_step_at,
+                                               can_checkpoint=checkpointing is not None)
     return line
 
 

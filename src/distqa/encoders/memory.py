@@ -20,6 +20,12 @@ and the activations are derived from the encoder's sizes. One rank of a step hol
   (:func:`forward_transient`), in the backward the gradients of the layer being differentiated
   (:func:`backward_transient`).
 
+Sharded (``data_parallel`` fsdp or hsdp) the weights, gradients and AdamW moments are each rank's shard plus the
+all-gathered units in flight (:class:`distqa.memory.ShardingUnits`: a unit per encoder layer, the rest in the
+root), which replace autocast's weight copies (FSDP2 gathers the weights in the compute dtype); the activations
+and transients are counted as under autocast, an upper bound: without autocast the residual stream, the
+LayerNorms and CUDA's softmax stay in bf16 instead of fp32.
+
 The peak is the largest of the step's moments: the end of the forward (every activation kept, autocast's
 cache still holding every weight and bias copy), the start of the backward, with checkpointing the backward
 of a recomputed layer, and the end of the backward (every gradient, plus the embedding's gradient as a
@@ -43,7 +49,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from distqa.memory import Step, StepMemory
+from distqa.memory import ShardingUnits, Step, StepMemory
 
 
 @dataclass(frozen=True)
@@ -113,48 +119,64 @@ class EncoderMemory:
     """Tokens per example in the longest batch (batches cut to their longest window are at most this long)."""
     attention: str = "sdpa"
     """The encoder's attention kernel: 'sdpa' or 'eager' (DeBERTa-v2 has eager only)."""
+    largest_layer: int = 0
+    """Trainable parameters of the largest encoder layer: the largest sharding unit."""
+    outside_layers: int = 0
+    """Trainable parameters outside the encoder layers (embeddings, heads): the root unit when sharded."""
 
     @classmethod
     def of_model(cls, model: nn.Module, encoder_config: PretrainedConfig, seq_len: int,
                  attention: str = "sdpa") -> EncoderMemory:
         """Counted on ``model`` (build it with :func:`count_on_meta`: no memory), sized by ``encoder_config``."""
         linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-        return cls(parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                   linear_weights=sum(m.weight.numel() for m in linears),
+        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        layers = [sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in encoder_layers(model)]
+        return cls(parameters=parameters, linear_weights=sum(m.weight.numel() for m in linears),
                    linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None),
-                   encoder=Encoder.of(encoder_config), seq_len=seq_len, attention=attention)
+                   encoder=Encoder.of(encoder_config), seq_len=seq_len, attention=attention,
+                   largest_layer=max(layers, default=0), outside_layers=parameters - sum(layers))
+
+    @property
+    def units(self) -> ShardingUnits:
+        return ShardingUnits(parameters=self.parameters, largest=self.largest_layer, root=self.outside_layers)
 
     def estimate(self, step: Step) -> StepMemory:
         """The peak of one training step with the settings of ``step`` (see the module docstring)."""
         encoder, batch, seq = self.encoder, step.micro_batch, self.seq_len
         kernels = Kernels.of(step, encoder, self.attention)
-        weights = {"weights": 4 * self.parameters, "AdamW moments": 8 * self.parameters}
-        gradients = {"gradients": 4 * self.parameters if step.gradients_persist else 0}
-        low = kernels.compute < 4
+        if step.sharded:
+            forward_state, backward_state, end = (self.units.state(step, moment)
+                                                  for moment in ("forward", "backward", "end"))
+        else:
+            forward_state = backward_state = {"weights": 4 * self.parameters, "AdamW moments": 8 * self.parameters,
+                                              "gradients": 4 * self.parameters if step.gradients_persist else 0}
+            # At the end of the backward every gradient exists; under DDP the embedding's arrives as a dense
+            # tensor that is then copied into its bucket.
+            end = {"weights": 4 * self.parameters, "AdamW moments": 8 * self.parameters,
+                   "gradients": 4 * self.parameters,
+                   "transient": 4 * encoder.vocab * encoder.hidden if step.gradients_persist else 0}
+        # Sharded, the weights are gathered in the compute dtype and the forward runs without autocast: the
+        # gathered weights (ShardingUnits) are what the matmuls keep, and nothing is cast besides them.
+        low = kernels.compute < 4 and not step.sharded
         copies = 2 * self.linear_weights if low else 0
         cached = 2 * (self.linear_weights + self.linear_biases) if low else 0  # autocast's cache during the forward
         layer = layer_activations(encoder, batch, seq, kernels)
         outside = outside_layers(encoder, batch, seq, kernels)
         forward, backward = forward_transient(encoder, batch, seq, kernels), backward_transient(encoder, batch, seq,
                                                                                                kernels)
-        # At the end of the backward every gradient exists; under DDP the embedding's arrives as a dense tensor
-        # that is then copied into its bucket.
-        end = {**weights, "gradients": 4 * self.parameters,
-               "transient": 4 * encoder.vocab * encoder.hidden if step.gradients_persist else 0}
         if step.activation_checkpointing:
             kept = encoder.layers * 4 * encoder.hidden * batch * seq + outside  # each layer's fp32 input
             moments = {
-                "forward end": {**weights, **gradients, "weight copies": cached, "activations": kept,
-                                "transient": forward},
-                "backward": {**weights, **gradients, "weight copies": copies // encoder.layers,  # one layer's
+                "forward end": {**forward_state, "weight copies": cached, "activations": kept, "transient": forward},
+                "backward": {**backward_state, "weight copies": copies // encoder.layers,  # one layer's
                              "activations": kept + layer, "transient": max(forward, backward)},
                 "backward end": end}
         else:
             activations = encoder.layers * layer + outside
             moments = {
-                "forward end": {**weights, **gradients, "weight copies": cached, "activations": activations,
+                "forward end": {**forward_state, "weight copies": cached, "activations": activations,
                                 "transient": forward},
-                "backward start": {**weights, **gradients, "weight copies": copies, "activations": activations,
+                "backward start": {**backward_state, "weight copies": copies, "activations": activations,
                                    "transient": backward},
                 "backward end": end}
         moment = max(moments, key=lambda name: sum(moments[name].values()))
@@ -277,6 +299,15 @@ def backward_transient(encoder: Encoder, batch: int, seq: int, kernels: Kernels)
         candidates.append(batch * encoder.heads * seq ** 2
                           * kernels.softmax(kernels.attention_compute))
     return max(candidates)
+
+
+def encoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The encoder's layers, the units a sharded run all-gathers one at a time: the children of the model's
+    largest ``nn.ModuleList`` (BERT's ``encoder.layer``, DistilBERT's ``transformer.layer``, ModernBERT's
+    ``layers``); none for a model without one."""
+    lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
+    largest = max(lists, key=lambda layers: sum(p.numel() for p in layers.parameters()), default=None)
+    return list(largest) if largest is not None else []
 
 
 def count_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
