@@ -301,11 +301,22 @@ class TinyEncoder:
     tokenizer: PreTrainedTokenizerBase
 
 
+_TINY_ENCODERS: dict[str, TinyEncoder] = {}
+
+
+def tiny_encoder_of(family: str, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
+    """The tiny model directory of ``family`` (``distqa.encoders.tiny``), built once per session (a second or two
+    each) and shared by every test that asks for it: :func:`tiny_encoder`'s, or a test that needs every family at
+    once (tests/test_export.py)."""
+    if family not in _TINY_ENCODERS:
+        directory = build_family_dir(family, REPO_ROOT / "data" / "tokenizer-corpus.txt",
+                                     tmp_path_factory.mktemp(family))
+        _TINY_ENCODERS[family] = TinyEncoder(family, directory, AutoTokenizer.from_pretrained(directory))
+    return _TINY_ENCODERS[family]
+
+
 @pytest.fixture(scope="session", params=list(ENCODER_FAMILIES))
 def tiny_encoder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
-    """Each encoder family of ``distqa.encoders.tiny`` in turn, built once per session (a second or two each):
-    a test that
-    takes this fixture runs once per family (``tests/test_encoders.py``; a task's featurisation adds its own)."""
-    family = request.param
-    directory = build_family_dir(family, REPO_ROOT / "data" / "tokenizer-corpus.txt", tmp_path_factory.mktemp(family))
-    return TinyEncoder(family, directory, AutoTokenizer.from_pretrained(directory))
+    """Each encoder family of ``distqa.encoders.tiny`` in turn (:func:`tiny_encoder_of`): a test that takes this
+    fixture runs once per family (``tests/test_encoders.py``; a task's featurisation adds its own)."""
+    return tiny_encoder_of(request.param, tmp_path_factory)

@@ -15,11 +15,12 @@ import torch
 from distqa.checkpoint import ModelCheckpoint, Progress
 from distqa.config import ConfigError
 from distqa.config.sources import load_config, saved_config
+from distqa.encoders.tiny import FAMILIES as ENCODER_FAMILIES
 from distqa.qa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
-from distqa.qa.model import build_model
+from distqa.qa.model import QAModel, build_model
 from distqa.rundir import versions
 
-from conftest import QA_ARGS, REPO_ROOT, TinyEncoder, clean_env
+from conftest import QA_ARGS, REPO_ROOT, TinyEncoder, clean_env, tiny_encoder_of
 
 NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 """An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
@@ -253,61 +254,76 @@ def test_transformers_4s_pipeline_serves_the_export_with_our_answer_spans(squad_
 
 # --- every family's export in both transformers lines -----------------------------------------------------
 
-LOAD_EXPORT = """
+LOAD_EXPORTS = """
 import json, sys, torch, transformers
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
 from transformers.pipelines import SUPPORTED_TASKS
 
-directory, question, context = sys.argv[1:]
-tokenizer = AutoTokenizer.from_pretrained(directory)
-model = AutoModelForQuestionAnswering.from_pretrained(directory).eval()
-encoded = tokenizer(question, context, return_tensors="pt")
-with torch.no_grad():
-    out = model(**encoded)
-served = None
-if "question-answering" in SUPPORTED_TASKS:  # transformers 5 removed it
-    qa = pipeline("question-answering", model=directory, device="cpu")
-    served = qa(question=question, context=context, max_seq_len=64, max_question_len=16, doc_stride=16)
-print(json.dumps({"version": transformers.__version__, "tokenizer": type(tokenizer).__name__,
-                  "inputs": {name: tensor.tolist() for name, tensor in encoded.items()},
-                  "start": out.start_logits.tolist(), "end": out.end_logits.tolist(), "served": served}))
+question, context, *directories = sys.argv[1:]
+for directory in directories:
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForQuestionAnswering.from_pretrained(directory).eval()
+    encoded = tokenizer(question, context, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**encoded)
+    served = None
+    if "question-answering" in SUPPORTED_TASKS:  # transformers 5 removed it
+        qa = pipeline("question-answering", model=directory, device="cpu")
+        served = qa(question=question, context=context, max_seq_len=64, max_question_len=16, doc_stride=16)
+    print(json.dumps({"directory": directory, "version": transformers.__version__,
+                      "tokenizer": type(tokenizer).__name__,
+                      "inputs": {name: tensor.tolist() for name, tensor in encoded.items()},
+                      "start": out.start_logits.tolist(), "end": out.end_logits.tolist(), "served": served}))
 """
 PYTHONS = {"transformers 5": Path(sys.executable), "transformers 4": TRANSFORMERS4}
 """The two transformers lines the project supports: .venv's, and 4.57 in .venv-transformers4 (``make setup``)."""
+EXPORTABLE_FAMILIES = [family for family in ENCODER_FAMILIES if family != "modernbert"]
+"""Every family but ModernBERT, which the export refuses (test_every_family_with_a_qa_outputs_head_exports_...)."""
+
+
+@pytest.fixture(scope="module")
+def family_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TinyEncoder, QAModel, Path]]:
+    """Family -> its tiny encoder, a QA model of it with random weights, and that model's export."""
+    exports = {}
+    for family in EXPORTABLE_FAMILIES:
+        encoder = tiny_encoder_of(family, tmp_path_factory)
+        config = load_config([*QA_ARGS, "--model-name-or-path", str(encoder.directory)], environ={},
+                             dotenv_path="/nonexistent")
+        torch.manual_seed(0)
+        model = build_model(config).eval()
+        checkpoint = ModelCheckpoint(model=model.state_dict(), config=config.to_dict(), task_state={},
+                                     evaluation=None, progress=Progress(step=1), versions=versions())
+        exports[family] = encoder, model, export_model(checkpoint, tmp_path_factory.mktemp(family) / "model")
+    return exports
 
 
 @pytest.mark.parametrize("line", list(PYTHONS))
-def test_every_family_export_loads_in_both_transformers_lines(tiny_encoder: TinyEncoder, line: str,
-                                                             tmp_path: Path) -> None:
-    """Each exportable family's directory, in a process of its own (an empty HF_HOME, offline): ``AutoTokenizer``
-    encodes a pair as our tokenizer does, ``AutoModelForQuestionAnswering`` gives our logits for it (1e-5), and,
-    where the version has it (4.x), ``pipeline("question-answering")`` answers with a span of the context."""
-    if tiny_encoder.family == "modernbert":
-        pytest.skip("export refuses ModernBERT (test_every_family_with_a_qa_outputs_head_exports_with_our_logits)")
+def test_every_family_export_loads_in_both_transformers_lines(
+        family_exports: dict[str, tuple[TinyEncoder, QAModel, Path]], line: str, tmp_path: Path) -> None:
+    """Each exportable family's directory, in a process of that transformers line (an empty HF_HOME, offline; one
+    process reads every family's, so that each interpreter start-up serves five): ``AutoTokenizer`` encodes a pair
+    as our tokenizer does, ``AutoModelForQuestionAnswering`` gives our logits for it (1e-5), and, where the version
+    has it (4.x), ``pipeline("question-answering")`` answers with a span of the context."""
     python = PYTHONS[line]
     if not python.exists():
         pytest.skip(f"no {python}: run `make setup`")
-    config = load_config([*QA_ARGS, "--model-name-or-path", str(tiny_encoder.directory)], environ={},
-                         dotenv_path="/nonexistent")
-    torch.manual_seed(0)
-    model = build_model(config).eval()
-    checkpoint = ModelCheckpoint(model=model.state_dict(), config=config.to_dict(), task_state={}, evaluation=None,
-                                 progress=Progress(step=1), versions=versions())
-    output = export_model(checkpoint, tmp_path / "model")
     question, context = "who wrote the book", "the book was written by ada lovelace in london in 1843."
-    result = subprocess.run([str(python), "-c", LOAD_EXPORT, str(output), question, context], cwd=tmp_path,
+    directories = [str(output) for _, _, output in family_exports.values()]
+    result = subprocess.run([str(python), "-c", LOAD_EXPORTS, question, context, *directories], cwd=tmp_path,
                             env=clean_env(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "empty")),
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    loaded = json.loads(result.stdout.splitlines()[-1])
-    assert loaded["version"].split(".")[0] == line.split()[-1]
-    ours = dict(tiny_encoder.tokenizer(question, context, return_tensors="pt"))
-    assert loaded["inputs"] == {name: tensor.tolist() for name, tensor in ours.items()}
-    with torch.no_grad():
-        logits = model(**{name: tensor for name, tensor in ours.items()
-                          if name != "token_type_ids" or model.uses_token_types})
-    assert torch.allclose(torch.tensor(loaded["start"]), logits.start_logits, atol=1e-5, rtol=0)
-    assert torch.allclose(torch.tensor(loaded["end"]), logits.end_logits, atol=1e-5, rtol=0)
-    if line == "transformers 4":
-        served = loaded["served"]
-        assert served is not None and context[served["start"]:served["end"]] == served["answer"] != ""
+    loaded = [json.loads(line_out) for line_out in result.stdout.splitlines() if line_out.startswith("{")]
+    assert [entry["directory"] for entry in loaded] == directories
+    for (family, (encoder, model, _)), entry in zip(family_exports.items(), loaded, strict=True):
+        assert entry["version"].split(".")[0] == line.split()[-1]
+        ours = dict(encoder.tokenizer(question, context, return_tensors="pt"))
+        assert entry["inputs"] == {name: tensor.tolist() for name, tensor in ours.items()}, family
+        with torch.no_grad():
+            logits = model(**{name: tensor for name, tensor in ours.items()
+                              if name != "token_type_ids" or model.uses_token_types})
+        assert torch.allclose(torch.tensor(entry["start"]), logits.start_logits, atol=1e-5, rtol=0), family
+        assert torch.allclose(torch.tensor(entry["end"]), logits.end_logits, atol=1e-5, rtol=0), family
+        if line == "transformers 4":
+            served = entry["served"]
+            assert served is not None and context[served["start"]:served["end"]] == served["answer"] != "", family
