@@ -301,6 +301,30 @@ class TinyEncoder:
     tokenizer: PreTrainedTokenizerBase
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``long`` (minutes each) start first, spread over the xdist workers. xdist's worksteal hands
+    worker w the w-th contiguous share of the collection (``WorkStealingScheduling.check_schedule``: the first idle
+    node gets len // workers, the next len // the rest, ...), and a worker that runs dry steals the tail of another's
+    queue: a long test at a share's tail would run last, on one worker, while the others have nothing left. So
+    each share here starts with its long tests (dealt in collection order, one per worker in turn), then takes the
+    other tests in their order."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    long_tests = [item for item in items if item.get_closest_marker("long")]
+    if workers < 2 or not long_tests:
+        return
+    others = iter(item for item in items if not item.get_closest_marker("long"))
+    reordered: list[pytest.Item] = []
+    left = len(items)
+    for worker in range(workers):
+        share = left // (workers - worker)
+        head = long_tests[worker::workers][:share]
+        reordered += head + [next(others) for _ in range(share - len(head))]
+        left -= share
+    reordered += list(others)
+    assert sorted(map(id, reordered)) == sorted(map(id, items))
+    items[:] = reordered
+
+
 _TINY_ENCODERS: dict[str, TinyEncoder] = {}
 
 

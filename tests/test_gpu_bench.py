@@ -18,6 +18,7 @@ from conftest import REPO_ROOT, clean_env
 GPU_SH = REPO_ROOT / "bench" / "gpu.sh"
 
 
+@pytest.mark.long
 @pytest.mark.distributed  # the start-up part runs under torchrun
 def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> None:
     out = tmp_path / "gpu"

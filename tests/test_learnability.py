@@ -33,6 +33,7 @@ from conftest import REPO_ROOT, clean_env, free_port
 pytestmark = pytest.mark.distributed
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1500)  # above the run's own guard: the suite's 600 s would cut it first on a slow machine
 def test_the_tiny_model_learns_the_synthetic_task_to_a_micro_f1_of_0_8(tmp_path: Path) -> None:
     result = subprocess.run(

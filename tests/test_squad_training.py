@@ -32,6 +32,7 @@ VALIDATION_F1, HAS_ANSWER_F1 = 55.0, 75.0
 """Required of the best validation evaluation and of the test file (the run reaches about 58 and 84 on both)."""
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1200)  # above the run's own guard: the suite's 600 s would cut it first on a slow machine
 @pytest.mark.usefixtures("no_torchrun_env")
 def test_a_squad_v2_file_trains_on_2_nodes_is_evaluated_on_both_ranks_and_scored_officially(
