@@ -19,7 +19,9 @@ state seen with this node in it is the one reported: at the deadline torch remov
 state before raising.
 
 A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
-:func:`_end_after_a_graceful_stop`.
+:func:`_end_after_a_graceful_stop`; but not the stop torchrun itself asks for when it restarts the workers into a
+new rendezvous round (a node joined: ``--nnodes MIN:MAX``), see :func:`membership_rounds`. Each round's number
+goes to the workers as ``WORKER_RENDEZVOUS_ROUND`` (:mod:`distqa.elastic`'s membership line).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from torch.distributed import TCPStore
@@ -55,6 +58,9 @@ from torch.distributed.run import parse_args, parse_min_max_nnodes
 # The report folder's name from distqa.errors, which imports nothing: distqa.stop would bring distqa.distributed and
 # the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
 from distqa.errors import WORKER_REPORT_DIR_VARIABLE
+
+ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
+"""distqa.elastic.ROUND_VARIABLE (not imported: distqa.elastic brings in the settings)."""
 
 RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
@@ -211,7 +217,8 @@ class SignalsSeen:
         return self._seen
 
 
-def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals: SignalsSeen) -> None:
+def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals: SignalsSeen,
+                               restarting: threading.Event | None = None) -> None:
     """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
     agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
     with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join.
@@ -219,6 +226,8 @@ def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals:
     second signal would make it signal its workers again (torch's ``ElasticAgent.run`` calls ``_shutdown``
     once more when the first is interrupted), which ends a worker still on its way out at once."""
     while not done.wait(0.5):
+        if restarting is not None and restarting.is_set():
+            continue  # torchrun stops its workers for a new round: their reports are removed when they have ended
         if any(report_dir.glob("rank-*")):
             if not signals.any():
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -255,6 +264,36 @@ def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterat
         yield
 
 
+@contextlib.contextmanager
+def membership_rounds(report_dir: str | None, restarting: threading.Event) -> Iterator[None]:
+    """While torchrun restarts the worker group (``SimpleElasticAgent._restart_workers``: a node joined, or a worker
+    failed with restarts left), ``restarting`` is set: the workers' SIGTERM comes from torchrun, so their graceful
+    stop (a checkpoint of the step reached, exit 75) is the end of a round, not of the node, and its reports are
+    removed once they have ended. After each rendezvous the round's number (torch's ``_RendezvousState.round``,
+    the same on every node) goes into the environment that torchrun gives the workers it starts next."""
+    restart_workers = SimpleElasticAgent._restart_workers
+    rendezvous = SimpleElasticAgent._rendezvous
+
+    def restart_workers_of_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        restarting.set()
+        try:
+            restart_workers(agent, worker_group)
+        finally:
+            if report_dir:
+                for report in Path(report_dir).glob("rank-*"):
+                    report.unlink(missing_ok=True)
+            restarting.clear()
+
+    def rendezvous_with_its_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        rendezvous(agent, worker_group)
+        state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
+        os.environ[ROUND_VARIABLE] = str(getattr(state, "round", "?"))
+
+    with mock.patch.object(SimpleElasticAgent, "_restart_workers", restart_workers_of_a_new_round), \
+            mock.patch.object(SimpleElasticAgent, "_rendezvous", rendezvous_with_its_round):
+        yield
+
+
 def rendezvous_conf(text: str) -> dict[str, str]:
     """torchrun's ``--rdzv-conf`` as its keys and values (``is_host=1,join_timeout=900``)."""
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
@@ -275,13 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # torch's reading of a boolean setting (RendezvousParameters.get_as_bool)
         hosts_store = rendezvous_conf(options.rdzv_conf).get("is_host", "").lower() in ("1", "true", "t", "yes", "y")
         watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store).start()
-    stop_watch = threading.Event()
+    stop_watch, restarting = threading.Event(), threading.Event()
     if report_dir := os.environ.get(WORKER_REPORT_DIR_VARIABLE):
         signals = SignalsSeen().install()
-        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals),
+        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals, restarting),
                          daemon=True).start()
     try:
-        with watching_until_the_exit_barrier(watcher):
+        with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, restarting):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
         if (code := _reported_exit_code(err, os.environ.get(WORKER_REPORT_DIR_VARIABLE))) is None:
