@@ -85,7 +85,9 @@ class RendezvousWatcher:
     """Reads, while the agent waits, which nodes have joined its c10d rendezvous (see the module doc)."""
 
     def __init__(self, host: str, port: int, run_id: str, node_rank: int, nnodes: int, addr: str,
-                 hosts_store: bool = False) -> None:
+                 hosts_store: bool = False, min_nodes: int | None = None) -> None:
+        self.min_nodes = nnodes if min_nodes is None else min_nodes
+        """torchrun's --nnodes MIN:MAX: the round completes with MIN; ``nnodes`` is MAX (worker.sh's --nnodes)."""
         self.host, self.port, self.run_id = host, port, run_id
         self.node_rank, self.nnodes, self.addr = node_rank, nnodes, addr
         self.hosts_store = hosts_store
@@ -177,7 +179,8 @@ class RendezvousWatcher:
         where = f"the rendezvous '{self.run_id}' at {self.host}:{self.port}"
         if store_closed:
             where += " (hosted by node 0, which ended meanwhile)"
-        expected = f"{self.nnodes} nodes (--node-rank 0..{self.nnodes - 1})"
+        at_least = f", at least {self.min_nodes} to start" if self.min_nodes < self.nnodes else ""
+        expected = f"{self.nnodes} nodes (--node-rank 0..{self.nnodes - 1}{at_least})"
         check = (f"check that every node was started (scripts/worker.sh --node-rank I) with --nnodes {self.nnodes} "
                  f"--run-id {self.run_id} --master-addr {self.host} --master-port {self.port}, that its job is "
                  "running and not still queued (raise --join-timeout), and its log for an error before it joined")
@@ -309,11 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     watcher = None
     if not options.standalone and options.rdzv_backend == "c10d":
         host, port = parse_rendezvous_endpoint(options.rdzv_endpoint, default_port=29400)
-        nnodes = parse_min_max_nnodes(options.nnodes)[1]
+        min_nodes, nnodes = parse_min_max_nnodes(options.nnodes)
         addr = options.local_addr or socket.getfqdn()  # what torch's _NodeDescGenerator records
         # torch's reading of a boolean setting (RendezvousParameters.get_as_bool)
         hosts_store = rendezvous_conf(options.rdzv_conf).get("is_host", "").lower() in ("1", "true", "t", "yes", "y")
-        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store).start()
+        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store,
+                                    min_nodes).start()
     stop_watch, restarting = threading.Event(), threading.Event()
     if report_dir := os.environ.get(WORKER_REPORT_DIR_VARIABLE):
         signals = SignalsSeen().install()

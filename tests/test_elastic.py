@@ -1,0 +1,146 @@
+"""Elastic membership (issue 34): a run of 3 emulated nodes with ``worker.sh --min-nodes 2`` (torchrun's
+``--nnodes 2:3``). A node lost for good leaves the other two to go on at world size 2 from the newest checkpoint;
+a node started again makes the run grow back to 3. Both end with the weights of an uninterrupted 3-rank run
+(dropout off: see docs/FAULT_TOLERANCE.md for dropout on). Real torchrun agents, real SIGKILLs (INJECT_FAULT
+kill-node), a real c10d rendezvous on 127.0.0.1. And the faults of a range: a range that does not split the
+global batch is refused before any rendezvous, and a minimum never reached ends with the 'never joined' line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distqa.config import ConfigError
+from distqa.config.sources import load_config
+from distqa.elastic import NodeRange, check_node_range
+
+from conftest import (
+    MACHINERY_ARGS,
+    REPO_ROOT,
+    WORKER,
+    clean_env,
+    final_weights,
+    finish,
+    free_port,
+    max_difference,
+    node_output,
+    start_node,
+    start_training,
+    wait_for,
+)
+
+# 12 examples per step: 2 per rank × 3 ranks × 2 micro-batches, or × 2 ranks × 3. Dropout off: the weights of
+# a run that changed its world size equal the uninterrupted run's (dropout masks are drawn per rank).
+TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-size", "12", "--per-rank-batch-size",
+                "2", "--classifier-dropout", "0", "--stop-check-every", "1")
+# Short rendezvous timings (worker.sh passes them to torchrun's c10d rendezvous): a round completes 1 s after its
+# minimum has joined, and a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
+RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
+NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60")
+LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's
+# Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the
+# round the returned node joins, so the run grows back at a known step whatever the machine's speed.
+RETURNED = f"{LOST},pause:rank=0:step=10"
+
+
+def membership(output: str) -> list[tuple[int, int]]:
+    """(nodes, world size) of each membership line of rank 0."""
+    return [(int(m[1]), int(m[2])) for m in re.finditer(r"membership: round \d+: (\d+) node\(s\) \(.*?\), world "
+                                                        r"size (\d+)", output)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three runs side by side (much of the elastic runs' time is waiting): the uninterrupted reference, the
+    node lost for good, the node lost and returned."""
+    root = tmp_path_factory.mktemp("elastic")
+    reference = start_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(root), "--run-name",
+                                "uninterrupted"], root / "uninterrupted.out", nproc=3)
+    nodes = {run: [start_node(rank, 3, port, run, root, *NODE_ARGS, trainer_args=TRAINER_ARGS, INJECT_FAULT=fault,
+                              **RENDEZVOUS) for rank in range(3)]
+             for run, fault, port in (("lost", LOST, free_port()), ("returned", RETURNED, free_port()))}
+    returned_port = int(nodes["returned"][0].args[nodes["returned"][0].args.index("--master-port") + 1])
+    processes = [reference, *nodes["lost"], *nodes["returned"]]
+    try:
+        # The returned run: the node whose agent the fault killed is started again with the same arguments once
+        # the other two hold at step 10 (rank 0's pause).
+        wait_for((root / "returned" / "logs" / "rank-0.fault").exists, timeout=240)
+        dead = next(rank for rank, node in enumerate(nodes["returned"]) if node.poll() is not None)
+        again = start_node(dead, 3, returned_port, "returned", root, *NODE_ARGS, trainer_args=TRAINER_ARGS,
+                           INJECT_FAULT=RETURNED, **RENDEZVOUS)
+        processes.append(again)
+        for process in processes:
+            finish(process, timeout=240)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert reference.returncode == 0, (root / "uninterrupted.out").read_text()
+    return {"root": root, "reference": root / "uninterrupted"}
+
+
+@pytest.mark.distributed
+def test_a_node_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(runs: dict[str, Path]) -> None:
+    root = runs["root"]
+    outputs = [node_output(root, "lost", rank).read_text() for rank in range(3)]
+    everything = "\n".join(outputs)
+    assert "fault injection (INJECT_FAULT): kill-node rank 2 after step 6 now" in everything
+    assert f"resumed from {root / 'lost' / 'checkpoints' / 'step-00000004.pt'}" in everything
+    assert membership(everything) == [(3, 3), (2, 2)], everything
+    assert "accumulation 2 step(s)" in everything and "accumulation 3 step(s)" in everything
+    difference = max_difference(final_weights(runs["reference"]), final_weights(root / "lost"))
+    assert difference < 1e-5, f"the run that lost a node differs from the uninterrupted one by {difference:.2e}"
+
+
+@pytest.mark.distributed
+def test_a_node_started_again_makes_the_run_grow_back_and_end_as_the_uninterrupted_run(
+        runs: dict[str, Path]) -> None:
+    root = runs["root"]
+    everything = "\n".join(node_output(root, "returned", rank).read_text() for rank in range(3))
+    assert membership(everything) == [(3, 3), (2, 2), (3, 3)], everything
+    assert "stopped by SIGTERM at step" in everything, "torchrun's restart for the new round: a checkpoint there"
+    difference = max_difference(final_weights(runs["reference"]), final_weights(root / "returned"))
+    assert difference < 1e-5, f"the run that lost a node and grew back differs by {difference:.2e}"
+
+
+def test_a_range_whose_world_sizes_do_not_split_the_global_batch_is_refused_in_one_line() -> None:
+    config = load_config([*MACHINERY_ARGS, "--global-batch-size", "12", "--per-rank-batch-size", "2"], environ={})
+    check_node_range(config, NodeRange(2, 3, 1))  # 12 = 2 × 2 × 3 = 2 × 3 × 2
+    with pytest.raises(ConfigError) as refused:
+        check_node_range(config, NodeRange(2, 4, 1))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("the node range 2:4 nodes × 1 process(es) = world sizes 2, 3, 4 does not split "
+                              "global_batch_size 12 for world size 4: 12 % (2 × 4) = 4")
+    assert "a multiple of 24" in message  # 2 × lcm(2, 3, 4)
+
+
+def test_worker_sh_refuses_such_a_range_before_any_rendezvous(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", WORKER, "--nnodes", "4", "--min-nodes", "2", "--node-rank", "0", "--nproc-per-node", "2",
+         "--dry-run", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "24",
+         "--per-rank-batch-size", "2"],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1"), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert ("worker.sh: configuration error: the node range 2:4 nodes × 2 process(es) = world sizes 4, 6, 8 does not "
+            "split global_batch_size 24 for world size 8: 24 % (2 × 8) = 8") in result.stderr
+    assert "e.g. 48" in result.stderr and "--nnodes" not in result.stdout
+
+
+def test_a_minimum_never_reached_ends_with_the_never_joined_line(tmp_path: Path) -> None:
+    """3 nodes, at least 2: only node 0 comes; at the join timeout its agent names the nodes that never joined."""
+    node = start_node(0, 3, free_port(), "alone", tmp_path, "--min-nodes", "2", "--join-timeout", "3",
+                      trainer_args=TRAINER_ARGS, **RENDEZVOUS)
+    finish(node, timeout=120)
+    output = node_output(tmp_path, "alone", 0).read_text()
+    assert node.returncode == 4, output
+    assert ("with 1 of 3 nodes (--node-rank 0..2, at least 2 to start) joined (node 0 at 127.0.0.1); node 1, 2 never "
+            "joined") in output
