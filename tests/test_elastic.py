@@ -175,3 +175,20 @@ def test_the_platform_launcher_passes_the_range_to_every_nodes_worker_sh(
     assert worker.returncode == 0, worker.stderr
     torchrun = shlex.split(worker.stdout)
     assert torchrun[torchrun.index("--nnodes") + 1] == nnodes
+
+
+@pytest.mark.parametrize(("batch", "exit_code"), [("12", 0), ("6", 1)])
+def test_the_doctor_reports_the_range_and_fails_one_that_does_not_split_the_global_batch(
+        tmp_path: Path, batch: str, exit_code: int) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "distqa.doctor", *MACHINERY_ARGS, "--output-dir", str(tmp_path),
+         "--global-batch-size", batch, "--per-rank-batch-size", "2"],
+        cwd=REPO_ROOT, env=clean_env(WORKER_NODE_RANGE="2:3", OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == exit_code, result.stdout + result.stderr
+    assert "nodes: 2:3 nodes × 1 process(es) = world sizes 2, 3, elastic" in result.stdout
+    if exit_code:
+        assert "FAIL the node range 2:3 nodes × 1 process(es) = world sizes 2, 3 does not split global_batch_size 6 " \
+               "for world size 2: 6 % (2 × 2) = 2" in result.stdout
+    else:
+        assert "global batch 12 in accumulation steps 3 at 2, 2 at 3 ranks" in result.stdout

@@ -82,6 +82,21 @@ def check_node_range(config: Config, node_range: NodeRange | None) -> None:
         "another --min-nodes.")
 
 
+def range_report(config: Config, node_range: NodeRange | None) -> tuple[str, list[str]]:
+    """The doctor's line about the node range, and its problem when the range does not split the global batch."""
+    if node_range is None:
+        return "nodes: no range (not started by scripts/worker.sh)", []
+    if not node_range.elastic:
+        return f"nodes: fixed at {node_range.max_nodes} (worker.sh --min-nodes sets a range)", []
+    try:
+        check_node_range(config, node_range)
+    except ConfigError as err:
+        return f"nodes: {node_range}, elastic", [str(err)]
+    steps = ", ".join(f"{config.accumulation_steps(size)} at {size}" for size in node_range.world_sizes)
+    return (f"nodes: {node_range}, elastic: global batch {config.global_batch_size} in accumulation steps "
+            f"{steps} ranks"), []
+
+
 def membership_line(round_number: str, node_addresses: Sequence[str], world_size: int, accumulation: int) -> str:
     """What rank 0 logs when the workers of a rendezvous round start."""
     return (f"membership: round {round_number}: {len(node_addresses)} node(s) ({', '.join(node_addresses)}), "
