@@ -44,6 +44,7 @@ from unittest import mock
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -269,30 +270,51 @@ def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterat
 
 @contextlib.contextmanager
 def membership_rounds(report_dir: str | None, restarting: threading.Event) -> Iterator[None]:
-    """While torchrun restarts the worker group (``SimpleElasticAgent._restart_workers``: a node joined, or a worker
-    failed with restarts left), ``restarting`` is set: the workers' SIGTERM comes from torchrun, so their graceful
-    stop (a checkpoint of the step reached, exit 75) is the end of a round, not of the node, and its reports are
-    removed once they have ended. After each rendezvous the round's number (torch's ``_RendezvousState.round``,
-    the same on every node) goes into the environment that torchrun gives the workers it starts next."""
-    restart_workers = SimpleElasticAgent._restart_workers
+    """While torchrun stops the workers to restart them (``SimpleElasticAgent._restart_workers``: a node joined, or
+    a worker failed with restarts left), ``restarting`` is set: the workers' SIGTERM comes from torchrun, so their
+    graceful stop (a checkpoint of the step reached, exit 75) is the end of a round, not of the node, and its
+    reports are removed once they have ended. Not when the workers had stopped on a signal of their own before
+    the restart began (their reports were there already): that stop ends the node (:func:`_end_after_a_graceful_stop`).
+    After each rendezvous the round's number (torch's ``_RendezvousState.round``, the same on every node) goes into
+    the environment that torchrun gives the workers it starts next."""
+    # torchrun's agent is a LocalElasticAgent, which has its own _stop_workers
+    restart_workers, stop_workers = SimpleElasticAgent._restart_workers, LocalElasticAgent._stop_workers
     rendezvous = SimpleElasticAgent._rendezvous
+    in_a_new_round = threading.Event()
 
-    def restart_workers_of_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
-        restarting.set()
+    def reports() -> list[Path]:
+        return list(Path(report_dir).glob("rank-*")) if report_dir else []
+
+    def restart_workers_for_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        if reports():  # stopped on a signal of their own: the watcher ends this agent
+            restart_workers(agent, worker_group)
+            return
+        in_a_new_round.set()
         try:
             restart_workers(agent, worker_group)
         finally:
-            if report_dir:
-                for report in Path(report_dir).glob("rank-*"):
-                    report.unlink(missing_ok=True)
+            in_a_new_round.clear()
+
+    def stop_workers_of_this_round(agent: LocalElasticAgent, worker_group: Any) -> None:
+        if not in_a_new_round.is_set():
+            stop_workers(agent, worker_group)
+            return
+        restarting.set()
+        try:
+            stop_workers(agent, worker_group)
+        finally:
+            for report in reports():
+                report.unlink(missing_ok=True)
             restarting.clear()
+            in_a_new_round.clear()  # the rendezvous and start that follow are watched as usual
 
     def rendezvous_with_its_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
         rendezvous(agent, worker_group)
         state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
         os.environ[ROUND_VARIABLE] = str(getattr(state, "round", "?"))
 
-    with mock.patch.object(SimpleElasticAgent, "_restart_workers", restart_workers_of_a_new_round), \
+    with mock.patch.object(SimpleElasticAgent, "_restart_workers", restart_workers_for_a_new_round), \
+            mock.patch.object(LocalElasticAgent, "_stop_workers", stop_workers_of_this_round), \
             mock.patch.object(SimpleElasticAgent, "_rendezvous", rendezvous_with_its_round):
         yield
 
