@@ -19,8 +19,8 @@ state seen with this node in it is the one reported: at the deadline torch remov
 state before raising.
 
 A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
-:func:`_end_after_a_graceful_stop`; but not the stop torchrun itself asks for when it restarts the workers into a
-new rendezvous round (a node joined: ``--nnodes MIN:MAX``), see :func:`membership_rounds`. Each round's number
+:func:`membership_rounds`; but not the stop torchrun itself asks for when it restarts the workers into a new
+rendezvous round (a node joined: ``--nnodes MIN:MAX``). Each round's number
 goes to the workers as ``WORKER_RENDEZVOUS_ROUND`` (:mod:`distqa.elastic`'s membership line).
 """
 
@@ -221,23 +221,6 @@ class SignalsSeen:
         return self._seen
 
 
-def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals: SignalsSeen,
-                               restarting: threading.Event | None = None) -> None:
-    """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
-    agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
-    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join.
-    Not when the agent got a signal itself: it is stopping its workers already and restarts none, and a
-    second signal would make it signal its workers again (torch's ``ElasticAgent.run`` calls ``_shutdown``
-    once more when the first is interrupted), which ends a worker still on its way out at once."""
-    while not done.wait(0.5):
-        if restarting is not None and restarting.is_set():
-            continue  # torchrun stops its workers for a new round: their reports are removed when they have ended
-        if any(report_dir.glob("rank-*")):
-            if not signals.any():
-                os.kill(os.getpid(), signal.SIGTERM)
-            return
-
-
 def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
     """The exit code every failed worker reported (distqa.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
     report folder), or None when one did not."""
@@ -269,26 +252,38 @@ def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterat
 
 
 @contextlib.contextmanager
-def membership_rounds(report_dir: str | None, restarting: threading.Event) -> Iterator[None]:
-    """While torchrun stops the workers to restart them (``SimpleElasticAgent._restart_workers``: a node joined, or
-    a worker failed with restarts left), ``restarting`` is set: the workers' SIGTERM comes from torchrun, so their
-    graceful stop (a checkpoint of the step reached, exit 75) is the end of a round, not of the node, and its
-    reports are removed once they have ended. Not when the workers had stopped on a signal of their own before
-    the restart began (their reports were there already): that stop ends the node (:func:`_end_after_a_graceful_stop`).
-    After each rendezvous the round's number (torch's ``_RendezvousState.round``, the same on every node) goes into
-    the environment that torchrun gives the workers it starts next."""
-    # torchrun's agent is a LocalElasticAgent, which has its own _stop_workers
+def membership_rounds(report_dir: str | None, signals: SignalsSeen | None) -> Iterator[None]:
+    """torchrun's restarts of the worker group, told apart (``SimpleElasticAgent._restart_workers``).
+
+    Workers that stopped on a signal (:mod:`distqa.stop`: a checkpoint of the step reached, exit 75, a report in
+    ``report_dir``) look failed to torchrun, which with ``--max-restarts`` left would start them again into a
+    rendezvous that the stopped nodes never join. So such a restart ends this agent with a SIGTERM, as the platform or
+    Slurm would (not when the agent got a signal itself: it is stopping its workers already, and a second signal
+    would make it signal them again, ending a worker still on its way out at once) — unless a node is waiting to join
+    (``--nnodes MIN:MAX``): then another node's agent stopped its workers for the round that node joins, and these
+    stopped by the ranks' agreement. That, and torchrun's own restart when it sees a node waiting, is the end of a
+    round: the reports are removed, the restart is given back (a membership change spends none, as in torchrun)
+    and the workers of the next round start. After each rendezvous the round's number (torch's
+    ``_RendezvousState.round``, the same on every node) goes into the environment that torchrun gives the workers
+    it starts next."""
     restart_workers, stop_workers = SimpleElasticAgent._restart_workers, LocalElasticAgent._stop_workers
     rendezvous = SimpleElasticAgent._rendezvous
     in_a_new_round = threading.Event()
 
-    def reports() -> list[Path]:
-        return list(Path(report_dir).glob("rank-*")) if report_dir else []
+    def clear_reports() -> bool:
+        """Remove the workers' stop reports; whether there were any."""
+        found = list(Path(report_dir).glob("rank-*")) if report_dir else []
+        for report in found:
+            report.unlink(missing_ok=True)
+        return bool(found)
 
     def restart_workers_for_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
-        if reports():  # stopped on a signal of their own: the watcher ends this agent
-            restart_workers(agent, worker_group)
-            return
+        if report_dir and any(Path(report_dir).glob("rank-*")):
+            if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:
+                clear_reports()
+                agent._remaining_restarts += 1  # torchrun took one for the workers' exit 75 (its FAILED state)
+            elif signals is None or not signals.any():
+                os.kill(os.getpid(), signal.SIGTERM)  # torchrun's handler raises here: the agent stops
         in_a_new_round.set()
         try:
             restart_workers(agent, worker_group)
@@ -296,17 +291,9 @@ def membership_rounds(report_dir: str | None, restarting: threading.Event) -> It
             in_a_new_round.clear()
 
     def stop_workers_of_this_round(agent: LocalElasticAgent, worker_group: Any) -> None:
-        if not in_a_new_round.is_set():
-            stop_workers(agent, worker_group)
-            return
-        restarting.set()
-        try:
-            stop_workers(agent, worker_group)
-        finally:
-            for report in reports():
-                report.unlink(missing_ok=True)
-            restarting.clear()
-            in_a_new_round.clear()  # the rendezvous and start that follow are watched as usual
+        stop_workers(agent, worker_group)
+        if in_a_new_round.is_set():  # workers stopped by torchrun for the next round: their exit 75 ends no node
+            clear_reports()
 
     def rendezvous_with_its_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
         rendezvous(agent, worker_group)
@@ -340,13 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         hosts_store = rendezvous_conf(options.rdzv_conf).get("is_host", "").lower() in ("1", "true", "t", "yes", "y")
         watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store,
                                     min_nodes).start()
-    stop_watch, restarting = threading.Event(), threading.Event()
-    if report_dir := os.environ.get(WORKER_REPORT_DIR_VARIABLE):
-        signals = SignalsSeen().install()
-        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals, restarting),
-                         daemon=True).start()
+    report_dir = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
+    signals = SignalsSeen().install() if report_dir else None
     try:
-        with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, restarting):
+        with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, signals):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
         if (code := _reported_exit_code(err, os.environ.get(WORKER_REPORT_DIR_VARIABLE))) is None:
@@ -364,7 +348,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"distqa.agent: node {node_rank}: {message}", file=sys.stderr)
         return RENDEZVOUS_TIMEOUT_EXIT_CODE
     finally:
-        stop_watch.set()
         if watcher is not None:
             watcher.stop()
     return 0
