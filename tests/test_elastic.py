@@ -84,6 +84,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     assert reference.returncode == 0, (root / "uninterrupted.out").read_text()
+    # Every node ended well but the one the fault killed (its worker.sh reports the agent's SIGKILL).
+    for run, processes_of_run in (("lost", nodes["lost"]), ("returned", [*nodes["returned"], again])):
+        codes = sorted(process.returncode for process in processes_of_run)
+        assert codes == [0] * (len(codes) - 1) + [137], f"{run}: exit codes {codes}"
     return {"root": root, "reference": root / "uninterrupted"}
 
 
