@@ -21,8 +21,8 @@
 # reused when present). --entry-module M runs `python -m M` on every node instead of distqa.train (a
 # fork's own entry point; worker.sh --entry-module), and then prepares nothing.
 # --min-nodes MIN (worker.sh --min-nodes): the run goes on while MIN nodes are alive; a node that ends
-# with an error then leaves the others running, and one started again by hand (the worker.sh line this
-# launcher prints at the start) rejoins the run.
+# with an error then leaves the others running, and one started again by hand (scripts/worker.sh with the
+# same --nnodes, --min-nodes, --node-rank, --master-addr 127.0.0.1, --master-port and --run-id) rejoins it.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
 # else python3), NODES, MIN_NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
 # Stopping: Ctrl-C, or SIGTERM (or SIGHUP) to the launcher, is a graceful stop: every node gets one

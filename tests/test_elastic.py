@@ -154,6 +154,19 @@ def test_worker_sh_refuses_such_a_range_before_any_rendezvous(tmp_path: Path) ->
     assert "e.g. 48" in result.stderr and "--nnodes" not in result.stdout
 
 
+def test_every_worker_refuses_such_a_range_before_its_process_group(tmp_path: Path) -> None:
+    """The trainer's own check (a worker started by another launcher than worker.sh, with the range exported)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size",
+         "12", "--per-rank-batch-size", "2"],
+        cwd=REPO_ROOT, env=clean_env(WORKER_NODE_RANGE="2:4", OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "distqa.train: configuration error: the node range 2:4 nodes × 1 process(es) = world sizes 2, 3, 4 does " \
+           "not split global_batch_size 12 for world size 4" in result.stderr
+    assert not (tmp_path / "local" / "checkpoints").exists()
+
+
 def test_a_minimum_never_reached_ends_with_the_never_joined_line(tmp_path: Path) -> None:
     """3 nodes, at least 2: only node 0 comes; at the join timeout its agent names the nodes that never joined."""
     node = start_node(0, 3, free_port(), "alone", tmp_path, "--min-nodes", "2", "--join-timeout", "3",
