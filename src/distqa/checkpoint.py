@@ -36,6 +36,7 @@ import json
 import logging
 import mmap
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +48,8 @@ from distqa.files import Digest, atomic_write, file_digest, read_with_digest
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
+CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.(?:pt|dcp)$")
+"""A step checkpoint: a file, or a directory of DCP shards (:mod:`distqa.sharded_checkpoint`)."""
 
 
 FORMAT_VERSION = 3
@@ -215,9 +217,9 @@ def _check_digest(path: Path, actual: Digest, expected: Digest) -> None:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run, oldest first (temporary files are ignored)."""
+    """Step checkpoints of a run, files and sharded directories together, oldest first (temporaries are ignored)."""
     folder = checkpoint_dir(run_dir)
-    found = [(int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := CHECKPOINT_NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.glob("step-*") if (m := CHECKPOINT_NAME.match(p.name))]
     return [p for _, p in sorted(found)]
 
 
@@ -228,6 +230,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     for old in list_checkpoints(run_dir)[:-keep]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            continue
         old.unlink(missing_ok=True)
         digest_path(old).unlink(missing_ok=True)
 
@@ -235,17 +240,23 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
 class IntactCheckpoint(NamedTuple, Generic[C]):
     path: Path
     checkpoint: C
-    data: mmap.mmap
-    """The file's bytes as read (once) for ``checkpoint``: resume hands them on to the other ranks of the node."""
+    data: mmap.mmap | None
+    """The file's bytes as read (once) for ``checkpoint``: resume hands them on to the other ranks of the node;
+    None for a sharded directory (every rank reads its shards)."""
 
 
 def newest_intact_checkpoint(run_dir: Path, kind: type[C] = TrainingCheckpoint) -> IntactCheckpoint[C] | None:  # type: ignore[assignment]
     """The newest step checkpoint that verifies and loads, with its contents; None if there is none.
 
     Each damaged newer one is reported in one line and renamed ``<name>.corrupt`` (kept for a look,
-    never chosen or counted by pruning again). Rank 0 only: it renames files."""
+    never chosen or counted by pruning again). A sharded directory is verified against its manifest (every
+    file's size, then CRC-32) and read without its weights. Rank 0 only: it renames files."""
+    from distqa.sharded_checkpoint import read_sharded  # that module builds on this one
+
     for path in reversed(list_checkpoints(run_dir)):
         try:
+            if path.is_dir():
+                return IntactCheckpoint(path, read_sharded(path, kind), None)
             data = read_checkpoint(path)
             return IntactCheckpoint(path, parse_checkpoint(data, path, kind), data)
         except CheckpointError as err:
@@ -262,7 +273,10 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     mid-write included). Only call while no checkpoint is being written: at start-up, on rank 0."""
     stale = list(checkpoint_dir(run_dir).glob(".step-*.tmp"))
     for path in stale:
-        path.unlink(missing_ok=True)
+        if path.is_dir():  # a sharded checkpoint's directory, renamed into place only once complete
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return stale
 
 
