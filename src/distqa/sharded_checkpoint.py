@@ -253,8 +253,10 @@ class ShardedCheckpointWriter(CheckpointWriter):
         temporary = directory.with_name(f".{directory.name}.tmp")
         try:
             try:
-                dcp.save(shards, storage_writer=FileSystemWriter(str(temporary), sync_files=True),
-                         process_group=self.group, no_dist=self.group is None)
+                with warnings.catch_warnings():  # one process: "saving in a single process", which is the point
+                    warnings.simplefilter("ignore", UserWarning)
+                    dcp.save(shards, storage_writer=FileSystemWriter(str(temporary), sync_files=True),
+                             process_group=self.group, no_dist=self.group is None)
             except CheckpointException as err:  # every rank gets it: DCP gathers each rank's write result
                 raise _disk_full_or(err, temporary) from err
             mine = {path.name: file_digest(path) for path in temporary.glob(f"__{self.rank}_*")}
