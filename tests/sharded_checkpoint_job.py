@@ -26,9 +26,9 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 import distqa.sharded_checkpoint
-from distqa.checkpoint import Progress, TrainingCheckpoint
+from distqa.checkpoint import MANIFEST, Progress, TrainingCheckpoint
 from distqa.errors import DiskFullError
-from distqa.sharded_checkpoint import MANIFEST, ShardedCheckpointWriter
+from distqa.sharded_checkpoint import ShardedCheckpointWriter
 
 real_write_item = dcp_filesystem._write_item
 real_atomic_write = distqa.sharded_checkpoint.atomic_write

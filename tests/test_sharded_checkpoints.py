@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from distqa.checkpoint import (
+    MANIFEST,
+    STATE_FILE,
     ModelCheckpoint,
     Progress,
     TrainingCheckpoint,
@@ -29,18 +31,12 @@ from distqa.checkpoint import (
     load_checkpoint,
     newest_intact_checkpoint,
     remove_stale_temporaries,
+    verify_directory,
 )
 from distqa.config.sources import saved_config
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 from distqa.qa.model import build_model
-from distqa.sharded_checkpoint import (
-    MANIFEST,
-    STATE_FILE,
-    ShardedCheckpointWriter,
-    load_sharded,
-    sharded_checkpoint_path,
-    verify_directory,
-)
+from distqa.sharded_checkpoint import ShardedCheckpointWriter, load_sharded, sharded_checkpoint_path
 from distqa.stop import StopWindow
 
 from conftest import (

@@ -32,22 +32,19 @@ from torch import nn
 from distqa.checkpoint import (
     CheckpointError,
     TrainingCheckpoint,
+    is_sharded_checkpoint,
     newest_intact_checkpoint,
     parse_checkpoint,
     read_checkpoint,
+    read_sharded,
     remove_stale_temporaries,
+    sharded_directory,
 )
 from distqa.config import Config, ConfigError
 from distqa.distributed import Runtime, all_gather_objects, broadcast_buffer, broadcast_object, node_local_group
 from distqa.optim import Precision
 from distqa.rng import restore_rng_state, seed_everything
-from distqa.sharded_checkpoint import (
-    is_sharded_checkpoint,
-    load_model,
-    load_optimizer,
-    read_sharded,
-    sharded_directory,
-)
+from distqa.sharded_checkpoint import load_model, load_optimizer
 from distqa.sharding import load_optimizer_state
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,9 @@ The promises of the single file hold for the directory as a whole:
 - full disk: a rank whose write fails with ENOSPC fails DCP's save on every rank (DCP gathers every rank's write
   result and broadcasts the outcome), each raises :class:`~distqa.errors.DiskFullError`, rank 0 removes the
   temporary; the previous checkpoint is intact;
-- damaged shards: :func:`verify_directory` compares each file's size, then its CRC-32, with the manifest before a
-  resume reads any of it; :func:`~distqa.checkpoint.newest_intact_checkpoint` renames a damaged one ``*.corrupt``;
+- damaged shards: :func:`~distqa.checkpoint.verify_directory` compares each file's size, then its CRC-32, with the
+  manifest before a resume reads any of it; :func:`~distqa.checkpoint.newest_intact_checkpoint` renames a damaged one
+  ``*.corrupt``;
 - rotation: :func:`~distqa.checkpoint.prune_checkpoints` counts files and directories together, by step;
 - the graceful stop's deadline: the first write's bytes (all ranks') and seconds go through the same check as a
   file's (:class:`~distqa.checkpoint_writer.CheckpointWriter`).
@@ -46,7 +47,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,85 +68,25 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from distqa.checkpoint import (
-    C,
+    MANIFEST,
+    STATE_FILE,
     CheckpointError,
     ModelCheckpoint,
-    TrainingCheckpoint,
     checkpoint_dir,
-    parse_checkpoint,
     prune_checkpoints,
+    read_sharded,
 )
 from distqa.checkpoint_writer import CheckpointWriter
 from distqa.errors import DiskFullError
-from distqa.files import OUT_OF_SPACE, Digest, atomic_write, file_digest, free_space, read_with_digest
+from distqa.files import OUT_OF_SPACE, atomic_write, file_digest, free_space
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".dcp"
-STATE_FILE = "state.pt"
-MANIFEST = "manifest.json"
-SHARDED = "sharded_checkpoint"
-"""The key of the reference a loaded sharded checkpoint's ``model`` and ``optimizer`` hold: its directory."""
 
 
 def sharded_checkpoint_path(run_dir: Path, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step-{step:08d}{SUFFIX}"
-
-
-def is_sharded_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (path / STATE_FILE).is_file()
-
-
-def sharded_directory(state: Mapping[str, Any]) -> Path | None:
-    """The directory whose DCP shards hold ``state`` (a loaded sharded checkpoint's ``optimizer``); None for a
-    state loaded whole from a file."""
-    return Path(state[SHARDED]) if SHARDED in state else None
-
-
-# --- integrity -------------------------------------------------------------------------------------
-def verify_directory(directory: Path) -> None:
-    """Raise :class:`CheckpointError` naming the file when a file of ``directory`` differs from what its manifest
-    says was written: missing, another size (checked for every file before any is read), or another CRC-32."""
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-        expected = {name: Digest(**digest) for name, digest in manifest["files"].items()}
-    except (OSError, ValueError, TypeError, KeyError) as err:
-        raise CheckpointError(f"{directory / MANIFEST} is missing or unreadable ({err}); cannot verify "
-                              f"{directory}.") from err
-    for name, digest in expected.items():
-        try:
-            size = (directory / name).stat().st_size
-        except OSError as err:
-            raise CheckpointError(f"{directory / name} cannot be read ({err}).") from err
-        if size != digest.size:
-            raise CheckpointError(f"{directory / name} is truncated or damaged: {size} bytes, {digest.size} were "
-                                  "written.")
-    for name, digest in expected.items():
-        actual = file_digest(directory / name)
-        if actual.crc32 != digest.crc32:
-            raise CheckpointError(f"{directory / name} is corrupted: CRC-32 {actual.crc32:08x}, {digest.crc32:08x} "
-                                  "was written.")
-
-
-def read_sharded(directory: Path, kind: type[C] = TrainingCheckpoint, verify: bool = True) -> C:  # type: ignore[assignment]
-    """The checkpoint in ``directory`` as ``kind``, verified first, without its weights: ``model`` and
-    ``optimizer`` hold a reference to the directory (:func:`sharded_directory`), which :func:`load_model`,
-    :func:`load_optimizer` and :func:`load_sharded` read."""
-    if verify:
-        verify_directory(directory)
-    try:
-        data, _ = read_with_digest(directory / STATE_FILE)
-    except OSError as err:
-        raise CheckpointError(f"{directory / STATE_FILE} cannot be read ({err}).") from err
-    try:
-        checkpoint = parse_checkpoint(data, directory, kind)
-    finally:
-        data.close()
-    reference = {SHARDED: str(directory)}
-    checkpoint.model = reference
-    if isinstance(checkpoint, TrainingCheckpoint):
-        checkpoint.optimizer = dict(reference)
-    return checkpoint
 
 
 def load_sharded(directory: Path) -> ModelCheckpoint:

@@ -33,13 +33,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForQuestionAnswering, PreTrainedModel
 
-from distqa.checkpoint import FORMAT_VERSION, CheckpointError, ModelCheckpoint, Progress, load_checkpoint
+from distqa.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    ModelCheckpoint,
+    Progress,
+    is_sharded_checkpoint,
+    load_checkpoint,
+)
 from distqa.config import ConfigError
 from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
-from distqa.sharded_checkpoint import is_sharded_checkpoint, load_sharded
+from distqa.sharded_checkpoint import load_sharded
 from distqa.tasks.commands import RUN_FILE  # the run's config, inference state and metrics: the commands read its task
 
 log = logging.getLogger(__name__)

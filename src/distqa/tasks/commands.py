@@ -68,7 +68,7 @@ def checkpoint_task(path: Path) -> str:
     # re-import their entry point) should not import torch for nothing.
     import torch
 
-    from distqa.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
+    from distqa.checkpoint import STATE_FILE, is_sharded_checkpoint  # here too: torch, for checkpoints only
 
     if is_sharded_checkpoint(path):  # a step-*.dcp directory: its config is in the state file beside the shards
         path = path / STATE_FILE
