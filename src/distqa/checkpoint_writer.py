@@ -39,7 +39,8 @@ dies mid-write spoils the checkpoint for all; and a DDP resume still reads the w
 Here the file, the format, the sidecar and the resume path stay as they are, and the write's bandwidth
 matters only to the stop's deadline (checked below) and to how often one can checkpoint (a write longer
 than ``checkpoint_every`` steps makes the next save wait). DCP's spread-out write is the better choice once
-the state is sharded (FSDP) or one node cannot write a checkpoint within the stop window.
+the state is sharded (FSDP) or one node cannot write a checkpoint within the stop window: that is
+``checkpoint_format = sharded`` (:mod:`distqa.sharded_checkpoint`, which does all of the above).
 """
 
 from __future__ import annotations

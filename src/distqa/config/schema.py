@@ -175,7 +175,7 @@ class Config:
     # --- checkpoints -------------------------------------------------------------------------------
     resume: str = CHECKPOINTS(
         "auto", "'auto' continues from the newest checkpoint of this run if one exists, 'none' "
-        "starts fresh, or a path to a checkpoint file.")
+        "starts fresh, or a path to a checkpoint file or sharded checkpoint directory (step-N.dcp).")
     checkpoint_every: int = CHECKPOINTS(50, "Save a checkpoint every N optimizer steps (0 = only at the end).")
     keep_checkpoints: int = CHECKPOINTS(3, "Newest step checkpoints kept in the run directory.")
     checkpoint_in_background: bool = CHECKPOINTS(
