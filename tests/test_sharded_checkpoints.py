@@ -2,10 +2,11 @@
 shards in the background into ``step-N.dcp/``, and every promise of the single file holds for the directory.
 
 Real runs of the machinery task (fp32, global batch 16, fsdp on 2 ranks with accumulation), started once for the
-module (:func:`runs`): the uninterrupted run, then its step-2 directory resumed on 2 ranks, on 4 ranks, and by DDP
-writing files. Faults on many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of
-tests/sharded_checkpoint_job.py; what needs no peers (the manifest, rotation, the deadline, export) runs in this
-process, with one process's writer (the same format: DCP without a process group)."""
+module (:func:`runs`): the uninterrupted run; a run ended at step 2 (``--stop-at-step``) and started again
+(``--resume auto``); and the first run's step-2 directory resumed on 4 ranks and by DDP writing files. Faults on
+many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of tests/sharded_checkpoint_job.py;
+what needs no peers (rotation, the deadline, export and predict) runs in this process, with one process's writer
+(the same format: DCP without a process group)."""
 
 from __future__ import annotations
 
@@ -73,12 +74,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]
 
     def train(name: str, nproc: int, per_rank: int, *extra: str) -> None:
         result = run_training(run_args(data, output_dir, name, per_rank, *extra), nproc=nproc)
-        outputs[name] = result.stdout + result.stderr
+        outputs[name] = outputs.get(name, "") + result.stdout + result.stderr
 
     sharded = ("--data-parallel", "fsdp", "--checkpoint-format", "sharded")
     train("fsdp", 2, 4, *sharded)
     step_2 = str(sharded_checkpoint_path(output_dir / "fsdp", 2))
-    train("resumed", 2, 4, *sharded, "--resume", step_2)
+    train("resumed", 2, 4, *sharded, "--stop-at-step", "2")  # ends with its step-2 directory
+    train("resumed", 2, 4, *sharded)  # --resume auto: the newest intact checkpoint, that directory
     train("four_ranks", 4, 4, *sharded, "--resume", step_2)
     train("ddp", 2, 4, "--data-parallel", "ddp", "--checkpoint-format", "file", "--resume", step_2)
     return {name: (output_dir / name, output) for name, output in outputs.items()}
@@ -112,8 +114,10 @@ def test_each_rank_writes_its_shards_in_the_background_with_a_manifest_written_l
 
 @pytest.mark.distributed
 def test_a_sharded_checkpoint_resumes_exactly_on_as_many_ranks(runs: dict[str, tuple[Path, str]]) -> None:
-    """fsdp on 2 ranks from its step-2 directory ends with the uninterrupted run's weights and Adam moments (1e-6)."""
-    assert "resumed from" in runs["resumed"][1] and "step-00000002.dcp at step 2" in runs["resumed"][1]
+    """A fsdp run ended at step 2 and started again (--resume auto: its newest intact checkpoint, the step-2
+    directory) ends with the uninterrupted run's weights and Adam moments (1e-6)."""
+    run_dir, output = runs["resumed"]
+    assert f"resumed from {sharded_checkpoint_path(run_dir, 2)} at step 2" in output
     difference = max_difference(sharded_weights(runs["resumed"][0]), sharded_weights(runs["fsdp"][0]))
     assert difference < SAME_STRATEGY, difference
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
