@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from distqa.checkpoint import ModelCheckpoint, TrainingCheckpoint, prune_checkpoints, save_checkpoint
+from distqa.checkpoint import ModelCheckpoint, TrainingCheckpoint, checkpoint_path, prune_checkpoints, save_checkpoint
 from distqa.stop import StopWindow
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,10 @@ class CheckpointWriter:
         self._writing: list[Path] = []
         self._error: BaseException | None = None
         self._timed = False
+
+    def step_path(self, step: int) -> Path:
+        """Where the step checkpoint of ``step`` is written."""
+        return checkpoint_path(self.run_dir, step)
 
     def submit(self, files: Mapping[Path, ModelCheckpoint]) -> None:
         """Write ``files`` (path: checkpoint) as they are now. Returns once their state is copied to host

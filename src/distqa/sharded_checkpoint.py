@@ -134,6 +134,9 @@ class ShardedCheckpointWriter(CheckpointWriter):
         self._shards_thread: threading.Thread | None = None
         self._shards_error: BaseException | None = None
 
+    def step_path(self, step: int) -> Path:
+        return sharded_checkpoint_path(self.run_dir, step)
+
     def submit_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                        state: ModelCheckpoint | None) -> Path:
         """Collective. This rank's shards of ``model`` and ``optimizer`` as they are now into step ``step``'s

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from distqa import sharding
-from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path, checkpoint_path
+from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path
 from distqa.config import Config, ConfigError
 from distqa.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed import (
@@ -206,7 +206,7 @@ class Trainer:
         if saved or best:
             self.save_checkpoint(step=saved, best=best)
         if not last and (received := stop.agreed(step)):
-            path = checkpoint_path(self.run_dir, step) if saved else self.save_checkpoint()
+            path = self.checkpoints.step_path(step) if saved else self.save_checkpoint()
             self._log_partial_window(bar, scalars)
             self.finish_checkpoints()
             raise TrainingStoppedError(signal.Signals(received).name, step, path)
@@ -266,7 +266,7 @@ class Trainer:
         and with ``best`` best.pt, to its writer, which copies this step's state to host memory and writes
         the files in the background (distqa.checkpoint_writer). Returns the step checkpoint's path."""
         rng_states = all_gather_objects(capture_rng_state()) if step else []
-        path, main = checkpoint_path(self.run_dir, self.progress.step), self.runtime.is_main_process
+        path, main = self.checkpoints.step_path(self.progress.step), self.runtime.is_main_process
         shards = step and isinstance(self.checkpoints, ShardedCheckpointWriter)  # each rank writes its own shards
         # Collective when the model is sharded: rank 0 gets whole tensors, in the layout a DDP run saves.
         model_state = sharding.full_model_state(self.model, main) if best or not shards else {}
@@ -285,9 +285,8 @@ class Trainer:
             rest = files.pop(path) if shards else None
             if files:
                 self.checkpoints.submit(files)
-        if shards:
-            assert isinstance(self.checkpoints, ShardedCheckpointWriter)
-            path = self.checkpoints.submit_sharded(self.progress.step, self.model, self.optimizer, rest)
+        if shards:  # collective: every rank's shards, and rank 0's rest beside them
+            self.checkpoints.submit_sharded(self.progress.step, self.model, self.optimizer, rest)  # type: ignore[attr-defined]
         return path
 
     def finish_checkpoints(self) -> None:
