@@ -34,10 +34,15 @@ from distqa.checkpoint import (
     remove_stale_temporaries,
     verify_directory,
 )
-from distqa.config.sources import saved_config
+from distqa.config.sources import load_config, saved_config
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 from distqa.qa.model import build_model
-from distqa.sharded_checkpoint import ShardedCheckpointWriter, load_sharded, sharded_checkpoint_path
+from distqa.sharded_checkpoint import (
+    ShardedCheckpointWriter,
+    load_sharded,
+    sharded_checkpoint_path,
+    uses_sharded_checkpoints,
+)
 from distqa.stop import StopWindow
 
 from conftest import (
@@ -300,3 +305,12 @@ def test_export_and_predict_take_a_sharded_checkpoint_as_they_take_the_file(tmp_
             out = exported.eval()(**inputs)
         logits.append(torch.cat([out.start_logits, out.end_logits]))
     assert torch.allclose(logits[0], logits[1], atol=1e-6, rtol=0)
+
+
+def test_by_default_a_sharded_run_of_several_ranks_writes_sharded_checkpoints_and_others_write_files() -> None:
+    """checkpoint_format's default, auto: no rank of a fsdp/hsdp run holds the whole state for a save; DDP and a
+    single process keep the one file."""
+    assert load_config(["--preset", "none"], environ={}, dotenv_path="/nonexistent").checkpoint_format == "auto"
+    assert uses_sharded_checkpoints("auto", "fsdp", 2) and uses_sharded_checkpoints("auto", "hsdp", 4)
+    assert not uses_sharded_checkpoints("auto", "ddp", 2) and not uses_sharded_checkpoints("auto", "fsdp", 1)
+    assert uses_sharded_checkpoints("sharded", "fsdp", 2) and not uses_sharded_checkpoints("file", "fsdp", 2)
