@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 # cannot run here (bench/comm_hook.py without root) prints a SKIP line instead.
 BENCH_SCRIPTS := bench/step_overhead.py bench/hf_trainer.py bench/optimizations.py bench/ddp_overhead.py \
 	bench/comm_hook.py bench/loader_vs_step.py bench/nq_pipeline.py bench/tracking_overhead.py \
-	bench/checkpoint_io.py bench/squad_pipeline.py
+	bench/checkpoint_io.py bench/squad_pipeline.py bench/sharding.py
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help

@@ -17,6 +17,9 @@
 #   bench/gpu_large.py      BERT-large, RoBERTa-large, DeBERTa-v3-large at seq 512, micro-batch 8 and 32, activation
 #                           checkpointing off and on, compiled: samples/s, MFU, peak memory against the estimate
 #                           (about 10 minutes alone: `bench/gpu_large.py --json DIR/large.json`, then gpu_report.py)
+#   bench/gpu_sharding.py   BERT-large, DDP against full sharding (FSDP2) on the GPUs torch sees (torchrun, one
+#                           process per GPU; on 1 GPU the fsdp row measures only the wrap's overhead): samples/s,
+#                           MFU, peak memory
 #   bench/gpu_mfu.py        what limits the MFU of the BERT-base step at micro-batch 32: attempts (CUDA graphs, bf16
 #                           weights, a larger micro-batch) side by side and a profile of where the step's time goes
 #   bench/gpu_report.py     the table and the goals (>= 40 % MFU at seq 512 bf16; >= 1.3 x the HF Trainer)
@@ -32,7 +35,7 @@ find_python "$repo"
 device=cuda
 quick=()
 out=""
-parts="training,startup,inference,packing,large,mfu"
+parts="training,startup,inference,packing,large,sharding,mfu"
 usage() { sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -79,6 +82,11 @@ run_part startup env BENCH_LAUNCHED_AT="$(date +%s.%N)" "$PYTHON" -m torch.distr
 run_part inference "$PYTHON" bench/gpu_inference.py --device "$device" "${quick[@]}" --json "$out/inference.json"
 run_part packing "$PYTHON" bench/gpu_packing.py --device "$device" "${quick[@]}" --json "$out/packing.json"
 run_part large "$PYTHON" bench/gpu_large.py --device "$device" "${quick[@]}" --json "$out/large.json"
+# One process per GPU torch sees (1 on CPU: the smoke run); each part above runs on one.
+gpus=1
+[[ "$device" == cuda ]] && gpus="$("$PYTHON" -c 'import torch; print(max(1, torch.cuda.device_count()))')"
+run_part sharding "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$gpus" bench/gpu_sharding.py \
+    --device "$device" "${quick[@]}" --json "$out/sharding.json"
 run_part mfu "$PYTHON" bench/gpu_mfu.py --device "$device" "${quick[@]}" --json "$out/mfu.json"
 
 echo

@@ -1,7 +1,7 @@
 """The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_packing, gpu_large,
-gpu_mfu) and the goals.
+gpu_sharding, gpu_mfu) and the goals.
 
-    .venv/bin/python bench/gpu_report.py DIR     # DIR: training, startup, inference, packing, large, mfu .json
+    .venv/bin/python bench/gpu_report.py DIR   # DIR: training, startup, inference, packing, large, sharding, mfu .json
 
 Goals (issue 13), each a PASS/MISS line (harness.Target):
 
@@ -24,7 +24,7 @@ from targets import Target  # not harness: it imports torch, which a report of J
 
 MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
 PARTS = ("training", "startup", "inference", "packing", "large")
-OPTIONAL_PARTS = ("mfu",)
+OPTIONAL_PARTS = ("sharding", "mfu")
 """Parts that ``bench/gpu.sh --parts`` may leave out without the report counting them as failed."""
 MFU_ATTEMPT_GOAL = 0.45
 
@@ -58,6 +58,8 @@ def main() -> None:
         failed |= print_packing(parts["packing"])
     if "large" in parts:
         failed |= print_large(parts["large"])
+    if "sharding" in parts:
+        failed |= print_sharding(parts["sharding"])
     if "mfu" in parts:
         failed |= print_mfu(parts["mfu"])
     for name in missing:
@@ -135,6 +137,20 @@ def print_large(part: dict[str, Any]) -> bool:
         _figure(row["peak_memory_gib"], ".2f", " GiB"), _figure(row["estimated_peak_gib"], ".2f", " GiB"),
         _figure(row["peak_memory_gib"] and row["peak_memory_gib"] / row["estimated_peak_gib"], ".2f"),
         ) for row in part["rows"]], part["rows"])
+    return any(row["note"].startswith("FAILED") for row in part["rows"])
+
+
+def print_sharding(part: dict[str, Any]) -> bool:
+    """DDP against full sharding on the part's GPUs; True when a row failed."""
+    print(f"\nsharding: {part['model']} on {part['world_size']} process(es), seq {part['seq_len']}, micro-batch "
+          f"{part['micro_batch']} per process, bf16, not compiled; median of {part['repeats']} × {part['steps']} steps "
+          f"after {part['warmup']} warm-up steps (samples/s of the job, MFU per GPU, peak memory of the fullest GPU):")
+    _print_table(("data parallel", "samples/s", "MFU", "peak mem"), [(
+        row["strategy"], _figure(row["samples_per_s"], ".1f"), _mfu(row["mfu"], part["device_type"]),
+        _figure(row["peak_memory_gib"], ".2f", " GiB")) for row in part["rows"]], part["rows"])
+    rates = {row["strategy"]: row["samples_per_s"] for row in part["rows"]}
+    if rates.get("ddp") and rates.get("fsdp"):
+        print(f"  fsdp / ddp samples/s: {rates['fsdp'] / rates['ddp']:.3f}")
     return any(row["note"].startswith("FAILED") for row in part["rows"])
 
 

@@ -30,8 +30,10 @@ EXPECTED_TARGETS = {
     "bench/tracking_overhead.py": ["with MLflow / TensorBoard alone"],
     "bench/checkpoint_io.py": ["background / no saves", "blocking / background", "background / blocking"],
     "bench/squad_pipeline.py": ["ours / run_qa questions/s, 1 process"],
+    "bench/sharding.py": ["fsdp / ddp state per rank at 2 ranks", "fsdp / ddp state per rank at 4 ranks",
+                          "fsdp / ddp (2 gloo ranks), time per step"],
 }
-MULTI_PROCESS = {"bench/ddp_overhead.py", "bench/comm_hook.py"}
+MULTI_PROCESS = {"bench/ddp_overhead.py", "bench/comm_hook.py", "bench/sharding.py"}
 # A script that cannot run on this machine says so in one line (bench/comm_hook.py: no root, no `ip`/`tc`).
 SKIP_LINE = re.compile(r"^SKIP  (?P<reason>.+)$", re.MULTILINE)
 

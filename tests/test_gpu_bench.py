@@ -1,7 +1,7 @@
 """bench/gpu.sh runs end to end on CPU (``--device cpu --quick``: the tiny model, gloo), so that the GPU
 script is not first run on a rented GPU. Its figures are meaningless here; what is checked is that every
-part (training contenders, process-group start-up, evaluate and predict, padded vs unpadded batches) ran and
-reached the report, and that asking for CUDA on a machine without it gives one line that says what to do.
+part (training contenders, process-group start-up, evaluate and predict, padded vs unpadded batches, ddp vs
+fsdp) ran and reached the report, and that asking for CUDA on a machine without it gives one line that says what to do.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     assert all(row["samples_per_s"] > 0 and row["estimated_peak_gib"] > 0 and "FAILED" not in row["note"]
                for row in rows.values()), large["rows"]
 
+    sharding = json.loads((out / "sharding.json").read_text())  # ddp against fsdp, one process under torchrun
+    assert sharding["world_size"] == 1 and [row["strategy"] for row in sharding["rows"]] == ["ddp", "fsdp"]
+    assert all(row["samples_per_s"] > 0 and "FAILED" not in row["note"] for row in sharding["rows"]), sharding
+    assert "only the wrap's overhead" in sharding["rows"][1]["note"]
+
     mfu = json.loads((out / "mfu.json").read_text())  # the attempts' code paths that run without a compile
     attempts = {row["name"]: row for row in mfu["rows"]}
     assert attempts["eager"]["samples_per_s"] > 0 and attempts["eager, bf16 weights"]["samples_per_s"] > 0
@@ -67,7 +72,8 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
 
     report = result.stdout
     headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "useful tokens: tiny",
-                "large encoders at seq 64", "MFU attempts: tiny at seq 64")
+                "large encoders at seq 64", "sharding: bert-large (tiny sizes) on 1 process(es)",
+                "MFU attempts: tiny at seq 64")
     for heading in headings:
         assert heading in report, report
     assert re.search(r"^(PASS|MISS)  ours / hf \(run_qa \+ bf16\), seq 512, samples/s +[0-9.]+", report, re.MULTILINE)

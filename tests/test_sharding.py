@@ -52,7 +52,8 @@ def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra
     return [*MACHINERY_ARGS, *data, "--output-dir", str(output_dir), "--run-name", name, "--global-batch-size", "16",
             "--per-rank-batch-size", str(per_rank), "--max-steps", str(STEPS), "--checkpoint-every", "2",
             "--classifier-dropout", "0", "--lr", "5e-4", "--max-grad-norm", str(MAX_GRAD_NORM),
-            "--eval-every", "2", "--eval-batch-size", "4", "--dist-timeout-s", "60", *extra]
+            "--eval-every", "2", "--eval-batch-size", "4", "--dist-timeout-s", "60",
+            "--checkpoint-format", "file", *extra]  # DDP's file layout for every strategy: compared key by key
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +175,30 @@ def test_compiled_sharding_units_give_the_eager_gradients(group_of_one: None) ->
     assert counters["stats"]["unique_graphs"] >= 1
     assert list(gradients[0]) == [name for name, _ in Stack().named_parameters()]  # names unchanged by compile
     torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_sharding_computes_in_bf16_and_keeps_fp32_shards_and_gradients(group_of_one: None) -> None:
+    """precision bf16 with sharding: the policy casts the gathered weights to bf16 for forward and backward (the
+    output is bf16, as under autocast) while the shards, their gradients (reduced in fp32) and so AdamW's state stay
+    fp32; the gradients are those of the fp32 model within bf16 rounding."""
+    config = load_config([*MACHINERY_ARGS, "--data-parallel", "fsdp"], environ={}, dotenv_path=os.devnull)
+    inputs = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+    gradients, outputs = [], []
+    for param_dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        model = Stack()
+        shard_model(model, make_task(config).sharding_units(model), local_runtime("cpu"), config, param_dtype)
+        output = model(inputs)
+        output.float().square().mean().backward()
+        outputs.append(output)
+        gradients.append({name: p.grad for name, p in model.named_parameters()})
+    assert outputs[0].dtype == torch.float32 and outputs[1].dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(grad.dtype == torch.float32 for grad in gradients[1].values())
+    for name, grad in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name].full_tensor(), grad.full_tensor(), rtol=0.05, atol=2e-3,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+        assert not torch.equal(gradients[1][name].full_tensor(), grad.full_tensor()), f"{name}: bf16 changed nothing"
 
 
 def test_a_checkpointed_encoder_sharded_by_layer_gives_the_gradients_of_the_bare_model(group_of_one: None) -> None:

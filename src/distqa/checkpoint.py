@@ -6,7 +6,9 @@ It is written to a temporary name, flushed to disk and renamed: a job killed mid
 previous checkpoint intact and never a truncated file under a real name. A full disk fails the write
 with :class:`~distqa.errors.DiskFullError` (folder and free space named), the previous file intact.
 The trainer writes through :mod:`distqa.checkpoint_writer` (rank 0, in the background, from a host copy
-of the step's state).
+of the step's state). With ``checkpoint_format = sharded`` a step checkpoint is a directory
+``step-00000100.dcp/`` of every rank's shards (:mod:`distqa.sharded_checkpoint`); listing, pruning and the
+newest intact checkpoint take both kinds in step order, a directory verified against its manifest.
 
 Integrity: next to every checkpoint, ``step-00000100.pt.crc32`` (JSON) holds the size and CRC-32 of
 its bytes, computed while they are written (no second pass). Loading compares the size first (a file
@@ -36,6 +38,7 @@ import json
 import logging
 import mmap
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,11 +46,12 @@ from typing import IO, Any, Generic, NamedTuple, TypeVar
 
 import torch
 
-from distqa.files import Digest, atomic_write, file_digest, read_with_digest
+from distqa.files import Digest, atomic_write, file_digest, manifest_problem, read_with_digest
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
+CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.(?:pt|dcp)$")
+"""A step checkpoint: a file, or a directory of DCP shards (:mod:`distqa.sharded_checkpoint`)."""
 
 
 FORMAT_VERSION = 3
@@ -215,9 +219,9 @@ def _check_digest(path: Path, actual: Digest, expected: Digest) -> None:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run, oldest first (temporary files are ignored)."""
+    """Step checkpoints of a run, files and sharded directories together, oldest first (temporaries are ignored)."""
     folder = checkpoint_dir(run_dir)
-    found = [(int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := CHECKPOINT_NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.glob("step-*") if (m := CHECKPOINT_NAME.match(p.name))]
     return [p for _, p in sorted(found)]
 
 
@@ -228,6 +232,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     for old in list_checkpoints(run_dir)[:-keep]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            continue
         old.unlink(missing_ok=True)
         digest_path(old).unlink(missing_ok=True)
 
@@ -235,17 +242,21 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
 class IntactCheckpoint(NamedTuple, Generic[C]):
     path: Path
     checkpoint: C
-    data: mmap.mmap
-    """The file's bytes as read (once) for ``checkpoint``: resume hands them on to the other ranks of the node."""
+    data: mmap.mmap | None
+    """The file's bytes as read (once) for ``checkpoint``: resume hands them on to the other ranks of the node;
+    None for a sharded directory (every rank reads its shards)."""
 
 
 def newest_intact_checkpoint(run_dir: Path, kind: type[C] = TrainingCheckpoint) -> IntactCheckpoint[C] | None:  # type: ignore[assignment]
     """The newest step checkpoint that verifies and loads, with its contents; None if there is none.
 
     Each damaged newer one is reported in one line and renamed ``<name>.corrupt`` (kept for a look,
-    never chosen or counted by pruning again). Rank 0 only: it renames files."""
+    never chosen or counted by pruning again). A sharded directory is verified against its manifest (every
+    file's size, then CRC-32) and read without its weights. Rank 0 only: it renames files."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
+            if path.is_dir():
+                return IntactCheckpoint(path, read_sharded(path, kind), None)
             data = read_checkpoint(path)
             return IntactCheckpoint(path, parse_checkpoint(data, path, kind), data)
         except CheckpointError as err:
@@ -257,12 +268,60 @@ def newest_intact_checkpoint(run_dir: Path, kind: type[C] = TrainingCheckpoint) 
     return None
 
 
+STATE_FILE = "state.pt"
+"""In a sharded checkpoint's directory (:mod:`distqa.sharded_checkpoint`): rank 0's part, all but the weights."""
+MANIFEST = "manifest.json"
+"""In a sharded checkpoint's directory: every other file's size and CRC-32, written last."""
+SHARDED = "sharded_checkpoint"
+"""The key of the reference a sharded checkpoint's ``model`` and ``optimizer`` hold once read: its directory."""
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / STATE_FILE).is_file()
+
+
+def sharded_directory(state: Mapping[str, Any]) -> Path | None:
+    """The directory whose shards hold ``state`` (a sharded checkpoint's ``model`` or ``optimizer`` as
+    :func:`read_sharded` leaves them); None for a state loaded whole from a file."""
+    return Path(state[SHARDED]) if SHARDED in state else None
+
+
+def verify_directory(directory: Path) -> None:
+    """Raise :class:`CheckpointError` naming the file when a file of a sharded checkpoint differs from its manifest
+    (missing, another size, another CRC-32)."""
+    if (problem := manifest_problem(directory, MANIFEST)) is not None:
+        raise CheckpointError(problem)
+
+
+def read_sharded(directory: Path, kind: type[C] = TrainingCheckpoint, verify: bool = True) -> C:  # type: ignore[assignment]
+    """The sharded checkpoint in ``directory`` as ``kind``, verified first, without its weights: ``model`` and
+    ``optimizer`` hold a reference to the directory (:func:`sharded_directory`), which
+    :mod:`distqa.sharded_checkpoint` loads them from."""
+    if verify:
+        verify_directory(directory)
+    try:
+        data, _ = read_with_digest(directory / STATE_FILE)
+    except OSError as err:
+        raise CheckpointError(f"{directory / STATE_FILE} cannot be read ({err}).") from err
+    try:
+        checkpoint = parse_checkpoint(data, directory, kind)
+    finally:
+        data.close()
+    checkpoint.model = {SHARDED: str(directory)}
+    if isinstance(checkpoint, TrainingCheckpoint):
+        checkpoint.optimizer = {SHARDED: str(directory)}
+    return checkpoint
+
+
 def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     """Delete temporaries of writes that a kill interrupted (SIGTERM/SIGKILL end a worker at once,
     mid-write included). Only call while no checkpoint is being written: at start-up, on rank 0."""
     stale = list(checkpoint_dir(run_dir).glob(".step-*.tmp"))
     for path in stale:
-        path.unlink(missing_ok=True)
+        if path.is_dir():  # a sharded checkpoint's directory, renamed into place only once complete
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return stale
 
 

@@ -39,7 +39,8 @@ dies mid-write spoils the checkpoint for all; and a DDP resume still reads the w
 Here the file, the format, the sidecar and the resume path stay as they are, and the write's bandwidth
 matters only to the stop's deadline (checked below) and to how often one can checkpoint (a write longer
 than ``checkpoint_every`` steps makes the next save wait). DCP's spread-out write is the better choice once
-the state is sharded (FSDP) or one node cannot write a checkpoint within the stop window.
+the state is sharded (FSDP) or one node cannot write a checkpoint within the stop window: that is
+``checkpoint_format = sharded`` (:mod:`distqa.sharded_checkpoint`, which does all of the above).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from distqa.checkpoint import ModelCheckpoint, TrainingCheckpoint, prune_checkpoints, save_checkpoint
+from distqa.checkpoint import ModelCheckpoint, TrainingCheckpoint, checkpoint_path, prune_checkpoints, save_checkpoint
 from distqa.stop import StopWindow
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ class CheckpointWriter:
         self._writing: list[Path] = []
         self._error: BaseException | None = None
         self._timed = False
+
+    def step_path(self, step: int) -> Path:
+        """Where the step checkpoint of ``step`` is written."""
+        return checkpoint_path(self.run_dir, step)
 
     def submit(self, files: Mapping[Path, ModelCheckpoint]) -> None:
         """Write ``files`` (path: checkpoint) as they are now. Returns once their state is copied to host

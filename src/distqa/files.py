@@ -122,6 +122,27 @@ def read_with_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[mmap.mmap
     return memory, Digest(size, crc)
 
 
+def manifest_problem(directory: Path, manifest: str) -> str | None:
+    """What differs between the files of ``directory`` and what its JSON ``manifest`` (``{"files": {name: {"size",
+    "crc32"}}}``) says was written, in one sentence naming the file; None when nothing does. Every size is compared
+    before any file is read (a truncated file is found without reading the others), then each CRC-32."""
+    try:
+        expected = {name: Digest(**digest) for name, digest in
+                    json.loads((directory / manifest).read_text())["files"].items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        return f"{directory / manifest} is missing or unreadable ({err}); cannot verify {directory}."
+    try:
+        for name, digest in expected.items():
+            if (size := (directory / name).stat().st_size) != digest.size:
+                return f"{directory / name} is truncated or damaged: {size} bytes, {digest.size} were written."
+        for name, digest in expected.items():
+            if (crc32 := file_digest(directory / name).crc32) != digest.crc32:
+                return f"{directory / name} is corrupted: CRC-32 {crc32:08x}, {digest.crc32:08x} was written."
+    except OSError as err:
+        return f"{directory / name} cannot be read ({err})."
+    return None
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` as indented, key-sorted JSON, written atomically."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -32,15 +32,19 @@ from torch import nn
 from distqa.checkpoint import (
     CheckpointError,
     TrainingCheckpoint,
+    is_sharded_checkpoint,
     newest_intact_checkpoint,
     parse_checkpoint,
     read_checkpoint,
+    read_sharded,
     remove_stale_temporaries,
+    sharded_directory,
 )
 from distqa.config import Config, ConfigError
 from distqa.distributed import Runtime, all_gather_objects, broadcast_buffer, broadcast_object, node_local_group
 from distqa.optim import Precision
 from distqa.rng import restore_rng_state, seed_everything
+from distqa.sharded_checkpoint import load_model, load_optimizer
 from distqa.sharding import load_optimizer_state
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,8 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module) ->
                 found = newest_intact_checkpoint(run_dir, TrainingCheckpoint)
                 if found:
                     chosen, checkpoint, data = str(found.path), found.checkpoint, found.data
+            elif config.resume != "none" and is_sharded_checkpoint(Path(config.resume)):
+                chosen, checkpoint = config.resume, read_sharded(Path(config.resume), TrainingCheckpoint)
             elif config.resume != "none":
                 chosen = config.resume
                 data = read_checkpoint(Path(chosen))
@@ -75,6 +81,9 @@ def resume(config: Config, runtime: Runtime, run_dir: Path, model: nn.Module) ->
     if chosen is None:
         log.info("starting from scratch (no checkpoint to resume)")
         return None
+    directory = broadcast_object(chosen if runtime.is_main_process and sharded_directory(checkpoint.model) else None)
+    if directory is not None:  # verified by rank 0; every rank reads its part of the shards
+        return resume_sharded(Path(directory), broadcast_object(checkpoint), config, model)
     data = read_once_per_node(Path(chosen), size, runtime, config.dist_timeout_s, data)
     try:
         if checkpoint is None:
@@ -97,7 +106,11 @@ def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runti
     """Collective for a sharded model. The rest of :func:`resume`'s ``checkpoint`` into the optimizer (built over
     ``model`` as training runs it: replicated or sharded, :func:`distqa.sharding.load_optimizer_state`), the
     scheduler, the scaler and this rank's random generators."""
-    load_optimizer_state(model, optimizer, checkpoint.optimizer)
+    directory = sharded_directory(checkpoint.optimizer)
+    if directory is not None:
+        load_optimizer(directory, model, optimizer)
+    else:
+        load_optimizer_state(model, optimizer, checkpoint.optimizer)
     scheduler.load_state_dict(checkpoint.scheduler)
     precision.scaler.load_state_dict(checkpoint.scaler)
     if len(checkpoint.rng) == runtime.world_size:
@@ -106,6 +119,22 @@ def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runti
         log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
                     len(checkpoint.rng), runtime.world_size)
         seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
+
+
+def resume_sharded(directory: Path, checkpoint: TrainingCheckpoint, config: Config,
+                   model: nn.Module) -> TrainingCheckpoint:
+    """Collective. :func:`resume` from a sharded checkpoint (``checkpoint``: its state without the weights, which
+    rank 0 verified): every rank reads the whole weights into its bare model (DCP, at any world size)."""
+    try:
+        config.refuse_another_run(checkpoint.config, str(directory))
+        load_model(directory, model)
+    except (CheckpointError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"cannot resume from {directory}: {err}\nUse --resume none or another "
+                          "--run-name to start fresh.") from err
+    log.info("resumed from %s at step %d (epoch %d, %d examples into it; written by %d rank(s))", directory,
+             checkpoint.progress.step, checkpoint.progress.epoch, checkpoint.progress.samples_in_epoch,
+             checkpoint.world_size)
+    return checkpoint
 
 
 def read_once_per_node(path: Path, size: int, runtime: Runtime, timeout_s: float,

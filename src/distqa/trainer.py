@@ -36,8 +36,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from distqa import sharding
-from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path, checkpoint_path
-from distqa.checkpoint_writer import CheckpointWriter
+from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path
 from distqa.config import Config, ConfigError
 from distqa.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed import (
@@ -53,6 +52,7 @@ from distqa.optim import Precision
 from distqa.rng import capture_rng_state
 from distqa.rundir import versions
 from distqa.sampler import ResumableDistributedSampler
+from distqa.sharded_checkpoint import ShardedCheckpointWriter, checkpoint_writer
 from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
 from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops
@@ -116,10 +116,9 @@ class Trainer:
         self.metrics = MetricsWindow(runtime.device, lambda seq_len: task.flops_per_token(model, seq_len))
         """Loss, tokens and step times since the last log line (train_step feeds it)."""
         self.first_step = self.progress.step
-        self.checkpoints = CheckpointWriter(run_dir, config.keep_checkpoints, runtime.device,
-                                            background=config.checkpoint_in_background,
-                                            stop_window=graceful_stop_window())
-        """Rank 0's checkpoint files, written off the step (the other ranks never submit any)."""
+        self.checkpoints = checkpoint_writer(config, runtime.world_size, run_dir, runtime.device,
+                                             stop_window=graceful_stop_window())
+        """Rank 0's checkpoint files, written off the step; with sharded checkpoints every rank's shards too."""
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
 
     # --- the loop ----------------------------------------------------------------------------
@@ -207,7 +206,7 @@ class Trainer:
         if saved or best:
             self.save_checkpoint(step=saved, best=best)
         if not last and (received := stop.agreed(step)):
-            path = checkpoint_path(self.run_dir, step) if saved else self.save_checkpoint()
+            path = self.checkpoints.step_path(step) if saved else self.save_checkpoint()
             self._log_partial_window(bar, scalars)
             self.finish_checkpoints()
             raise TrainingStoppedError(signal.Signals(received).name, step, path)
@@ -267,10 +266,12 @@ class Trainer:
         and with ``best`` best.pt, to its writer, which copies this step's state to host memory and writes
         the files in the background (distqa.checkpoint_writer). Returns the step checkpoint's path."""
         rng_states = all_gather_objects(capture_rng_state()) if step else []
-        path, main = checkpoint_path(self.run_dir, self.progress.step), self.runtime.is_main_process
+        path, main = self.checkpoints.step_path(self.progress.step), self.runtime.is_main_process
+        shards = step and isinstance(self.checkpoints, ShardedCheckpointWriter)  # each rank writes its own shards
         # Collective when the model is sharded: rank 0 gets whole tensors, in the layout a DDP run saves.
-        model_state = sharding.full_model_state(self.model, main)
-        optimizer_state = sharding.full_optimizer_state(self.model, self.optimizer, main) if step else {}
+        model_state = sharding.full_model_state(self.model, main) if best or not shards else {}
+        optimizer_state = sharding.full_optimizer_state(self.model, self.optimizer, main) if step and not shards else {}
+        rest = None  # with shards: rank 0's part of the step checkpoint, all but the weights and optimizer state
         if main:
             fields = self._model_checkpoint_fields(model_state)
             files: dict[Path, ModelCheckpoint] = {}
@@ -281,15 +282,18 @@ class Trainer:
                     saved_by_rank=self.runtime.rank)
             if best:
                 files[best_checkpoint_path(self.run_dir)] = ModelCheckpoint(**fields)
-            self.checkpoints.submit(files)
+            rest = files.pop(path) if shards else None
+            if files:
+                self.checkpoints.submit(files)
+        if shards:  # collective: every rank's shards, and rank 0's rest beside them
+            self.checkpoints.submit_sharded(self.progress.step, self.model, self.optimizer, rest)  # type: ignore[attr-defined]
         return path
 
     def finish_checkpoints(self) -> None:
         """Collective, before the loop ends or stops: rank 0 waits until its files are complete and durable
         (raising a write's error), and the others wait for rank 0: on a stop, the first worker to exit has the
         agents end the rest (distqa.agent), which must not catch rank 0 mid-write."""
-        if self.runtime.is_main_process:
-            self.checkpoints.wait()
+        self.checkpoints.wait()  # a file writer has nothing in flight on the other ranks
         barrier()
 
     def _model_checkpoint_fields(self, model_state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -388,7 +392,6 @@ class Trainer:
 
     def _device_name(self) -> str:
         return torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
-
 
 
 def _due(every: int, step: int) -> bool:

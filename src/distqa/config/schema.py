@@ -175,13 +175,19 @@ class Config:
     # --- checkpoints -------------------------------------------------------------------------------
     resume: str = CHECKPOINTS(
         "auto", "'auto' continues from the newest checkpoint of this run if one exists, 'none' "
-        "starts fresh, or a path to a checkpoint file.")
+        "starts fresh, or a path to a checkpoint file or sharded checkpoint directory (step-N.dcp).")
     checkpoint_every: int = CHECKPOINTS(50, "Save a checkpoint every N optimizer steps (0 = only at the end).")
     keep_checkpoints: int = CHECKPOINTS(3, "Newest step checkpoints kept in the run directory.")
     checkpoint_in_background: bool = CHECKPOINTS(
         True, "Rank 0 copies the step's state to host memory and writes the checkpoint in a background thread "
         "while training goes on (one write at a time; a stop and the end wait for it). false: training waits "
         "for each write, and no host copy is kept (a host short of memory).")
+    checkpoint_format: Literal["file", "sharded", "auto"] = CHECKPOINTS(
+        "auto", "'file': rank 0 writes one file per checkpoint (a sharded run gathers the whole state to rank 0); "
+        "'sharded': every rank writes its own shards with torch.distributed.checkpoint into a directory "
+        "step-N.dcp (docs/FAULT_TOLERANCE.md); 'auto': sharded when data_parallel is fsdp or hsdp on more than one "
+        "rank (no rank then holds the whole state), file otherwise. best.pt is a file either way; a run resumes from "
+        "either format at any world size.")
     stop_at_step: int = CHECKPOINTS(
         0, "End this invocation after this optimizer step, with a checkpoint, while the schedule "
         "still targets max_steps: splits a long run over time-limited jobs. 0 = never.")

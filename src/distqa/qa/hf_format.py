@@ -33,12 +33,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForQuestionAnswering, PreTrainedModel
 
-from distqa.checkpoint import FORMAT_VERSION, CheckpointError, ModelCheckpoint, Progress, load_checkpoint
+from distqa.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    ModelCheckpoint,
+    Progress,
+    is_sharded_checkpoint,
+    load_checkpoint,
+)
 from distqa.config import ConfigError
 from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
+from distqa.sharded_checkpoint import load_sharded
 from distqa.tasks.commands import RUN_FILE  # the run's config, inference state and metrics: the commands read its task
 
 log = logging.getLogger(__name__)
@@ -126,9 +134,15 @@ def _hf_question_answering(model: QAModel) -> PreTrainedModel:
 
 
 def load_model_checkpoint(path: Path) -> ModelCheckpoint:
-    """``best.pt`` or a ``step-*.pt`` (:func:`~distqa.checkpoint.load_checkpoint`), or a directory written by
+    """``best.pt`` or a ``step-*.pt`` (:func:`~distqa.checkpoint.load_checkpoint`), a sharded ``step-*.dcp``
+    (:func:`~distqa.sharded_checkpoint.load_sharded`, whole weights in this process), or a directory written by
     :func:`export_model`, as the :class:`~distqa.checkpoint.ModelCheckpoint` it holds. An exported directory's
     config names the directory as the model and tokenizer source, so nothing else is read."""
+    if is_sharded_checkpoint(path):
+        try:
+            return load_sharded(path)
+        except CheckpointError as err:
+            raise ConfigError(str(err)) from None
     if path.is_dir():
         return _read_export(path)
     if not path.is_file():

@@ -68,6 +68,10 @@ def checkpoint_task(path: Path) -> str:
     # re-import their entry point) should not import torch for nothing.
     import torch
 
+    from distqa.checkpoint import STATE_FILE, is_sharded_checkpoint  # here too: torch, for checkpoints only
+
+    if is_sharded_checkpoint(path):  # a step-*.dcp directory: its config is in the state file beside the shards
+        path = path / STATE_FILE
     if path.is_dir():
         run_file = path / RUN_FILE
         if not run_file.is_file():

@@ -1,0 +1,316 @@
+"""Sharded checkpoints (``--checkpoint-format sharded``, distqa.sharded_checkpoint): each rank writes its own DCP
+shards in the background into ``step-N.dcp/``, and every promise of the single file holds for the directory.
+
+Real runs of the machinery task (fp32, global batch 16, fsdp on 2 ranks with accumulation), started once for the
+module (:func:`runs`): the uninterrupted run; a run ended at step 2 (``--stop-at-step``) and started again
+(``--resume auto``); and the first run's step-2 directory resumed on 4 ranks and by DDP writing files. Faults on
+many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of tests/sharded_checkpoint_job.py;
+what needs no peers (rotation, the deadline, export and predict) runs in this process, with one process's writer
+(the same format: DCP without a process group)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from distqa.checkpoint import (
+    MANIFEST,
+    STATE_FILE,
+    ModelCheckpoint,
+    Progress,
+    TrainingCheckpoint,
+    checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    newest_intact_checkpoint,
+    remove_stale_temporaries,
+    verify_directory,
+)
+from distqa.config.sources import load_config, saved_config
+from distqa.qa.hf_format import export_model, load_model_checkpoint
+from distqa.qa.model import build_model
+from distqa.sharded_checkpoint import (
+    ShardedCheckpointWriter,
+    load_sharded,
+    sharded_checkpoint_path,
+    uses_sharded_checkpoints,
+)
+from distqa.stop import StopWindow
+
+from conftest import (
+    MACHINERY_ARGS,
+    REPO_ROOT,
+    clean_env,
+    final_weights,
+    free_port,
+    max_difference,
+    reviews,
+    run_training,
+)
+
+STEPS = 4
+SAME_STRATEGY = 1e-6
+ACROSS = 1e-5
+"""Another world size or strategy sums the same gradients in another order (tests/test_sharding.py)."""
+NQ_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
+
+
+def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra: str) -> list[str]:
+    return [*MACHINERY_ARGS, *data, "--output-dir", str(output_dir), "--run-name", name, "--global-batch-size", "16",
+            "--per-rank-batch-size", str(per_rank), "--max-steps", str(STEPS), "--checkpoint-every", "2",
+            "--classifier-dropout", "0", "--lr", "5e-4", "--eval-every", "2", "--eval-batch-size", "4",
+            "--dist-timeout-s", "60", *extra]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Run name -> (its run directory, its output)."""
+    output_dir = tmp_path_factory.mktemp("sharded")
+    data = reviews(output_dir, 85)
+    outputs: dict[str, str] = {}
+
+    def train(name: str, nproc: int, per_rank: int, *extra: str) -> None:
+        result = run_training(run_args(data, output_dir, name, per_rank, *extra), nproc=nproc)
+        outputs[name] = outputs.get(name, "") + result.stdout + result.stderr
+
+    sharded = ("--data-parallel", "fsdp", "--checkpoint-format", "sharded")
+    train("fsdp", 2, 4, *sharded)
+    step_2 = str(sharded_checkpoint_path(output_dir / "fsdp", 2))
+    train("resumed", 2, 4, *sharded, "--stop-at-step", "2")  # ends with its step-2 directory
+    train("resumed", 2, 4, *sharded)  # --resume auto: the newest intact checkpoint, that directory
+    train("four_ranks", 4, 4, *sharded, "--resume", step_2)
+    train("ddp", 2, 4, "--data-parallel", "ddp", "--checkpoint-format", "file", "--resume", step_2)
+    return {name: (output_dir / name, output) for name, output in outputs.items()}
+
+
+def sharded_weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
+    return load_sharded(sharded_checkpoint_path(run_dir, step)).model
+
+
+@pytest.mark.distributed
+def test_each_rank_writes_its_shards_in_the_background_with_a_manifest_written_last(
+        runs: dict[str, tuple[Path, str]]) -> None:
+    """A sharded run's step checkpoints are directories: each rank's .distcp file, DCP's .metadata, rank 0's
+    state.pt and the manifest of them all (which verifies); best.pt stays one file; written in the background, and
+    the first write went through the graceful stop's deadline check."""
+    run_dir, output = runs["fsdp"]
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000002.dcp", "step-00000004.dcp"]
+    assert not list((run_dir / "checkpoints").glob("step-*.pt")) and (run_dir / "checkpoints" / "best.pt").is_file()
+    directory = sharded_checkpoint_path(run_dir, STEPS)
+    manifest = json.loads((directory / MANIFEST).read_text())["files"]
+    assert sorted(manifest) == [".metadata", "__0_0.distcp", "__1_0.distcp", STATE_FILE]
+    assert sorted(p.name for p in directory.iterdir()) == sorted([*manifest, MANIFEST])
+    verify_directory(directory)
+    state = torch.load(directory / STATE_FILE, weights_only=True)
+    assert state["progress"]["step"] == STEPS and state["world_size"] == 2 and len(state["rng"]) == 2
+    assert state["model"] == {} and state["optimizer"] == {}  # the weights are in the shards only
+    assert f"saved checkpoint {directory} (" in output and "from 2 rank(s)" in output and "in the background" in output
+    assert "checkpoint write: step-00000002.dcp is" in output  # the deadline check, once, on the first write
+    assert "checkpoint write: step-00000004.dcp" not in output
+
+
+@pytest.mark.distributed
+def test_a_sharded_checkpoint_resumes_exactly_on_as_many_ranks(runs: dict[str, tuple[Path, str]]) -> None:
+    """A fsdp run ended at step 2 and started again (--resume auto: its newest intact checkpoint, the step-2
+    directory) ends with the uninterrupted run's weights and Adam moments (1e-6)."""
+    run_dir, output = runs["resumed"]
+    assert f"resumed from {sharded_checkpoint_path(run_dir, 2)} at step 2" in output
+    difference = max_difference(sharded_weights(runs["resumed"][0]), sharded_weights(runs["fsdp"][0]))
+    assert difference < SAME_STRATEGY, difference
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    moments = [_load_state_dict_from_keys({"optimizer"}, checkpoint_id=str(sharded_checkpoint_path(runs[name][0],
+                                                                                                   STEPS)))
+               for name in ("resumed", "fsdp")]
+    for name, state in moments[1]["optimizer"]["state"].items():
+        torch.testing.assert_close(moments[0]["optimizer"]["state"][name]["exp_avg"], state["exp_avg"],
+                                   rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.distributed
+def test_a_sharded_checkpoint_resumes_on_four_ranks_and_in_a_ddp_run(runs: dict[str, tuple[Path, str]]) -> None:
+    """The directory 2 ranks wrote resumes on 4 (DCP reshards; dropout reseeded, said once per rank) and in a DDP run
+    writing files; both end with the uninterrupted run's weights (1e-5)."""
+    reference = sharded_weights(runs["fsdp"][0])
+    four_ranks, output = runs["four_ranks"]
+    assert output.count("checkpoint came from world size 2, now 4") == 4
+    assert max_difference(sharded_weights(four_ranks), reference) < ACROSS
+    ddp, output = runs["ddp"]
+    assert "step-00000002.dcp at step 2" in output and (ddp / "checkpoints" / f"step-{STEPS:08d}.pt").is_file()
+    assert max_difference(final_weights(ddp), reference) < ACROSS
+
+
+@pytest.mark.distributed
+def test_damaged_shards_are_detected_before_a_resume_uses_them(runs: dict[str, tuple[Path, str]], tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A flipped byte in a shard of the newest directory: the resume's choice skips it in one line, renames it
+    *.corrupt and takes the one before; a truncated shard is named by its size, before any CRC is computed."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["fsdp"][0], run_dir)
+    shard = sharded_checkpoint_path(run_dir, STEPS) / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, logger="distqa.checkpoint"):
+        found = newest_intact_checkpoint(run_dir)
+    assert found is not None and found.path == sharded_checkpoint_path(run_dir, 2)
+    assert found.checkpoint.progress.step == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(f"skipping a damaged checkpoint: {shard} is corrupted: CRC-32 ")
+    assert "Renamed it step-00000004.dcp.corrupt" in said[0]
+    assert (run_dir / "checkpoints" / "step-00000004.dcp.corrupt").is_dir()
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000002.dcp"]
+    previous = sharded_checkpoint_path(run_dir, 2) / "__0_0.distcp"
+    with open(previous, "r+b") as f:
+        f.truncate(previous.stat().st_size - 1)
+    assert newest_intact_checkpoint(run_dir) is None
+    said = caplog.records[-1].getMessage()
+    assert "truncated or damaged" in said and str(previous) in said
+
+
+def run_job(scenario: str, run_dir: Path) -> list[subprocess.CompletedProcess[str]]:
+    """tests/sharded_checkpoint_job.py on 2 ranks (two processes, a gloo group)."""
+    env = clean_env(OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    ranks = [subprocess.Popen([sys.executable, str(REPO_ROOT / "tests" / "sharded_checkpoint_job.py"), scenario,
+                               str(run_dir)], env={**env, "RANK": str(rank)}, cwd=REPO_ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    done = []
+    for rank in ranks:
+        stdout, stderr = rank.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(rank.args, rank.returncode, stdout, stderr))
+    return done
+
+
+def outcomes(ranks: list[subprocess.CompletedProcess[str]]) -> list[str | None]:
+    lines = [[line for line in rank.stdout.splitlines() if line.startswith("{")] for rank in ranks]
+    return [json.loads(found[-1])["outcome"] if found else None for found in lines]
+
+
+@pytest.mark.distributed
+def test_a_full_disk_on_one_rank_fails_the_write_on_every_rank_and_leaves_the_previous_checkpoint(
+        tmp_path: Path) -> None:
+    """Rank 1's shard write of step 4 runs out of space: both ranks raise DiskFullError naming rank 1, the temporary
+    is removed, and step 2 is still the newest intact checkpoint."""
+    ranks = run_job("full-disk", tmp_path)
+    assert [rank.returncode for rank in ranks] == [0, 0], [rank.stderr for rank in ranks]
+    said = outcomes(ranks)
+    assert all(outcome is not None and outcome.startswith("DiskFullError: no space left in ")
+               and "while rank 1 wrote its shards of .step-00000004.dcp.tmp" in outcome for outcome in said), said
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002.dcp"]
+    found = newest_intact_checkpoint(tmp_path)
+    assert found is not None and found.checkpoint.progress.step == 2
+
+
+@pytest.mark.distributed
+def test_a_kill_during_the_write_leaves_the_previous_checkpoint_in_use(tmp_path: Path) -> None:
+    """Rank 0 is SIGKILLed while writing step 4's manifest, every shard written: step 4 is no checkpoint (only a
+    temporary, which the next start removes), step 2 is the one a resume takes."""
+    ranks = run_job("kill", tmp_path)
+    assert ranks[0].returncode == -9 and outcomes(ranks) == [None, "written"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002.dcp"]
+    found = newest_intact_checkpoint(tmp_path)
+    assert found is not None and found.checkpoint.progress.step == 2
+    assert [p.name for p in remove_stale_temporaries(tmp_path)] == [".step-00000004.dcp.tmp"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002.dcp"]
+
+
+# --- in one process ----------------------------------------------------------------------------------------------
+
+def training_state(step: int) -> TrainingCheckpoint:
+    return TrainingCheckpoint(model={}, config={"task": "machinery-test"}, task_state=None, evaluation=None,
+                              progress=Progress(step=step), versions={}, optimizer={}, scheduler={}, scaler={}, rng=[],
+                              world_size=1, saved_by_rank=0)
+
+
+def test_rotation_counts_files_and_directories_and_files_still_load(tmp_path: Path) -> None:
+    """keep_checkpoints 2 over a run that wrote a file (format 3) before sharded directories: the oldest goes first
+    whichever its kind; a newer file beside directories is the one a resume takes, and loads."""
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    full = {**training_state(1).to_state(), "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    TrainingCheckpoint.from_state(full).save(checkpoint_path(tmp_path, 1))
+    writer = ShardedCheckpointWriter(tmp_path, 2, torch.device("cpu"), background=False)
+    kept = []
+    for step in (2, 3, 4):
+        writer.submit_sharded(step, model, optimizer, training_state(step))
+        kept.append([p.name for p in list_checkpoints(tmp_path)])
+    assert kept == [["step-00000001.pt", "step-00000002.dcp"], ["step-00000002.dcp", "step-00000003.dcp"],
+                    ["step-00000003.dcp", "step-00000004.dcp"]]
+    TrainingCheckpoint.from_state({**full, "progress": {"step": 5}}).save(checkpoint_path(tmp_path, 5))
+    found = newest_intact_checkpoint(tmp_path)
+    assert found is not None and found.path.name == "step-00000005.pt"
+    assert max_difference(found.checkpoint.model, model.state_dict()) == 0
+    assert max_difference(load_sharded(sharded_checkpoint_path(tmp_path, 4)).model, model.state_dict()) == 0
+
+
+def test_a_sharded_write_longer_than_the_stop_window_is_warned_about(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The first sharded write goes through the deadline check with all its bytes; a window it does not fit is a
+    warning naming the directory (the second write is not checked again)."""
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    writer = ShardedCheckpointWriter(tmp_path, 3, torch.device("cpu"), stop_window=StopWindow(0.0, "a 0 s window",
+                                                                                              "a longer window"))
+    with caplog.at_level(logging.INFO, logger="distqa.checkpoint_writer"), writer.finishing():
+        for step in (1, 2):
+            writer.submit_sharded(step, model, optimizer, training_state(step))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "step-00000001.dcp is" in warnings[0] and "more than a 0 s window" in warnings[0]
+
+
+def test_export_and_predict_take_a_sharded_checkpoint_as_they_take_the_file(tmp_path: Path) -> None:
+    """The weights of an NQ best.pt written as a sharded directory: ``python -m distqa.export --checkpoint DIR``
+    exports the model the file's export holds (every tensor equal, logits to 1e-6), and ``predict --checkpoint DIR``
+    writes the file's submission byte for byte (evaluate loads through the same function)."""
+    saved = load_checkpoint(NQ_BEST, ModelCheckpoint)
+    model = build_model(saved_config(saved.config), weights_from_checkpoint=True)
+    model.load_state_dict(saved.model)
+    fields = {name: getattr(saved, name) for name in ("config", "task_state", "evaluation", "progress", "versions")}
+    rest = TrainingCheckpoint(**fields, model={}, optimizer={}, scheduler={}, scaler={}, rng=[], world_size=1,
+                              saved_by_rank=0)
+    ShardedCheckpointWriter(tmp_path, 3, torch.device("cpu"), background=False).submit_sharded(
+        7, model, torch.optim.AdamW(model.parameters()), rest)
+    result = subprocess.run([sys.executable, "-m", "distqa.export", "--checkpoint", str(sharded_checkpoint_path(
+        tmp_path, 7)), "--output", str(tmp_path / "sharded")], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    export_model(load_model_checkpoint(NQ_BEST), tmp_path / "file")  # the file's export, as the command makes it
+    exports = {name: load_model_checkpoint(tmp_path / name) for name in ("file", "sharded")}
+    submission = tmp_path / "submission.csv"
+    result = subprocess.run([sys.executable, "-m", "distqa.predict", "--checkpoint", str(sharded_checkpoint_path(
+        tmp_path, 7)), "--input", "data/nq-sample/simplified-nq-test.jsonl", "--output", str(submission),
+        "--nq-cache-dir", str(tmp_path / "cache")], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert submission.read_bytes() == (NQ_BEST.parent / "expected-submission.csv").read_bytes()
+    assert max_difference(exports["sharded"].model, exports["file"].model) == 0
+    assert exports["sharded"].task_state == exports["file"].task_state
+    inputs = {"input_ids": torch.tensor([[1, 5, 9, 2, 7, 11, 2]]),
+              "attention_mask": torch.ones(1, 7, dtype=torch.long), "token_type_ids": torch.tensor([[0] * 4 + [1] * 3])}
+    logits = []
+    for name in ("file", "sharded"):
+        exported = build_model(saved_config(exports[name].config), weights_from_checkpoint=True)
+        exported.load_state_dict(exports[name].model)
+        with torch.no_grad():
+            out = exported.eval()(**inputs)
+        logits.append(torch.cat([out.start_logits, out.end_logits]))
+    assert torch.allclose(logits[0], logits[1], atol=1e-6, rtol=0)
+
+
+def test_by_default_a_sharded_run_of_several_ranks_writes_sharded_checkpoints_and_others_write_files() -> None:
+    """checkpoint_format's default, auto: no rank of a fsdp/hsdp run holds the whole state for a save; DDP and a
+    single process keep the one file."""
+    assert load_config(["--preset", "none"], environ={}, dotenv_path="/nonexistent").checkpoint_format == "auto"
+    assert uses_sharded_checkpoints("auto", "fsdp", 2) and uses_sharded_checkpoints("auto", "hsdp", 4)
+    assert not uses_sharded_checkpoints("auto", "ddp", 2) and not uses_sharded_checkpoints("auto", "fsdp", 1)
+    assert uses_sharded_checkpoints("sharded", "fsdp", 2) and not uses_sharded_checkpoints("file", "fsdp", 2)
