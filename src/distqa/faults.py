@@ -11,7 +11,7 @@ checkpointed, so a resume goes back to the checkpoint before it):
   that goes down (``worker.sh`` reports the agent's end, the other nodes fail or wait for it to return);
 - ``hang``: SIGSTOP this worker, as a rank stuck in a kernel or a deadlock: it never reaches the next
   collective, and only SIGKILL ends it (the others time out after ``dist_timeout_s``);
-- ``pause``: wait after the step until a signal comes (a graceful stop, or torchrun restarting the workers
+- ``pause``: wait after the step until SIGTERM or SIGINT comes (a graceful stop, or torchrun restarting the workers
   because a node joined: ``worker.sh --min-nodes``), then go on: a run held at a known step until a node
   has returned.
 
@@ -41,6 +41,8 @@ VARIABLE = "INJECT_FAULT"
 ACTIONS = ("kill", "kill-node", "hang", "pause")
 WHAT = {"kill": "be SIGKILLed", "kill-node": "lose its node (its torchrun agent and itself SIGKILLed)",
         "hang": "freeze (SIGSTOP)", "pause": "wait for a signal (a stop, a new rendezvous round)"}
+PAUSE_ENDS = {signal.SIGTERM, signal.SIGINT}
+"""What ends a pause: torchrun's SIGTERM (a restart for a new round, a stop), or an interrupt."""
 FORM = ("ACTION:rank=R:step=N with ACTION kill, kill-node, hang or pause (e.g. kill:rank=1:step=30), several on "
         "different ranks separated by commas")
 
@@ -121,13 +123,17 @@ class ArmedFault:
         if not self._mine or self.fault is None or step != self.fault.step:
             return
         self._mine = False
+        if self.fault.action == "pause":  # blocked from before the marker, so a stop that comes at once still wakes it
+            signal.pthread_sigmask(signal.SIG_BLOCK, PAUSE_ENDS)
         self.marker.parent.mkdir(parents=True, exist_ok=True)
         self.marker.write_text(f"{self.fault} (pid {os.getpid()})\n")  # a hung rank's pid, to SIGKILL it
         log.warning("fault injection (%s): %s now", VARIABLE, self.fault)
         for handler in logging.getLogger().handlers:  # the line must be in the log before the process ends
             handler.flush()
         if self.fault.action == "pause":
-            signal.pause()  # returns once a signal's handler has run (distqa.stop records a SIGTERM)
+            received = signal.sigwait(PAUSE_ENDS)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PAUSE_ENDS)
+            os.kill(os.getpid(), received)  # again, for its handler (distqa.stop records a stop)
             return
         if self.fault.action == "kill-node":
             os.kill(os.getppid(), signal.SIGKILL)  # torchrun's agent (the worker's parent) first, then the worker
