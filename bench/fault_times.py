@@ -1,6 +1,7 @@
 """Time to error or to recovery of each fault of docs/FAULT_TOLERANCE.md, measured on loopback (CPU, gloo).
 
-    .venv/bin/python bench/fault_times.py            # every scenario once, about 2 min on 2 cores
+    .venv/bin/python bench/fault_times.py            # every scenario once, about 3 min on 2 cores
+    .venv/bin/python bench/fault_times.py elastic    # only the scenarios whose name has this word
 
 Each scenario starts the real scripts (worker.sh → distqa.agent → distqa.train, tiny model, DummyDataset)
 in a temporary folder, injects its fault and measures from the fault to the event that ends it: the
@@ -11,6 +12,7 @@ much longer. Prints one table row per scenario.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -38,15 +40,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node(out: Path, rank: int, nnodes: int, port: int, *options: str, trainer: tuple[str, ...] = ()
-         ) -> subprocess.Popen[bytes]:
+def node(out: Path, rank: int, nnodes: int, port: int, *options: str, trainer: tuple[str, ...] = (),
+         env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """One emulated node (worker.sh, one process) in a session of its own; output appended to a file."""
     with (out / f"node-{rank}.out").open("ab") as sink:
         return subprocess.Popen(
             ["bash", WORKER, "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
              "--master-port", str(port), "--run-id", "bench", "--nproc-per-node", "1", *options, "--", *TRAINER,
-             "--output-dir", str(out), *trainer], cwd=REPO_ROOT, env=ENV, stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True)
+             "--output-dir", str(out), *trainer], cwd=REPO_ROOT, env=ENV | (env or {}), stdout=sink,
+            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 180) -> float:
@@ -133,18 +135,59 @@ def node_lost_and_returned(out: Path) -> float:
     return resumed - started
 
 
+# Elastic membership (worker.sh --min-nodes): 3 nodes, at least 2; 12 examples per step split over 2 or 3 ranks.
+# The rendezvous settings of tests/test_elastic.py: a round closes 1 s after its minimum has joined, a dead node
+# leaves the rendezvous after 3 missed 1-s heartbeats (torch's defaults: 30 s and 5 × 3 s).
+ELASTIC_OPTIONS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60")
+ELASTIC_TRAINER = ("--max-steps", "300", "--checkpoint-every", "10", "--global-batch-size", "12",
+                   "--per-rank-batch-size", "2")
+ELASTIC_ENV = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3",
+               "INJECT_FAULT": "kill-node:rank=2:step=12"}
+
+
+def elastic_node_lost(out: Path, returns: bool) -> float:
+    """3 nodes, --min-nodes 2: the node of rank 2 lost after step 12 (its agent and worker SIGKILLed); the time
+    from the loss to the first step of the run that goes on (2 nodes), or, when the node is started again at
+    once, to the first step back at 3 nodes."""
+    port = free_port()
+    nodes = [node(out, r, 3, port, *ELASTIC_OPTIONS, trainer=ELASTIC_TRAINER, env=ELASTIC_ENV) for r in range(3)]
+    log = out / "bench" / "logs" / "rank-0.log"
+    wait_until((out / "bench" / "logs" / "rank-2.fault").exists)
+    started, offset = time.monotonic(), len(log.read_text())
+    wait_until(lambda: any(process.poll() is not None for process in nodes))
+    if returns:
+        lost = next(rank for rank, process in enumerate(nodes) if process.poll() is not None)
+        nodes.append(node(out, lost, 3, port, *ELASTIC_OPTIONS, trainer=ELASTIC_TRAINER, env=ELASTIC_ENV))
+    size = 3 if returns else 2
+    resumed = wait_until(in_file(log, rf"membership: round \d+: {size} node[^\n]*\n(.*\n)*.*step \d+/300", offset))
+    # The workers first: torchrun starts them in sessions of their own.
+    for pid in filter(None, (worker_pid(rank, out) for rank in range(3))):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for process in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return resumed - started
+
+
 SCENARIOS = {
     "unreachable master (join timeout 10 s): start → exit 3": unreachable_master,
     "node never joins (join timeout 10 s): start → exit 4": node_never_joins,
     "collective timeout (dist_timeout_s 10): SIGSTOP of rank 1 → rank 0's line": collective_timeout,
     "graceful stop (stop_check_every 10): SIGTERM to node 1 → both nodes exit 75": graceful_stop,
     "node lost and returned at once: SIGKILL of node 1 → first step after the resume": node_lost_and_returned,
+    "elastic, node lost for good (3 nodes, --min-nodes 2, last call 1 s, keep-alive 1 s × 3): SIGKILL of a node → "
+    "first step at 2 nodes": lambda out: elastic_node_lost(out, returns=False),
+    "elastic, node lost and returned at once (the same): SIGKILL of a node → first step back at 3 nodes":
+        lambda out: elastic_node_lost(out, returns=True),
 }
 
 
 def main() -> int:
     print("| scenario | seconds |\n|---|---|")
     for name, scenario in SCENARIOS.items():
+        if len(sys.argv) > 1 and sys.argv[1] not in name:
+            continue
         with tempfile.TemporaryDirectory(prefix="fault-times-") as folder:
             seconds = scenario(Path(folder))
         print(f"| {name} | {seconds:.1f} |", flush=True)

@@ -4,11 +4,13 @@
 # container runs, only without the network.
 #
 # Usage:
-#   scripts/run_distributed_locally.sh [--nodes N] [--procs-per-node M] [--port P] [--run-id ID]
-#                                      [--max-restarts R] [--entry-module M] [--] [TRAINER ARGS...]
+#   scripts/run_distributed_locally.sh [--nodes N] [--min-nodes MIN] [--procs-per-node M] [--port P]
+#                                      [--run-id ID] [--max-restarts R] [--entry-module M] [--] [TRAINER ARGS...]
 #
 #   scripts/run_distributed_locally.sh                            # 2 nodes × 1 process, tiny preset
 #   scripts/run_distributed_locally.sh --nodes 3 -- --max-steps 20
+#   scripts/run_distributed_locally.sh --nodes 3 --min-nodes 2 --max-restarts 3 -- --max-steps 200
+#                                                                 # elastic: goes on with 2 if a node is lost
 #   scripts/run_distributed_locally.sh -- --preset bert-base --device cuda   # GPUs, if present
 #   scripts/run_distributed_locally.sh -- --task nq             # the committed NQ sample
 #   scripts/run_distributed_locally.sh -- --task examples.text_classification.task:TextClassification
@@ -18,8 +20,11 @@
 # builds its data first (--task nq: the feature cache) gets it built here, once (python -m distqa.prepare,
 # reused when present). --entry-module M runs `python -m M` on every node instead of distqa.train (a
 # fork's own entry point; worker.sh --entry-module), and then prepares nothing.
+# --min-nodes MIN (worker.sh --min-nodes): the run goes on while MIN nodes are alive; a node that ends
+# with an error then leaves the others running, and one started again by hand (scripts/worker.sh with the
+# same --nnodes, --min-nodes, --node-rank, --master-addr 127.0.0.1, --master-port and --run-id) rejoins it.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
-# else python3), NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
+# else python3), NODES, MIN_NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
 # Stopping: Ctrl-C, or SIGTERM (or SIGHUP) to the launcher, is a graceful stop: every node gets one
 # SIGTERM, its workers checkpoint the step reached and exit 75, their lines are shown, and the launcher
 # exits 75. A second Ctrl-C (or signal) stops every node at once.
@@ -36,6 +41,7 @@ source "$repo_root/scripts/common.sh"
 find_python "$repo_root"
 export PYTHON  # worker.sh uses the same interpreter
 nodes="${NODES:-2}"
+min_nodes="${MIN_NODES:-}"
 procs_per_node="${PROCS_PER_NODE:-1}"
 port="${RDZV_PORT:-29400}"
 run_id="${RUN_ID:-local}"
@@ -50,6 +56,7 @@ trainer_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
+        --min-nodes) need_value "$@"; min_nodes="$2"; shift 2 ;;
         --procs-per-node) need_value "$@"; procs_per_node="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
@@ -60,10 +67,12 @@ while [[ $# -gt 0 ]]; do
         *) trainer_args+=("$1"); shift ;;
     esac
 done
-for name in nodes procs_per_node port max_restarts; do
+min_nodes="${min_nodes:-$nodes}"
+for name in nodes min_nodes procs_per_node port max_restarts; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
 (( nodes >= 1 && procs_per_node >= 1 )) || die "--nodes and --procs-per-node must be at least 1"
+(( min_nodes >= 1 && min_nodes <= nodes )) || die "--min-nodes must be in 1..$nodes (--nodes), got $min_nodes"
 (( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
 [[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only"
 "$PYTHON" -c "import distqa" 2>/dev/null || die "$PYTHON cannot import distqa; run 'make setup' first"
@@ -169,7 +178,8 @@ for (( node = 0; node < nodes; node++ )); do
     # Node 0 hosts the rendezvous store, as the master job does on the platform; worker.sh runs
     # the torchrun agent as its child and passes SIGTERM/SIGINT on to it. setsid keeps the PID of
     # worker.sh ($!): a background child of a script leads no process group, so setsid does not fork.
-    NODE_ADDR=127.0.0.1 setsid bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --node-rank "$node" \
+    NODE_ADDR=127.0.0.1 setsid bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --min-nodes "$min_nodes" \
+        --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --run-id "$run_id" --max-restarts "$max_restarts" \
         --nproc-per-node "$procs_per_node" --entry-module "$entry_module" -- "${trainer_args[@]}" \
         > "$pipes/$node.out" 2> "$pipes/$node.err" &
@@ -201,6 +211,10 @@ while (( ${#running[@]} > 0 )); do
         done
         (( ${#running[@]} == 0 )) || stop_agents
         break
+    elif (( code != 0 )) && [[ -z "$interrupted" ]] && (( min_nodes < nodes && ${#running[@]} >= min_nodes )); then
+        # Elastic (--min-nodes): the others meet in a new rendezvous round without this node.
+        for (( node = 0; node < nodes; node++ )); do [[ "${agents[node]}" != "$finished_pid" ]] || break; done
+        echo "node $node exited with status $code; the other ${#running[@]} node(s) go on (--min-nodes $min_nodes)" >&2
     elif (( code != 0 )); then
         if [[ -n "$interrupted" ]]; then
             echo "a node ended with status $code after the interrupt: stopping the others" >&2

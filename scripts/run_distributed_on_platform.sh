@@ -6,7 +6,7 @@
 # fails or you press Ctrl-C. Works from any directory (the flow CLI runs in the repository).
 #
 # Usage:
-#   scripts/run_distributed_on_platform.sh [--nodes N] [--preset NAME] [--run-id ID] [--port P]
+#   scripts/run_distributed_on_platform.sh [--nodes N] [--min-nodes MIN] [--preset NAME] [--run-id ID] [--port P]
 #       [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M]
 #       [--tracker none|mlflow] [--mlflow-uri URI] [--mlflow-token secret:NAME] [--dry-run] [--] [TRAINER ARGS...]
 #
@@ -21,6 +21,10 @@
 #
 # Options:
 #   --nodes N          jobs (nodes) in the run; default: $NODES, else NODES= in .env, else 2
+#   --min-nodes MIN    elastic (worker.sh --min-nodes; default: $MIN_NODES, else .env, else N): the run goes
+#                      on while MIN jobs are alive. A job that fails or is cancelled then does not end the
+#                      run: the others resume at the smaller world size; start it again with the command
+#                      --dry-run prints for its node and the run grows back (docs/FAULT_TOLERANCE.md)
 #   --preset NAME      resource preset of every node; default: $PLATFORM_PRESET, .env, else gpu-small
 #   --run-id ID        job suffix, rendezvous id and run directory (results/ID); the same id
 #                      resumes that run. Default: dq-<UTC date-time>. Lowercase letters and digits
@@ -68,6 +72,7 @@ source "$repo_root/scripts/common.sh"
 
 job=distributed_training
 nodes="$(setting NODES 2)"
+min_nodes="$(setting MIN_NODES "")"
 preset="$(setting PLATFORM_PRESET gpu-small)"
 run_id="${RUN_ID:-dq-$(date -u +%m%d-%H%M%S)}"
 port=29400
@@ -91,6 +96,7 @@ trainer_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
+        --min-nodes) need_value "$@"; min_nodes="$2"; shift 2 ;;
         --preset) need_value "$@"; preset="$2"; shift 2 ;;
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
@@ -108,11 +114,13 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown option '$1'; trainer flags go after -- (see --help)" ;;
     esac
 done
-for name in nodes port max_restarts timeout_s; do
+min_nodes="${min_nodes:-$nodes}"
+for name in nodes min_nodes port max_restarts timeout_s; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "${name} must be a whole number, got '${!name}' (flag, environment or .env)"
 done
 [[ "$poll_s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--poll must be a number of seconds, got '$poll_s'"
 (( nodes >= 1 )) || die "--nodes must be at least 1, got $nodes"
+(( min_nodes >= 1 && min_nodes <= nodes )) || die "--min-nodes must be in 1..$nodes (--nodes), got $min_nodes"
 (( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
 (( timeout_s >= 1 )) || die "--timeout must be at least 1 second, got $timeout_s"
 [[ "$entry_module" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
@@ -187,7 +195,7 @@ suffix_of() { echo "$run_id-$1"; }
 run_command() {  # run_command NODE_RANK MASTER_ADDR: the command that starts one node's job
     local rank="$1" master="$2"
     printf '%s\n' "$flow" run "$job" --suffix "$(suffix_of "$rank")" \
-        --param nodes "$nodes" --param node_rank "$rank" --param master_addr "$master" \
+        --param nodes "$nodes" --param min_nodes "$min_nodes" --param node_rank "$rank" --param master_addr "$master" \
         --param master_port "$port" --param run_id "$run_id" --param max_restarts "$max_restarts" \
         --param preset "$preset" --param life_span "$life_span" --param schedule_timeout "$timeout_s" \
         --param join_timeout "$join_timeout_s" --param entry_module "$entry_module" --param tracker "$tracker" \
@@ -311,26 +319,32 @@ submitting=()
 "$flow" logs "$job" "$(suffix_of 0)" &
 logs_pid=$!
 
-# Watch every job: one failed or cancelled job ends the run; all succeeded is success.
+# Watch every job: one failed or cancelled job ends the run (with --min-nodes: once fewer than MIN are left);
+# all succeeded is success (with --min-nodes: all that are left).
 unknown_streak=0
+lost=()  # nodes ended while at least --min-nodes others went on
 while :; do
     sleep "$poll_s"
-    succeeded=0 unknown=0 ended=()
+    succeeded=0 unknown=0 ended=() ended_ranks=()
     for (( rank = 0; rank < nodes; rank++ )); do
+        [[ " ${lost[*]} " != *" $rank "* ]] || continue
         read -r state _ < <(job_status "$(suffix_of "$rank")")
         case "$state" in
             succeeded) succeeded=$(( succeeded + 1 )) ;;
-            failed|cancelled) ended+=("node $rank ($job $(suffix_of "$rank")) $state; its logs: '$flow logs $job $(suffix_of "$rank")'") ;;
+            failed|cancelled) ended_ranks+=("$rank"); ended+=("node $rank ($job $(suffix_of "$rank")) $state; its logs: '$flow logs $job $(suffix_of "$rank")'") ;;
             unknown) unknown=$(( unknown + 1 )) ;;
         esac
     done
     # Every node that ended in this poll, not just the lowest rank: when one node dies, the others
     # follow within seconds (a graceful stop, exit 75), and the first of them is rarely the cause.
-    if (( ${#ended[@]} )); then
+    if (( ${#ended[@]} && min_nodes < nodes && nodes - ${#lost[@]} - ${#ended[@]} >= min_nodes )); then
+        for line in "${ended[@]}"; do log "$line; the others go on (--min-nodes $min_nodes)"; done
+        lost+=("${ended_ranks[@]}")
+    elif (( ${#ended[@]} )); then
         for line in "${ended[@]:0:${#ended[@]}-1}"; do log "$line"; done
         fail "${ended[-1]}"
     fi
-    if (( succeeded == nodes )); then break; fi
+    if (( succeeded > 0 && succeeded + ${#lost[@]} == nodes )); then break; fi
     # A status that cannot be read once is a network hiccup; for many checks in a row, the job is gone.
     if (( unknown > 0 )); then unknown_streak=$(( unknown_streak + 1 )); else unknown_streak=0; fi
     (( unknown_streak < 20 )) || fail "the status of $unknown job(s) could not be read 20 times in a row"

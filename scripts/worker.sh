@@ -4,7 +4,7 @@
 # with --node-rank 0 is the master and hosts the rendezvous store on --master-port.
 #
 # Usage:
-#   scripts/worker.sh [--nnodes N] [--node-rank I] [--master-addr HOST] [--master-port P]
+#   scripts/worker.sh [--nnodes N] [--min-nodes MIN] [--node-rank I] [--master-addr HOST] [--master-port P]
 #                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--dry-run]
 #                     [--doctor | --entry-module MODULE] [--] [TRAINER ARGS...]
 #
@@ -20,6 +20,15 @@
 #
 # Options:
 #   --nnodes N          nodes in the run (default 1: `torchrun --standalone`, no master needed)
+#   --min-nodes MIN     elastic membership (default N: a fixed node count): the run goes on while at least
+#                       MIN of the N nodes are alive. torchrun's --nnodes MIN:N: after a node is lost the
+#                       agents meet in a new rendezvous round that completes once MIN nodes have joined and
+#                       the last call (RDZV_LAST_CALL_TIMEOUT s) has passed, the workers resume from the newest
+#                       checkpoint at the new world size (same global batch: the accumulation changes); a node
+#                       that joins later (started again with the same arguments) makes the run grow back.
+#                       Membership changes need --max-restarts >= 1 for each node lost; each is one log line
+#                       ("membership: round R: …"). Every world size in the range must split the global batch
+#                       (checked here before the rendezvous: python -m distqa.elastic)
 #   --node-rank I       index of this node, 0..N-1; node 0 hosts the rendezvous (torchrun's
 #                       is_host) and needs no --master-addr
 #   --master-addr HOST  address of node 0 as the other nodes reach it (platform: its internal
@@ -64,6 +73,11 @@
 #   NODE_ADDR           the address other nodes reach this node at (default: this host's name
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
+#   MIN_NODES           default of --min-nodes
+#   RDZV_LAST_CALL_TIMEOUT, RDZV_KEEP_ALIVE_INTERVAL, RDZV_KEEP_ALIVE_MAX_ATTEMPT   torchrun's rendezvous
+#                       settings (last_call_timeout: seconds a round waits for more nodes once MIN have
+#                       joined, default 30; a node is declared dead after interval × attempts seconds
+#                       without a heartbeat, default 5 × 3); passed only when set
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
 #   TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
 #                       recorder: 2000 entries, dumped on a timeout to <run dir>/flight-recorder/rank_<R>
@@ -79,6 +93,7 @@ repo_root="$(cd "$script_dir/.." && pwd)"
 source "$script_dir/common.sh"
 find_python "$repo_root"
 nnodes=1
+min_nodes="${MIN_NODES:-}"
 node_rank=0
 master_addr=""
 master_port=29400
@@ -99,6 +114,7 @@ trainer_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --nnodes) need_value "$@"; nnodes="$2"; shift 2 ;;
+        --min-nodes) need_value "$@"; min_nodes="$2"; shift 2 ;;
         --node-rank) need_value "$@"; node_rank="$2"; shift 2 ;;
         --master-addr) need_value "$@"; master_addr="$2"; shift 2 ;;
         --master-port) need_value "$@"; master_port="$2"; shift 2 ;;
@@ -146,10 +162,15 @@ if [[ -n "$life_span" ]]; then
     # takes longer (distqa.stop.graceful_stop_window).
     if (( stop_after > 0 && life_s > stop_after )); then export WORKER_STOP_WINDOW_S=$(( life_s - stop_after )); fi
 fi
-for name in nnodes node_rank master_port max_restarts join_timeout; do
+min_nodes="${min_nodes:-$nnodes}"
+for name in nnodes min_nodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done
 (( nnodes >= 1 )) || die "--nnodes must be at least 1"
+(( min_nodes >= 1 && min_nodes <= nnodes )) || die "--min-nodes must be in 1..$nnodes (--nnodes), got $min_nodes"
+for name in RDZV_LAST_CALL_TIMEOUT RDZV_KEEP_ALIVE_INTERVAL RDZV_KEEP_ALIVE_MAX_ATTEMPT; do
+    [[ "${!name:-1}" =~ ^[1-9][0-9]*$ ]] || die "$name must be a positive whole number of seconds, got '${!name}'"
+done
 (( node_rank < nnodes )) || die "--node-rank $node_rank is outside 0..$(( nnodes - 1 )) for --nnodes $nnodes"
 (( master_port >= 1024 && master_port <= 65535 )) || die "--master-port must be in 1024..65535, got $master_port"
 [[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only, got '$run_id'"
@@ -193,6 +214,17 @@ if run_dir="$("$PYTHON" -m distqa.config.sources --run-dir --run-name "$run_id" 
     export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}"
 fi
 
+# The node range, for the trainer's preflight and its membership lines (distqa.elastic): torchrun tells a
+# worker the node count of its round (GROUP_WORLD_SIZE), not the range.
+export WORKER_NODE_RANGE="$min_nodes:$nnodes"
+export WORKER_NODE="node $node_rank at ${NODE_ADDR:-$(hostname)}"
+if (( min_nodes < nnodes )) && [[ "$entry_point" == distqa.train ]]; then
+    # Before any rendezvous: a range with a world size that does not split the global batch is refused in one
+    # line, instead of failing (and being restarted) at the first membership change.
+    "$PYTHON" -m distqa.elastic --procs-per-node "$nproc_per_node" -- --run-name "$run_id" "${trainer_args[@]}" \
+        || exit 2
+fi
+
 # Workers get a fresh TCP store each rendezvous round instead of sharing the agent's: with the
 # shared store a restarted worker can read the previous attempt's peer addresses (pytorch#135712).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
@@ -220,10 +252,15 @@ else
     fi
     is_host=$(( node_rank == 0 ? 1 : 0 ))
     endpoint_host="${master_addr:-$node_addr}"
-    launcher+=(--nnodes "$nnodes" --rdzv-backend c10d --rdzv-endpoint "$endpoint_host:$master_port"
-               --rdzv-id "$run_id" --rdzv-conf "is_host=$is_host,join_timeout=$join_timeout"
-               --local-addr "$node_addr")
-    where="node $node_rank of $nnodes at $node_addr, rendezvous $endpoint_host:$master_port (hosted by node 0)"
+    rdzv_conf="is_host=$is_host,join_timeout=$join_timeout"
+    [[ -z "${RDZV_LAST_CALL_TIMEOUT:-}" ]] || rdzv_conf+=",last_call_timeout=$RDZV_LAST_CALL_TIMEOUT"
+    [[ -z "${RDZV_KEEP_ALIVE_INTERVAL:-}" ]] || rdzv_conf+=",keep_alive_interval=$RDZV_KEEP_ALIVE_INTERVAL"
+    [[ -z "${RDZV_KEEP_ALIVE_MAX_ATTEMPT:-}" ]] || rdzv_conf+=",keep_alive_max_attempt=$RDZV_KEEP_ALIVE_MAX_ATTEMPT"
+    node_count="$nnodes"
+    (( min_nodes == nnodes )) || node_count="$min_nodes:$nnodes"
+    launcher+=(--nnodes "$node_count" --rdzv-backend c10d --rdzv-endpoint "$endpoint_host:$master_port"
+               --rdzv-id "$run_id" --rdzv-conf "$rdzv_conf" --local-addr "$node_addr")
+    where="node $node_rank of $node_count at $node_addr, rendezvous $endpoint_host:$master_port (hosted by node 0)"
 fi
 command=("${launcher[@]}" -m "$entry_point" --run-name "$run_id" "${trainer_args[@]}")
 

@@ -144,3 +144,30 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "killed"))
     assert difference < 1e-6, f"the run killed at step 7 and restarted differs by {difference:.2e}"
 
+
+
+def test_several_faults_on_different_ranks_are_read_and_one_rank_twice_is_refused() -> None:
+    assert Fault.parse_all("kill-node:rank=2:step=6,pause:rank=0:step=10") == [Fault("kill-node", 2, 6),
+                                                                               Fault("pause", 0, 10)]
+    with pytest.raises(ConfigError, match="names one rank twice: one fault per rank"):
+        Fault.parse_all("kill:rank=1:step=3,hang:rank=1:step=5")
+
+
+def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_path: Path) -> None:
+    """The SIGTERM is handled as distqa.stop handles it (recorded, not fatal): the pause ends, the handler runs, and
+    the steps go on."""
+    handled = "import signal\nsignal.signal(signal.SIGTERM, lambda *_: print('handled', flush=True))\n"
+    paused = subprocess.Popen([sys.executable, "-c", handled + STEPS, "0", str(tmp_path / "run")], cwd=REPO_ROOT,
+                              env=clean_env(INJECT_FAULT="pause:rank=0:step=3"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for((tmp_path / "run" / "logs" / "rank-0.fault").exists, timeout=60)
+        wait_for(lambda: process_state(paused.pid) == "S", timeout=60)
+        assert paused.poll() is None, "it waits"
+        paused.send_signal(signal.SIGTERM)
+        output, errors = paused.communicate(timeout=60)
+    finally:
+        paused.kill()
+    assert paused.returncode == 0, errors
+    assert done_steps(output) == [1, 2, 3, 4, 5, 6]
+    assert output.index("step 3 done") < output.index("handled") < output.index("step 4 done")

@@ -19,7 +19,9 @@ state seen with this node in it is the one reported: at the deadline torch remov
 state before raising.
 
 A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
-:func:`_end_after_a_graceful_stop`.
+:func:`membership_rounds`; but not the stop torchrun itself asks for when it restarts the workers into a new
+rendezvous round (a node joined: ``--nnodes MIN:MAX``). Each round's number
+goes to the workers as ``WORKER_RENDEZVOUS_ROUND`` (:mod:`distqa.elastic`'s membership line).
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -55,6 +59,9 @@ from torch.distributed.run import parse_args, parse_min_max_nnodes
 # The report folder's name from distqa.errors, which imports nothing: distqa.stop would bring distqa.distributed and
 # the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
 from distqa.errors import WORKER_REPORT_DIR_VARIABLE
+
+ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
+"""distqa.elastic.ROUND_VARIABLE (not imported: distqa.elastic brings in the settings)."""
 
 RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
@@ -79,7 +86,9 @@ class RendezvousWatcher:
     """Reads, while the agent waits, which nodes have joined its c10d rendezvous (see the module doc)."""
 
     def __init__(self, host: str, port: int, run_id: str, node_rank: int, nnodes: int, addr: str,
-                 hosts_store: bool = False) -> None:
+                 hosts_store: bool = False, min_nodes: int | None = None) -> None:
+        self.min_nodes = nnodes if min_nodes is None else min_nodes
+        """torchrun's --nnodes MIN:MAX: the round completes with MIN; ``nnodes`` is MAX (worker.sh's --nnodes)."""
         self.host, self.port, self.run_id = host, port, run_id
         self.node_rank, self.nnodes, self.addr = node_rank, nnodes, addr
         self.hosts_store = hosts_store
@@ -171,7 +180,8 @@ class RendezvousWatcher:
         where = f"the rendezvous '{self.run_id}' at {self.host}:{self.port}"
         if store_closed:
             where += " (hosted by node 0, which ended meanwhile)"
-        expected = f"{self.nnodes} nodes (--node-rank 0..{self.nnodes - 1})"
+        at_least = f", at least {self.min_nodes} to start" if self.min_nodes < self.nnodes else ""
+        expected = f"{self.nnodes} nodes (--node-rank 0..{self.nnodes - 1}{at_least})"
         check = (f"check that every node was started (scripts/worker.sh --node-rank I) with --nnodes {self.nnodes} "
                  f"--run-id {self.run_id} --master-addr {self.host} --master-port {self.port}, that its job is "
                  "running and not still queued (raise --join-timeout), and its log for an error before it joined")
@@ -211,20 +221,6 @@ class SignalsSeen:
         return self._seen
 
 
-def _end_after_a_graceful_stop(report_dir: Path, done: threading.Event, signals: SignalsSeen) -> None:
-    """Once a worker of this node has stopped on a signal (distqa.stop wrote its report), SIGTERM this
-    agent, as the platform or Slurm would: torchrun would otherwise count the exit 75 as a failure and,
-    with --max-restarts left, start the workers again into a rendezvous that the stopped nodes never join.
-    Not when the agent got a signal itself: it is stopping its workers already and restarts none, and a
-    second signal would make it signal its workers again (torch's ``ElasticAgent.run`` calls ``_shutdown``
-    once more when the first is interrupted), which ends a worker still on its way out at once."""
-    while not done.wait(0.5):
-        if any(report_dir.glob("rank-*")):
-            if not signals.any():
-                os.kill(os.getpid(), signal.SIGTERM)
-            return
-
-
 def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
     """The exit code every failed worker reported (distqa.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
     report folder), or None when one did not."""
@@ -255,6 +251,61 @@ def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterat
         yield
 
 
+@contextlib.contextmanager
+def membership_rounds(report_dir: str | None, signals: SignalsSeen | None) -> Iterator[None]:
+    """torchrun's restarts of the worker group, told apart (``SimpleElasticAgent._restart_workers``).
+
+    Workers that stopped on a signal (:mod:`distqa.stop`: a checkpoint of the step reached, exit 75, a report in
+    ``report_dir``) look failed to torchrun, which with ``--max-restarts`` left would start them again into a
+    rendezvous that the stopped nodes never join. So such a restart ends this agent with a SIGTERM, as the platform or
+    Slurm would (not when the agent got a signal itself: it is stopping its workers already, and a second signal
+    would make it signal them again, ending a worker still on its way out at once) — unless a node is waiting to join
+    (``--nnodes MIN:MAX``): then another node's agent stopped its workers for the round that node joins, and these
+    stopped by the ranks' agreement. That, and torchrun's own restart when it sees a node waiting, is the end of a
+    round: the reports are removed, the restart is given back (a membership change spends none, as in torchrun)
+    and the workers of the next round start. After each rendezvous the round's number (torch's
+    ``_RendezvousState.round``, the same on every node) goes into the environment that torchrun gives the workers
+    it starts next."""
+    restart_workers, stop_workers = SimpleElasticAgent._restart_workers, LocalElasticAgent._stop_workers
+    rendezvous = SimpleElasticAgent._rendezvous
+    in_a_new_round = threading.Event()
+
+    def clear_reports() -> bool:
+        """Remove the workers' stop reports; whether there were any."""
+        found = list(Path(report_dir).glob("rank-*")) if report_dir else []
+        for report in found:
+            report.unlink(missing_ok=True)
+        return bool(found)
+
+    def restart_workers_for_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        if report_dir and any(Path(report_dir).glob("rank-*")):
+            if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:
+                clear_reports()
+                agent._remaining_restarts += 1  # torchrun took one for the workers' exit 75 (its FAILED state)
+            elif signals is None or not signals.any():
+                os.kill(os.getpid(), signal.SIGTERM)  # torchrun's handler raises here: the agent stops
+        in_a_new_round.set()
+        try:
+            restart_workers(agent, worker_group)
+        finally:
+            in_a_new_round.clear()
+
+    def stop_workers_of_this_round(agent: LocalElasticAgent, worker_group: Any) -> None:
+        stop_workers(agent, worker_group)
+        if in_a_new_round.is_set():  # workers stopped by torchrun for the next round: their exit 75 ends no node
+            clear_reports()
+
+    def rendezvous_with_its_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        rendezvous(agent, worker_group)
+        state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
+        os.environ[ROUND_VARIABLE] = str(getattr(state, "round", "?"))
+
+    with mock.patch.object(SimpleElasticAgent, "_restart_workers", restart_workers_for_a_new_round), \
+            mock.patch.object(LocalElasticAgent, "_stop_workers", stop_workers_of_this_round), \
+            mock.patch.object(SimpleElasticAgent, "_rendezvous", rendezvous_with_its_round):
+        yield
+
+
 def rendezvous_conf(text: str) -> dict[str, str]:
     """torchrun's ``--rdzv-conf`` as its keys and values (``is_host=1,join_timeout=900``)."""
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
@@ -270,18 +321,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     watcher = None
     if not options.standalone and options.rdzv_backend == "c10d":
         host, port = parse_rendezvous_endpoint(options.rdzv_endpoint, default_port=29400)
-        nnodes = parse_min_max_nnodes(options.nnodes)[1]
+        min_nodes, nnodes = parse_min_max_nnodes(options.nnodes)
         addr = options.local_addr or socket.getfqdn()  # what torch's _NodeDescGenerator records
         # torch's reading of a boolean setting (RendezvousParameters.get_as_bool)
         hosts_store = rendezvous_conf(options.rdzv_conf).get("is_host", "").lower() in ("1", "true", "t", "yes", "y")
-        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store).start()
-    stop_watch = threading.Event()
-    if report_dir := os.environ.get(WORKER_REPORT_DIR_VARIABLE):
-        signals = SignalsSeen().install()
-        threading.Thread(target=_end_after_a_graceful_stop, args=(Path(report_dir), stop_watch, signals),
-                         daemon=True).start()
+        watcher = RendezvousWatcher(host, port, options.rdzv_id, node_rank, nnodes, addr, hosts_store,
+                                    min_nodes).start()
+    report_dir = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
+    signals = SignalsSeen().install() if report_dir else None
     try:
-        with watching_until_the_exit_barrier(watcher):
+        with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, signals):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
         if (code := _reported_exit_code(err, os.environ.get(WORKER_REPORT_DIR_VARIABLE))) is None:
@@ -299,7 +348,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"distqa.agent: node {node_rank}: {message}", file=sys.stderr)
         return RENDEZVOUS_TIMEOUT_EXIT_CODE
     finally:
-        stop_watch.set()
         if watcher is not None:
             watcher.stop()
     return 0

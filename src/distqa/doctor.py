@@ -51,6 +51,7 @@ from distqa.config import Config, ConfigError
 from distqa.config.flags import build_arg_parser
 from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
+from distqa.elastic import NodeRange, range_report
 from distqa.errors import DataError, print_error
 from distqa.memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
 from distqa.optim import Precision
@@ -168,10 +169,14 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     if runtime.is_main_process:
         memory = check_memory(config, runtime, reports, task, options.gpu_memory_gb) if task and not config_error \
             else "memory: not estimated (no valid settings)"
-        failures = disagreements(reports, options.expect_world_size) + bandwidth_problems + node_problems(reports)
+        nodes, range_problems = range_report(config, NodeRange.from_environment()) if not config_error \
+            else ("nodes: not checked (no valid settings)", [])
+        failures = disagreements(reports, options.expect_world_size) + bandwidth_problems + node_problems(reports) \
+            + range_problems
         print(format_table(reports), flush=True)
         print(bandwidth, flush=True)
         print(memory, flush=True)
+        print(nodes, flush=True)
         for failure in failures:
             print(f"FAIL {failure}", flush=True)
         print(f"doctor: {len(failures)} problem(s)" if failures else

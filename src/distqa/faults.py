@@ -10,7 +10,12 @@ checkpointed, so a resume goes back to the checkpoint before it):
 - ``kill-node``: SIGKILL this node's torchrun agent, then this worker: the whole node is lost, as a machine
   that goes down (``worker.sh`` reports the agent's end, the other nodes fail or wait for it to return);
 - ``hang``: SIGSTOP this worker, as a rank stuck in a kernel or a deadlock: it never reaches the next
-  collective, and only SIGKILL ends it (the others time out after ``dist_timeout_s``).
+  collective, and only SIGKILL ends it (the others time out after ``dist_timeout_s``);
+- ``pause``: wait after the step until SIGTERM or SIGINT comes (a graceful stop, or torchrun restarting the workers
+  because a node joined: ``worker.sh --min-nodes``), then go on: a run held at a known step until a node
+  has returned.
+
+Several faults, on different ranks, are separated by commas (``kill-node:rank=2:step=6,pause:rank=0:step=9``).
 
 A fault fires once per run directory: before acting the rank writes ``logs/rank-<R>.fault`` there (what it did,
 and its pid, by which a hung rank can be SIGKILLed at once instead of after torchrun's 30 s), and a
@@ -33,10 +38,13 @@ log = logging.getLogger(__name__)
 
 VARIABLE = "INJECT_FAULT"
 """Not DISTQA_*: those are settings, which enter the config (and its hash, which every rank must share)."""
-ACTIONS = ("kill", "kill-node", "hang")
+ACTIONS = ("kill", "kill-node", "hang", "pause")
 WHAT = {"kill": "be SIGKILLed", "kill-node": "lose its node (its torchrun agent and itself SIGKILLed)",
-        "hang": "freeze (SIGSTOP)"}
-FORM = "ACTION:rank=R:step=N with ACTION kill, kill-node or hang (e.g. kill:rank=1:step=30)"
+        "hang": "freeze (SIGSTOP)", "pause": "wait for a signal (a stop, a new rendezvous round)"}
+PAUSE_ENDS = {signal.SIGTERM, signal.SIGINT}
+"""What ends a pause: torchrun's SIGTERM (a restart for a new round, a stop), or an interrupt."""
+FORM = ("ACTION:rank=R:step=N with ACTION kill, kill-node, hang or pause (e.g. kill:rank=1:step=30), several on "
+        "different ranks separated by commas")
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,14 @@ class Fault:
                               "or unset it for a real run")
         return cls(action, int(values["rank"]), int(values["step"]))
 
+    @classmethod
+    def parse_all(cls, spec: str) -> list[Fault]:
+        """The comma-separated faults of ``spec``, at most one per rank."""
+        faults = [cls.parse(part) for part in spec.split(",")] if spec.strip() else []
+        if len({fault.rank for fault in faults}) != len(faults):
+            raise ConfigError(f"{VARIABLE}={spec!r} names one rank twice: one fault per rank ({FORM})")
+        return faults
+
     def __str__(self) -> str:
         return f"{self.action} rank {self.rank} after step {self.step}"
 
@@ -76,13 +92,20 @@ class ArmedFault:
         set: rank 0 says what the run will suffer, the rank that acts says so, or that it did so already."""
         environ = os.environ if environ is None else environ
         spec = environ.get(VARIABLE, "")
-        fault = Fault.parse(spec) if spec.strip() else None
+        faults = Fault.parse_all(spec)
+        fault = next((f for f in faults if f.rank == rank), faults[0] if faults else None)
         armed = cls(fault, rank, run_dir / "logs" / f"rank-{rank}.fault")
         if fault is None:
             return armed
-        if fault.action == "kill-node" and "TORCHELASTIC_RUN_ID" not in environ:
+        if any(f.action == "kill-node" for f in faults) and "TORCHELASTIC_RUN_ID" not in environ:
             raise ConfigError(f"{VARIABLE}={spec!r}: kill-node ends this process's torchrun agent, and this process "
                               "was not started by torchrun (scripts/worker.sh); use kill or hang")
+        if len(faults) > 1 and fault.rank != rank:
+            if rank == 0:
+                log.warning("fault injection armed (%s=%s): %s, once per run directory; unset it for a real run",
+                            VARIABLE, spec, "; ".join(f"rank {f.rank} will {WHAT[f.action]} after step {f.step}"
+                                                      for f in faults))
+            return armed
         if armed._mine:
             log.warning("fault injection armed (%s=%s): this rank (%d) will %s after step %d; unset it for a real "
                         "run", VARIABLE, spec, rank, WHAT[fault.action], fault.step)
@@ -100,11 +123,18 @@ class ArmedFault:
         if not self._mine or self.fault is None or step != self.fault.step:
             return
         self._mine = False
+        if self.fault.action == "pause":  # blocked from before the marker, so a stop that comes at once still wakes it
+            signal.pthread_sigmask(signal.SIG_BLOCK, PAUSE_ENDS)
         self.marker.parent.mkdir(parents=True, exist_ok=True)
         self.marker.write_text(f"{self.fault} (pid {os.getpid()})\n")  # a hung rank's pid, to SIGKILL it
         log.warning("fault injection (%s): %s now", VARIABLE, self.fault)
         for handler in logging.getLogger().handlers:  # the line must be in the log before the process ends
             handler.flush()
+        if self.fault.action == "pause":
+            received = signal.sigwait(PAUSE_ENDS)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PAUSE_ENDS)
+            os.kill(os.getpid(), received)  # again, for its handler (distqa.stop records a stop)
+            return
         if self.fault.action == "kill-node":
             os.kill(os.getppid(), signal.SIGKILL)  # torchrun's agent (the worker's parent) first, then the worker
         os.kill(os.getpid(), signal.SIGSTOP if self.fault.action == "hang" else signal.SIGKILL)

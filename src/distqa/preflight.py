@@ -70,6 +70,9 @@ class RankReport:
     """Failed checks of this rank's node, each saying what to fix."""
     code: dict[str, PackageCode] = field(default_factory=dict)
     """distqa's and the task's package (:func:`code_packages`), file by file: what differs, when the hashes do."""
+    launcher_node: str = ""
+    """The node as ``scripts/worker.sh`` names it (``node 2 at 10.0.0.5``: its --node-rank and address; the
+    ``WORKER_NODE`` variable), which torchrun's group rank is not after a membership change; empty outside it."""
 
 
 @dataclass
@@ -141,7 +144,7 @@ def rank_report(config: Config, runtime: Runtime, problems: list[str] | None = N
         gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0, versions=library_versions(),
         code_hash=code_hash(code), config_hash=config_hash(config), config=config.to_dict(), code=code,
         device_memory_bytes=torch.cuda.get_device_properties(runtime.device).total_memory if cuda else None,
-        problems=list(problems or []))
+        problems=list(problems or []), launcher_node=os.environ.get("WORKER_NODE", ""))
 
 
 # --- checks of one node: each returns the problems it found, [] when fine ------------------------------

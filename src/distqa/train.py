@@ -38,6 +38,7 @@ optimizer and schedule, the loop.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -58,6 +59,7 @@ from distqa.distributed import (
     read_torchrun_env,
     setup_logging,
 )
+from distqa.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
 from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.preflight import check_at_training_start
@@ -84,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = load_config(argv)
         ranks = read_torchrun_env()
         setup_logging(ranks["RANK"])
+        check_node_range(given, NodeRange.from_environment())  # worker.sh --min-nodes: every world size splits it
         config = given.for_world_size(ranks["WORLD_SIZE"])  # grow_global_batch
         task = make_task(config)
         # Before any process group, so that no rank waits in a collective meanwhile: a model that cannot load
@@ -121,7 +124,13 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
              runtime.rank, runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
              config.data_parallel, task.name or config.task, run_dir)
     # Ranks with other code, config or library versions stop here, all with the same message (no RNG drawn).
-    hosts = [report.host for report in check_at_training_start(config, runtime, task)]
+    reports = check_at_training_start(config, runtime, task)
+    hosts = [report.host for report in reports]
+    node_range = NodeRange.from_environment()
+    if runtime.is_main_process and node_range is not None and node_range.elastic:
+        nodes = sorted({report.launcher_node or f"{report.host} (group rank {report.node_rank})" for report in reports})
+        log.info("%s", membership_line(os.environ.get(ROUND_VARIABLE, "?"), nodes, runtime.world_size,
+                                       config.accumulation_steps(runtime.world_size)))
     task.setup(runtime)  # e.g. hub weights: rank 0 downloads, the others wait, then all read the cache
 
     # Data: every rank reads a disjoint share of each epoch's permutation.

@@ -1,0 +1,225 @@
+"""Elastic membership (issue 34): a run of 3 emulated nodes with ``worker.sh --min-nodes 2`` (torchrun's
+``--nnodes 2:3``). A node lost for good leaves the other two to go on at world size 2 from the newest checkpoint;
+a node started again makes the run grow back to 3. Both end with the weights of an uninterrupted 3-rank run
+(dropout off: see docs/FAULT_TOLERANCE.md for dropout on). Real torchrun agents, real SIGKILLs (INJECT_FAULT
+kill-node), a real c10d rendezvous on 127.0.0.1. And the faults of a range: a range that does not split the
+global batch is refused before any rendezvous, and a minimum never reached ends with the 'never joined' line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distqa.config import ConfigError
+from distqa.config.sources import load_config
+from distqa.elastic import NodeRange, check_node_range
+
+from conftest import (
+    MACHINERY_ARGS,
+    REPO_ROOT,
+    WORKER,
+    clean_env,
+    final_weights,
+    finish,
+    free_port,
+    max_difference,
+    node_output,
+    start_node,
+    start_training,
+    wait_for,
+)
+
+# 12 examples per step: 2 per rank × 3 ranks × 2 micro-batches, or × 2 ranks × 3. Dropout off: the weights of
+# a run that changed its world size equal the uninterrupted run's (dropout masks are drawn per rank).
+TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-size", "12", "--per-rank-batch-size",
+                "2", "--classifier-dropout", "0", "--stop-check-every", "1")
+# Short rendezvous timings (worker.sh passes them to torchrun's c10d rendezvous): a round completes 1 s after its
+# minimum has joined, and a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
+RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
+NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60")
+LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's
+# Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the
+# round the returned node joins, so the run grows back at a known step whatever the machine's speed.
+RETURNED = f"{LOST},pause:rank=0:step=10"
+
+
+def membership(output: str) -> list[tuple[int, int]]:
+    """(nodes, world size) of each membership line of rank 0."""
+    return [(int(m[1]), int(m[2])) for m in re.finditer(r"membership: round \d+: (\d+) node\(s\) \(.*?\), world "
+                                                        r"size (\d+)", output)]
+
+
+def launch_locally(root: Path, run_id: str, fault: str) -> subprocess.Popen[str]:
+    """scripts/run_distributed_locally.sh --nodes 3 --min-nodes 2: the launcher leaves the others running when a
+    node ends with an error. Its output (every node's lines, prefixed) goes to ``root/<run_id>.out``."""
+    with (root / f"{run_id}.out").open("a") as sink:
+        return subprocess.Popen(
+            ["bash", str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", "3", "--min-nodes", "2",
+             "--max-restarts", "3", "--port", str(free_port()), "--run-id", run_id, "--", *MACHINERY_ARGS,
+             "--output-dir", str(root), *TRAINER_ARGS],
+            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1", INJECT_FAULT=fault,
+                                         RDZV_JOIN_TIMEOUT="60", **RENDEZVOUS),
+            stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three runs side by side (much of the elastic runs' time is waiting): the uninterrupted reference, the
+    node lost for good (through the local launcher), the node lost and returned (worker.sh per node, so that the
+    test can start the lost one again)."""
+    root = tmp_path_factory.mktemp("elastic")
+    reference = start_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(root), "--run-name",
+                                "uninterrupted"], root / "uninterrupted.out", nproc=3)
+    lost = launch_locally(root, "lost", LOST)
+    port = free_port()
+    nodes = [start_node(rank, 3, port, "returned", root, *NODE_ARGS, trainer_args=TRAINER_ARGS, INJECT_FAULT=RETURNED,
+                        **RENDEZVOUS) for rank in range(3)]
+    processes = [reference, lost, *nodes]
+    try:
+        # The node whose agent the fault killed is started again with the same arguments once the other two hold at
+        # step 10 (rank 0's pause).
+        wait_for((root / "returned" / "logs" / "rank-0.fault").exists, timeout=240)
+        dead = next(rank for rank, node in enumerate(nodes) if node.poll() is not None)
+        again = start_node(dead, 3, port, "returned", root, *NODE_ARGS, trainer_args=TRAINER_ARGS,
+                           INJECT_FAULT=RETURNED, **RENDEZVOUS)
+        processes.append(again)
+        for process in processes:
+            finish(process, timeout=240)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert reference.returncode == 0, (root / "uninterrupted.out").read_text()
+    assert lost.returncode == 0, (root / "lost.out").read_text()
+    # Every node ended well but the one the fault killed (its worker.sh reports the agent's SIGKILL).
+    codes = sorted(process.returncode for process in [*nodes, again])
+    assert codes == [0, 0, 0, 137], f"exit codes {codes}"
+    return {"root": root, "reference": root / "uninterrupted"}
+
+
+@pytest.mark.distributed
+def test_a_node_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(runs: dict[str, Path]) -> None:
+    root = runs["root"]
+    everything = (root / "lost.out").read_text()
+    assert re.search(r"node \d exited with status 137; the other 2 node\(s\) go on \(--min-nodes 2\)", everything)
+    assert "fault injection (INJECT_FAULT): kill-node rank 2 after step 6 now" in everything
+    assert f"resumed from {root / 'lost' / 'checkpoints' / 'step-00000004.pt'}" in everything
+    assert membership(everything) == [(3, 3), (2, 2)], everything
+    assert "accumulation 2 step(s)" in everything and "accumulation 3 step(s)" in everything
+    difference = max_difference(final_weights(runs["reference"]), final_weights(root / "lost"))
+    assert difference < 1e-5, f"the run that lost a node differs from the uninterrupted one by {difference:.2e}"
+
+
+@pytest.mark.distributed
+def test_a_node_started_again_makes_the_run_grow_back_and_end_as_the_uninterrupted_run(
+        runs: dict[str, Path]) -> None:
+    root = runs["root"]
+    everything = "\n".join(node_output(root, "returned", rank).read_text() for rank in range(3))
+    assert membership(everything) == [(3, 3), (2, 2), (3, 3)], everything
+    assert "stopped by SIGTERM at step" in everything, "torchrun's restart for the new round: a checkpoint there"
+    difference = max_difference(final_weights(runs["reference"]), final_weights(root / "returned"))
+    assert difference < 1e-5, f"the run that lost a node and grew back differs by {difference:.2e}"
+
+
+def test_a_range_whose_world_sizes_do_not_split_the_global_batch_is_refused_in_one_line() -> None:
+    config = load_config([*MACHINERY_ARGS, "--global-batch-size", "12", "--per-rank-batch-size", "2"], environ={})
+    check_node_range(config, NodeRange(2, 3, 1))  # 12 = 2 × 2 × 3 = 2 × 3 × 2
+    with pytest.raises(ConfigError) as refused:
+        check_node_range(config, NodeRange(2, 4, 1))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("the node range 2:4 nodes × 1 process(es) = world sizes 2, 3, 4 does not split "
+                              "global_batch_size 12 for world size 4: 12 % (2 × 4) = 4")
+    assert "a multiple of 24" in message  # 2 × lcm(2, 3, 4)
+
+
+def test_worker_sh_refuses_such_a_range_before_any_rendezvous(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", WORKER, "--nnodes", "4", "--min-nodes", "2", "--node-rank", "0", "--nproc-per-node", "2",
+         "--dry-run", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "24",
+         "--per-rank-batch-size", "2"],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1"), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert ("worker.sh: configuration error: the node range 2:4 nodes × 2 process(es) = world sizes 4, 6, 8 does not "
+            "split global_batch_size 24 for world size 8: 24 % (2 × 8) = 8") in result.stderr
+    assert "e.g. 48" in result.stderr and "--nnodes" not in result.stdout
+
+
+def test_every_worker_refuses_such_a_range_before_its_process_group(tmp_path: Path) -> None:
+    """The trainer's own check (a worker started by another launcher than worker.sh, with the range exported)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size",
+         "12", "--per-rank-batch-size", "2"],
+        cwd=REPO_ROOT, env=clean_env(WORKER_NODE_RANGE="2:4", OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "distqa.train: configuration error: the node range 2:4 nodes × 1 process(es) = world sizes 2, 3, 4 does " \
+           "not split global_batch_size 12 for world size 4" in result.stderr
+    assert not (tmp_path / "local" / "checkpoints").exists()
+
+
+def test_a_minimum_never_reached_ends_with_the_never_joined_line(tmp_path: Path) -> None:
+    """3 nodes, at least 2: only node 0 comes; at the join timeout its agent names the nodes that never joined."""
+    node = start_node(0, 3, free_port(), "alone", tmp_path, "--min-nodes", "2", "--join-timeout", "3",
+                      trainer_args=TRAINER_ARGS, **RENDEZVOUS)
+    finish(node, timeout=120)
+    output = node_output(tmp_path, "alone", 0).read_text()
+    assert node.returncode == 4, output
+    assert ("with 1 of 3 nodes (--node-rank 0..2, at least 2 to start) joined (node 0 at 127.0.0.1); node 1, 2 never "
+            "joined") in output
+
+
+@pytest.mark.parametrize(("min_nodes", "nnodes"), [("2", "2:3"), ("", "3")])
+def test_the_platform_launcher_passes_the_range_to_every_nodes_worker_sh(
+        monkeypatch: pytest.MonkeyPatch, min_nodes: str, nnodes: str) -> None:
+    """run_distributed_on_platform.sh --min-nodes → the job's min_nodes param (.neuro/live.yml, read by the real
+    neuro-flow parser through tests/standin) → worker.sh --min-nodes → torchrun --nnodes MIN:MAX; without it the
+    node count stays fixed, as before."""
+    monkeypatch.chdir(REPO_ROOT)
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
+    import platform_cli
+
+    launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
+                               "--nodes", "3", *(["--min-nodes", min_nodes] if min_nodes else []), "--run-id", "e1"],
+                              env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert launcher.returncode == 0, launcher.stderr
+    runs = [shlex.split(line) for line in launcher.stdout.splitlines() if " run " in line]
+    params = {runs[1][i + 1]: runs[1][i + 2] for i, w in enumerate(runs[1]) if w == "--param"}
+    assert params["min_nodes"] == (min_nodes or "3")
+    job = platform_cli.render("distributed_training", "e1-1", {k: v for k, v in params.items() if k != "args"}
+                              | {"min_nodes": min_nodes})
+    words = shlex.split(job.cmd)
+    dash = words.index("--")
+    worker = subprocess.run(["bash", str(WORKER), *words[2:dash], "--nproc-per-node", "1", "--dry-run",
+                             *words[dash:], *MACHINERY_ARGS, "--global-batch-size", "12", "--per-rank-batch-size", "2"],
+                            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1"),
+                            capture_output=True, text=True, timeout=60)
+    assert worker.returncode == 0, worker.stderr
+    torchrun = shlex.split(worker.stdout)
+    assert torchrun[torchrun.index("--nnodes") + 1] == nnodes
+
+
+@pytest.mark.parametrize(("batch", "exit_code"), [("12", 0), ("6", 1)])
+def test_the_doctor_reports_the_range_and_fails_one_that_does_not_split_the_global_batch(
+        tmp_path: Path, batch: str, exit_code: int) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "distqa.doctor", *MACHINERY_ARGS, "--output-dir", str(tmp_path),
+         "--global-batch-size", batch, "--per-rank-batch-size", "2"],
+        cwd=REPO_ROOT, env=clean_env(WORKER_NODE_RANGE="2:3", OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == exit_code, result.stdout + result.stderr
+    assert "nodes: 2:3 nodes × 1 process(es) = world sizes 2, 3, elastic" in result.stdout
+    if exit_code:
+        assert "FAIL the node range 2:3 nodes × 1 process(es) = world sizes 2, 3 does not split global_batch_size 6 " \
+               "for world size 2: 6 % (2 × 2) = 2" in result.stdout
+    else:
+        assert "global batch 12 in accumulation steps 3 at 2, 2 at 3 ranks" in result.stdout
