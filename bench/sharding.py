@@ -8,8 +8,8 @@ The model: the QA task's BERT from data/tiny-bert's tokenizer with a wider confi
 on pre-collated DummyDataset batches of max_seq_len 128. Each rank runs one torch thread, gloo on loopback.
 
 (a) memory per rank, at 1, 2 and 4 ranks (1 rank in this process; 2 and 4 under ``torchrun --standalone``): the
-    model built, wrapped as distqa.train wraps it (``distqa.ddp.training_module``, or ``distqa.sharding.shard_model``
-    per transformer layer then the root; at 1 rank both are the bare model, as in distqa.train), AdamW, one step,
+    model built, wrapped as distqa.train wraps it (``distqa.sharding.data_parallel_model``: DDP's wrap, or
+    ``shard_model`` per transformer layer then the root; at 1 rank both are the bare model), AdamW, one step,
     then a second forward, backward and optimizer step with the gradients kept. Counted: the bytes of the
     parameters, their gradients and AdamW's state as this rank holds them (``DTensor.to_local()`` for shards).
     Measured: torch's profiler memory events (as tests/test_memory.py measures CPU peaks), everything built inside
@@ -64,7 +64,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import Dataset
 
 from distqa.config import Config
-from distqa.ddp import training_module
 from distqa.distributed import (
     Runtime,
     all_gather_objects,
@@ -76,7 +75,7 @@ from distqa.distributed import (
 )
 from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.rng import seed_everything
-from distqa.sharding import full_model_state, full_optimizer_state, shard_model
+from distqa.sharding import data_parallel_model, full_model_state, full_optimizer_state
 from distqa.tasks import make_task
 from distqa.train import build_loader
 from distqa.trainer import StepPlan, Trainer
@@ -161,10 +160,7 @@ def build_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: P
     seed_everything(0)
     model = task.build_model()
     precision = Precision.choose(config.precision, runtime.device)
-    if config.data_parallel == "ddp" or not runtime.is_distributed:
-        training_model = training_module(model, runtime, config, task.sync_buffers)
-    else:
-        training_model = shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
+    training_model = data_parallel_model(model, task, runtime, config, precision)
     optimizer = build_optimizer(model, config, runtime.device)
     return Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
                    ddp_model=training_model, optimizer=optimizer,

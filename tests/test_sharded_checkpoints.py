@@ -268,10 +268,10 @@ def test_a_sharded_write_longer_than_the_stop_window_is_warned_about(tmp_path: P
     assert len(warnings) == 1 and "step-00000001.dcp is" in warnings[0] and "more than a 0 s window" in warnings[0]
 
 
-def test_export_and_predict_take_a_sharded_checkpoint_as_they_take_the_file(tmp_path: Path) -> None:
+def test_export_predict_and_evaluate_take_a_sharded_checkpoint_as_they_take_the_file(tmp_path: Path) -> None:
     """The weights of an NQ best.pt written as a sharded directory: ``python -m distqa.export --checkpoint DIR``
     exports the model the file's export holds (every tensor equal, logits to 1e-6), and ``predict --checkpoint DIR``
-    writes the file's submission byte for byte (evaluate loads through the same function)."""
+    writes the file's submission byte for byte, and ``evaluate --checkpoint DIR`` prints the file's evaluation."""
     saved = load_checkpoint(NQ_BEST, ModelCheckpoint)
     model = build_model(saved_config(saved.config), weights_from_checkpoint=True)
     model.load_state_dict(saved.model)
@@ -293,6 +293,16 @@ def test_export_and_predict_take_a_sharded_checkpoint_as_they_take_the_file(tmp_
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert submission.read_bytes() == (NQ_BEST.parent / "expected-submission.csv").read_bytes()
+    # evaluate: the validation split of the cache the fixture's run used (prepared with its windows), the file's
+    # evaluation byte for byte.
+    cache = tmp_path / "train-cache"
+    for command in (["distqa.prepare", "--task", "nq", "--model-name-or-path", "tests/fixtures/checkpoint-v2/encoder",
+                     "--max-seq-len", "64", "--max-question-len", "16", "--doc-stride", "32", "--num-proc", "1"],
+                    ["distqa.evaluate", "--checkpoint", str(sharded_checkpoint_path(tmp_path, 7))]):
+        result = subprocess.run([sys.executable, "-m", *command, "--nq-cache-dir", str(cache)], cwd=REPO_ROOT,
+                                env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == (NQ_BEST.parent / "expected-evaluation.json").read_text()
     assert max_difference(exports["sharded"].model, exports["file"].model) == 0
     assert exports["sharded"].task_state == exports["file"].task_state
     inputs = {"input_ids": torch.tensor([[1, 5, 9, 2, 7, 11, 2]]),

@@ -63,7 +63,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Digest:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)
         return Digest(writer.size, writer.crc32)
     except OSError as err:
         if err.errno not in OUT_OF_SPACE:
@@ -75,7 +75,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Digest:
         tmp.unlink(missing_ok=True)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable (the rename is an entry of the folder, not of the file)."""
     descriptor = os.open(folder, os.O_RDONLY)
     try:

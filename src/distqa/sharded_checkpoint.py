@@ -78,7 +78,7 @@ from distqa.checkpoint import (
 )
 from distqa.checkpoint_writer import CheckpointWriter
 from distqa.errors import DiskFullError
-from distqa.files import OUT_OF_SPACE, atomic_write, file_digest, free_space
+from distqa.files import OUT_OF_SPACE, atomic_write, file_digest, free_space, fsync_folder
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class ShardedCheckpointWriter(CheckpointWriter):
             if directory.exists():  # the same step written again (a resumed run that stops where it resumed)
                 shutil.rmtree(directory)
             os.replace(temporary, directory)
-            _fsync(directory.parent)
+            fsync_folder(directory.parent)
         except BaseException:
             if rest is not None:  # rank 0 removes what the ranks wrote
                 shutil.rmtree(temporary, ignore_errors=True)
@@ -243,12 +243,6 @@ def _disk_full_or(error: CheckpointException, temporary: Path) -> BaseException:
     return error
 
 
-def _fsync(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def uses_sharded_checkpoints(checkpoint_format: str, data_parallel: str, world_size: int) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -47,8 +47,12 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from distqa.config import Config, ConfigError
-from distqa.ddp import compile_enabled
+from distqa.ddp import compile_enabled, training_module
 from distqa.distributed import Runtime
+from distqa.optim import Precision
+
+if TYPE_CHECKING:  # for annotations only: the task module needs none of this one
+    from distqa.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,17 @@ def device_mesh(runtime: Runtime, data_parallel: str) -> DeviceMesh:
                           "start every node with the same --nproc-per-node, or use data_parallel=fsdp.")
     return init_device_mesh(runtime.device.type, (nodes, runtime.local_world_size),
                             mesh_dim_names=("replicate", "shard"))
+
+
+def data_parallel_model(model: nn.Module, task: Task, runtime: Runtime, config: Config,
+                        precision: Precision) -> nn.Module:
+    """Collective. ``model`` as training steps run it, by ``config.data_parallel``: DDP's wrap
+    (:func:`distqa.ddp.training_module`: one replica per rank, compiled where that is on), or the model itself
+    sharded in place over the task's sharding units (:func:`shard_model`), computing in the precision's dtype. One
+    process has nothing to share: it runs the model as DDP's wrap leaves it."""
+    if config.data_parallel == "ddp" or not runtime.is_distributed:
+        return training_module(model, runtime, config, task.sync_buffers)
+    return shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
 
 
 def shard_model(model: nn.Module, units: list[nn.Module], runtime: Runtime, config: Config,

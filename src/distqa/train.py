@@ -51,7 +51,6 @@ from torch.utils.data import DataLoader, Dataset
 from distqa.checkpoint import Progress
 from distqa.config import Config, ConfigError
 from distqa.config.sources import dotenv_file, load_config
-from distqa.ddp import training_module
 from distqa.distributed import (
     CollectiveTimeoutError,
     Runtime,
@@ -67,7 +66,7 @@ from distqa.resume import restore_training_state, resume
 from distqa.rng import seed_everything
 from distqa.rundir import prepare_run_dir
 from distqa.sampler import ResumableDistributedSampler
-from distqa.sharding import shard_model
+from distqa.sharding import data_parallel_model
 from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
@@ -152,10 +151,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     # backward and broadcasts rank 0's buffers before each forward unless the task's are constants; fsdp/hsdp
     # shard the weights, gradients and optimizer state over the ranks (the task's sharding units, then the root),
     # computing in the precision's dtype. Compiled on GPUs. One process has nothing to share: it runs the model.
-    if config.data_parallel == "ddp" or not runtime.is_distributed:
-        training_model = training_module(model, runtime, config, task.sync_buffers)
-    else:
-        training_model = shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
+    training_model = data_parallel_model(model, task, runtime, config, precision)
 
     # Optimisation: AdamW over the parameters as training holds them (sharded or not), warm-up then the
     # lr_schedule over the whole run; a resumed run's state restored into them, and the RNGs.
