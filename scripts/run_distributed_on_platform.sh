@@ -366,6 +366,9 @@ while :; do
             if (( rank == 0 )); then
                 log "${ended[i]}; the others go on (--min-nodes $min_nodes); node 0 hosts the rendezvous store: not submitted again"
                 lost+=("$rank")
+            elif (( succeeded > 0 )); then  # the training has ended on a node: a new job would find no run
+                log "$what; the run has finished on another node: not submitted again"
+                lost+=("$rank")
             elif (( count < max_resubmits )); then
                 count=$(( count + 1 ))
                 resubmits[$rank]=$count replaced[$rank]="$id"
