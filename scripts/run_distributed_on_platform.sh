@@ -6,8 +6,8 @@
 # fails or you press Ctrl-C. Works from any directory (the flow CLI runs in the repository).
 #
 # Usage:
-#   scripts/run_distributed_on_platform.sh [--nodes N] [--min-nodes MIN] [--preset NAME] [--run-id ID] [--port P]
-#       [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M]
+#   scripts/run_distributed_on_platform.sh [--nodes N] [--min-nodes MIN] [--max-resubmits K] [--preset NAME]
+#       [--run-id ID] [--port P] [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M]
 #       [--tracker none|mlflow] [--mlflow-uri URI] [--mlflow-token secret:NAME] [--dry-run] [--] [TRAINER ARGS...]
 #
 #   scripts/run_distributed_on_platform.sh --nodes 2                       # DummyDataset, tiny model
@@ -23,8 +23,13 @@
 #   --nodes N          jobs (nodes) in the run; default: $NODES, else NODES= in .env, else 2
 #   --min-nodes MIN    elastic (worker.sh --min-nodes; default: $MIN_NODES, else .env, else N): the run goes
 #                      on while MIN jobs are alive. A job that fails or is cancelled then does not end the
-#                      run: the others resume at the smaller world size; start it again with the command
-#                      --dry-run prints for its node and the run grows back (docs/FAULT_TOLERANCE.md)
+#                      run: the others resume at the smaller world size, and the launcher submits that
+#                      node's job again (same arguments, same node rank; --max-resubmits), whose worker
+#                      joins the next rendezvous round: the run grows back (docs/FAULT_TOLERANCE.md).
+#                      Node 0 hosts the rendezvous store: its job is not submitted again
+#   --max-resubmits K  with --min-nodes below --nodes: submit each node's job again at most K times
+#                      (default 3; 0: never); after that the run goes on without the node while MIN
+#                      jobs are alive. Without a range a failed job ends the run, as ever
 #   --preset NAME      resource preset of every node; default: $PLATFORM_PRESET, .env, else gpu-small
 #   --run-id ID        job suffix, rendezvous id and run directory (results/ID); the same id
 #                      resumes that run. Default: dq-<UTC date-time>. Lowercase letters and digits
@@ -77,6 +82,7 @@ preset="$(setting PLATFORM_PRESET gpu-small)"
 run_id="${RUN_ID:-dq-$(date -u +%m%d-%H%M%S)}"
 port=29400
 max_restarts=3
+max_resubmits=3
 life_span=1d
 timeout_s="${SCHEDULE_TIMEOUT:-900}"
 join_margin_s=300  # after a worker is scheduled: image pull, container start, python imports
@@ -101,6 +107,7 @@ while [[ $# -gt 0 ]]; do
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
+        --max-resubmits) need_value "$@"; max_resubmits="$2"; shift 2 ;;
         --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
         --entry-module) need_value "$@"; entry_module="$2"; shift 2 ;;
         --tracker) need_value "$@"; tracker="$2"; shift 2 ;;
@@ -115,7 +122,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 min_nodes="${min_nodes:-$nodes}"
-for name in nodes min_nodes port max_restarts timeout_s; do
+for name in nodes min_nodes port max_restarts max_resubmits timeout_s; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "${name} must be a whole number, got '${!name}' (flag, environment or .env)"
 done
 [[ "$poll_s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--poll must be a number of seconds, got '$poll_s'"
@@ -245,14 +252,21 @@ interrupted() {
 }
 trap interrupted INT TERM
 
-# job_status SUFFIX: prints "STATUS HOSTNAME" from `<flow> status` (the platform's job table);
-# STATUS is "unknown" when the job cannot be found or the output cannot be read.
+# job_status SUFFIX: prints "STATUS HOSTNAME JOB-ID HOW" from `<flow> status` (the platform's job table,
+# apolo_cli.formatters.jobs.JobStatusFormatter: rows Job, Status with the reason in parentheses, Exit code,
+# Internal Hostname); STATUS is "unknown" when the job cannot be found or the output cannot be read, HOW is
+# "-" and how it ended as far as the platform says ("-: exit code 137 (OOMKilled)"), or "-" alone.
 job_status() {
-    local out state host
+    local out state host id code reason how=""
     out="$("$flow" status "$job" "$1" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g')" || true
     state="$(awk '$1 == "Status" { print $2; exit }' <<<"$out")"
     host="$(awk '$1 == "Internal" && $2 == "Hostname" && NF == 3 { print $3; exit }' <<<"$out")"
-    echo "${state:-unknown} ${host:--}"
+    id="$(awk '$1 == "Job" && NF == 2 { print $2; exit }' <<<"$out")"
+    reason="$(sed -n -e 's/^ *Status  *[a-z]* *(\(.*\)) *$/\1/p' <<<"$out" | head -n 1)"
+    code="$(awk '$1 == "Exit" && $2 == "code" && NF == 3 { print $3; exit }' <<<"$out")"
+    [[ -z "$code" ]] || how="exit code $code"
+    [[ -z "$reason" ]] || how="${how:+$how }($reason)"
+    echo "${state:-unknown} ${host:--} ${id:--} -${how:+: $how}"  # HOW starts with '-' so that it is never empty
 }
 
 # `<flow> run` returns only once its job has started (apolo run waits while the job is pending), so
@@ -260,7 +274,7 @@ job_status() {
 start_node() {  # start_node NODE_RANK MASTER_ADDR: submits in the background; the pid is in $!
     local cmd
     mapfile -t cmd < <(run_command "$1" "$2")
-    started+=("$(suffix_of "$1")")
+    [[ " ${started[*]} " == *" $(suffix_of "$1") "* ]] || started+=("$(suffix_of "$1")")
     "${cmd[@]}" >&2 &
     submitting+=("$!")
 }
@@ -279,7 +293,7 @@ master_run=$!
 deadline=$(( SECONDS + timeout_s + 60 ))
 master_host=""
 while :; do
-    read -r state host < <(job_status "$(suffix_of 0)")
+    read -r state host _ < <(job_status "$(suffix_of 0)")
     case "$state" in
         running) if [[ "$host" != "-" ]]; then master_host="$host"; break; fi ;;
         succeeded|cancelled)
@@ -319,27 +333,53 @@ submitting=()
 "$flow" logs "$job" "$(suffix_of 0)" &
 logs_pid=$!
 
-# Watch every job: one failed or cancelled job ends the run (with --min-nodes: once fewer than MIN are left);
-# all succeeded is success (with --min-nodes: all that are left).
+# Watch every job: one failed or cancelled job ends the run (with --min-nodes: once fewer than MIN are left;
+# before that, nodes 1..N-1 are submitted again, up to --max-resubmits times each); all succeeded is success
+# (with --min-nodes: all that are left).
 unknown_streak=0
-lost=()  # nodes ended while at least --min-nodes others went on
+lost=()  # nodes ended while at least --min-nodes others went on, and not submitted again
+declare -A resubmits=() replaced=() resubmit_pid=()  # per node: how many times, the ended job's id, the `run` pid
 while :; do
     sleep "$poll_s"
-    succeeded=0 unknown=0 ended=() ended_ranks=()
+    succeeded=0 unknown=0 ended=() ended_ranks=() ended_ids=() ended_how=()
     for (( rank = 0; rank < nodes; rank++ )); do
         [[ " ${lost[*]} " != *" $rank "* ]] || continue
-        read -r state _ < <(job_status "$(suffix_of "$rank")")
+        read -r state _ id how < <(job_status "$(suffix_of "$rank")")
+        # The job that ended is still the node's until the platform has its new one: not an end again.
+        if [[ -n "${replaced[$rank]:-}" && "$id" == "${replaced[$rank]}" ]] && kill -0 "${resubmit_pid[$rank]}" 2>/dev/null; then
+            continue
+        fi
         case "$state" in
             succeeded) succeeded=$(( succeeded + 1 )) ;;
-            failed|cancelled) ended_ranks+=("$rank"); ended+=("node $rank ($job $(suffix_of "$rank")) $state; its logs: '$flow logs $job $(suffix_of "$rank")'") ;;
+            failed|cancelled) ended_ranks+=("$rank"); ended_ids+=("$id"); ended_how+=("$state${how#-}")
+                              ended+=("node $rank ($job $(suffix_of "$rank")) $state; its logs: '$flow logs $job $(suffix_of "$rank")'") ;;
             unknown) unknown=$(( unknown + 1 )) ;;
         esac
     done
     # Every node that ended in this poll, not just the lowest rank: when one node dies, the others
     # follow within seconds (a graceful stop, exit 75), and the first of them is rarely the cause.
     if (( ${#ended[@]} && min_nodes < nodes && nodes - ${#lost[@]} - ${#ended[@]} >= min_nodes )); then
-        for line in "${ended[@]}"; do log "$line; the others go on (--min-nodes $min_nodes)"; done
-        lost+=("${ended_ranks[@]}")
+        for i in "${!ended_ranks[@]}"; do
+            rank="${ended_ranks[i]}"
+            id="${ended_ids[i]}" count="${resubmits[$rank]:-0}"
+            what="node $rank (job $id, $job $(suffix_of "$rank")) ${ended_how[i]}"
+            if (( rank == 0 )); then
+                log "${ended[i]}; the others go on (--min-nodes $min_nodes); node 0 hosts the rendezvous store: not submitted again"
+                lost+=("$rank")
+            elif (( succeeded > 0 )); then  # the training has ended on a node: a new job would find no run
+                log "$what; the run has finished on another node: not submitted again"
+                lost+=("$rank")
+            elif (( count < max_resubmits )); then
+                count=$(( count + 1 ))
+                resubmits[$rank]=$count replaced[$rank]="$id"
+                log "$what; resubmitting it ($count of $max_resubmits); the others go on (--min-nodes $min_nodes)"
+                start_node "$rank" "$master_host"
+                resubmit_pid[$rank]=$!
+            else
+                log "$what; submitted again $max_resubmits time(s) (--max-resubmits): the others go on without it (--min-nodes $min_nodes); its logs: '$flow logs $job $(suffix_of "$rank")'"
+                lost+=("$rank")
+            fi
+        done
     elif (( ${#ended[@]} )); then
         for line in "${ended[@]:0:${#ended[@]}-1}"; do log "$line"; done
         fail "${ended[-1]}"

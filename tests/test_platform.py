@@ -433,3 +433,107 @@ def test_the_training_jobs_take_the_tracker_and_a_token_only_from_a_platform_sec
                               "--mlflow-token", "a-raw-token"], env=clean_env(), capture_output=True, text=True,
                              timeout=60)
     assert refused.returncode == 2 and "secret:NAME" in refused.stderr
+
+
+# --- a node range: the launcher submits a lost node's job again -------------------------------------------------
+
+# Short rendezvous timings (worker.sh hands them to torchrun's c10d rendezvous; the stand-in's jobs inherit the
+# launcher's environment): a round completes 1 s after its minimum has joined.
+RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
+RESUBMITTED = re.compile(r"node 1 \(job (job-\S+), distributed_training (\S+)-1\) failed: exit code (\d+) \((.*?)\); "
+                         r"resubmitting it \((\d) of (\d)\)")
+
+
+def submissions(env: dict[str, str], key: str) -> int:
+    return sum(1 for e in events(env) if e["key"] == key and e["event"] == "submitted")
+
+
+def kill_when_running(env: dict[str, str], key: str) -> None:
+    """SIGKILL the job's main process (its worker.sh) once it runs: the node is lost and its job fails."""
+    record = wait_for(lambda: (j := jobs(env).get(key)) and j["status"] == "running" and j, timeout=120)
+    os.kill(record["pid"], signal.SIGKILL)
+
+
+@pytest.mark.distributed
+def test_with_a_range_a_failed_job_is_resubmitted_once_and_the_run_grows_back_and_ends(
+        platform: dict[str, str]) -> None:
+    """2 nodes, --min-nodes 1: node 1 is lost after step 2 (its agent and worker SIGKILLed: its worker.sh, the
+    job's main process, exits 137); node 0 goes on alone and waits after step 4 until a new round restarts it.
+    The launcher says so in one line and submits node 1's job again; that job joins the round, and the run
+    ends on both nodes."""
+    env = {**platform, **RENDEZVOUS, "INJECT_FAULT": "kill-node:rank=1:step=2,pause:rank=0:step=4"}
+    launcher = launch(env, "rs", "--min-nodes", "1", "--", *MACHINERY_ARGS, "--max-steps", "6", "--checkpoint-every",
+                      "2", "--global-batch-size", "8", "--per-rank-batch-size", "4", "--stop-check-every", "1")
+    output = finish(launcher, timeout=300)
+    assert launcher.returncode == 0, output
+    lines = RESUBMITTED.findall(output)
+    assert [line[1:] for line in lines] == [("rs", "137", "Error", "1", "3")], output
+    assert submissions(platform, "distributed_training-rs-1") == 2
+    final = jobs(platform)["distributed_training-rs-1"]
+    assert final["status"] == "succeeded" and final["id"] != lines[0][0]  # a new job, the same node rank
+    assert final["params"]["node_rank"] == "1" and final["params"]["min_nodes"] == "1"
+    assert "finished on all 2 nodes" in output
+    log = (Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs" / "distributed_training-rs-0.log").read_text()
+    assert re.search(r"membership: round \d+: 1 node\(s\)", log) and "training finished at step 6" in log, log
+
+
+@pytest.mark.distributed
+def test_a_job_that_keeps_failing_is_resubmitted_up_to_the_bound_then_left_out(
+        platform: dict[str, str], tmp_path: Path) -> None:
+    """--max-resubmits 2: node 1 is lost, and the platform cannot place its new jobs (held: each fails after
+    --timeout 2 s, as a job not scheduled in time). Two resubmissions, each with its line, then one line that
+    the run goes on without node 1, while node 0 trains on alone (until the Ctrl-C that ends the test)."""
+    held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
+    held.mkdir(parents=True)
+    key = "distributed_training-rb-1"
+    out = tmp_path / "launcher.out"
+    with out.open("w") as sink:
+        launcher = subprocess.Popen(
+            ["bash", str(LAUNCH), "--nodes", "2", "--run-id", "rb", "--port", str(free_port()), "--poll", "0.5",
+             "--min-nodes", "1", "--max-resubmits", "2", "--timeout", "2", "--", *MACHINERY_ARGS, "--max-steps",
+             "100000", "--checkpoint-every", "0", "--stop-check-every", "1"],
+            cwd=REPO_ROOT, env={**platform, **RENDEZVOUS}, stdout=sink, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+    try:
+        wait_for(lambda: jobs(platform).get(key, {}).get("status") == "running", timeout=120)
+        (held / key).touch()
+        kill_when_running(platform, key)
+        wait_for(lambda: "(--max-resubmits)" in out.read_text(), timeout=120)
+        assert jobs(platform)["distributed_training-rb-0"]["status"] == "running"
+        os.killpg(launcher.pid, signal.SIGINT)
+    finally:
+        finish(launcher, timeout=120)
+    output = out.read_text()
+    assert launcher.returncode == 130, output
+    counts = [line[4:] for line in RESUBMITTED.findall(output)]
+    assert counts == [("1", "2"), ("2", "2")], output
+    assert re.search(r"node 1 \(job job-\S+, distributed_training rb-1\) failed: exit code 125 \(not scheduled "
+                     r"within the schedule timeout \(2 s\)\); submitted again 2 time\(s\) \(--max-resubmits\): the "
+                     r"others go on without it", output), output
+    assert submissions(platform, key) == 3
+    wait_for(lambda: not run_processes("rb"), timeout=60)
+
+
+@pytest.mark.distributed
+def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(platform: dict[str, str]) -> None:
+    """Node 1 is lost and its new job waits for a node (held); Ctrl-C then cancels node 0's job and the new one,
+    and nothing is submitted after it."""
+    held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
+    held.mkdir(parents=True)
+    launcher = launch({**platform, **RENDEZVOUS}, "rc", "--min-nodes", "1", "--", *MACHINERY_ARGS, "--max-steps",
+                      "100000", "--checkpoint-every", "0", "--stop-check-every", "1")
+    key = "distributed_training-rc-1"
+    try:
+        wait_for(lambda: jobs(platform).get(key, {}).get("status") == "running", timeout=120)
+        (held / key).touch()
+        kill_when_running(platform, key)
+        wait_for(lambda: submissions(platform, key) == 2 and jobs(platform)[key]["status"] == "pending", timeout=120)
+        os.killpg(launcher.pid, signal.SIGINT)
+    finally:
+        output = finish(launcher, timeout=120)
+    assert launcher.returncode == 130, output
+    assert len(RESUBMITTED.findall(output)) == 1, output
+    assert {k: j["status"] for k, j in jobs(platform).items()} == {"distributed_training-rc-0": "cancelled",
+                                                                   key: "cancelled"}
+    assert submissions(platform, key) == 2
+    wait_for(lambda: not run_processes("rc"), timeout=60)

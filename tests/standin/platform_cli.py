@@ -34,7 +34,8 @@ apolo-flow 26.7 both ship the package ``apolo_flow``; the platform client is ``a
   ``apolo cp --recursive --update``).
 * ``mkvolumes`` creates only the volumes that have a local folder (``LiveExecutor.mkvolumes``);
 * ``status`` prints the rows scripts read from ``apolo status`` (``apolo_cli.formatters.jobs.
-  JobStatusFormatter``: ``Status``, and ``Internal Hostname`` once the job has one), reached through
+  JobStatusFormatter``: ``Job``, ``Status`` with the reason in parentheses, ``Exit code`` once the job failed
+  or succeeded, and ``Internal Hostname`` once the job has one), reached through
   ``LiveExecutor.status``; ``logs`` follows the output to the end (``LiveExecutor.logs`` ->
   ``apolo logs``); ``kill JOB [SUFFIX]`` / ``kill ALL`` (``LiveExecutor.kill_job`` / ``kill_all``: the
   client's ``DELETE /jobs/ID``, then a wait until the job's status is terminal) return once the job is
@@ -56,6 +57,9 @@ What stands in for the platform:
 * container paths are rewritten to local ones: each volume's mount path to its storage folder
   ``$STANDIN_PLATFORM_DIR/storage/<path of the storage: URI>``, and ``/project`` (the image's copy of
   the repository) to this checkout; ``python`` is the interpreter running this file;
+* a job whose main process ends non-zero fails with that exit code, 128 + N for a process killed by signal N
+  (as the container runtime reports it), and the reason ``Error`` (Kubernetes' reason for such a container);
+  ``run`` with the suffix of a job that has ended submits a new job (a new id) under the same name;
 * a job is ``pending`` for ``$STANDIN_PENDING_S`` seconds (default 1: the time the platform takes
   to find a node) before it starts, then ``running``, then ``succeeded``, ``failed`` or ``cancelled``;
 * a job also stays ``pending`` while the file ``$STANDIN_PLATFORM_DIR/held/<job id>-<suffix>`` exists (the
@@ -384,7 +388,11 @@ def supervise(key: str) -> None:
         _stop_tree(signal.SIGKILL)
     code = process.wait()
     _stop_tree(signal.SIGKILL)  # what the main process left ends with the container (a subreaper has its orphans)
-    update_record(key, status="succeeded" if code == 0 else "failed", exit_code=code)
+    # The container runtime reports a main process killed by signal N as exit code 128 + N, and Kubernetes gives
+    # a container that exited non-zero the reason "Error", which platform-api keeps as the job's reason.
+    code = 128 - code if code < 0 else code
+    update_record(key, status="succeeded" if code == 0 else "failed", exit_code=code,
+                  **({"reason": "Error"} if code and (read_record(key) or {}).get("status") != "cancelled" else {}))
 
 
 def _descendants() -> list[int]:
@@ -441,8 +449,12 @@ def _find(job_id: str, suffix: str | None) -> dict[str, Any]:
 def status(job_id: str, suffix: str | None) -> None:
     """The rows of `apolo status` that scripts read: Status and Internal Hostname."""
     record = _find(job_id, suffix)
-    rows = [("Job", record["id"]), ("Tags", ", ".join(record["tags"])), ("Status", record["status"]),
+    # JobStatusFormatter: the reason after the status in parentheses; "Exit code" once the job failed or succeeded.
+    reason = f" ({record['reason']})" if record.get("reason") else ""
+    rows = [("Job", record["id"]), ("Tags", ", ".join(record["tags"])), ("Status", record["status"] + reason),
             ("Image", record["image"]), ("Preset", record["preset"] or "")]
+    if record["status"] in ("failed", "succeeded") and record.get("exit_code") is not None:
+        rows.append(("Exit code", str(record["exit_code"])))
     if record["status"] in ("running", "succeeded", "failed", "cancelled"):
         rows.append(("Internal Hostname", record["hostname"]))
     for label, value in rows:
