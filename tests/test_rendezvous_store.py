@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from distqa.reach import probe
 from conftest import (
     MACHINERY_ARGS,
     REPO_ROOT,
+    WORKER,
     clean_env,
     final_weights,
     finish,
@@ -149,3 +151,20 @@ def test_the_local_launcher_starts_the_store_first_and_stops_it_at_the_end(tmp_p
     assert output.count(f"rendezvous 127.0.0.1:{port} (an external store)") == 2, output
     assert "stopped on signal" in output  # the launcher's trap ended it; nothing listens on the port any more
     assert probe("127.0.0.1", port) == "refused"
+
+
+def test_worker_sh_external_store_makes_node_0_a_client_and_needs_the_stores_address(tmp_path: Path) -> None:
+    def worker(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", WORKER, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+                               "--external-store", "--dry-run", *extra, "--", *MACHINERY_ARGS, "--output-dir",
+                               str(tmp_path)], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
+                                                                            NODE_ADDR="127.0.0.1"),
+                              capture_output=True, text=True, timeout=60)
+
+    refused = worker()
+    assert refused.returncode == 2 and "--external-store needs --master-addr" in refused.stderr, refused.stderr
+    dry = worker("--master-addr", "store-host", "--master-port", "29555")
+    assert dry.returncode == 0, dry.stderr
+    torchrun = shlex.split(dry.stdout)
+    assert torchrun[torchrun.index("--rdzv-endpoint") + 1] == "store-host:29555"
+    assert torchrun[torchrun.index("--rdzv-conf") + 1].startswith("is_host=0,")
