@@ -5,7 +5,8 @@
 #
 # Usage:
 #   scripts/run_distributed_locally.sh [--nodes N] [--min-nodes MIN] [--procs-per-node M] [--port P]
-#                                      [--run-id ID] [--max-restarts R] [--entry-module M] [--] [TRAINER ARGS...]
+#                                      [--run-id ID] [--max-restarts R] [--entry-module M] [--external-store]
+#                                      [--] [TRAINER ARGS...]
 #
 #   scripts/run_distributed_locally.sh                            # 2 nodes × 1 process, tiny preset
 #   scripts/run_distributed_locally.sh --nodes 3 -- --max-steps 20
@@ -23,6 +24,9 @@
 # --min-nodes MIN (worker.sh --min-nodes): the run goes on while MIN nodes are alive; a node that ends
 # with an error then leaves the others running, and one started again by hand (scripts/worker.sh with the
 # same --nnodes, --min-nodes, --node-rank, --master-addr 127.0.0.1, --master-port and --run-id) rejoins it.
+# --external-store: the rendezvous store runs in a process of its own (python -m distqa.rendezvous_store on
+# 127.0.0.1:P, started first and stopped at the end) and every node is its client (worker.sh --external-store),
+# so that with --min-nodes the loss of any node, node 0 included, leaves the others going.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
 # else python3), NODES, MIN_NODES, PROCS_PER_NODE, RDZV_PORT, RUN_ID, MAX_RESTARTS.
 # Stopping: Ctrl-C, or SIGTERM (or SIGHUP) to the launcher, is a graceful stop: every node gets one
@@ -47,6 +51,7 @@ port="${RDZV_PORT:-29400}"
 run_id="${RUN_ID:-local}"
 max_restarts="${MAX_RESTARTS:-0}"
 entry_module=distqa.train
+external_store=0
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "run_distributed_locally.sh: $*" >&2; exit 2; }
@@ -62,6 +67,7 @@ while [[ $# -gt 0 ]]; do
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --entry-module) need_value "$@"; entry_module="$2"; shift 2 ;;
+        --external-store) external_store=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
         *) trainer_args+=("$1"); shift ;;
@@ -94,6 +100,13 @@ if [[ "$entry_module" == distqa.train ]]; then
 fi
 
 agents=()      # each node's worker.sh
+store_pid=""   # python -m distqa.rendezvous_store (--external-store)
+stop_store() {
+    [[ -n "$store_pid" ]] || return 0
+    kill -TERM "$store_pid" 2>/dev/null || true
+    wait "$store_pid" 2>/dev/null || true
+    store_pid=""
+}
 prefixers=()   # the sed processes that put "[node N] " before each node's lines
 any_alive() {  # any_alive PID...: whether one of them still runs (`kill -0 A B` fails when either is gone)
     local pid
@@ -165,6 +178,19 @@ pipes="$(mktemp -d "${TMPDIR:-/tmp}/distqa-launcher.XXXXXX")"  # a named pipe pe
 trap 'interrupt INT 2' INT
 trap 'interrupt TERM 15' TERM
 trap 'interrupt HUP 1' HUP
+trap stop_store EXIT
+
+worker_store_args=()
+if (( external_store )); then
+    # The store first, in a session of its own (out of reach of the terminal's Ctrl-C, like the nodes): every
+    # node connects to it, and it outlives any of them. Its port is --port; the nodes wait for it (distqa.reach).
+    PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" setsid "$PYTHON" -m distqa.rendezvous_store \
+        --host 127.0.0.1 --port "$port" &
+    store_pid=$!
+    "$PYTHON" -m distqa.reach 127.0.0.1 "$port" 60 >/dev/null \
+        || { stop_store; die "the rendezvous store (python -m distqa.rendezvous_store --port $port) did not start; see above"; }
+    worker_store_args=(--external-store)
+fi
 
 echo "launching $nodes node(s) × $procs_per_node process(es), rendezvous 127.0.0.1:$port, run id '$run_id'" >&2
 for (( node = 0; node < nodes; node++ )); do
@@ -175,13 +201,13 @@ for (( node = 0; node < nodes; node++ )); do
     prefixers+=("$!")
     sed -u "s/^/[node $node] /" < "$pipes/$node.err" >&2 &
     prefixers+=("$!")
-    # Node 0 hosts the rendezvous store, as the master job does on the platform; worker.sh runs
+    # Node 0 hosts the rendezvous store (unless --external-store), as the master job does on the platform; worker.sh runs
     # the torchrun agent as its child and passes SIGTERM/SIGINT on to it. setsid keeps the PID of
     # worker.sh ($!): a background child of a script leads no process group, so setsid does not fork.
     NODE_ADDR=127.0.0.1 setsid bash "$repo_root/scripts/worker.sh" --nnodes "$nodes" --min-nodes "$min_nodes" \
         --node-rank "$node" \
         --master-addr 127.0.0.1 --master-port "$port" --run-id "$run_id" --max-restarts "$max_restarts" \
-        --nproc-per-node "$procs_per_node" --entry-module "$entry_module" -- "${trainer_args[@]}" \
+        "${worker_store_args[@]}" --nproc-per-node "$procs_per_node" --entry-module "$entry_module" -- "${trainer_args[@]}" \
         > "$pipes/$node.out" 2> "$pipes/$node.err" &
     agents+=("$!")
 done
@@ -232,4 +258,5 @@ finish_output
 if [[ -n "$interrupted" && "$status" != 75 && "$status" != 0 ]]; then  # 0: the run ended before the stop
     case "$interrupted" in INT) status=130 ;; TERM) status=143 ;; *) status=129 ;; esac
 fi
+stop_store
 exit "$status"

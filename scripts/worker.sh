@@ -5,7 +5,8 @@
 #
 # Usage:
 #   scripts/worker.sh [--nnodes N] [--min-nodes MIN] [--node-rank I] [--master-addr HOST] [--master-port P]
-#                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--dry-run]
+#                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--external-store]
+#                     [--dry-run]
 #                     [--doctor | --entry-module MODULE] [--] [TRAINER ARGS...]
 #
 #   scripts/worker.sh --nnodes 1 -- --preset bert-base                    # one node, all its GPUs
@@ -34,6 +35,10 @@
 #   --master-addr HOST  address of node 0 as the other nodes reach it (platform: its internal
 #                       hostname); required on nodes 1..N-1
 #   --master-port P     TCP port of the rendezvous on node 0 (default 29400)
+#   --external-store    the rendezvous store runs outside the training nodes (python -m distqa.rendezvous_store
+#                       --port P on a CPU job, the Slurm batch host): every node, node 0 too, is its client at
+#                       --master-addr:--master-port (required on every node), so losing any node, node 0
+#                       included, leaves an elastic run (--min-nodes) going. Give it to every node or to none
 #   --run-id ID         rendezvous id and run directory name, the same on every node (default distqa)
 #   --max-restarts R    torchrun restarts of every worker after one fails (default 0)
 #   --nproc-per-node M  training processes here (default: the number of GPUs, or 1 without GPUs)
@@ -97,6 +102,7 @@ min_nodes="${MIN_NODES:-}"
 node_rank=0
 master_addr=""
 master_port=29400
+external_store=0
 run_id=distqa
 max_restarts="${MAX_RESTARTS:-0}"
 nproc_per_node="${NPROC_PER_NODE:-}"
@@ -124,6 +130,7 @@ while [[ $# -gt 0 ]]; do
         --join-timeout) need_value "$@"; join_timeout="$2"; shift 2 ;;
         --stop-after) need_value "$@"; stop_after="$2"; shift 2 ;;
         --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
+        --external-store) external_store=1; shift ;;
         --dry-run) dry_run=1; shift ;;
         --doctor) entry_point=distqa.doctor; shift ;;
         --entry-module) need_value "$@"; entry_point="$2"; shift 2 ;;
@@ -176,6 +183,9 @@ done
 [[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only, got '$run_id'"
 [[ "$entry_point" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
     || die "--entry-module must be a dotted Python module name such as mytask.train, got '$entry_point'"
+if (( external_store )) && [[ -z "$master_addr" ]]; then
+    die "--external-store needs --master-addr: the address of the host running python -m distqa.rendezvous_store"
+fi
 if (( node_rank > 0 )) && [[ -z "$master_addr" ]]; then
     die "--master-addr is required on node $node_rank: the address of node 0 (its internal hostname on the platform)"
 fi
@@ -250,7 +260,10 @@ else
         echo "worker.sh: warning: this host's name resolves to $node_addr; other nodes cannot reach that." \
              "Set NODE_ADDR to this node's address." >&2
     fi
-    is_host=$(( node_rank == 0 ? 1 : 0 ))
+    # Node 0 hosts the store unless it runs elsewhere (--external-store): then every agent is a client.
+    is_host=$(( node_rank == 0 && ! external_store ? 1 : 0 ))
+    store_host="hosted by node 0"
+    (( ! external_store )) || store_host="an external store"
     endpoint_host="${master_addr:-$node_addr}"
     rdzv_conf="is_host=$is_host,join_timeout=$join_timeout"
     [[ -z "${RDZV_LAST_CALL_TIMEOUT:-}" ]] || rdzv_conf+=",last_call_timeout=$RDZV_LAST_CALL_TIMEOUT"
@@ -260,7 +273,7 @@ else
     (( min_nodes == nnodes )) || node_count="$min_nodes:$nnodes"
     launcher+=(--nnodes "$node_count" --rdzv-backend c10d --rdzv-endpoint "$endpoint_host:$master_port"
                --rdzv-id "$run_id" --rdzv-conf "$rdzv_conf" --local-addr "$node_addr")
-    where="node $node_rank of $node_count at $node_addr, rendezvous $endpoint_host:$master_port (hosted by node 0)"
+    where="node $node_rank of $node_count at $node_addr, rendezvous $endpoint_host:$master_port ($store_host)"
 fi
 command=("${launcher[@]}" -m "$entry_point" --run-name "$run_id" "${trainer_args[@]}")
 
@@ -271,10 +284,10 @@ if (( dry_run )); then
     exit 0
 fi
 
-# A node other than 0 first waits (up to the join timeout) until node 0's rendezvous store accepts
+# A node other than 0 (every node, with --external-store) first waits (up to the join timeout) until the rendezvous store accepts
 # connections: a node started early just waits, and an unreachable one ends with one line naming
 # address:port and what to check, instead of torchrun's RendezvousConnectionError traceback after 60 s.
-if (( nnodes > 1 && node_rank > 0 )); then
+if (( nnodes > 1 && (node_rank > 0 || external_store) )); then
     if ! message=$("$PYTHON" -m distqa.reach "$master_addr" "$master_port" "$join_timeout" 2>&1); then
         echo "worker.sh: run '$run_id' node $node_rank: $message" >&2
         exit 3
