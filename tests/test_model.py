@@ -201,7 +201,9 @@ def test_train_on_a_weightless_model_stops_before_any_process_group(nproc: int, 
                             text=True, timeout=120)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if "configuration error" in line]
-    assert len(errors) == nproc, result.stderr
+    # Each rank finds it before any process group; torchrun ends the other ranks as soon as one has failed, so a
+    # rank slower to get there (a busy machine) may be ended before it says it: one line per rank at most.
+    assert 1 <= len(errors) <= nproc and len(set(errors)) == 1, result.stderr
     assert "data/tiny-bert" in errors[0] and "--from-scratch true" in errors[0]
     assert "Traceback" not in result.stderr or nproc > 1  # torchrun prints its own summary of failed ranks
     assert not any(tmp_path.iterdir())  # no run directory: it stopped before the runtime started
