@@ -36,13 +36,12 @@ from conftest import (
     start_training,
     wait_for,
 )
+from test_elastic import NODE_ARGS as ELASTIC_NODE_ARGS
+from test_elastic import RENDEZVOUS, TRAINER_ARGS
 
-# As tests/test_elastic.py: 12 examples per step split by 3 ranks and by 2; dropout off, so a run whose world size
-# changed ends with the uninterrupted run's weights.
-TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-size", "12", "--per-rank-batch-size",
-                "2", "--classifier-dropout", "0", "--stop-check-every", "1")
-RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
-NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60", "--external-store")
+# tests/test_elastic.py's runs (12 examples per step split by 3 ranks and by 2, dropout off, short rendezvous
+# timings), every node a client of the store.
+NODE_ARGS = (*ELASTIC_NODE_ARGS, "--external-store")
 # Armed on node 0 only, whatever global rank its worker gets in the first round (torch orders the nodes by
 # address and pid): node 0 is lost after step 6; the newest checkpoint is step 4's.
 NODE_0_LOST = ",".join(f"kill-node:rank={rank}:step=6" for rank in range(3))
