@@ -14,6 +14,8 @@ MLFLOW_SERVER := $(MLFLOW_VENV)/.installed
 # transformers 4 in an environment of its own: the question-answering pipeline that serves an export (v5 removed it).
 TRANSFORMERS4_VENV ?= .venv-transformers4
 TRANSFORMERS4 := $(TRANSFORMERS4_VENV)/.installed
+# The Docker tier: builds the images (--build-only), then trains with two containers.
+DOCKER_TIER ?= tests/docker/run.sh
 ARGS ?=
 # pytest workers of make test and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
@@ -83,12 +85,20 @@ bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all tar
 	grep -E '^(PASS|MISS|SKIP)  |failed$$' "$$report"; \
 	exit $$failed
 
-test: lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## Linters, the whole test suite (CPU only, no network), then test-docker
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
-	$(MAKE) test-docker
+# The Docker tier's images build in the background from the start (minutes on a fresh machine, mostly
+# downloads), so that the linters, the side venvs and the suite run meanwhile; its 2-container run comes last.
+test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then test-docker (its images built meanwhile)
+	@mkdir -p build/docker; \
+	echo "building the Docker tier's images beside the tests (log: build/docker/build-beside-tests.log)"; \
+	PYTHON=$(PYTHON) $(DOCKER_TIER) --build-only >build/docker/build-beside-tests.log 2>&1 & build=$$!; \
+	$(MAKE) --no-print-directory lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) \
+		&& $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS); status=$$?; \
+	wait $$build || echo "the Docker tier's build beside the tests failed (build/docker/build-beside-tests.log);" \
+		"make test-docker builds again and says why"; \
+	[ $$status -eq 0 ] && $(MAKE) --no-print-directory test-docker
 
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
-	PYTHON=$(PYTHON) tests/docker/run.sh
+	PYTHON=$(PYTHON) $(DOCKER_TIER)
 
 test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
