@@ -79,15 +79,15 @@
 #                       resolved, as in containers and Kubernetes pods); torchrun's --local-addr
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
 #   MIN_NODES           default of --min-nodes
+#   SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE   set by SkyPilot on
+#                       each node of a task (deploy/skypilot/task.yaml): without the flags, --nnodes, --node-rank,
+#                       --master-addr (the first address) and --nproc-per-node (the GPUs; 0 GPUs: the default)
+#                       come from them, and NODE_ADDR from this node's line of SKYPILOT_NODE_IPS
 #   RDZV_LAST_CALL_TIMEOUT, RDZV_KEEP_ALIVE_INTERVAL, RDZV_KEEP_ALIVE_MAX_ATTEMPT   torchrun's rendezvous
 #                       settings (last_call_timeout: seconds a round waits for more nodes once MIN have
 #                       joined, default 30; a node is declared dead after interval × attempts seconds
 #                       without a heartbeat, default 5 × 3); passed only when set
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
-#   SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE   set by SkyPilot on
-#                       each node of a task (deploy/skypilot/task.yaml): without the flags, --nnodes, --node-rank,
-#                       --master-addr (the first address) and --nproc-per-node (the GPUs; 0 GPUs: the default)
-#                       come from them, and NODE_ADDR from this node's line of SKYPILOT_NODE_IPS
 #   TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
 #                       recorder: 2000 entries, dumped on a timeout to <run dir>/flight-recorder/rank_<R>
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
