@@ -2,20 +2,22 @@
 tests/test_skypilot.py: its task loader, and the script and environment each node of a task gets.
 
     python tests/standin/skypilot.py load TASK.yaml... [--env K=V]...     # JSON: each task, or SkyPilot's error
-    python tests/standin/skypilot.py nodes TASK.yaml --ips A,B [--gpus N] [--env K=V]... --out DIR
+    python tests/standin/skypilot.py nodes TASK.yaml --ips A,B [--env K=V]... --out DIR
 
 ``load`` is what ``sky launch TASK.yaml --env K=V`` does first (sky/client/cli/command.py, ~line 1046:
 ``dag_utils.load_chain_dag_from_yaml(entrypoint, env_overrides=env)``): the task and resources schemas, the storage
-(file_mounts) schema, the envs' rules. ``nodes`` writes ``node-<rank>.sh`` per node, the script SkyPilot runs on it,
-built by SkyPilot's own functions; only the values known only on a cluster (node addresses, job id) come from the
-test. Set HOME for it: importing ``sky`` creates ~/.sky.
+(file_mounts) schema, the envs' rules. ``nodes`` builds the job program SkyPilot's own generator (RayCodeGen) writes
+for the task, runs its per-node launch statements with Ray's answers given (the node addresses, which node is which),
+and writes ``node-<rank>.sh``, the script each node runs, and ``job-program.py``. Set HOME for it: importing ``sky``
+creates ~/.sky.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
-import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from sky import exceptions
 from sky import task as task_lib
 from sky.backends import backend_utils, task_codegen
 from sky.skylet import constants, log_lib
-from sky.utils import accelerator_registry, common_utils, dag_utils
+from sky.utils import common_utils, dag_utils
 
 
 def load_task(path: str, envs: list[tuple[str, str]]) -> task_lib.Task:
@@ -51,57 +53,85 @@ def summary(task: task_lib.Task) -> dict[str, Any]:
     }
 
 
-def gpus_per_node(task: task_lib.Task) -> int:
-    """SKYPILOT_NUM_GPUS_PER_NODE of a task's nodes, as RayCodeGen._add_ray_task computes it
-    (sky/backends/task_codegen.py, lines 612-621 and 654 in 0.14.1): the task's demands
-    (backend_utils.get_task_demands_dict, backend_utils.py:4318), their one accelerator's count unless it is a
-    schedulable non-GPU accelerator (TPUs), rounded up (a fractional GPU gives 1); 0 without accelerators."""
-    demands = backend_utils.get_task_demands_dict(task)
-    name, count = task_codegen.TaskCodeGen()._get_accelerator_details(demands)
-    num_gpus = 0.0
-    if name is not None and not accelerator_registry.is_schedulable_non_gpu_accelerator(name):
-        num_gpus = count
-    return math.ceil(num_gpus)
+def task_env_vars(task: task_lib.Task, job_id: int, cluster_name: str) -> dict[str, str]:
+    """The variables the backend hands the job program for a task, following CloudVmRayBackend._get_task_env_vars
+    (sky/backends/cloud_vm_ray_backend.py, line 7030 in 0.14.1; it needs a cluster handle, so it is followed here):
+    the task's envs and secrets in plain text, SKYPILOT_TASK_ID (common_utils.get_global_job_id) and
+    _skypilot_predefined_env_vars (line 7010): SKYPILOT_CLUSTER_INFO and SKYPILOT_USER."""
+    env = task_lib.get_plaintext_envs_and_secrets(task.envs_and_secrets)
+    env.setdefault(constants.TASK_ID_ENV_VAR,
+                   common_utils.get_global_job_id("sky-test", cluster_name=cluster_name, job_id=str(job_id)))
+    env["SKYPILOT_CLUSTER_INFO"] = json.dumps({"cluster_name": cluster_name, "cloud": "Local", "region": None,
+                                               "zone": None})
+    env[constants.USER_ENV_VAR] = common_utils.get_current_user_name()
+    return env
 
 
-def node_environment(task: task_lib.Task, ips: list[str], rank: int, job_id: int, gpus: int | None = None,
-                     cluster_name: str = "distqa") -> dict[str, str]:
-    """The variables SkyPilot 0.14.1 exports on node ``rank`` of a task's ``run:``, in its order.
-
-    - RayCodeGen._add_ray_task (sky/backends/task_codegen.py, lines 628-672): SKYPILOT_NODE_IPS (the job's node
-      addresses joined by newlines, in rank order: ``job_ip_list_str`` of add_setup, line 572), SKYPILOT_NUM_NODES,
-      then the task's variables, then SKYPILOT_NUM_GPUS_PER_NODE (:func:`gpus_per_node`), SKYPILOT_NODE_RANK and
-      SKYPILOT_INTERNAL_JOB_ID;
-    - the task's variables: CloudVmRayBackend._get_task_env_vars (sky/backends/cloud_vm_ray_backend.py, line 7030):
-      its envs and secrets in plain text (task_lib.get_plaintext_envs_and_secrets), SKYPILOT_TASK_ID
-      (common_utils.get_global_job_id) and _skypilot_predefined_env_vars (line 7010): SKYPILOT_CLUSTER_INFO and
-      SKYPILOT_USER;
-    - names from sky/skylet/constants.py (lines 641-646); values as log_lib.make_task_bash_script exports them
-      (``str(v)``, log_lib.py line 391).
-
-    ``gpus`` replaces the computed GPU count: the emulated nodes have none, whatever the task asks for."""
-    env: dict[str, Any] = {constants.SKYPILOT_NODE_IPS: "\n".join(ips), constants.SKYPILOT_NUM_NODES: len(ips)}
-    task_env = task_lib.get_plaintext_envs_and_secrets(task.envs_and_secrets)
-    task_env.setdefault(constants.TASK_ID_ENV_VAR,
-                        common_utils.get_global_job_id("sky-test", cluster_name=cluster_name, job_id=str(job_id)))
-    task_env["SKYPILOT_CLUSTER_INFO"] = json.dumps({"cluster_name": cluster_name, "cloud": "Local", "region": None,
-                                                    "zone": None})
-    task_env[constants.USER_ENV_VAR] = common_utils.get_current_user_name()
-    env.update(task_env)
-    env[constants.SKYPILOT_NUM_GPUS_PER_NODE] = gpus_per_node(task) if gpus is None else gpus
-    env[constants.SKYPILOT_NODE_RANK] = rank
-    env["SKYPILOT_INTERNAL_JOB_ID"] = job_id
-    return {name: str(value) for name, value in env.items()}
+def job_program(task: task_lib.Task, ips: list[str], job_id: int, env: dict[str, str]) -> str:
+    """The Python program SkyPilot runs on the head node for a task of len(ips) nodes, built by its own generator
+    as CloudVmRayBackend._execute_task_n_nodes builds it (cloud_vm_ray_backend.py, line 7138): RayCodeGen's
+    prologue, setup, one task per node, epilogue (sky/backends/task_codegen.py)."""
+    codegen = task_codegen.RayCodeGen()
+    codegen.add_prologue(job_id)
+    codegen.add_setup(len(ips), backend_utils.get_task_demands_dict(task), stable_cluster_internal_ips=ips,
+                      env_vars=env, log_dir="~/sky_logs/tasks", setup_cmd=None)
+    codegen.add_task(len(ips), bash_script=task.run, env_vars=env, task_name=task.name,
+                     resources_dict=backend_utils.get_task_demands_dict(task), log_dir="~/sky_logs/tasks")
+    codegen.add_epilogue()
+    return codegen.build()
 
 
-def node_script(task: task_lib.Task, env: dict[str, str]) -> str:
-    """The file a node runs with ``/bin/bash -i`` (log_lib.run_bash_command_with_log, log_lib.py line 416): the
-    task's ``run:`` behind the Ray variables' unset and followed by the cached-mount flush that exits with its status
-    (TaskCodeGen.build_task_bash_script, task_codegen.py line 196, as _add_ray_task calls it), wrapped by
-    log_lib.make_task_bash_script: ~/.bashrc, ``cd ~/sky_workdir``, ``export`` of every variable."""
-    unset_ray = " && ".join(f"unset {name}" for name in task_codegen.UNSET_RAY_ENV_VARS)
-    user_script = task_codegen.TaskCodeGen.build_task_bash_script(task.run, env_prefix=unset_ray)
-    return log_lib.make_task_bash_script(user_script, env_vars=env)
+class _Anything:
+    """Ray's names in the launch statements (the placement group's scheduling strategy): any attribute, any call."""
+
+    def __getattr__(self, name: str) -> _Anything:
+        return self
+
+    def __call__(self, *args: object, **kwargs: object) -> _Anything:
+        return self
+
+
+class _Launches:
+    """The program's ``run_bash_command_with_log_and_return_pid.options(...).remote(script, log_path,
+    env_vars=...)``: each node's launch, recorded instead of sent to Ray."""
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[str, dict[str, str]]] = []
+
+    def options(self, **_: object) -> _Launches:
+        return self
+
+    def remote(self, script: str, log_path: str, env_vars: dict[str, object], **_: object) -> int:
+        self.nodes.append((script, {name: str(value) for name, value in env_vars.items()}))
+        return len(self.nodes) - 1
+
+
+def node_launches(program: str, ips: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """Each node's (script, variables) as the job program launches them: its statements from the first
+    ``sky_env_vars_dict = {}`` to the wait for the nodes (``get_or_fail``) run here, with Ray's answers given:
+    the nodes' addresses in rank order and each placement bundle's node. SkyPilot derives the ranks from the
+    addresses (add_setup: ``job_ip_rank_map``); emulated nodes share one address, so the ranks are given by node."""
+    body = ast.parse(program).body
+    start = next(i for i, node in enumerate(body) if isinstance(node, ast.Assign)
+                 and ast.unparse(node) == "sky_env_vars_dict = {}")
+    end = next(i for i, node in enumerate(body) if i > start and "get_or_fail(futures" in ast.unparse(node))
+    nodes = [f"node-{rank}" for rank in range(len(ips))]  # one key per emulated node (they share an address)
+    launches = _Launches()
+    namespace: dict[str, Any] = {
+        "os": os, "ray": _Anything(), "pg": None, "futures": [], "run_bash_command_with_log_and_return_pid": launches,
+        "gang_scheduling_id_to_ip": nodes, "job_ip_rank_list": nodes,
+        "job_ip_rank_map": {node: rank for rank, node in enumerate(nodes)},
+        "cluster_ips_to_node_id": {node: rank for rank, node in enumerate(nodes)}, "job_ip_list_str": "\n".join(ips),
+    }
+    exec(compile(ast.Module(body=body[start:end], type_ignores=[]), "<SkyPilot's job program>", "exec"), namespace)
+    return launches.nodes
+
+
+def node_script(script: str, env: dict[str, str]) -> str:
+    """The file a node runs with ``/bin/bash -i`` (log_lib.run_bash_command_with_log, log_lib.py line 416, which the
+    job program runs on each node): log_lib.make_task_bash_script around the launched script: ~/.bashrc,
+    ``cd ~/sky_workdir``, ``export`` of every variable."""
+    return log_lib.make_task_bash_script(script, env_vars=env)
 
 
 def _pairs(values: list[str]) -> list[tuple[str, str]]:
@@ -116,7 +146,6 @@ def main(argv: list[str]) -> int:
     nodes = commands.add_parser("nodes")
     nodes.add_argument("task")
     nodes.add_argument("--ips", required=True, help="the nodes' addresses in rank order, comma-separated")
-    nodes.add_argument("--gpus", type=int, help="SKYPILOT_NUM_GPUS_PER_NODE instead of the task's count")
     nodes.add_argument("--job-id", type=int, default=1)
     nodes.add_argument("--out", type=Path, required=True)
     for command in (load, nodes):
@@ -133,11 +162,12 @@ def main(argv: list[str]) -> int:
         return 0
     task = load_task(options.task, _pairs(options.env))
     ips = options.ips.split(",")
+    program = job_program(task, ips, options.job_id, task_env_vars(task, options.job_id, "distqa"))
     options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / "job-program.py").write_text(program)
     environments = {}
-    for rank in range(len(ips)):
-        env = node_environment(task, ips, rank, options.job_id, options.gpus)
-        (options.out / f"node-{rank}.sh").write_text(node_script(task, env))
+    for rank, (script, env) in enumerate(node_launches(program, ips)):
+        (options.out / f"node-{rank}.sh").write_text(node_script(script, env))
         environments[rank] = env
     print(json.dumps(environments))
     return 0
