@@ -162,6 +162,8 @@ skypilot_node() {
         line="${line//[[:space:]]/}"
         [[ -z "$line" ]] || ips+=("$line")
     done <<< "${SKYPILOT_NODE_IPS:-}"
+    (( ${#ips[@]} )) || die "SKYPILOT_NODE_RANK is set but SKYPILOT_NODE_IPS holds no address (SkyPilot sets both," \
+        "one address a line): unset SKYPILOT_NODE_RANK to give --nnodes, --node-rank and --master-addr yourself"
     count="${count:-${#ips[@]}}"
     [[ "$rank" =~ ^[0-9]+$ ]] || die "SKYPILOT_NODE_RANK must be a whole number, got '$rank'"
     [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "SKYPILOT_NUM_NODES must be a positive whole number, got '$count'"
