@@ -78,6 +78,8 @@ def test_skypilot_loads_the_task_and_refuses_each_broken_variant(tmp_path: Path)
     # Everything a resume and the other nodes read is on the bucket.
     assert envs["DISTQA_OUTPUT_DIR"].startswith("/distqa/") and envs["HF_HOME"].startswith("/distqa/")
     assert "bash scripts/worker.sh" in task["run"] and "exec " not in task["run"]
+    page = (REPO_ROOT / "docs" / "SKYPILOT.md").read_text()
+    assert not [name for name in [*envs, *task["secrets"]] if f"`{name}`" not in page], "docs/SKYPILOT.md's table"
     for name, (_, _, field) in BROKEN.items():
         assert "error" in loaded[name], f"SkyPilot loaded the broken variant '{name}'"
         assert field in loaded[name]["error"], (name, loaded[name]["error"])
