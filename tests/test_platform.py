@@ -22,8 +22,8 @@ from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
-JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "jupyter", "tensorboard", "filebrowser",
-        "remote_debug"}
+JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendezvous_store", "jupyter", "tensorboard",
+        "filebrowser", "remote_debug"}
 TRAIN_ARGS = [*MACHINERY_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
               "--per-rank-batch-size", "4"]
 
