@@ -75,10 +75,11 @@
 # task is one of them: -- --task examples.text_classification.task:TextClassification.
 #
 # Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
-# first), NODES, PLATFORM_PRESET, RUN_ID, SCHEDULE_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
-# in the working directory, as for every script and entry point: NODES= and PLATFORM_PRESET= are read from it).
-# Exit status: 0 when every node succeeded; 1 when a job failed or never started (all jobs of the
-# run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all jobs killed: each job's
+# first), NODES, MIN_NODES, PLATFORM_PRESET, EXTERNAL_STORE, STORE_PRESET, RUN_ID, SCHEDULE_TIMEOUT,
+# POLL_INTERVAL; ENV_FILE (default .env in the working directory, as for every script and entry point: NODES=,
+# MIN_NODES=, PLATFORM_PRESET=, EXTERNAL_STORE= and STORE_PRESET= are read from it).
+# Exit status: 0 when every node succeeded; 1 when a job failed or never started, or the store's job
+# ended (all jobs of the run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all jobs killed: each job's
 # worker.sh gets SIGTERM from the platform, so its workers checkpoint the step reached and stop within
 # the platform's grace period; run again with the same --run-id to resume).
 set -euo pipefail
@@ -145,6 +146,7 @@ done
 [[ "$poll_s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--poll must be a number of seconds, got '$poll_s'"
 [[ "$external_store" == 0 || "$external_store" == 1 ]] \
     || die "EXTERNAL_STORE must be 0 or 1 (1: --external-store), got '$external_store' (environment or .env)"
+(( ! external_store || nodes > 1 )) || die "--external-store needs --nodes 2 or more: one node has no rendezvous to host"
 (( nodes >= 1 )) || die "--nodes must be at least 1, got $nodes"
 (( min_nodes >= 1 && min_nodes <= nodes )) || die "--min-nodes must be in 1..$nodes (--nodes), got $min_nodes"
 (( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
