@@ -79,9 +79,9 @@
 # POLL_INTERVAL; ENV_FILE (default .env in the working directory, as for every script and entry point: NODES=,
 # MIN_NODES=, PLATFORM_PRESET=, EXTERNAL_STORE= and STORE_PRESET= are read from it).
 # Exit status: 0 when every node succeeded; 1 when a job failed or never started, or the store's job
-# ended (all jobs of the run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all jobs killed: each job's
-# worker.sh gets SIGTERM from the platform, so its workers checkpoint the step reached and stop within
-# the platform's grace period; run again with the same --run-id to resume).
+# ended (all jobs of the run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all
+# jobs killed: each job's worker.sh gets SIGTERM from the platform, so its workers checkpoint the step
+# reached and stop within the platform's grace period; run again with the same --run-id to resume).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
