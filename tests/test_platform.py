@@ -557,8 +557,9 @@ def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl
         (held / key).touch()
     launcher = launch({**platform, "STORE_PRESET": "cpu-tiny"}, "xs", "--external-store", "--min-nodes", "1")
     try:
-        wait_for(lambda: set(nodes) <= set(jobs(platform)), timeout=120)
-        os.killpg(launcher.pid, signal.SIGINT)
+        wait_for(lambda: launcher.poll() is not None or set(nodes) <= set(jobs(platform)), timeout=120)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGINT)
     finally:
         output = finish(launcher, timeout=120)
     assert launcher.returncode == 130, output
