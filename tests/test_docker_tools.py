@@ -104,7 +104,8 @@ def test_make_test_builds_the_docker_tier_beside_the_suite_and_runs_it_after(pyt
     tools = fake_bin(tmp_path, python=PYTHON_STUB, ruff="#!/bin/sh\n", lint_imports="#!/bin/sh\n",
                      shellcheck="#!/bin/sh\n", hadolint="#!/bin/sh\n")
     stamps = {}
-    for name in ("VENV", "FLOW26_VENV", "MLFLOW_VENV", "TRANSFORMERS4_VENV", "SKYPILOT_VENV"):  # every venv already installed
+    # Every venv already installed.
+    for name in ("VENV", "FLOW26_VENV", "MLFLOW_VENV", "TRANSFORMERS4_VENV", "SKYPILOT_VENV"):
         directory = tmp_path / name.lower()
         directory.mkdir(exist_ok=True)
         (directory / ".installed").touch()
