@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
+import os
 import re
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO_ROOT
+from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import kubeflow  # tests/standin is not a package
@@ -251,3 +255,236 @@ def test_the_kubelets_expansion() -> None:
     assert kubeflow.container_environment(
         [{"name": "A", "value": "x"}, {"name": "B", "value": "$(A)/$(C)"}, {"name": "C", "value": "c"}],
         kubeflow.pod_metadata("p")) == {"A": "x", "B": "x/$(C)", "C": "c"}
+
+
+NODES = {"trainjob.yaml": 2, "pytorchjob.yaml": 2, "pytorchjob-elastic.yaml": 2}
+
+
+def pod(resource: dict[str, Any], node: int) -> tuple[list[str], dict[str, str]]:
+    """The command and the environment of node ``node``'s container, as the engine's controller and the kubelet
+    make them: a TrainJob's pod ``<name>-node-0-<node>`` (its completion index ``node``); a PyTorchJob's Master 0
+    and Worker ``node - 1``, or with an elasticPolicy Worker ``node`` (its replica index in a label)."""
+    name = resource["metadata"]["name"]
+    if resource["kind"] == "TrainJob":
+        env, _ = kubeflow.trainjob_env(resource, runtime())
+        metadata = kubeflow.pod_metadata(f"{name}-node-0-{node}", annotations={kubeflow.COMPLETION_INDEX: str(node)})
+        container = kubeflow.trainjob_container(resource)
+    else:
+        elastic = "elasticPolicy" in resource["spec"]
+        role, index = ("Worker", node) if elastic else (("Master", 0) if node == 0 else ("Worker", node - 1))
+        env = kubeflow.pytorchjob_env(resource, role, index)
+        metadata = kubeflow.pod_metadata(f"{name}-{role.lower()}-{index}",
+                                         labels={kubeflow.REPLICA_INDEX_LABEL: str(index)})
+        container = next(c for c in resource["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["containers"]
+                         if c["name"] == "pytorch")
+    environment = kubeflow.container_environment(env, metadata)
+    return kubeflow.container_command(container, environment), environment
+
+
+def on_this_machine(resource: dict[str, Any], command: list[str], environment: dict[str, str], port: int,
+                    output_dir: Path, trainer_args: list[str], **extra: str) -> tuple[list[str], dict[str, str]]:
+    """An emulated node's command and environment: the image's worker.sh is the checkout's, the pods' DNS names are
+    127.0.0.1 (and NODE_ADDR, as the local launcher sets it), the engine's port is ``port``, the volume's mount is
+    ``output_dir``, the interface is loopback, and the trainer arguments after ``--`` are ``trainer_args``."""
+    name = resource["metadata"]["name"]
+    hosts = [f"{name}-node-0-0.{name}", f"{name}-master-0", f"{name}-worker-0"]
+    local = {}
+    for key, value in environment.items():
+        for host in hosts:
+            value = value.replace(host, "127.0.0.1")
+        local[key] = value
+    for key in ("PET_MASTER_PORT", "MASTER_PORT"):
+        if key in local:
+            local[key] = str(port)
+    if "PET_RDZV_ENDPOINT" in local:
+        local["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
+    local |= {"DISTQA_OUTPUT_DIR": str(output_dir), "HF_HOME": str(output_dir / "hf"), "NCCL_SOCKET_IFNAME": "lo",
+              "GLOO_SOCKET_IFNAME": "lo"}
+    assert command[:2] == ["bash", IMAGE_WORKER], command
+    dash = command.index("--")
+    argv = ["bash", WORKER, *command[2:dash], "--", *trainer_args]
+    return argv, clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1") | local | extra
+
+
+@needs_engines
+def test_the_derived_environments_are_the_controllers() -> None:
+    """What the engines' code gives each pod of the three jobs (see tests/standin/kubeflow.py for the lines)."""
+    pets = {}
+    for name in JOBS:
+        for node in range(NODES[name]):
+            _, environment = pod(manifest(name), node)
+            pets[name, node] = {k: v for k, v in environment.items()
+                                if k.startswith("PET_") or k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")}
+    assert pets["trainjob.yaml", 1] == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1",
+                                        "PET_MASTER_ADDR": "distqa-node-0-0.distqa", "PET_MASTER_PORT": "29500"}
+    assert pets["pytorchjob.yaml", 0] == {
+        "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456", "MASTER_ADDR": "distqa-master-0",
+        "PET_MASTER_ADDR": "distqa-master-0", "WORLD_SIZE": "2", "RANK": "0", "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "auto", "PET_NNODES": "2"}
+    assert pets["pytorchjob.yaml", 1]["RANK"] == pets["pytorchjob.yaml", 1]["PET_NODE_RANK"] == "1"
+    assert pets["pytorchjob-elastic.yaml", 1] == {
+        "PET_NPROC_PER_NODE": "auto", "PET_RDZV_ENDPOINT": "distqa-elastic-worker-0:23456", "PET_RDZV_BACKEND": "c10d",
+        "PET_NNODES": "1:2", "PET_MAX_RESTARTS": "3"}
+    command, environment = pod(manifest("pytorchjob-elastic.yaml"), 1)
+    assert command[:4] == ["bash", IMAGE_WORKER, "--node-rank", "1"] and environment["REPLICA_INDEX"] == "1"
+    assert "MLFLOW_TRACKING_TOKEN" not in environment  # an optional Secret that is not there
+    # A CPU-only TrainJob: `auto` becomes the CPU request (torch.go lines 131-135).
+    cpu = manifest("trainjob.yaml")
+    cpu["spec"]["trainer"]["resourcesPerNode"] = {"requests": {"cpu": "3500m"}, "limits": {"cpu": 8}}
+    assert dict((e["name"], e.get("value")) for e in kubeflow.trainjob_env(cpu, runtime())[0])["PET_NPROC_PER_NODE"] \
+        == "4"
+
+
+AGENT_PROBE = """
+import json, logging, os, sys
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.basicConfig(level=logging.WARNING, handlers=[Keep()])
+from torch.distributed.run import config_from_args, parse_args
+options = parse_args(sys.argv[2:])  # torchrun's own parser, under the environment worker.sh gives it
+if options.standalone:  # as torch.distributed.run.run does before config_from_args
+    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"
+config, _, _ = config_from_args(options)
+print(json.dumps({"node_rank": sys.argv[1], "pet": sorted(k for k in os.environ if k.startswith("PET_")),
+                  "left": sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK") if k in os.environ),
+                  "warnings": warnings, "nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
+                  "endpoint": config.rdzv_endpoint, "run_id": config.run_id, "max_restarts": config.max_restarts,
+                  "conf": config.rdzv_configs, "standalone": options.standalone}))
+"""
+"""What torchrun makes of worker.sh's command line and environment, printed instead of starting the agent."""
+
+
+def probe_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """worker.sh with a stand-in interpreter: ``-m distqa.agent`` runs :data:`AGENT_PROBE` (torchrun's parser under the
+    agent's environment), ``-m distqa.reach`` (node 0's store, which is not there) succeeds; the rest is real."""
+    (tmp_path / "probe.py").write_text(AGENT_PROBE)
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"""#!/usr/bin/env bash
+case "$1 $2" in
+    "-m distqa.agent") shift 2; exec {sys.executable} {tmp_path / "probe.py"} "$@" ;;
+    "-m distqa.reach") exit 0 ;;
+esac
+exec {sys.executable} "$@"
+""")
+    stand_in.chmod(0o755)
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env | {"PYTHON": str(stand_in)}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+
+SMALL_RUN = [*MACHINERY_ARGS, "--global-batch-size", "8", "--per-rank-batch-size", "4"]
+
+
+def engine_cases(nodes: int) -> list[Any]:
+    """(job, node) for each job; a TrainJob's need the pinned runtime (its ML policy) of ../shared/engines."""
+    return [pytest.param(name, node, marks=[needs_engines] if name == "trainjob.yaml" else [])
+            for name in JOBS for node in range(nodes)]
+
+
+@pytest.mark.parametrize(("name", "node"), engine_cases(2))
+def test_worker_sh_under_each_engines_variables_gives_torchrun_its_own_flags_only(
+        tmp_path: Path, name: str, node: int) -> None:
+    resource = manifest(name)
+    port = free_port()
+    argv, env = on_this_machine(resource, *pod(resource, node), port, tmp_path, SMALL_RUN)
+    agent, stderr = probe_agent(tmp_path, argv, env)
+    elastic = name == "pytorchjob-elastic.yaml"
+    assert agent["pet"] == [] and agent["left"] == [] and agent["warnings"] == [], agent
+    assert agent["node_rank"] == str(node) and agent["nodes"] == ([1, 2] if elastic else [2, 2])
+    assert agent["nproc"] == 1 and agent["max_restarts"] == 3 and not agent["standalone"]
+    assert agent["run_id"] == resource["metadata"]["name"]  # the manifests' RUN_ID
+    assert agent["endpoint"] == f"127.0.0.1:{port}" and agent["conf"]["is_host"] == str(int(node == 0))
+    assert "warning" not in stderr.lower(), stderr
+
+
+def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_never_reaches_torchrun(
+        tmp_path: Path) -> None:
+    """elasticPolicy.standalone gives PET_STANDALONE="" (elastic.go line 114): torch 2.13's torchrun reads it as
+    ``bool(int(""))``, a ValueError, when it reaches torchrun's parser."""
+    resource = manifest("pytorchjob-elastic.yaml")
+    resource["spec"]["elasticPolicy"] |= {"standalone": True, "minReplicas": 1, "maxReplicas": 1}
+    resource["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
+    argv, env = on_this_machine(resource, *pod(resource, 0), free_port(), tmp_path, SMALL_RUN)
+    assert env["PET_STANDALONE"] == ""
+    agent, _ = probe_agent(tmp_path, argv, env)
+    assert agent["standalone"] and agent["nodes"] == [1, 1] and agent["pet"] == [] and agent["warnings"] == []
+    torchrun = subprocess.run([sys.executable, "-c", "from torch.distributed.run import parse_args; parse_args(['x'])"],
+                              env=clean_env(PET_STANDALONE=""), capture_output=True, text=True, timeout=60)
+    assert "ValueError: invalid literal for int() with base 10: ''" in torchrun.stderr, "what worker.sh keeps out"
+
+
+# --- emulated nodes: a kill and a resume on each engine --------------------------------------------------------------
+
+# 4 steps between checkpoints; node 1's rank frozen (SIGSTOP) right after step 6, once per run directory: the node is
+# killed in a state the run reaches and stays in (node 0 waits in step 7's all-reduce), past step 4's checkpoint.
+TRAINER_ARGS = [*SMALL_RUN, "--max-steps", "12", "--checkpoint-every", "4", "--classifier-dropout", "0",
+                "--stop-check-every", "1"]
+FROZEN = "hang:rank=1:step=6"
+# An elastic run goes on without the lost node: node 0 alone then waits after step 9 until torchrun restarts it for
+# the round the returned node joins (tests/test_elastic.py's RETURNED), so the run is not over before it returns.
+HELD = f"{FROZEN},pause:rank=0:step=9"
+# Short rendezvous timings for the elastic run (the manifest's 30 s last call; a dead node leaves after 3 missed 1-s
+# heartbeats), as tests/test_elastic.py runs them.
+RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
+
+
+def start_pod(resource: dict[str, Any], node: int, port: int, root: Path, **extra: str) -> subprocess.Popen[str]:
+    """Node ``node`` of the job on this machine (:func:`on_this_machine`), in a session of its own, its output
+    appended to ``root/node-<node>.out``; the same call starts it again, as the engine starts a pod again."""
+    argv, env = on_this_machine(resource, *pod(resource, node), port, root, TRAINER_ARGS, **extra)
+    with (root / f"node-{node}.out").open("a") as sink:
+        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+
+def kill_and_resume(name: str, root: Path, fault: str = FROZEN, **extra: str) -> tuple[str, str]:
+    """Two emulated nodes of the job train; node 1 is lost whole (worker.sh, its agent, its frozen worker) after
+    step 4's checkpoint and started again with the same command and environment (once node 0 holds, with
+    :data:`HELD`); both must end well. The nodes' outputs."""
+    resource = manifest(name)
+    port = free_port()
+    run_dir = root / resource["metadata"]["name"]
+    nodes = [start_pod(resource, node, port, root, INJECT_FAULT=fault, **extra) for node in range(2)]
+    returned = None
+    try:
+        wait_for((run_dir / "checkpoints" / "step-00000004.pt").exists, timeout=180)
+        frozen = run_dir / "logs" / "rank-1.fault"
+        wait_for(lambda: frozen.exists() and re.search(r"\(pid (\d+)\)", frozen.read_text()), timeout=180)
+        worker = int(re.search(r"\(pid (\d+)\)", frozen.read_text())[1])  # the frozen rank, as it wrote there
+        os.killpg(nodes[1].pid, signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)  # torchrun starts its workers in sessions of their own
+        nodes[1].wait(timeout=30)
+        if fault == HELD:
+            wait_for((run_dir / "logs" / "rank-0.fault").exists, timeout=180)
+        returned = start_pod(resource, 1, port, root, INJECT_FAULT=fault, **extra)
+        finish(returned, timeout=240)
+        finish(nodes[0], timeout=120)
+    finally:
+        for process in [*nodes, returned]:
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    outputs = tuple((root / f"node-{node}.out").read_text() for node in range(2))
+    assert nodes[0].returncode == 0, outputs[0]
+    assert returned.returncode == 0, outputs[1]
+    assert "resumed from" in outputs[1], "the returned node resumed from a checkpoint"
+    assert (run_dir / "checkpoints" / "step-00000012.pt").exists()
+    return outputs
+
+
+@needs_engines
+@pytest.mark.distributed
+def test_a_trainjobs_nodes_lose_one_and_resume(tmp_path: Path) -> None:
+    node_0, _ = kill_and_resume("trainjob.yaml", tmp_path)
+    assert "restarting" in node_0.lower() or "resumed from" in node_0, "node 0's agent restarted its worker"
+
+
+@pytest.mark.distributed
+def test_an_elastic_pytorchjobs_nodes_lose_one_and_resume(tmp_path: Path) -> None:
+    """Under the elastic variables (PET_RDZV_*, PET_NNODES 1:2, PET_MAX_RESTARTS): node 0 goes on alone at world
+    size 1 from step 4's checkpoint, and the run grows back to 2 when node 1 returns."""
+    node_0, _ = kill_and_resume("pytorchjob-elastic.yaml", tmp_path, HELD, **RENDEZVOUS)
+    rounds = re.findall(r"membership: round \d+: (\d) node\(s\)", node_0)
+    assert rounds == ["2", "1", "2"], node_0

@@ -66,7 +66,8 @@ def trainjob_env(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> tup
     env: EnvList = []
     _upsert(env, *trainer.get("env", []))
     _upsert(env, {"name": "PET_NNODES", "value": str(nodes)}, {"name": "PET_NPROC_PER_NODE", "value": str(procs)},
-            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
+            {"name": "PET_NODE_RANK",
+             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
     _upsert(env, {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
             {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)})
     return env, nodes
@@ -147,7 +148,8 @@ def pytorchjob_env(job: Mapping[str, Any], role: str, index: int) -> EnvList:
     if "rdzvId" in elastic:
         env.append({"name": "PET_RDZV_ID", "value": elastic["rdzvId"]})
     if elastic.get("rdzvConf") is not None:
-        env.append({"name": "PET_RDZV_CONF", "value": ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])})
+        conf = ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])
+        env.append({"name": "PET_RDZV_CONF", "value": conf})
     if elastic.get("standalone"):
         env.append({"name": "PET_STANDALONE", "value": ""})
     return env
