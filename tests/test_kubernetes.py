@@ -488,3 +488,47 @@ def test_an_elastic_pytorchjobs_nodes_lose_one_and_resume(tmp_path: Path) -> Non
     node_0, _ = kill_and_resume("pytorchjob-elastic.yaml", tmp_path, HELD, **RENDEZVOUS)
     rounds = re.findall(r"membership: round \d+: (\d) node\(s\)", node_0)
     assert rounds == ["2", "1", "2"], node_0
+
+
+# --- shared storage -------------------------------------------------------------------------------------------------
+
+@pytest.mark.distributed
+def test_the_doctor_under_a_pytorchjobs_variables_fails_a_results_directory_that_is_not_shared(tmp_path: Path) -> None:
+    """The PyTorchJob's two pods with ``--doctor`` added to the job's worker.sh options; node 1's volume mount is a
+    tmpfs of its own (a private mount namespace) at the same path, as a pod whose claim is not ReadWriteMany (or
+    not the same claim) has: rank 0's report names rank 1's directory."""
+    namespace = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--mount", "--map-root-user"]
+    mounts = tmp_path / "mounts"
+    mounts.mkdir()
+    probe = subprocess.run([*namespace, "mount", "-t", "tmpfs", "tmpfs", str(mounts)], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
+    resource = manifest("pytorchjob.yaml")
+    for container in containers(resource):  # the doctor's failed report would only be repeated by restarts
+        for variable in container["env"]:
+            if variable["name"] == "MAX_RESTARTS":
+                variable["value"] = "0"
+    port = free_port()
+    volume = tmp_path / "results"
+    nodes = []
+    for node in range(2):
+        argv, env = on_this_machine(resource, *pod(resource, node), port, volume,
+                                    [*SMALL_RUN, "--allreduce-mb", "1", "--timeout-s", "60"])
+        argv.insert(argv.index("--"), "--doctor")
+        own_mount = [*namespace, "sh", "-c", f'mkdir -p {volume} && mount -t tmpfs tmpfs {volume} && exec "$@"', "sh"]
+        nodes.append(subprocess.Popen([*(own_mount if node == 1 else []), *argv], cwd=REPO_ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    try:
+        outputs = [node.communicate(timeout=150)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert nodes[0].returncode == 1, outputs[0]
+    failures = [line for line in outputs[0].splitlines() if line.startswith("FAIL ")]
+    assert len(failures) == 1, "\n".join(failures)
+    [failure] = failures
+    assert failure.startswith("FAIL rank 1 (") and f"results directory {volume / 'distqa'} is not the one rank 0 sees" \
+        in failure and "ReadWriteMany" in failure, failure
