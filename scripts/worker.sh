@@ -264,7 +264,7 @@ if [[ -n "$life_span" ]]; then
     if (( stop_after > 0 && life_s > stop_after )); then export WORKER_STOP_WINDOW_S=$(( life_s - stop_after )); fi
 fi
 min_nodes="${min_nodes:-$nnodes}"
-[[ -n "$node_rank" ]] || die "--node-rank is required with an elastic PyTorchJob (PET_RDZV_ENDPOINT, no node rank):" \
+[[ -n "$node_rank" || -z "$engine_master_addr" ]] || die "--node-rank is required with an elastic PyTorchJob (PET_RDZV_ENDPOINT, no node rank):" \
     "pass the pod's replica index, as deploy/kubernetes/pytorchjob-elastic.yaml does"
 # The engine's name for node 0 serves the other nodes (and an external store's clients); node 0 itself hosts the
 # rendezvous at its own address, as on every launcher: a pod's DNS name may not resolve before the pod is ready.
