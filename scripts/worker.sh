@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The in-job entry point: one torchrun agent for this node, joining the run's c10d rendezvous.
-# Every node of a run executes it (a platform job per node, a container, a Slurm task); the node
+# Every node of a run executes it (a platform job per node, a container, a Slurm task, a Kubernetes pod); the node
 # with --node-rank 0 is the master and hosts the rendezvous store on --master-port.
 #
 # Usage:
