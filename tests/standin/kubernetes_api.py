@@ -22,7 +22,8 @@ that refuses exactly what pruning drops, following kubernetes/kubernetes
 - ``nullable: true``: null is allowed besides the type.
 
 ``x-kubernetes-validations`` (CEL) are not evaluated; the two that matter at create time, the TrainJob's name rules,
-are checked by :func:`create_time_problems`, which first asserts that the CRD still holds those exact rules."""
+are checked by :func:`create_time_problems`, which first asserts that the CRD still holds those exact rules. Formats
+(``int32``, ``date-time``, quantities' patterns aside) and defaults are not checked either."""
 
 from __future__ import annotations
 
