@@ -14,6 +14,12 @@ MLFLOW_SERVER := $(MLFLOW_VENV)/.installed
 # transformers 4 in an environment of its own: the question-answering pipeline that serves an export (v5 removed it).
 TRANSFORMERS4_VENV ?= .venv-transformers4
 TRANSFORMERS4 := $(TRANSFORMERS4_VENV)/.installed
+# The Docker tier: builds the images (--build-only), then trains with two containers.
+DOCKER_TIER ?= tests/docker/run.sh
+# SkyPilot in an environment of its own (it pins click below the project's): its task loader checks
+# deploy/skypilot/task.yaml in the tests, and it is the `sky` client that launches it.
+SKYPILOT_VENV ?= .venv-skypilot
+SKYPILOT := $(SKYPILOT_VENV)/.installed
 ARGS ?=
 # pytest workers of make test and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
@@ -31,7 +37,7 @@ BENCH_ARGS ?=
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4
+setup: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) $(SKYPILOT) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot
 
 $(MLFLOW_SERVER): requirements-mlflow-server.txt
 	python3 -m venv $(MLFLOW_VENV)
@@ -41,6 +47,11 @@ $(MLFLOW_SERVER): requirements-mlflow-server.txt
 $(TRANSFORMERS4): requirements-transformers4.txt
 	python3 -m venv $(TRANSFORMERS4_VENV)
 	$(TRANSFORMERS4_VENV)/bin/python -m pip install --quiet -r requirements-transformers4.txt
+	touch $@
+
+$(SKYPILOT): requirements-skypilot.txt
+	python3 -m venv $(SKYPILOT_VENV)
+	$(SKYPILOT_VENV)/bin/python -m pip install --quiet -r requirements-skypilot.txt
 	touch $@
 
 $(FLOW26): requirements-apolo-flow.txt
@@ -83,14 +94,22 @@ bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all tar
 	grep -E '^(PASS|MISS|SKIP)  |failed$$' "$$report"; \
 	exit $$failed
 
-test: lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## Linters, the whole test suite (CPU only, no network), then test-docker
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
-	$(MAKE) test-docker
+# The Docker tier's images build in the background from the start (minutes on a fresh machine, mostly
+# downloads), so that the linters, the side venvs (installed side by side) and the suite run meanwhile; its 2-container run comes last.
+test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then test-docker (its images built meanwhile)
+	@mkdir -p build/docker; \
+	echo "building the Docker tier's images beside the tests (log: build/docker/build-beside-tests.log)"; \
+	PYTHON=$(PYTHON) $(DOCKER_TIER) --build-only >build/docker/build-beside-tests.log 2>&1 & build=$$!; \
+	$(MAKE) --no-print-directory --jobs 5 lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) $(SKYPILOT) \
+		&& $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS); status=$$?; \
+	wait $$build || echo "the Docker tier's build beside the tests failed (build/docker/build-beside-tests.log);" \
+		"make test-docker builds again and says why"; \
+	[ $$status -eq 0 ] && $(MAKE) --no-print-directory test-docker
 
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
-	PYTHON=$(PYTHON) tests/docker/run.sh
+	PYTHON=$(PYTHON) $(DOCKER_TIER)
 
-test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) ## The tests that start no multi-process runs
+test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) $(SKYPILOT) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles

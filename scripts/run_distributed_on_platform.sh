@@ -3,10 +3,13 @@
 # every node, starts the master job, waits until it runs and reads its internal hostname, starts the
 # N-1 worker jobs pointed at it all at once (all jobs of .neuro/live.yml's `distributed_training`,
 # sharing one run id), streams the master's logs, and kills every job of the run as soon as one
-# fails or you press Ctrl-C. Works from any directory (the flow CLI runs in the repository).
+# fails or you press Ctrl-C. With --external-store a CPU job (`rendezvous_store`) hosts the rendezvous
+# instead: it starts first, and all N nodes then start together pointed at it. Works from any directory
+# (the flow CLI runs in the repository).
 #
 # Usage:
 #   scripts/run_distributed_on_platform.sh [--nodes N] [--min-nodes MIN] [--max-resubmits K] [--preset NAME]
+#       [--external-store] [--store-preset NAME]
 #       [--run-id ID] [--port P] [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M]
 #       [--tracker none|mlflow] [--mlflow-uri URI] [--mlflow-token secret:NAME] [--dry-run] [--] [TRAINER ARGS...]
 #
@@ -16,6 +19,8 @@
 #       --nq-train-file /data/simplified-nq-train.jsonl --nq-cache-dir /project/results/nq-cache
 #                                             # NQ, after `neuro-flow run prepare` (docs/PLATFORM.md)
 #   scripts/run_distributed_on_platform.sh --run-id dq-0612 -- --preset bert-base   # resume that run
+#   scripts/run_distributed_on_platform.sh --nodes 4 --min-nodes 3 --external-store -- --preset bert-base
+#                                             # elastic: the loss of any node, node 0 too, leaves the run going
 #
 # Before the first run: neuro-flow build myimage; neuro-flow mkvolumes; neuro-flow upload ALL.
 #
@@ -26,17 +31,24 @@
 #                      run: the others resume at the smaller world size, and the launcher submits that
 #                      node's job again (same arguments, same node rank; --max-resubmits), whose worker
 #                      joins the next rendezvous round: the run grows back (docs/FAULT_TOLERANCE.md).
-#                      Node 0 hosts the rendezvous store: its job is not submitted again
+#                      Node 0 hosts the rendezvous store: its job is not submitted again, and its loss ends
+#                      the run, unless --external-store
 #   --max-resubmits K  with --min-nodes below --nodes: submit each node's job again at most K times
 #                      (default 3; 0: never); after that the run goes on without the node while MIN
 #                      jobs are alive. Without a range a failed job ends the run, as ever
 #   --preset NAME      resource preset of every node; default: $PLATFORM_PRESET, .env, else gpu-small
+#   --external-store   host the rendezvous store in a CPU job of its own (`rendezvous_store <run id>`, running
+#                      python -m distqa.rendezvous_store --port P), submitted before the nodes and killed at the
+#                      end, instead of on node 0 (default: $EXTERNAL_STORE, .env, else 0; 1 = on). Use it with
+#                      --min-nodes: node 0 is then a node like any other, whose job is submitted again when
+#                      lost. It costs one small CPU job for the run's length; losing that job ends the run
+#   --store-preset P   resource preset of the store's job (default: $STORE_PRESET, .env, else cpu-small)
 #   --run-id ID        job suffix, rendezvous id and run directory (results/ID); the same id
 #                      resumes that run. Default: dq-<UTC date-time>. Lowercase letters and digits
 #                      in groups joined by single '-'; short enough that every node's platform job
 #                      name (<project id>-distributed-training-<ID>-<node>, cut as neuro-flow cuts
 #                      it) fits the platform's 40 characters: at most 15 characters below 10 nodes.
-#   --port P           rendezvous port on the master (default 29400)
+#   --port P           rendezvous port on the master, or on the store's job (default 29400)
 #   --max-restarts R   torchrun restarts of every worker from the newest checkpoint after one fails,
 #                      inside the jobs (default 3: a crashed process costs a restart, not the run; a
 #                      job that ends still ends the run; docs/FAULT_TOLERANCE.md "Restart defaults")
@@ -63,12 +75,13 @@
 # task is one of them: -- --task examples.text_classification.task:TextClassification.
 #
 # Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
-# first), NODES, PLATFORM_PRESET, RUN_ID, SCHEDULE_TIMEOUT, POLL_INTERVAL; ENV_FILE (default .env
-# in the working directory, as for every script and entry point: NODES= and PLATFORM_PRESET= are read from it).
-# Exit status: 0 when every node succeeded; 1 when a job failed or never started (all jobs of the
-# run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all jobs killed: each job's
-# worker.sh gets SIGTERM from the platform, so its workers checkpoint the step reached and stop within
-# the platform's grace period; run again with the same --run-id to resume).
+# first), NODES, MIN_NODES, PLATFORM_PRESET, EXTERNAL_STORE, STORE_PRESET, RUN_ID, SCHEDULE_TIMEOUT,
+# POLL_INTERVAL; ENV_FILE (default .env in the working directory, as for every script and entry point: NODES=,
+# MIN_NODES=, PLATFORM_PRESET=, EXTERNAL_STORE= and STORE_PRESET= are read from it).
+# Exit status: 0 when every node succeeded; 1 when a job failed or never started, or the store's job
+# ended (all jobs of the run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all
+# jobs killed: each job's worker.sh gets SIGTERM from the platform, so its workers checkpoint the step
+# reached and stop within the platform's grace period; run again with the same --run-id to resume).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,6 +92,9 @@ job=distributed_training
 nodes="$(setting NODES 2)"
 min_nodes="$(setting MIN_NODES "")"
 preset="$(setting PLATFORM_PRESET gpu-small)"
+external_store="$(setting EXTERNAL_STORE 0)"
+store_preset="$(setting STORE_PRESET cpu-small)"
+store_job=rendezvous_store  # .neuro/live.yml's job that runs python -m distqa.rendezvous_store (--external-store)
 run_id="${RUN_ID:-dq-$(date -u +%m%d-%H%M%S)}"
 port=29400
 max_restarts=3
@@ -104,6 +120,8 @@ while [[ $# -gt 0 ]]; do
         --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
         --min-nodes) need_value "$@"; min_nodes="$2"; shift 2 ;;
         --preset) need_value "$@"; preset="$2"; shift 2 ;;
+        --external-store) external_store=1; shift ;;
+        --store-preset) need_value "$@"; store_preset="$2"; shift 2 ;;
         --run-id) need_value "$@"; run_id="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
@@ -126,6 +144,9 @@ for name in nodes min_nodes port max_restarts max_resubmits timeout_s; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "${name} must be a whole number, got '${!name}' (flag, environment or .env)"
 done
 [[ "$poll_s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--poll must be a number of seconds, got '$poll_s'"
+[[ "$external_store" == 0 || "$external_store" == 1 ]] \
+    || die "EXTERNAL_STORE must be 0 or 1 (1: --external-store), got '$external_store' (environment or .env)"
+(( ! external_store || nodes > 1 )) || die "--external-store needs --nodes 2 or more: one node has no rendezvous to host"
 (( nodes >= 1 )) || die "--nodes must be at least 1, got $nodes"
 (( min_nodes >= 1 && min_nodes <= nodes )) || die "--min-nodes must be in 1..$nodes (--nodes), got $min_nodes"
 (( port >= 1024 && port <= 65535 )) || die "--port must be in 1024..65535, got $port"
@@ -163,10 +184,10 @@ collapse() {  # collapse TEXT: '_' -> '-', no leading/trailing '-', no '--' (as 
     while [[ "$text" == *--* ]]; do text="${text//--/-}"; done
     echo "$text"
 }
-job_name() {  # job_name SUFFIX: the platform name of the job `run distributed_training --suffix SUFFIX`
+job_name() {  # job_name SUFFIX [JOB]: the platform name of the job `run JOB --suffix SUFFIX` (JOB: distributed_training)
     local first second keep name
     first="$(collapse "$project_id")"
-    second="$(collapse "$job-$1")"
+    second="$(collapse "${2:-$job}-$1")"
     keep=$(( 40 - ${#second} - 1 ))  # Python's first[:keep]: a negative keep counts from the end
     if (( keep < 0 )); then keep=$(( ${#first} + keep > 0 ? ${#first} + keep : 0 )); fi
     name="${first:0:keep}-$second"
@@ -181,6 +202,11 @@ for (( rank = nodes - 1; rank >= 0; rank-- )); do  # the longest suffix first
             "^[a-z][a-z0-9]*(-[a-z0-9]+)*\$); with $nodes nodes use a --run-id of at most $longest characters"
     fi
 done
+if (( external_store )); then  # shorter than every node's name, but its own job id: checked all the same
+    name="$(job_name "$run_id" "$store_job")"
+    (( ${#name} >= 3 && ${#name} <= 40 )) && [[ "$name" =~ ^[a-z][a-z0-9]*(-[a-z0-9]+)*$ ]] \
+        || die "the store's job name '$name' is not a valid platform job name (at most 40 characters); use a shorter --run-id"
+fi
 
 # The trainer flags travel as one param and are split again like a shell would (neuro-flow splits
 # the job's command with shlex), so quote each one.
@@ -199,19 +225,39 @@ else
     flow="$(find_flow_cli)" || exit 2
 fi
 suffix_of() { echo "$run_id-$1"; }
+store_on="false"
+(( ! external_store )) || store_on="true"
 run_command() {  # run_command NODE_RANK MASTER_ADDR: the command that starts one node's job
     local rank="$1" master="$2"
     printf '%s\n' "$flow" run "$job" --suffix "$(suffix_of "$rank")" \
         --param nodes "$nodes" --param min_nodes "$min_nodes" --param node_rank "$rank" --param master_addr "$master" \
-        --param master_port "$port" --param run_id "$run_id" --param max_restarts "$max_restarts" \
+        --param master_port "$port" --param external_store "$store_on" --param run_id "$run_id" \
+        --param max_restarts "$max_restarts" \
         --param preset "$preset" --param life_span "$life_span" --param schedule_timeout "$timeout_s" \
         --param join_timeout "$join_timeout_s" --param entry_module "$entry_module" --param tracker "$tracker" \
         --param mlflow_uri "$mlflow_uri" --param mlflow_token "$mlflow_token" --param args "$args_param"
 }
+# The store's job lives as long as a node's: it starts before every node, and the run stops itself (each node's
+# worker.sh, a tenth of the life span early) before the first node's life span ends.
+store_command() {
+    printf '%s\n' "$flow" run "$store_job" --suffix "$run_id" --param port "$port" --param run_id "$run_id" \
+        --param preset "$store_preset" --param life_span "$life_span" --param schedule_timeout "$timeout_s"
+}
 
 # The flow CLI finds .neuro/live.yml from its working directory up (apolo_flow.parser.find_workspace).
 cd "$repo_root"
-if (( dry_run )); then
+if (( dry_run && external_store )); then
+    mapfile -t cmd < <(store_command)
+    echo "$(quote "${cmd[@]}") &"
+    echo "$flow status $store_job $run_id   # until running; read its Internal Hostname"
+    for (( rank = 0; rank < nodes; rank++ )); do
+        mapfile -t cmd < <(run_command "$rank" '<store-internal-hostname>')
+        echo "$(quote "${cmd[@]}") &   # nodes 0..N-1 all at once"
+    done
+    echo "$flow logs $job $(suffix_of 0)"
+    echo "# at the end (and on failure or Ctrl-C): for every node I: $flow kill $job $run_id-I; then $flow kill $store_job $run_id"
+    exit 0
+elif (( dry_run )); then
     for (( rank = 0; rank < nodes; rank++ )); do
         mapfile -t cmd < <(run_command "$rank" "$( (( rank == 0 )) || echo '<master-internal-hostname>')")
         if (( rank == 0 )); then
@@ -226,9 +272,15 @@ if (( dry_run )); then
     exit 0
 fi
 
-started=()      # suffixes of the jobs started so far (killed on failure or interrupt)
+started=()      # suffixes of the nodes' jobs started so far (killed on failure or interrupt)
+store_started=0 # 1 once the store's job was submitted (--external-store): killed after the nodes' jobs
 submitting=()   # pids of `<flow> run` commands still waiting for their job to start
 logs_pid=""
+kill_store() {
+    log "killing $store_job $run_id (the rendezvous store)"
+    "$flow" kill "$store_job" "$run_id" >/dev/null 2>&1 \
+        || log "could not kill $store_job $run_id: run '$flow kill $store_job $run_id'"
+}
 kill_run() {
     local suffix pid
     trap '' INT TERM  # finish the clean-up even if Ctrl-C is pressed again
@@ -239,6 +291,7 @@ kill_run() {
         log "killing $job $suffix"
         "$flow" kill "$job" "$suffix" >/dev/null 2>&1 || log "could not kill $job $suffix: run '$flow kill $job $suffix'"
     done
+    (( ! store_started )) || kill_store  # last: the nodes' agents leave the rendezvous while they stop
 }
 fail() { log "$*"; log "stopping every job of run '$run_id'"; kill_run; exit 1; }
 interrupted() {
@@ -252,13 +305,14 @@ interrupted() {
 }
 trap interrupted INT TERM
 
-# job_status SUFFIX: prints "STATUS HOSTNAME JOB-ID HOW" from `<flow> status` (the platform's job table,
+# job_status SUFFIX [JOB]: prints "STATUS HOSTNAME JOB-ID HOW" from `<flow> status` (the platform's job table,
 # apolo_cli.formatters.jobs.JobStatusFormatter: rows Job, Status with the reason in parentheses, Exit code,
 # Internal Hostname); STATUS is "unknown" when the job cannot be found or the output cannot be read, HOW is
 # "-" and how it ended as far as the platform says ("-: exit code 137 (OOMKilled)"), or "-" alone.
+# JOB: distributed_training unless given.
 job_status() {
     local out state host id code reason how=""
-    out="$("$flow" status "$job" "$1" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g')" || true
+    out="$("$flow" status "${2:-$job}" "$1" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g')" || true
     state="$(awk '$1 == "Status" { print $2; exit }' <<<"$out")"
     host="$(awk '$1 == "Internal" && $2 == "Hostname" && NF == 3 { print $3; exit }' <<<"$out")"
     id="$(awk '$1 == "Job" && NF == 2 { print $2; exit }' <<<"$out")"
@@ -278,50 +332,67 @@ start_node() {  # start_node NODE_RANK MASTER_ADDR: submits in the background; t
     "${cmd[@]}" >&2 &
     submitting+=("$!")
 }
-not_scheduled() {  # not_scheduled WHAT
-    fail "$1 was not started within ${timeout_s} s; is preset '$preset' available ('apolo config show')?" \
+not_scheduled() {  # not_scheduled WHAT [PRESET]
+    fail "$1 was not started within ${timeout_s} s; is preset '${2:-$preset}' available ('apolo config show')?" \
          "Raise --timeout to wait longer for a node."
 }
 
-log "run '$run_id': $nodes node(s), preset $preset, via $flow; results in results/$run_id on storage"
-start_node 0 ""
-master_run=$!
+# wait_running WHAT JOB SUFFIX PID PRESET: until the job runs and has an internal hostname (then in $running_host);
+# WHAT names it in the failure lines, PID is its `<flow> run`. The platform fails a job still pending after its
+# schedule_timeout (= --timeout); the launcher's own deadline, a little later, covers a CLI that hangs.
+running_host=""
+wait_running() {
+    local what="$1" job_id="$2" suffix="$3" pid="$4" job_preset="$5" state host deadline=$(( SECONDS + timeout_s + 60 ))
+    while :; do
+        read -r state host _ < <(job_status "$suffix" "$job_id")
+        case "$state" in
+            running) if [[ "$host" != "-" ]]; then running_host="$host"; break; fi ;;
+            succeeded|cancelled)
+                fail "$what ended ($state) before the other jobs started; see '$flow logs $job_id $suffix'" ;;
+            failed)
+                if kill -0 "$pid" 2>/dev/null || ! wait "$pid"; then
+                    not_scheduled "$what ($job_id $suffix)" "$job_preset"
+                fi
+                fail "$what failed before the other jobs started; see '$flow logs $job_id $suffix'" ;;
+        esac
+        if ! kill -0 "$pid" 2>/dev/null && ! wait "$pid"; then
+            read -r state _ < <(job_status "$suffix" "$job_id")
+            [[ "$state" == failed ]] && not_scheduled "$what ($job_id $suffix)" "$job_preset"
+            fail "could not start $what: '$flow run $job_id --suffix $suffix ...' failed (see above)"
+        fi
+        (( SECONDS < deadline )) || not_scheduled "$what (last status: $state)" "$job_preset"
+        sleep "$poll_s"
+    done
+    wait "$pid" 2>/dev/null || true
+    submitting=()
+}
 
-# Wait for the master to run and to have an internal hostname; the others connect to it. The
-# platform fails a job still pending after its schedule_timeout (= --timeout); the launcher's own
-# deadline, a little later, covers a CLI that hangs.
-deadline=$(( SECONDS + timeout_s + 60 ))
-master_host=""
-while :; do
-    read -r state host _ < <(job_status "$(suffix_of 0)")
-    case "$state" in
-        running) if [[ "$host" != "-" ]]; then master_host="$host"; break; fi ;;
-        succeeded|cancelled)
-            fail "the master job ended ($state) before the workers started; see '$flow logs $job $(suffix_of 0)'" ;;
-        failed)
-            if kill -0 "$master_run" 2>/dev/null || ! wait "$master_run"; then
-                not_scheduled "the master job ($job $(suffix_of 0))"
-            fi
-            fail "the master job failed before the workers started; see '$flow logs $job $(suffix_of 0)'" ;;
-    esac
-    if ! kill -0 "$master_run" 2>/dev/null && ! wait "$master_run"; then
-        read -r state _ < <(job_status "$(suffix_of 0)")
-        [[ "$state" == failed ]] && not_scheduled "the master job ($job $(suffix_of 0))"
-        fail "could not start the master job: '$flow run $job --suffix $(suffix_of 0) ...' failed (see above)"
-    fi
-    (( SECONDS < deadline )) || not_scheduled "the master job (last status: $state)"
-    sleep "$poll_s"
-done
-wait "$master_run" 2>/dev/null || true
-submitting=()
-log "master $job $(suffix_of 0) is running at $master_host"
+log "run '$run_id': $nodes node(s), preset $preset, via $flow; results in results/$run_id on storage"
+first_worker=1  # nodes first_worker..N-1 start together, pointed at master_host
+if (( external_store )); then
+    # The store first, on a CPU node of its own: every node's agent is its client, node 0's too.
+    mapfile -t cmd < <(store_command)
+    store_started=1
+    "${cmd[@]}" >&2 &
+    submitting+=("$!")
+    wait_running "the rendezvous store's job" "$store_job" "$run_id" "$!" "$store_preset"
+    master_host="$running_host"
+    log "rendezvous store $store_job $run_id is running at $master_host (--external-store)"
+    first_worker=0
+else
+    start_node 0 ""
+    # Wait for the master to run and to have an internal hostname; the others connect to it.
+    wait_running "the master job" "$job" "$(suffix_of 0)" "$!" "$preset"
+    master_host="$running_host"
+    log "master $job $(suffix_of 0) is running at $master_host"
+fi
 workers=()
-for (( rank = 1; rank < nodes; rank++ )); do
+for (( rank = first_worker; rank < nodes; rank++ )); do
     start_node "$rank" "$master_host"
     workers+=("$!")
 done
-for (( rank = 1; rank < nodes; rank++ )); do
-    if ! wait "${workers[rank - 1]}"; then
+for (( rank = first_worker; rank < nodes; rank++ )); do
+    if ! wait "${workers[rank - first_worker]}"; then
         read -r state _ < <(job_status "$(suffix_of "$rank")")
         [[ "$state" == failed ]] && not_scheduled "node $rank ($job $(suffix_of "$rank"))"
         fail "could not start node $rank ($job $(suffix_of "$rank")), status $state (see above)"
@@ -334,14 +405,25 @@ submitting=()
 logs_pid=$!
 
 # Watch every job: one failed or cancelled job ends the run (with --min-nodes: once fewer than MIN are left;
-# before that, nodes 1..N-1 are submitted again, up to --max-resubmits times each); all succeeded is success
-# (with --min-nodes: all that are left).
+# before that, nodes 1..N-1 are submitted again, up to --max-resubmits times each, node 0 too with
+# --external-store); all succeeded is success (with --min-nodes: all that are left). The store's job ending
+# ends the run at once: every node's rendezvous is gone with it.
 unknown_streak=0
 lost=()  # nodes ended while at least --min-nodes others went on, and not submitted again
 declare -A resubmits=() replaced=() resubmit_pid=()  # per node: how many times, the ended job's id, the `run` pid
 while :; do
     sleep "$poll_s"
     succeeded=0 unknown=0 ended=() ended_ranks=() ended_ids=() ended_how=()
+    if (( external_store )); then  # first: the nodes' own failures follow from its loss
+        read -r state _ id how < <(job_status "$run_id" "$store_job")
+        case "$state" in
+            failed|cancelled|succeeded)
+                fail "the rendezvous store's job ($store_job $run_id, job $id) ended: $state${how#-}; every node's" \
+                     "rendezvous is gone with it; its logs: '$flow logs $store_job $run_id'. Run again with" \
+                     "--run-id $run_id to resume from the newest checkpoint" ;;
+            unknown) unknown=$(( unknown + 1 )) ;;
+        esac
+    fi
     for (( rank = 0; rank < nodes; rank++ )); do
         [[ " ${lost[*]} " != *" $rank "* ]] || continue
         read -r state _ id how < <(job_status "$(suffix_of "$rank")")
@@ -363,7 +445,7 @@ while :; do
             rank="${ended_ranks[i]}"
             id="${ended_ids[i]}" count="${resubmits[$rank]:-0}"
             what="node $rank (job $id, $job $(suffix_of "$rank")) ${ended_how[i]}"
-            if (( rank == 0 )); then
+            if (( rank == 0 && ! external_store )); then
                 log "${ended[i]}; the others go on (--min-nodes $min_nodes); node 0 hosts the rendezvous store: not submitted again"
                 lost+=("$rank")
             elif (( succeeded > 0 )); then  # the training has ended on a node: a new job would find no run
@@ -390,6 +472,10 @@ while :; do
     (( unknown_streak < 20 )) || fail "the status of $unknown job(s) could not be read 20 times in a row"
 done
 wait "$logs_pid" 2>/dev/null || true
+if (( store_started )); then  # the nodes have ended: the store has nothing left to serve
+    trap '' INT TERM
+    kill_store
+fi
 trap - INT TERM
 log "run '$run_id' finished on all $nodes nodes; checkpoints in results/$run_id/checkpoints on storage" \
     "('$flow download results' fetches them)"

@@ -72,3 +72,51 @@ def test_run_sh_decides_with_tools_sh() -> None:
     script = (REPO_ROOT / "tests" / "docker" / "run.sh").read_text()
     assert "source tests/docker/tools.sh" in script and "install_docker_tier_tools || exit 1" in script
     assert "command -v docker " not in script  # the client alone must not decide
+
+
+EVENTS_STUB = """#!/bin/bash
+# Appends what it was asked to do to $EVENTS; waits (bounded) for another stub's event where the order is the claim.
+wait_for() {
+    for _ in $(seq 600); do grep -qx "$1" "$EVENTS" && return 0; sleep 0.1; done
+    echo "never saw: $1" >> "$EVENTS"
+}
+"""
+PYTHON_STUB = EVENTS_STUB + """if [[ "$*" == "-m pytest "* ]]; then
+    echo "pytest start" >> "$EVENTS"; wait_for "build end"; echo "pytest end" >> "$EVENTS"; exit "$PYTEST_EXIT"
+fi
+"""
+DOCKER_TIER_STUB = EVENTS_STUB + """if [[ "$1" == --build-only ]]; then
+    echo "build start" >> "$EVENTS"; wait_for "pytest start"; echo "build end" >> "$EVENTS"
+else
+    echo "2-container run" >> "$EVENTS"
+fi
+"""
+
+
+@pytest.mark.parametrize(("pytest_exit", "expected"), [
+    (0, ["build start", "pytest start", "build end", "pytest end", "2-container run"]),
+    (1, ["build start", "pytest start", "build end", "pytest end"]),
+], ids=["suite-passes", "suite-fails"])
+def test_make_test_builds_the_docker_tier_beside_the_suite_and_runs_it_after(pytest_exit: int, expected: list[str],
+                                                                             tmp_path: Path) -> None:
+    """`make test` starts the images' build (minutes on a fresh machine) before the linters and the suite
+    and runs the two containers only after both; a failed suite ends it without the container run."""
+    tools = fake_bin(tmp_path, python=PYTHON_STUB, ruff="#!/bin/sh\n", lint_imports="#!/bin/sh\n",
+                     shellcheck="#!/bin/sh\n", hadolint="#!/bin/sh\n")
+    stamps = {}
+    for name in ("VENV", "FLOW26_VENV", "MLFLOW_VENV", "TRANSFORMERS4_VENV", "SKYPILOT_VENV"):  # every venv already installed
+        directory = tmp_path / name.lower()
+        directory.mkdir(exist_ok=True)
+        (directory / ".installed").touch()
+        stamps[name] = str(directory)
+    tools.rename(Path(stamps["VENV"]) / "bin")  # the project venv's python and linters: the stubs
+    tier = tmp_path / "docker-tier"
+    tier.write_text(DOCKER_TIER_STUB)
+    tier.chmod(0o755)
+    events = tmp_path / "events"
+    events.touch()
+    result = subprocess.run(["make", "--no-print-directory", "test", *(f"{k}={v}" for k, v in stamps.items()),
+                             f"DOCKER_TIER={tier}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "EVENTS": str(events), "PYTEST_EXIT": str(pytest_exit)})
+    assert events.read_text().splitlines() == expected, result.stdout + result.stderr
+    assert (result.returncode == 0) == (pytest_exit == 0), result.stdout + result.stderr

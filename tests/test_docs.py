@@ -34,7 +34,7 @@ from cli_commands import documented_command_lines  # tests/standin is not a pack
 
 DOCUMENTS = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md"))]
 PATH_PREFIXES = ("src/", "scripts/", "configs/", "docs/", "data/", "tests/", "bench/", "notebooks/", "examples/",
-                 ".neuro/", "deploy/")
+                 "deploy/", ".neuro/")
 FORK_PLACEHOLDER = "mytask"
 """The name docs/FORKING.md gives a fork's own files (src/mytask/task.py, configs/mytask.toml): not ours to check."""
 # The scripts whose arguments after a lone `--` go to `python -m distqa.train` (to distqa.doctor when the

@@ -22,8 +22,8 @@ from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
-JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "jupyter", "tensorboard", "filebrowser",
-        "remote_debug"}
+JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendezvous_store", "jupyter", "tensorboard",
+        "filebrowser", "remote_debug"}
 TRAIN_ARGS = [*MACHINERY_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
               "--per-rank-batch-size", "4"]
 
@@ -537,3 +537,105 @@ def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(pla
                                                                    key: "cancelled"}
     assert submissions(platform, key) == 2
     wait_for(lambda: not run_processes("rc"), timeout=60)
+
+
+# --- --external-store: the rendezvous store in a CPU job of its own, node 0 a node like any other -----------------
+
+STORE = "rendezvous_store"
+
+
+def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl_c_kills_it_too(
+        platform: dict[str, str]) -> None:
+    """The store's job runs (a CPU preset, python -m distqa.rendezvous_store on the launcher's port) before any node's
+    job is submitted; then every node, node 0 too, is submitted at once with --external-store and the store job's
+    internal hostname. The nodes wait for a platform node (held) when Ctrl-C comes: every job is cancelled, the
+    store's as well. No training runs: the command lines are the claim (the next tests run them)."""
+    held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
+    held.mkdir(parents=True)
+    nodes = [f"distributed_training-xs-{rank}" for rank in range(2)]
+    for key in nodes:
+        (held / key).touch()
+    launcher = launch({**platform, "STORE_PRESET": "cpu-tiny"}, "xs", "--external-store", "--min-nodes", "1")
+    try:
+        wait_for(lambda: launcher.poll() is not None or set(nodes) <= set(jobs(platform)), timeout=120)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGINT)
+    finally:
+        output = finish(launcher, timeout=120)
+    assert launcher.returncode == 130, output
+    started = jobs(platform)
+    assert {k: j["status"] for k, j in started.items()} == dict.fromkeys([f"{STORE}-xs", *nodes], "cancelled")
+    store = started[f"{STORE}-xs"]
+    port = store["params"]["port"]
+    assert store["command"] == [sys.executable, "-m", "distqa.rendezvous_store", "--port", port], store["command"]
+    assert store["preset"] == "cpu-tiny" and "run:xs" in store["tags"]  # STORE_PRESET from the environment
+    order = [(e["key"], e["event"]) for e in events(platform)]
+    for key in nodes:
+        assert order.index((f"{STORE}-xs", "running")) < order.index((key, "submitted")), order
+        command = started[key]["command"]
+        assert "--external-store" in command, command
+        assert command[command.index("--master-addr") + 1] == store["hostname"] != started[key]["hostname"]
+        assert command[command.index("--master-port") + 1] == port
+    assert f"rendezvous store {STORE} xs is running at {store['hostname']}" in output
+    assert f"killing {STORE} xs (the rendezvous store)" in output
+
+
+@pytest.mark.distributed
+def test_with_an_external_store_node_0_is_resubmitted_and_the_run_grows_back_and_ends(
+        platform: dict[str, str]) -> None:
+    """The resubmission test above with node 0 lost: without --external-store node 0 hosts the store and is never
+    submitted again. Node 0's job gets the higher address (pinned), so torch's rendezvous ranks it 1 and
+    INJECT_FAULT's kill-node:rank=1 kills node 0's agent and worker after step 2; node 1 goes on alone and waits
+    after step 4 until node 0's new job joins. The run ends on both nodes; the store's job is killed at the end."""
+    address = Path(platform["STANDIN_PLATFORM_DIR"]) / "address"
+    address.mkdir(parents=True)
+    (address / "distributed_training-x0-0").write_text("127.0.0.90")
+    env = {**platform, **RENDEZVOUS, "INJECT_FAULT": "kill-node:rank=1:step=2,pause:rank=0:step=4"}
+    launcher = launch(env, "x0", "--external-store", "--min-nodes", "1", "--", *MACHINERY_ARGS, "--max-steps", "6",
+                      "--checkpoint-every", "2", "--global-batch-size", "8", "--per-rank-batch-size", "4",
+                      "--stop-check-every", "1")
+    output = finish(launcher, timeout=300)
+    assert launcher.returncode == 0, output
+    resubmitted = re.findall(r"node 0 \(job (job-\S+), distributed_training x0-0\) failed: exit code 137 \(Error\); "
+                             r"resubmitting it \(1 of 3\)", output)
+    assert len(resubmitted) == 1, output
+    assert submissions(platform, "distributed_training-x0-0") == 2
+    final = jobs(platform)
+    assert final["distributed_training-x0-0"]["status"] == "succeeded"
+    assert final["distributed_training-x0-0"]["id"] != resubmitted[0]  # a new job, the same node rank
+    assert final["distributed_training-x0-1"]["status"] == "succeeded"
+    assert final[f"{STORE}-x0"]["status"] == "cancelled" and "finished on all 2 nodes" in output
+    order = [(e["key"], e["event"]) for e in events(platform)]
+    assert order.index(("distributed_training-x0-1", "succeeded")) < order.index((f"{STORE}-x0", "cancelled"))
+    logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
+    node_0 = (logs / "distributed_training-x0-0.log").read_text()  # both of node 0's jobs
+    assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 2 now" in node_0, node_0
+    node_1 = (logs / "distributed_training-x0-1.log").read_text()
+    assert re.search(r"membership: round \d+: 1 node\(s\) \(node 1 at ", node_1), node_1
+    assert "training finished at step 6" in node_1, node_1
+    wait_for(lambda: not run_processes("x0"), timeout=60)
+
+
+@pytest.mark.distributed
+def test_the_store_job_failing_ends_the_run_in_one_line(platform: dict[str, str]) -> None:
+    """The store's process is killed while both nodes train, with a range: no node is resubmitted (none could meet
+    again), one line names the store's job and how it ended, every job is killed and the launcher exits 1."""
+    launcher = launch({**platform, **RENDEZVOUS}, "xf", "--external-store", "--min-nodes", "1", "--",
+                      *MACHINERY_ARGS, "--max-steps", "100000", "--checkpoint-every", "0", "--stop-check-every", "1")
+    logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
+    try:
+        wait_for(lambda: any("step 2/" in path.read_text() for path in logs.glob("distributed_training-xf-*.log")),
+                 timeout=240)
+        os.kill(jobs(platform)[f"{STORE}-xf"]["pid"], signal.SIGKILL)
+    finally:
+        output = finish(launcher, timeout=180)
+    assert launcher.returncode == 1, output
+    lines = [line for line in output.splitlines() if "rendezvous store's job" in line]
+    assert len(lines) == 1 and re.search(
+        rf"the rendezvous store's job \({STORE} xf, job job-\S+\) ended: failed: exit code 137 \(Error\); every node's "
+        r"rendezvous is gone with it", lines[0]), output
+    assert "resubmitting" not in output and "stopping every job of run 'xf'" in output
+    statuses = {k: j["status"] for k, j in jobs(platform).items()}
+    assert statuses.pop(f"{STORE}-xf") == "failed"
+    assert set(statuses.values()) <= {"cancelled", "failed"} and len(statuses) == 2, statuses
+    wait_for(lambda: not run_processes("xf"), timeout=60)

@@ -203,7 +203,10 @@ flow = platform_cli._flow()
 jobs = {}
 for job_id in flow.job_ids:
     multi = asyncio.run(flow.is_multi(job_id))
-    params = {"node_rank": "1", "master_addr": "m", "schedule_timeout": "120", "args": "--lr '1e-3'"} if multi else {}
+    params = {"node_rank": "1", "master_addr": "m", "schedule_timeout": "120", "args": "--lr '1e-3'",
+              "external_store": "true"} if job_id == "distributed_training" else {}
+    if job_id == "rendezvous_store":  # the other multi job: one run's store
+        params = {"port": "29555", "schedule_timeout": "120"}
     job = platform_cli.render(job_id, "r-1" if multi else None, params)
     jobs[job_id] = {"cmd": job.cmd, "volumes": sorted(job.volumes), "env": dict(job.env), "image": job.image,
                     "life_span": job.life_span, "schedule_timeout": job.schedule_timeout, "tags": sorted(job.tags),
@@ -234,6 +237,10 @@ def test_live_yml_and_the_standin_render_every_job_alike_under_neuro_flow_24_and
     assert old["jobs"] == new["jobs"]
     training = new["jobs"]["distributed_training"]
     assert training["schedule_timeout"] == 120 and shlex.split(training["cmd"])[-3:] == ["--", "--lr", "1e-3"]
+    assert "--external-store" in shlex.split(training["cmd"])  # live.yml's conditional, evaluated by both
+    store = new["jobs"]["rendezvous_store"]
+    assert shlex.split(store["cmd"]) == ["python", "-m", "distqa.rendezvous_store", "--port", "29555"]
+    assert store["schedule_timeout"] == 120 and store["detach"]
 
 
 def version_of(python: Path | str, distribution: str) -> str:

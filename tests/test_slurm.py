@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from distqa.reach import probe
+
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, final_weights, free_port
 
 pytestmark = pytest.mark.distributed
@@ -107,3 +109,23 @@ def test_the_sbatch_script_starts_a_forks_entry_module_on_every_node(tmp_path: P
     assert result.returncode == 0, result.stdout + result.stderr
     assert {p.name: p.read_text() for p in out.iterdir()} == {
         f"rank-{rank}": f"--run-name slurm-77 --my-flag 1 {out}" for rank in (0, 1)}
+
+
+def test_sbatch_script_with_external_store_trains_two_nodes_through_a_store_on_the_batch_host(tmp_path: Path) -> None:
+    """EXTERNAL_STORE=1: the store starts on the batch host (SLURMD_NODENAME, as Slurm names the node running the
+    script) before srun, every task is its client (node 0 too: worker.sh --external-store), and it is stopped when
+    the script ends."""
+    env = {**two_node_allocation(tmp_path, "4244"), "EXTERNAL_STORE": "1", "SLURMD_NODENAME": "127.0.0.1"}
+    port = env["MASTER_PORT"]
+    result = subprocess.run(
+        ["bash", "scripts/train_slurm.sbatch", "--", *MACHINERY_ARGS, "--max-steps", "3",
+         "--output-dir", str(tmp_path / "results")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"rendezvous store on the batch host 127.0.0.1:{port}" in result.stderr
+    assert f"serving the rendezvous store on 0.0.0.0:{port}" in result.stdout
+    assert output.count(f"rendezvous 127.0.0.1:{port} (an external store)") == 2, output
+    assert "stopped on signal" in result.stdout  # the script's trap ended it: nothing listens on the port any more
+    assert probe("127.0.0.1", int(port)) == "refused"
+    assert final_weights(tmp_path / "results" / "slurm-4244")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test-docker`: build the real Dockerfile and run a 2-container DDP training with it.
 #
-# Usage: tests/docker/run.sh [--keep-dockerd] [PYTEST ARGS...]
+# Usage: tests/docker/run.sh [--keep-dockerd] [--build-only] [PYTEST ARGS...]
 #
 # 1. installs docker.io and debootstrap with apt-get when missing (needs root; a `docker` client without
 #    a daemon counts as missing, see tests/docker/tools.sh), starts dockerd when none answers (and stops
@@ -12,6 +12,10 @@
 # 3. builds ./Dockerfile on it (BASE_IMAGE=the stand-in; pip reaches PyPI through the host network);
 # 4. runs tests/docker/test_image.py: two containers on a user-defined network, one torchrun agent
 #    each, train to a checkpoint.
+#
+# --build-only stops after step 3: `make test` runs it beside the pytest suite, so the downloads and the
+# builds (minutes on a fresh machine, mostly waiting on the network) overlap the tests, and the run after
+# the suite finds every image built.
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), DEBIAN_MIRROR (default http://deb.debian.org/debian),
 # DISTQA_TEST_IMAGE (tag of the project image, default distqa:test).
@@ -27,7 +31,9 @@ image="${DISTQA_TEST_IMAGE:-distqa:test}"
 debian_image=distqa-standin-debian:bookworm
 work="$repo_root/build/docker"
 keep_dockerd=0
+build_only=0
 if [[ "${1:-}" == "--keep-dockerd" ]]; then keep_dockerd=1; shift; fi
+if [[ "${1:-}" == "--build-only" ]]; then build_only=1; shift; fi
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0; fi
 
 log() { echo "[test-docker $(date +%T)] $*" >&2; }
@@ -97,5 +103,7 @@ docker build --network host --build-arg "BASE_IMAGE=$base_image" --build-arg JUP
     -t "$image" . >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log" >&2; die "docker build failed; see $work/build.log"; }
 
 # --- 4. the test ------------------------------------------------------------------------------
+if (( build_only )); then log "built $image (--build-only)"; exit 0; fi
+
 log "2-container DDP run"
 DISTQA_TEST_IMAGE="$image" "$PYTHON" -m pytest tests/docker -m docker "$@"

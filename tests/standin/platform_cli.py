@@ -53,7 +53,12 @@ What stands in for the platform:
   default grace period of 30 s (``$STANDIN_GRACE_S``); once the main process has ended the container's
   other processes end with it;
 * every job gets its own address, a loopback alias 127.0.0.<10+n>, shown as its Internal
-  Hostname; the job sees it as ``NODE_ADDR`` (its "pod IP") and ``GLOO_SOCKET_IFNAME=lo``;
+  Hostname; the job sees it as ``NODE_ADDR`` (its "pod IP") and ``GLOO_SOCKET_IFNAME=lo``. Which address the
+  platform gives a job is not the user's to choose, and jobs submitted together get theirs in any order; a
+  test that needs an order (torch's c10d rendezvous ranks the nodes by address:
+  ``dynamic_rendezvous._DistributedRendezvousOpExecutor._mark_rendezvous_complete`` sorts the participants'
+  ``_NodeDesc(addr, pid, local_id)``) writes the address into ``$STANDIN_PLATFORM_DIR/address/<job id>-<suffix>``:
+  every job submitted under that name then gets it;
 * container paths are rewritten to local ones: each volume's mount path to its storage folder
   ``$STANDIN_PLATFORM_DIR/storage/<path of the storage: URI>``, and ``/project`` (the image's copy of
   the repository) to this checkout; ``python`` is the interpreter running this file;
@@ -275,6 +280,12 @@ def all_records() -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((state_dir() / "jobs").glob("*.json"))]
 
 
+def pinned_address(key: str) -> str | None:
+    """The address a test gave the job's name (``address/<key>``), if any."""
+    path = state_dir() / "address" / key
+    return path.read_text().strip() if path.exists() else None
+
+
 def next_address() -> str:
     used = {r["hostname"] for r in all_records()}
     for n in range(10, 250):
@@ -308,7 +319,7 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
     command = [rewrite(arg, mounts) for arg in shlex.split(job.cmd or "")]
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable
-    hostname = next_address()
+    hostname = pinned_address(key) or next_address()
     env = {k: rewrite(str(v), mounts) for k, v in job.env.items()}
     env |= {"NODE_ADDR": hostname, "GLOO_SOCKET_IFNAME": "lo"}
     record = {"key": key, "job": job_id, "suffix": suffix, "id": f"job-{uuid.uuid4()}", "status": "pending",
