@@ -3,7 +3,8 @@
 # the launcher itself was killed, or from another terminal), or every job of this project's flow.
 #
 # Usage:
-#   scripts/kill_distributed.sh --run-id ID [--nodes N]   # jobs distributed_training ID-0 .. ID-(N-1)
+#   scripts/kill_distributed.sh --run-id ID [--nodes N]   # jobs distributed_training ID-0 .. ID-(N-1),
+#                                                         # then rendezvous_store ID (--external-store)
 #   scripts/kill_distributed.sh --all                     # every running job of .neuro/live.yml
 #
 # --nodes defaults to $NODES, else NODES= in .env, else 2; killing a node that is not running is
@@ -41,4 +42,6 @@ status=0
 for (( rank = 0; rank < nodes; rank++ )); do
     "$flow" kill distributed_training "$run_id-$rank" || status=$?
 done
+# The store last, as the launcher does: a node still running would lose its rendezvous first.
+"$flow" kill rendezvous_store "$run_id" || status=$?
 exit "$status"

@@ -53,7 +53,11 @@ def execute(notebook: nbformat.NotebookNode, tmp_path: Path, **env: str) -> None
                             connection_file=str(tmp_path / "kernel.json"))
     assert manager.kernel_spec.argv[0] == sys.executable
     client = NotebookClient(notebook, km=manager, timeout=120, resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute(env=clean_env(OMP_NUM_THREADS="1", IPYTHONDIR=str(tmp_path / "ipython"), **env))
+    try:
+        client.execute(env=clean_env(OMP_NUM_THREADS="1", IPYTHONDIR=str(tmp_path / "ipython"), **env))
+    finally:  # nbclient shuts down only a kernel manager it made itself (NotebookClient.owns_km)
+        if manager.has_kernel:
+            manager.shutdown_kernel(now=True)
 
 
 def output_text(cell: nbformat.NotebookNode) -> str:

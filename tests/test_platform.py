@@ -390,12 +390,17 @@ def test_rebuilding_after_a_change_replaces_the_image(platform: dict[str, str], 
 
 @pytest.mark.distributed
 def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> None:
+    """Every node's job and the run's rendezvous store (--external-store): the store outlives a launcher that was
+    itself killed until its life span."""
     for rank in range(2):  # a run whose launcher is gone: the master waits for a third node forever
         subprocess.run(["neuro-flow", "run", "distributed_training", "--suffix", f"k-{rank}", "--param", "nodes", "3",
                         "--param", "node_rank", str(rank), "--param", "master_addr", "127.0.0.10", "--param",
                         "run_id", "k", "--param", "master_port", str(free_port())],
                        env=platform, check=True, capture_output=True, timeout=60)
-    wait_for(lambda: {j["status"] for j in jobs(platform).values()} == {"running"}, timeout=60)
+    subprocess.run(["neuro-flow", "run", "rendezvous_store", "--suffix", "k", "--param", "run_id", "k", "--param",
+                    "port", str(free_port())], env=platform, check=True, capture_output=True, timeout=60)
+    wait_for(lambda: {j["status"] for j in jobs(platform).values()} == {"running"} and len(jobs(platform)) == 3,
+             timeout=60)
     killed = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "kill_distributed.sh"), "--run-id", "k",
                              "--nodes", "3"], env=platform, capture_output=True, text=True, timeout=120)
     assert killed.returncode == 0, killed.stdout + killed.stderr
