@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The in-job entry point: one torchrun agent for this node, joining the run's c10d rendezvous.
-# Every node of a run executes it (a platform job per node, a container, a Slurm task); the node
+# Every node of a run executes it (a platform job per node, a container, a Slurm task, a Kubernetes pod); the node
 # with --node-rank 0 is the master and hosts the rendezvous store on --master-port.
 #
 # Usage:
@@ -88,6 +88,22 @@
 #                       joined, default 30; a node is declared dead after interval × attempts seconds
 #                       without a heartbeat, default 5 × 3); passed only when set
 #   NPROC_PER_NODE, MAX_RESTARTS   defaults of the flags of the same name
+#   Kubeflow (deploy/kubernetes/, docs/KUBERNETES.md): what Trainer v2 (TrainJob) and the training operator v1
+#   (PyTorchJob) set in a pod are the defaults of the flags (a flag given wins, over MIN_NODES, NPROC_PER_NODE and
+#   MAX_RESTARTS too); they are read, then unset, so torchrun (which takes PET_<OPTION> as its --<option>) gets
+#   worker.sh's flags only:
+#                       PET_NNODES (N, or an elastic MIN:MAX) → --nnodes (and --min-nodes);
+#                       PET_NODE_RANK, else RANK → --node-rank;
+#                       PET_MASTER_ADDR, else MASTER_ADDR → --master-addr on nodes 1..N-1 (node 0 hosts the
+#                       rendezvous at its own address: a pod's DNS name may not resolve yet);
+#                       PET_MASTER_PORT, else MASTER_PORT → --master-port (Trainer 29500, the operator 23456);
+#                       PET_NPROC_PER_NODE: a number → --nproc-per-node; auto or gpu → the default above;
+#                       elastic (elasticPolicy): PET_RDZV_ENDPOINT HOST:PORT → --master-addr, --master-port;
+#                       PET_RDZV_BACKEND must be c10d; PET_RDZV_ID → --run-id; PET_MAX_RESTARTS → --max-restarts;
+#                       PET_RDZV_CONF's join_timeout → --join-timeout, last_call_timeout, keep_alive_interval,
+#                       keep_alive_max_attempt → the RDZV_* above; PET_STANDALONE (even empty): one node. It gives
+#                       no node rank: pass --node-rank (the pod's replica index). WORLD_SIZE is unset too (the
+#                       operator's counts nodes); any other PET_* variable stops the script (exit 2)
 #   TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE   the NCCL flight
 #                       recorder: 2000 entries, dumped on a timeout to <run dir>/flight-recorder/rank_<R>
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
@@ -119,6 +135,84 @@ entry_point=distqa.train
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "worker.sh: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"; }
+
+# --- Kubeflow: what its controllers give a node, as the defaults of the flags ------------------------------------
+# Trainer v2.3 (TrainJob, pkg/runtime/framework/plugins/torch/torch.go) sets PET_NNODES, PET_NPROC_PER_NODE,
+# PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT and leaves torchrun to the job's command; the training operator
+# v1.9 (PyTorchJob, pkg/controller.v1/pytorch/envvar.go, master.go, elastic.go) sets the same plus MASTER_ADDR,
+# MASTER_PORT, WORLD_SIZE and RANK, and with an elasticPolicy PET_RDZV_ENDPOINT, PET_RDZV_BACKEND, PET_RDZV_ID,
+# PET_RDZV_CONF, PET_MAX_RESTARTS and PET_STANDALONE. torchrun reads every PET_<OPTION> as its --<option> (torch's
+# distributed/argparse_util.py), behind the flags given here: PET_STANDALONE="" makes torch 2.13's torchrun fail
+# with a ValueError, PET_NODE_RANK warns on every node but 0. So they are read here, as the defaults of worker.sh's
+# flags (a flag given on the command line wins), and unset: torchrun gets worker.sh's flags only.
+engine_master_addr=""
+kubeflow_environment() {
+    local name names=() host port conf item key value
+    for name in $(compgen -e); do [[ "$name" != PET_* ]] || names+=("$name"); done
+    (( ${#names[@]} )) || return 0
+    for name in "${names[@]}"; do
+        case "$name" in
+            PET_NNODES|PET_NODE_RANK|PET_MASTER_ADDR|PET_MASTER_PORT|PET_NPROC_PER_NODE|PET_MAX_RESTARTS) ;;
+            PET_RDZV_ENDPOINT|PET_RDZV_BACKEND|PET_RDZV_ID|PET_RDZV_CONF|PET_STANDALONE) ;;
+            *) die "$name is a torchrun option that worker.sh does not read: give it as a worker.sh flag (see --help)" \
+                   "or remove it from the job's environment" ;;
+        esac
+    done
+    if [[ -n "${PET_NNODES:-}" ]]; then
+        if [[ "$PET_NNODES" =~ ^([0-9]+):([0-9]+)$ ]]; then  # an elasticPolicy's minReplicas:maxReplicas
+            min_nodes="${BASH_REMATCH[1]}"; nnodes="${BASH_REMATCH[2]}"
+        elif [[ "$PET_NNODES" =~ ^[0-9]+$ ]]; then
+            nnodes="$PET_NNODES"
+        else
+            die "PET_NNODES must be N or MIN:MAX (nodes), got '$PET_NNODES'"
+        fi
+    fi
+    node_rank="${PET_NODE_RANK:-${RANK:-$node_rank}}"
+    # An elastic PyTorchJob gives no node rank: the job passes the pod's replica index as --node-rank.
+    [[ -z "${PET_RDZV_ENDPOINT:-}" || -n "${PET_NODE_RANK:-}${RANK:-}" ]] || node_rank=""
+    engine_master_addr="${PET_MASTER_ADDR:-${MASTER_ADDR:-}}"
+    master_port="${PET_MASTER_PORT:-${MASTER_PORT:-$master_port}}"
+    if [[ -n "${PET_RDZV_ENDPOINT:-}" ]]; then  # elastic: the Worker pod of index 0 hosts the rendezvous
+        [[ "$PET_RDZV_ENDPOINT" =~ ^(.+):([0-9]+)$ ]] || die "PET_RDZV_ENDPOINT must be HOST:PORT, got '$PET_RDZV_ENDPOINT'"
+        host="${BASH_REMATCH[1]}"; port="${BASH_REMATCH[2]}"
+        if [[ -n "$engine_master_addr" && "$engine_master_addr" != "$host" ]]; then
+            die "PET_RDZV_ENDPOINT ($host) and PET_MASTER_ADDR ($engine_master_addr) name other hosts: an elastic" \
+                "PyTorchJob has Worker replicas only (deploy/kubernetes/pytorchjob-elastic.yaml)"
+        fi
+        engine_master_addr="$host"; master_port="$port"
+    fi
+    [[ "${PET_RDZV_BACKEND:-c10d}" == c10d ]] \
+        || die "PET_RDZV_BACKEND=$PET_RDZV_BACKEND: worker.sh runs torchrun's c10d rendezvous; set rdzvBackend: c10d"
+    run_id="${PET_RDZV_ID:-$run_id}"
+    max_restarts="${PET_MAX_RESTARTS:-$max_restarts}"
+    IFS=, read -r -a conf <<< "${PET_RDZV_CONF:-}"
+    for item in "${conf[@]}"; do  # an elasticPolicy's rdzvConf: the rendezvous settings worker.sh passes on
+        key="${item%%=*}"; value="${item#*=}"
+        case "$key" in
+            join_timeout) join_timeout="$value" ;;
+            last_call_timeout) export RDZV_LAST_CALL_TIMEOUT="$value" ;;
+            keep_alive_interval) export RDZV_KEEP_ALIVE_INTERVAL="$value" ;;
+            keep_alive_max_attempt) export RDZV_KEEP_ALIVE_MAX_ATTEMPT="$value" ;;
+            *) die "PET_RDZV_CONF: worker.sh sets '$key' itself or does not know it; rdzvConf may hold join_timeout," \
+                   "last_call_timeout, keep_alive_interval and keep_alive_max_attempt" ;;
+        esac
+    done
+    if [[ -v PET_STANDALONE ]]; then  # set, even empty: an elasticPolicy's standalone, one node
+        [[ "$nnodes" == 1 ]] || die "PET_STANDALONE (elasticPolicy standalone) runs one node, but PET_NNODES is $PET_NNODES"
+    fi
+    case "${PET_NPROC_PER_NODE:-auto}" in
+        auto|gpu) ;;  # worker.sh's own default: a process per GPU, or 1 without GPUs
+        *) [[ "$PET_NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]] || die "PET_NPROC_PER_NODE must be auto or a number of" \
+               "processes, got '$PET_NPROC_PER_NODE' (nprocPerNode / numProcPerNode of the job)"
+           nproc_per_node="$PET_NPROC_PER_NODE" ;;
+    esac
+    for name in node_rank master_port max_restarts join_timeout; do
+        [[ "${!name}" =~ ^[0-9]*$ ]] || die "the job's environment gives ${name//_/ } '${!name}' (PET_*), not a whole number"
+    done
+    # The operator's WORLD_SIZE and RANK count nodes, not processes: torchrun sets the workers' own.
+    unset "${names[@]}" MASTER_ADDR MASTER_PORT WORLD_SIZE RANK
+}
+kubeflow_environment
 
 trainer_args=()
 given_options=" "  # the options on the command line: an engine's variables (below) fill in only the others
@@ -209,6 +303,11 @@ if [[ -n "$life_span" ]]; then
     if (( stop_after > 0 && life_s > stop_after )); then export WORKER_STOP_WINDOW_S=$(( life_s - stop_after )); fi
 fi
 min_nodes="${min_nodes:-$nnodes}"
+[[ -n "$node_rank" || -z "$engine_master_addr" ]] || die "--node-rank is required with an elastic PyTorchJob (PET_RDZV_ENDPOINT, no node rank):" \
+    "pass the pod's replica index, as deploy/kubernetes/pytorchjob-elastic.yaml does"
+# The engine's name for node 0 serves the other nodes (and an external store's clients); node 0 itself hosts the
+# rendezvous at its own address, as on every launcher: a pod's DNS name may not resolve before the pod is ready.
+if [[ -z "$master_addr" ]] && (( node_rank > 0 || external_store )); then master_addr="$engine_master_addr"; fi
 for name in nnodes min_nodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done

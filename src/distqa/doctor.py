@@ -20,7 +20,8 @@ library versions, code and config hashes, /dev/shm, free disk), the all-reduce b
 per failed check saying what to fix. Checks: the world size (``--expect-world-size``); the same code
 (distqa and the task's package), config and library versions on every rank; an all-reduce of
 ``--allreduce-mb`` with its result checked and its bandwidth measured; /dev/shm size; free disk and
-writability of the results directory; what the task reads (its ``check_inputs``: the model's sources,
+writability of the results directory, and every rank seeing the file rank 0 writes there (storage
+every node mounts); what the task reads (its ``check_inputs``: the model's sources,
 NQ's feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
 interfaces that exist and are up; the estimated peak memory of a training step against each rank's GPU
 (``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine) for the run's
@@ -40,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -151,6 +153,8 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     free, disk_problems = check_results_dir(config.run_dir, int(options.min_free_disk_gb * GB),
                                             write=not config_error)
     problems += [] if config_error else disk_problems
+    shared_probe, shared_problems = check_results_shared(config.run_dir, runtime, look=not config_error)
+    problems += shared_problems
     if task is not None and not config_error:
         try:  # what the run reads, without building anything (a cache must be built before launch)
             task.check_inputs(may_build=False)
@@ -164,6 +168,8 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
     if config_error:  # the stand-in config's hash and results folder say nothing about the run
         report.config_hash, report.config, report.free_disk_bytes = "invalid", {}, None
     reports: list[RankReport] = all_gather_objects(report)
+    if shared_probe is not None:  # every rank has looked for it: the gather above came after
+        shared_probe.unlink(missing_ok=True)
     bandwidth, bandwidth_problems = allreduce_smoke_test(runtime, options.allreduce_mb, options.min_bandwidth_gbs)
     failures = []
     if runtime.is_main_process:
@@ -182,6 +188,34 @@ def run_checks(config: Config, runtime: Runtime, options: argparse.Namespace, ea
         print(f"doctor: {len(failures)} problem(s)" if failures else
               f"doctor: all checks passed on {len(reports)} rank(s)", flush=True)
     return bool(broadcast_object(bool(failures)))
+
+
+def check_results_shared(directory: Path, runtime: Runtime, look: bool = True) -> tuple[Path | None, list[str]]:
+    """Collective. Whether this rank sees the file rank 0 has just written in the results directory: checkpoints,
+    the feature cache and the run's files must be on storage every node mounts (a ReadWriteMany volume on
+    Kubernetes, the platform's storage, a shared file system), or each node resumes from its own files. A mount
+    that caches (a bucket mounted with a cache) may show it late: that fails too. Returns the file (rank 0, which
+    removes it once every rank has looked) and this rank's problems. ``look`` False: take part, report nothing."""
+    probe, token = None, ""
+    if runtime.is_main_process and look and runtime.is_distributed:
+        try:
+            probe = directory / f".doctor-shared-{uuid.uuid4().hex}"
+            token = uuid.uuid4().hex
+            directory.mkdir(parents=True, exist_ok=True)
+            probe.write_text(token)
+        except OSError:  # check_results_dir reports an unwritable directory
+            probe, token = None, ""
+    name, token = broadcast_object((probe.name if probe else "", token))
+    if not token or not look or runtime.is_main_process:
+        return probe, []
+    try:
+        seen = (directory / name).read_text() == token
+    except OSError:
+        seen = False
+    return None, [] if seen else [
+        f"results directory {directory} is not the one rank 0 sees: the file rank 0 wrote there is not here; put "
+        "output_dir (DISTQA_OUTPUT_DIR) on storage every node mounts (a ReadWriteMany volume on Kubernetes, a shared "
+        "file system), or each node resumes from checkpoints of its own"]
 
 
 def allreduce_smoke_test(runtime: Runtime, size_mb: float, min_bus_gbs: float,

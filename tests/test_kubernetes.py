@@ -1,0 +1,565 @@
+"""The Kubeflow jobs of deploy/kubernetes (issue 36): a TrainJob for Trainer v2.3.0, a PyTorchJob and an elastic
+PyTorchJob for the training operator v1.9.0.
+
+- Checked against the real schemas: each manifest against its CRD's openAPIV3Schema from ../shared/engines (the
+  pinned copies beside the clone), unknown fields refused as a server with strict field validation refuses them,
+  plus the create-time rules the schema cannot express (tests/standin/kubernetes_api.py); broken variants each fail
+  with a line naming the field.
+- Run with each engine's environment: the variables each pod gets, derived from the manifest as the controllers
+  derive them (tests/standin/kubeflow.py), resolved and expanded into the container's command as the kubelet does;
+  worker.sh under them starts torchrun with its own flags only (torchrun's own parser reads the environment it
+  gets: no PET_* variable, no warning); two emulated nodes (processes on 127.0.0.1, the pods' DNS names replaced by
+  127.0.0.1 as the local launcher does, the engine's port by a free one) train, lose a node, and resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, wait_for
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
+import kubeflow  # tests/standin is not a package
+import kubernetes_api
+
+ENGINES = Path(__file__).resolve().parents[2] / "shared" / "engines"
+needs_engines = pytest.mark.skipif(not ENGINES.is_dir(),
+                                   reason=f"{ENGINES} is absent (the pinned CRDs beside the clone)")
+DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
+CRDS = {"TrainJob": "trainjobs.trainer.kubeflow.org-v2.3.0.yaml", "PyTorchJob": "pytorchjobs.kubeflow.org-v1.9.0.yaml",
+        "ClusterTrainingRuntime": "clustertrainingruntimes.trainer.kubeflow.org-v2.3.0.yaml"}
+JOBS = ["trainjob.yaml", "pytorchjob.yaml", "pytorchjob-elastic.yaml"]
+IMAGE_WORKER = "/project/scripts/worker.sh"
+"""Where the image holds worker.sh (the Dockerfile copies the repository to /project)."""
+
+
+def manifest(name: str) -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / name).read_text(encoding="utf-8"))
+
+
+def runtime() -> dict[str, Any]:
+    return yaml.safe_load((ENGINES / "torch-distributed-runtime-v2.3.0.yaml").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def crd(kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The CRD's structural schema and its strict JSON Schema (read once: the files are large)."""
+    root, api_version, crd_kind = kubernetes_api.crd_schema(ENGINES / CRDS[kind])
+    return root, kubernetes_api.strict_json_schema(root, api_version, crd_kind)
+
+
+def server_problems(resource: dict[str, Any]) -> list[str]:
+    """Everything a server with the engine installed refuses in ``resource`` at create time."""
+    root, schema = crd(resource["kind"])
+    return kubernetes_api.schema_problems(resource, schema) + kubernetes_api.create_time_problems(resource, root)
+
+
+def containers(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers that run distqa: the TrainJob's trainer, each PyTorchJob replica's ``pytorch``."""
+    if resource["kind"] == "TrainJob":
+        return [resource["spec"]["trainer"]]
+    return [c for r in resource["spec"]["pytorchReplicaSpecs"].values() for c in r["template"]["spec"]["containers"]
+            if c.get("name") == "pytorch"]
+
+
+def project_problems(resource: dict[str, Any]) -> list[str]:
+    """What the server accepts but would not run distqa: each container names an image (a TrainJob without one runs
+    the runtime's stock PyTorch image, which holds no distqa) and runs the image's worker.sh, and the run directory
+    is on the ReadWriteMany claim of storage.yaml."""
+    problems = []
+    for index, container in enumerate(containers(resource)):
+        if not container.get("image"):
+            problems.append(f"container {index}: image: required (the project's image; the runtime's has no distqa)")
+        if container.get("command", [])[-1:] != [IMAGE_WORKER]:
+            problems.append(f"container {index}: command must run {IMAGE_WORKER}, not {container.get('command')}")
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if env.get("DISTQA_OUTPUT_DIR") != "/project/results":
+            problems.append(f"container {index}: DISTQA_OUTPUT_DIR must be /project/results (the shared volume)")
+    text = (DEPLOY / "storage.yaml").read_text(encoding="utf-8")
+    claim = yaml.safe_load(text)
+    if claim["spec"]["accessModes"] != ["ReadWriteMany"] or f"claimName: {claim['metadata']['name']}" not in \
+            (DEPLOY / "trainjob.yaml").read_text() + (DEPLOY / "pytorchjob.yaml").read_text():
+        problems.append("storage.yaml: the jobs' claim must be ReadWriteMany")
+    return problems
+
+
+# --- (a) the schemas ----------------------------------------------------------------------------------------------
+
+@needs_engines
+@pytest.mark.parametrize("name", JOBS)
+def test_each_job_passes_its_crd_schema_the_create_time_rules_and_the_projects(name: str) -> None:
+    resource = manifest(name)
+    assert server_problems(resource) == []
+    assert project_problems(resource) == []
+
+
+@needs_engines
+def test_the_check_passes_the_pinned_runtime_and_the_trainjobs_patch_targets_its_node_container() -> None:
+    torch_runtime = runtime()
+    assert server_problems(torch_runtime) == [], "the validator refuses the engine's own runtime"
+    (patch,) = manifest("trainjob.yaml")["spec"]["runtimePatches"]
+    for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+        (target,) = [j for j in torch_runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == job["name"]]
+        names = {c["name"] for c in target["template"]["spec"]["template"]["spec"]["containers"]}
+        assert {c["name"] for c in job["template"]["spec"]["template"]["spec"]["containers"]} <= names
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """A change at ``path`` (dots and [index]); a value of ``...`` deletes the field."""
+    def change(resource: dict[str, Any]) -> None:
+        parts = [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+        node = resource
+        for part in parts[:-1]:
+            node = node[part]
+        if value is ...:
+            del node[parts[-1]]
+        else:
+            node[parts[-1]] = value
+    return change
+
+
+def _rename(path: str, new: str) -> Callable[[dict[str, Any]], None]:
+    def change(resource: dict[str, Any]) -> None:
+        parts = [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+        node = resource
+        for part in parts[:-1]:
+            node = node[part]
+        node[new] = node.pop(parts[-1])
+    return change
+
+
+POD = "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec"
+MASTER = "spec.pytorchReplicaSpecs.Master.template.spec"
+BROKEN = {
+    "trainjob: a typo deep in the pod spec": (
+        "trainjob.yaml", _rename(f"{POD}.containers[0].volumeMounts[0].mountPath", "mountpath"),
+        f'unknown field "{POD}.containers[0].volumeMounts[0].mountpath"'),
+    "trainjob: a typo in the trainer": (
+        "trainjob.yaml", _rename("spec.trainer.command", "comand"), 'unknown field "spec.trainer.comand"'),
+    "trainjob: a wrong type": (
+        "trainjob.yaml", _set("spec.trainer.numNodes", "2"), "spec.trainer.numNodes: '2' is not of type 'integer'"),
+    "trainjob: a volume of no kind": (
+        "trainjob.yaml", _set(f"{POD}.volumes[0].persistentVolumeClaim", {"claim": "x"}),
+        f'unknown field "{POD}.volumes[0].persistentVolumeClaim.claim"'),
+    "trainjob: no runtime name": (
+        "trainjob.yaml", _set("spec.runtimeRef.name", ...), "spec.runtimeRef: 'name' is a required property"),
+    "trainjob: an uppercase name": (
+        "trainjob.yaml", _set("metadata.name", "DistQA"), "metadata.name: 'DistQA': metadata.name must match RFC 1035"),
+    "trainjob: a name of 64 characters": (
+        "trainjob.yaml", _set("metadata.name", "d" * 64), "metadata.name must be no more than 63 characters (64)"),
+    "trainjob: a reserved variable": (
+        "trainjob.yaml", lambda r: r["spec"]["trainer"]["env"].append({"name": "PET_NNODES", "value": "2"}),
+        "spec.trainer.env: must not have reserved envs, invalid envs configured: ['PET_NNODES']"),
+    "trainjob: a label that is not a string": (
+        "trainjob.yaml", _set("metadata.labels", {"team": 1}), "metadata.labels.team: 1 is not of type 'string'"),
+    "trainjob: an unknown metadata field": (
+        "trainjob.yaml", _set("metadata.nmae", "x"), 'unknown field "metadata.nmae"'),
+    "pytorchjob: a typo in the resources": (
+        "pytorchjob.yaml", _rename(f"{MASTER}.containers[0].resources.limits", "limit"),
+        f'unknown field "{MASTER}.containers[0].resources.limit"'),
+    "pytorchjob: a port as a string": (
+        "pytorchjob.yaml", _set(f"{MASTER}.containers[0].ports[0].containerPort", "23456"),
+        f"{MASTER}.containers[0].ports[0].containerPort: '23456' is not of type 'integer'"),
+    "pytorchjob: a GPU count that is neither a number nor a string": (
+        "pytorchjob.yaml", _set(f"{MASTER}.containers[0].resources.limits", {"nvidia.com/gpu": [1]}),
+        f"{MASTER}.containers[0].resources.limits.nvidia.com/gpu: [1] is not of type 'integer'"),
+    "pytorchjob: a missing image": (
+        "pytorchjob.yaml", _set("spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].image", ...),
+        "spec.pytorchReplicaSpecs[Worker].template.spec.containers[0].image: Required value"),
+    "pytorchjob: two Masters": (
+        "pytorchjob.yaml", _set("spec.pytorchReplicaSpecs.Master.replicas", 2),
+        "spec.pytorchReplicaSpecs[Master].replicas: Forbidden: must be 1"),
+    "pytorchjob: no container named pytorch": (
+        "pytorchjob.yaml", _set(f"{MASTER}.containers[0].name", "trainer"),
+        "spec.pytorchReplicaSpecs[Master].template.spec.containers: Required value: must have at least one container "
+        "with name pytorch"),
+    "pytorchjob: a name with an underscore": (
+        "pytorchjob.yaml", _set("metadata.name", "dist_qa"), "metadata.name: 'dist_qa' should match"),
+    "pytorchjob-elastic: a typo in the elastic policy": (
+        "pytorchjob-elastic.yaml", _rename("spec.elasticPolicy.maxReplicas", "maxReplica"),
+        'unknown field "spec.elasticPolicy.maxReplica"'),
+    "pytorchjob-elastic: a typo in the downward API": (
+        "pytorchjob-elastic.yaml",
+        _rename("spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].env[0].valueFrom.fieldRef", "fieldref"),
+        'unknown field "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].env[0].valueFrom.fieldref"'),
+    "pytorchjob-elastic: no Worker": (
+        "pytorchjob-elastic.yaml", _rename("spec.pytorchReplicaSpecs.Worker", "Workers"),
+        "spec.pytorchReplicaSpecs[Worker]: must be configured if elastic policy is used"),
+}
+
+
+@needs_engines
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_variant_fails_naming_the_field(case: str) -> None:
+    name, change, expected = BROKEN[case]
+    resource = copy.deepcopy(manifest(name))
+    change(resource)
+    problems = server_problems(resource)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_a_trainjob_without_an_image_passes_the_server_and_fails_the_projects_check() -> None:
+    """The runtime's own image is the default: the server has nothing to refuse, but it holds no distqa."""
+    resource = manifest("trainjob.yaml")
+    del resource["spec"]["trainer"]["image"]
+    assert project_problems(resource) == [
+        "container 0: image: required (the project's image; the runtime's has no distqa)"]
+
+
+def test_the_strict_schema_refuses_what_pruning_drops_and_keeps_what_it_keeps() -> None:
+    structural = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+        "open": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                 "properties": {"n": {"type": "integer"}}},
+        "bare": {"type": "object"},
+        "map": {"type": "object", "additionalProperties": {"type": "string"}},
+        "port": {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+        "maybe": {"type": "string", "nullable": True},
+        "embedded": {"type": "object", "x-kubernetes-embedded-resource": True,
+                     "properties": {"spec": {"type": "object", "properties": {}}}}}}}}
+    schema = kubernetes_api.strict_json_schema(structural, "example.com/v1", "Thing")
+    good = {"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "a"},
+            "spec": {"open": {"anything": [1], "n": 2}, "map": {"k": "v"}, "port": "http", "maybe": None,
+                     "embedded": {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": {"a": "b"}}, "spec": {}}}}
+    assert kubernetes_api.schema_problems(good, schema) == []
+    bad = copy.deepcopy(good)
+    bad["spec"].update(bare={"x": 1}, port=1.5)
+    bad["spec"]["open"]["n"] = "two"
+    bad["spec"]["embedded"]["spec"] = {"y": 1}
+    bad["spec"]["embedded"]["metadata"] = {"labels": {"a": 1}}
+    bad["kind"] = "Other"
+    assert kubernetes_api.schema_problems(bad, schema) == sorted([
+        "kind: 'Thing' was expected", 'unknown field "spec.bare.x"', "spec.port: 1.5 is not of type 'integer'",
+        "spec.open.n: 'two' is not of type 'integer'", 'unknown field "spec.embedded.spec.y"',
+        "spec.embedded.metadata.labels.a: 1 is not of type 'string'"])
+
+
+# --- (b) each engine's environment --------------------------------------------------------------------------------
+
+def test_the_kubelets_expansion() -> None:
+    values = {"A": "1", "B": "$(A)"}.get
+    assert kubeflow.expand("$(A)-$(B)", values) == "1-$(A)"  # a value is not expanded again
+    assert kubeflow.expand("$$(A) $(NONE) $( $x $", values) == "$(A) $(NONE) $( $x $"
+    assert kubeflow.container_environment(
+        [{"name": "A", "value": "x"}, {"name": "B", "value": "$(A)/$(C)"}, {"name": "C", "value": "c"}],
+        kubeflow.pod_metadata("p")) == {"A": "x", "B": "x/$(C)", "C": "c"}
+
+
+NODES = {"trainjob.yaml": 2, "pytorchjob.yaml": 2, "pytorchjob-elastic.yaml": 2}
+
+
+def pod(resource: dict[str, Any], node: int) -> tuple[list[str], dict[str, str]]:
+    """The command and the environment of node ``node``'s container, as the engine's controller and the kubelet
+    make them: a TrainJob's pod ``<name>-node-0-<node>`` (its completion index ``node``); a PyTorchJob's Master 0
+    and Worker ``node - 1``, or with an elasticPolicy Worker ``node`` (its replica index in a label)."""
+    name = resource["metadata"]["name"]
+    if resource["kind"] == "TrainJob":
+        env, _ = kubeflow.trainjob_env(resource, runtime())
+        metadata = kubeflow.pod_metadata(f"{name}-node-0-{node}", annotations={kubeflow.COMPLETION_INDEX: str(node)})
+        container = kubeflow.trainjob_container(resource)
+    else:
+        elastic = "elasticPolicy" in resource["spec"]
+        role, index = ("Worker", node) if elastic else (("Master", 0) if node == 0 else ("Worker", node - 1))
+        env = kubeflow.pytorchjob_env(resource, role, index)
+        metadata = kubeflow.pod_metadata(f"{name}-{role.lower()}-{index}",
+                                         labels={kubeflow.REPLICA_INDEX_LABEL: str(index)})
+        container = next(c for c in resource["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["containers"]
+                         if c["name"] == "pytorch")
+    environment = kubeflow.container_environment(env, metadata)
+    return kubeflow.container_command(container, environment), environment
+
+
+def on_this_machine(resource: dict[str, Any], command: list[str], environment: dict[str, str], port: int,
+                    output_dir: Path, trainer_args: list[str], **extra: str) -> tuple[list[str], dict[str, str]]:
+    """An emulated node's command and environment: the image's worker.sh is the checkout's, the pods' DNS names are
+    127.0.0.1 (and NODE_ADDR, as the local launcher sets it), the engine's port is ``port``, the volume's mount is
+    ``output_dir``, the interface is loopback, and the trainer arguments after ``--`` are ``trainer_args``."""
+    name = resource["metadata"]["name"]
+    hosts = [f"{name}-node-0-0.{name}", f"{name}-master-0", f"{name}-worker-0"]
+    local = {}
+    for key, value in environment.items():
+        for host in hosts:
+            value = value.replace(host, "127.0.0.1")
+        local[key] = value
+    for key in ("PET_MASTER_PORT", "MASTER_PORT"):
+        if key in local:
+            local[key] = str(port)
+    if "PET_RDZV_ENDPOINT" in local:
+        local["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
+    local |= {"DISTQA_OUTPUT_DIR": str(output_dir), "HF_HOME": str(output_dir / "hf"), "NCCL_SOCKET_IFNAME": "lo",
+              "GLOO_SOCKET_IFNAME": "lo"}
+    assert command[:2] == ["bash", IMAGE_WORKER], command
+    dash = command.index("--")
+    argv = ["bash", WORKER, *command[2:dash], "--", *trainer_args]
+    return argv, clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1") | local | extra
+
+
+@needs_engines
+def test_the_derived_environments_are_the_controllers() -> None:
+    """What the engines' code gives each pod of the three jobs (see tests/standin/kubeflow.py for the lines)."""
+    pets = {}
+    for name in JOBS:
+        for node in range(NODES[name]):
+            _, environment = pod(manifest(name), node)
+            pets[name, node] = {k: v for k, v in environment.items()
+                                if k.startswith("PET_") or k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")}
+    assert pets["trainjob.yaml", 1] == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1",
+                                        "PET_MASTER_ADDR": "distqa-node-0-0.distqa", "PET_MASTER_PORT": "29500"}
+    assert pets["pytorchjob.yaml", 0] == {
+        "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456", "MASTER_ADDR": "distqa-master-0",
+        "PET_MASTER_ADDR": "distqa-master-0", "WORLD_SIZE": "2", "RANK": "0", "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "auto", "PET_NNODES": "2"}
+    assert pets["pytorchjob.yaml", 1]["RANK"] == pets["pytorchjob.yaml", 1]["PET_NODE_RANK"] == "1"
+    assert pets["pytorchjob-elastic.yaml", 1] == {
+        "PET_NPROC_PER_NODE": "auto", "PET_RDZV_ENDPOINT": "distqa-elastic-worker-0:23456", "PET_RDZV_BACKEND": "c10d",
+        "PET_NNODES": "1:2", "PET_MAX_RESTARTS": "3"}
+    command, environment = pod(manifest("pytorchjob-elastic.yaml"), 1)
+    assert command[:4] == ["bash", IMAGE_WORKER, "--node-rank", "1"] and environment["REPLICA_INDEX"] == "1"
+    assert "MLFLOW_TRACKING_TOKEN" not in environment  # an optional Secret that is not there
+    # A CPU-only TrainJob: `auto` becomes the CPU request (torch.go lines 131-135).
+    cpu = manifest("trainjob.yaml")
+    cpu["spec"]["trainer"]["resourcesPerNode"] = {"requests": {"cpu": "3500m"}, "limits": {"cpu": 8}}
+    assert dict((e["name"], e.get("value")) for e in kubeflow.trainjob_env(cpu, runtime())[0])["PET_NPROC_PER_NODE"] \
+        == "4"
+
+
+AGENT_PROBE = """
+import json, logging, os, sys
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.basicConfig(level=logging.WARNING, handlers=[Keep()])
+from torch.distributed.run import config_from_args, parse_args
+options = parse_args(sys.argv[2:])  # torchrun's own parser, under the environment worker.sh gives it
+if options.standalone:  # as torch.distributed.run.run does before config_from_args
+    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"
+config, _, _ = config_from_args(options)
+print(json.dumps({"node_rank": sys.argv[1], "pet": sorted(k for k in os.environ if k.startswith("PET_")),
+                  "left": sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK") if k in os.environ),
+                  "warnings": warnings, "nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
+                  "endpoint": config.rdzv_endpoint, "run_id": config.run_id, "max_restarts": config.max_restarts,
+                  "conf": config.rdzv_configs, "standalone": options.standalone}))
+"""
+"""What torchrun makes of worker.sh's command line and environment, printed instead of starting the agent."""
+
+
+def probe_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """worker.sh with a stand-in interpreter: ``-m distqa.agent`` runs :data:`AGENT_PROBE` (torchrun's parser under the
+    agent's environment), ``-m distqa.reach`` (node 0's store, which is not there) succeeds; the rest is real."""
+    (tmp_path / "probe.py").write_text(AGENT_PROBE)
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"""#!/usr/bin/env bash
+case "$1 $2" in
+    "-m distqa.agent") shift 2; exec {sys.executable} {tmp_path / "probe.py"} "$@" ;;
+    "-m distqa.reach") exit 0 ;;
+esac
+exec {sys.executable} "$@"
+""")
+    stand_in.chmod(0o755)
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env | {"PYTHON": str(stand_in)}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+
+SMALL_RUN = [*MACHINERY_ARGS, "--global-batch-size", "8", "--per-rank-batch-size", "4"]
+
+
+def engine_cases(nodes: int) -> list[Any]:
+    """(job, node) for each job; a TrainJob's need the pinned runtime (its ML policy) of ../shared/engines."""
+    return [pytest.param(name, node, marks=[needs_engines] if name == "trainjob.yaml" else [])
+            for name in JOBS for node in range(nodes)]
+
+
+@pytest.mark.parametrize(("name", "node"), engine_cases(2))
+def test_worker_sh_under_each_engines_variables_gives_torchrun_its_own_flags_only(
+        tmp_path: Path, name: str, node: int) -> None:
+    resource = manifest(name)
+    port = free_port()
+    argv, env = on_this_machine(resource, *pod(resource, node), port, tmp_path, SMALL_RUN)
+    agent, stderr = probe_agent(tmp_path, argv, env)
+    elastic = name == "pytorchjob-elastic.yaml"
+    assert agent["pet"] == [] and agent["left"] == [] and agent["warnings"] == [], agent
+    assert agent["node_rank"] == str(node) and agent["nodes"] == ([1, 2] if elastic else [2, 2])
+    assert agent["nproc"] == 1 and agent["max_restarts"] == 3 and not agent["standalone"]
+    assert agent["run_id"] == resource["metadata"]["name"]  # the manifests' RUN_ID
+    assert agent["endpoint"] == f"127.0.0.1:{port}" and agent["conf"]["is_host"] == str(int(node == 0))
+    assert "warning" not in stderr.lower(), stderr
+
+
+def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_never_reaches_torchrun(
+        tmp_path: Path) -> None:
+    """elasticPolicy.standalone gives PET_STANDALONE="" (elastic.go line 114): torch 2.13's torchrun reads it as
+    ``bool(int(""))``, a ValueError, when it reaches torchrun's parser."""
+    resource = manifest("pytorchjob-elastic.yaml")
+    resource["spec"]["elasticPolicy"] |= {"standalone": True, "minReplicas": 1, "maxReplicas": 1}
+    resource["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
+    argv, env = on_this_machine(resource, *pod(resource, 0), free_port(), tmp_path, SMALL_RUN)
+    assert env["PET_STANDALONE"] == ""
+    agent, _ = probe_agent(tmp_path, argv, env)
+    assert agent["standalone"] and agent["nodes"] == [1, 1] and agent["pet"] == [] and agent["warnings"] == []
+    torchrun = subprocess.run([sys.executable, "-c", "from torch.distributed.run import parse_args; parse_args(['x'])"],
+                              env=clean_env(PET_STANDALONE=""), capture_output=True, text=True, timeout=60)
+    assert "ValueError: invalid literal for int() with base 10: ''" in torchrun.stderr, "what worker.sh keeps out"
+
+
+WRONG = {
+    "PET_LOG_DIR": ({"PET_LOG_DIR": "/logs"}, "PET_LOG_DIR is a torchrun option that worker.sh does not read"),
+    "PET_NNODES": ({"PET_NNODES": "two"}, "PET_NNODES must be N or MIN:MAX (nodes), got 'two'"),
+    "PET_RDZV_BACKEND": ({"PET_NNODES": "2", "PET_RDZV_BACKEND": "etcd"}, "PET_RDZV_BACKEND=etcd: worker.sh runs"),
+    "no node rank": ({"PET_NNODES": "1:2", "PET_RDZV_ENDPOINT": "job-worker-0:23456"},
+                     "--node-rank is required with an elastic PyTorchJob"),
+    "PET_NPROC_PER_NODE": ({"PET_NPROC_PER_NODE": "cpu"}, "PET_NPROC_PER_NODE must be auto or a number of processes"),
+    "PET_RDZV_CONF": ({"PET_NNODES": "1:2", "PET_NODE_RANK": "0", "PET_RDZV_CONF": "is_host=1"},
+                      "PET_RDZV_CONF: worker.sh sets 'is_host' itself or does not know it"),
+    "PET_STANDALONE": ({"PET_NNODES": "2", "PET_STANDALONE": ""}, "PET_STANDALONE (elasticPolicy standalone) runs one"),
+    "PET_NODE_RANK": ({"PET_NNODES": "2", "PET_NODE_RANK": "x"}, "the job's environment gives node rank 'x' (PET_*)"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line(case: str) -> None:
+    variables, expected = WRONG[case]
+    result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
+                            **variables), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("worker.sh: ") and expected in result.stderr, result.stderr
+
+
+def test_a_flag_given_to_worker_sh_wins_over_the_engines_variable(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", WORKER, "--dry-run", "--nnodes", "1", "--node-rank", "0", "--", *SMALL_RUN,
+                             "--output-dir", str(tmp_path)], cwd=REPO_ROOT, timeout=60, capture_output=True, text=True,
+                            env=clean_env(PYTHON=sys.executable, PET_NNODES="2", PET_NODE_RANK="1",
+                                          PET_MASTER_ADDR="job-node-0-0.job", PET_MASTER_PORT="29500"))
+    assert result.returncode == 0, result.stderr
+    assert "--standalone" in result.stdout and "1 node (standalone)" in result.stderr
+
+# --- emulated nodes: a kill and a resume on each engine --------------------------------------------------------------
+
+# 4 steps between checkpoints; node 1's rank frozen (SIGSTOP) right after step 6, once per run directory: the node is
+# killed in a state the run reaches and stays in (node 0 waits in step 7's all-reduce), past step 4's checkpoint.
+TRAINER_ARGS = [*SMALL_RUN, "--max-steps", "12", "--checkpoint-every", "4", "--classifier-dropout", "0",
+                "--stop-check-every", "1"]
+FROZEN = "hang:rank=1:step=6"
+# An elastic run goes on without the lost node: node 0 alone then waits after step 9 until torchrun restarts it for
+# the round the returned node joins (tests/test_elastic.py's RETURNED), so the run is not over before it returns.
+HELD = f"{FROZEN},pause:rank=0:step=9"
+# Short rendezvous timings for the elastic run (the manifest's 30 s last call; a dead node leaves after 3 missed 1-s
+# heartbeats), as tests/test_elastic.py runs them.
+RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
+
+
+def start_pod(resource: dict[str, Any], node: int, port: int, root: Path, **extra: str) -> subprocess.Popen[str]:
+    """Node ``node`` of the job on this machine (:func:`on_this_machine`), in a session of its own, its output
+    appended to ``root/node-<node>.out``; the same call starts it again, as the engine starts a pod again."""
+    argv, env = on_this_machine(resource, *pod(resource, node), port, root, TRAINER_ARGS, **extra)
+    with (root / f"node-{node}.out").open("a") as sink:
+        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+
+def kill_and_resume(name: str, root: Path, fault: str = FROZEN, **extra: str) -> tuple[str, str]:
+    """Two emulated nodes of the job train; node 1 is lost whole (worker.sh, its agent, its frozen worker) after
+    step 4's checkpoint and started again with the same command and environment (once node 0 holds, with
+    :data:`HELD`); both must end well. The nodes' outputs."""
+    resource = manifest(name)
+    port = free_port()
+    run_dir = root / resource["metadata"]["name"]
+    nodes = [start_pod(resource, node, port, root, INJECT_FAULT=fault, **extra) for node in range(2)]
+    returned = None
+    try:
+        wait_for((run_dir / "checkpoints" / "step-00000004.pt").exists, timeout=180)
+        frozen = run_dir / "logs" / "rank-1.fault"
+        wait_for(lambda: frozen.exists() and re.search(r"\(pid (\d+)\)", frozen.read_text()), timeout=180)
+        worker = int(re.search(r"\(pid (\d+)\)", frozen.read_text())[1])  # the frozen rank, as it wrote there
+        os.killpg(nodes[1].pid, signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)  # torchrun starts its workers in sessions of their own
+        nodes[1].wait(timeout=30)
+        if fault == HELD:
+            wait_for((run_dir / "logs" / "rank-0.fault").exists, timeout=180)
+        returned = start_pod(resource, 1, port, root, INJECT_FAULT=fault, **extra)
+        finish(returned, timeout=240)
+        finish(nodes[0], timeout=120)
+    finally:
+        for process in [*nodes, returned]:
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    outputs = tuple((root / f"node-{node}.out").read_text() for node in range(2))
+    assert nodes[0].returncode == 0, outputs[0]
+    assert returned.returncode == 0, outputs[1]
+    assert "resumed from" in outputs[1], "the returned node resumed from a checkpoint"
+    assert (run_dir / "checkpoints" / "step-00000012.pt").exists()
+    return outputs
+
+
+@needs_engines
+@pytest.mark.distributed
+def test_a_trainjobs_nodes_lose_one_and_resume(tmp_path: Path) -> None:
+    node_0, _ = kill_and_resume("trainjob.yaml", tmp_path)
+    assert "restarting" in node_0.lower() or "resumed from" in node_0, "node 0's agent restarted its worker"
+
+
+@pytest.mark.distributed
+def test_an_elastic_pytorchjobs_nodes_lose_one_and_resume(tmp_path: Path) -> None:
+    """Under the elastic variables (PET_RDZV_*, PET_NNODES 1:2, PET_MAX_RESTARTS): node 0 goes on alone at world
+    size 1 from step 4's checkpoint, and the run grows back to 2 when node 1 returns."""
+    node_0, _ = kill_and_resume("pytorchjob-elastic.yaml", tmp_path, HELD, **RENDEZVOUS)
+    rounds = re.findall(r"membership: round \d+: (\d) node\(s\)", node_0)
+    assert rounds == ["2", "1", "2"], node_0
+
+
+# --- shared storage -------------------------------------------------------------------------------------------------
+
+@pytest.mark.distributed
+def test_the_doctor_under_a_pytorchjobs_variables_fails_a_results_directory_that_is_not_shared(tmp_path: Path) -> None:
+    """The PyTorchJob's two pods with ``--doctor`` added to the job's worker.sh options; node 1's volume mount is a
+    tmpfs of its own (a private mount namespace) at the same path, as a pod whose claim is not ReadWriteMany (or
+    not the same claim) has: rank 0's report names rank 1's directory."""
+    namespace = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--mount", "--map-root-user"]
+    mounts = tmp_path / "mounts"
+    mounts.mkdir()
+    probe = subprocess.run([*namespace, "mount", "-t", "tmpfs", "tmpfs", str(mounts)], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
+    resource = manifest("pytorchjob.yaml")
+    for container in containers(resource):  # the doctor's failed report would only be repeated by restarts
+        for variable in container["env"]:
+            if variable["name"] == "MAX_RESTARTS":
+                variable["value"] = "0"
+    port = free_port()
+    volume = tmp_path / "results"
+    nodes = []
+    for node in range(2):
+        argv, env = on_this_machine(resource, *pod(resource, node), port, volume,
+                                    [*SMALL_RUN, "--allreduce-mb", "1", "--timeout-s", "60"])
+        argv.insert(argv.index("--"), "--doctor")
+        own_mount = [*namespace, "sh", "-c", f'mkdir -p {volume} && mount -t tmpfs tmpfs {volume} && exec "$@"', "sh"]
+        nodes.append(subprocess.Popen([*(own_mount if node == 1 else []), *argv], cwd=REPO_ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    try:
+        outputs = [node.communicate(timeout=150)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert nodes[0].returncode == 1, outputs[0]
+    failures = [line for line in outputs[0].splitlines() if line.startswith("FAIL ")]
+    assert len(failures) == 1, "\n".join(failures)
+    [failure] = failures
+    assert failure.startswith("FAIL rank 1 (") and f"results directory {volume / 'distqa'} is not the one rank 0 sees" \
+        in failure and "ReadWriteMany" in failure, failure
