@@ -57,8 +57,8 @@
 #                       trainer compares with its first checkpoint write
 #   --dry-run           print the torchrun command instead of running it
 #   --doctor            run the preflight doctor (python -m distqa.doctor) instead of training, with the
-#                       same torchrun line and arguments: rank 0 prints a table of every rank and what
-#                       to fix; exit 1 when a check fails
+#                       same torchrun line and arguments (no restarts): rank 0 prints a table of every rank
+#                       and what to fix; exit 1 when a check fails
 #   --entry-module M    the Python module every process runs (python -m M; default distqa.train): a
 #                       fork's own entry point gets the same torchrun line, rendezvous, restarts,
 #                       stop signals and --run-name; --doctor is --entry-module distqa.doctor
@@ -321,6 +321,8 @@ done
 [[ "$run_id" =~ ^[A-Za-z0-9._-]+$ ]] || die "--run-id may hold letters, digits, '.', '_' and '-' only, got '$run_id'"
 [[ "$entry_point" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
     || die "--entry-module must be a dotted Python module name such as mytask.train, got '$entry_point'"
+# A failed check is the doctor's finding, not a fault: a restart would only run it again and print its table again.
+if [[ "$entry_point" == distqa.doctor ]]; then max_restarts=0; fi
 if (( external_store )) && [[ -z "$master_addr" ]]; then
     die "--external-store needs --master-addr: the address of the host running python -m distqa.rendezvous_store"
 fi

@@ -284,3 +284,16 @@ def test_other_code_names_the_first_differing_file_and_advice_for_the_hosts() ->
     [line] = disagreements([report(0, "vm", ours, "/a/distqa"), report(1, "vm", {"distqa/b.py": "9"}, "/b/distqa")])
     assert "package distqa differs in distqa/a.py (only on rank 0) and 1 more file, imported from /b/distqa on " \
         "rank 1, /a/distqa on rank 0; both run on this host" in line, line
+
+
+def test_worker_sh_runs_the_doctor_without_restarts() -> None:
+    """A failed check is the doctor's finding: with MAX_RESTARTS or --max-restarts (a platform job's or a pod's
+    restarts) torchrun would run it again and print its table again, as often as the restarts allow."""
+    result = subprocess.run(["bash", "scripts/worker.sh", "--doctor", "--max-restarts", "3", "--nproc-per-node", "1",
+                             "--dry-run", "--", *MACHINERY_ARGS], cwd=REPO_ROOT,
+                            env=clean_env(PYTHON=sys.executable, MAX_RESTARTS="2"), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert words[words.index("--max-restarts") + 1] == "0" and "distqa.doctor" in words, result.stdout
+    assert "max restarts 0" in result.stderr
