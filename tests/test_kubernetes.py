@@ -505,10 +505,12 @@ def kill_and_resume(name: str, root: Path, fault: str = FROZEN, **extra: str) ->
     return outputs
 
 
-@needs_engines
 @pytest.mark.distributed
-def test_a_trainjobs_nodes_lose_one_and_resume(tmp_path: Path) -> None:
-    node_0, _ = kill_and_resume("trainjob.yaml", tmp_path)
+@pytest.mark.parametrize("name", [pytest.param("trainjob.yaml", marks=needs_engines), "pytorchjob.yaml"])
+def test_a_jobs_nodes_lose_one_and_resume(name: str, tmp_path: Path) -> None:
+    """Trainer v2's PET_* variables, and the training operator's MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK with their
+    PET_* twins (a Master pod and a Worker pod)."""
+    node_0, _ = kill_and_resume(name, tmp_path)
     assert "restarting" in node_0.lower() or "resumed from" in node_0, "node 0's agent restarted its worker"
 
 
