@@ -14,6 +14,7 @@ PyTorchJob for the training operator v1.9.0.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -479,7 +480,7 @@ def kill_and_resume(name: str, root: Path, fault: str = FROZEN, **extra: str) ->
     port = free_port()
     run_dir = root / resource["metadata"]["name"]
     nodes = [start_pod(resource, node, port, root, INJECT_FAULT=fault, **extra) for node in range(2)]
-    returned = None
+    returned, frozen_killed = None, False
     try:
         wait_for((run_dir / "checkpoints" / "step-00000004.pt").exists, timeout=180)
         frozen = run_dir / "logs" / "rank-1.fault"
@@ -487,6 +488,7 @@ def kill_and_resume(name: str, root: Path, fault: str = FROZEN, **extra: str) ->
         worker = int(re.search(r"\(pid (\d+)\)", frozen.read_text())[1])  # the frozen rank, as it wrote there
         os.killpg(nodes[1].pid, signal.SIGKILL)
         os.kill(worker, signal.SIGKILL)  # torchrun starts its workers in sessions of their own
+        frozen_killed = True
         nodes[1].wait(timeout=30)
         if fault == HELD:
             wait_for((run_dir / "logs" / "rank-0.fault").exists, timeout=180)
@@ -497,6 +499,13 @@ def kill_and_resume(name: str, root: Path, fault: str = FROZEN, **extra: str) ->
         for process in [*nodes, returned]:
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
+        # A frozen worker outlives its killed agent. It stopped itself, so the pid it wrote is still its own when the
+        # test failed before killing it.
+        frozen = run_dir / "logs" / "rank-1.fault"
+        found = re.search(r"\(pid (\d+)\)", frozen.read_text()) if not frozen_killed and frozen.exists() else None
+        if found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(found[1]), signal.SIGKILL)
     outputs = tuple((root / f"node-{node}.out").read_text() for node in range(2))
     assert nodes[0].returncode == 0, outputs[0]
     assert returned.returncode == 0, outputs[1]
