@@ -390,11 +390,34 @@ def test_resume_reads_the_checkpoint_once_per_node(tmp_path: Path) -> None:
     assert all(f"resumed from {checkpoint} at step 2" in log for log in logs)
 
 
+LINGERING_REFUSAL = """
+import os, signal, socket, sys, time
+from distqa.train import main
+
+code = main()
+signal.signal(signal.SIGTERM, lambda *_: os._exit(code))  # the agent stopping this worker, in its shutdown
+deadline = time.monotonic() + 60  # a hang guard: each wait below ends on an event
+while time.monotonic() < deadline:  # until node 0's agent has ended and its rendezvous store with it
+    try:
+        socket.create_connection(("127.0.0.1", int(os.environ["STORE_PORT"])), timeout=1).close()
+    except OSError:
+        break
+    time.sleep(0.1)
+time.sleep(max(0.0, deadline - time.monotonic()))  # until this node's agent finds the store gone and stops it
+sys.exit(code)
+"""
+"""An entry module whose worker, having refused, outlives the other node's agent and its store: a worker slow to exit
+on a busy machine, made certain. Its agent's next check (``SimpleElasticAgent._invoke_run``: num_nodes_waiting) then
+raises a RendezvousConnectionError rather than seeing the worker fail."""
+
+
 @pytest.mark.distributed
 def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_path: Path) -> None:
     """Node 1 runs in a mount namespace of its own with an empty tmpfs over the results folder (output_dir not
     on storage every node mounts). Rank 0 picks the checkpoint a one-process run left; node 1 cannot read it, and
-    both ranks end with the same line naming node 1 and the fix, before any training."""
+    both ranks end with the same line naming node 1 and the fix, before any training. Node 1's worker outlives node
+    0's store (LINGERING_REFUSAL), and node 1 still ends with the workers' code and no traceback."""
+    (tmp_path / "lingering_refusal.py").write_text(LINGERING_REFUSAL)
     results = tmp_path / "results"
     results.mkdir()
     namespace = ["unshare", "--mount", "--map-root-user"] if os.geteuid() else ["unshare", "--mount"]
@@ -411,8 +434,10 @@ def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_
         node_1 = subprocess.Popen(
             [*namespace, "sh", "-c", f'mount -t tmpfs tmpfs {results} && exec "$@"', "sh", "bash", WORKER, "--nnodes",
              "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", "unshared",
-             "--nproc-per-node", "1", "--", *MACHINERY_ARGS, "--output-dir", str(results), "--max-steps", "2"],
-            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1"),
+             "--nproc-per-node", "1", "--entry-module", "lingering_refusal", "--", *MACHINERY_ARGS, "--output-dir",
+             str(results), "--max-steps", "2"],
+            cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
+                                         PYTHONPATH=str(tmp_path), STORE_PORT=str(port)),
             stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     finish(node_0, timeout=180)
     finish(node_1, timeout=60)
@@ -421,5 +446,5 @@ def test_a_node_that_cannot_see_the_checkpoint_stops_every_rank_in_one_line(tmp_
             "(output_dir on storage that all nodes mount); use --resume none to start fresh.")
     for output in (node_output(results, "unshared", 0).read_text(), (tmp_path / "node-1.out").read_text()):
         assert line in output.splitlines(), output
-        assert "ChildFailedError" not in output, "the workers said why: no torchrun traceback follows"
+        assert "ChildFailedError" not in output and "Traceback" not in output, "the workers said why: no traceback"
     assert node_0.returncode == 2 and node_1.returncode == 2, "worker.sh ends with the workers' code, not torchrun's 1"

@@ -232,6 +232,13 @@ def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | 
     return codes.pop()
 
 
+def _refusal_code(report_dir: str | None) -> int | None:
+    """The exit code this node's workers reported refusing with (``exit-<CODE>-rank-<R>``, one code for all), or None
+    when none reported one."""
+    codes = {name.split("-")[1] for name in os.listdir(report_dir) if name.startswith("exit-")} if report_dir else set()
+    return int(codes.pop()) if len(codes) == 1 else None
+
+
 @contextlib.contextmanager
 def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterator[None]:
     """Stop ``watcher`` as this node's workers have all finished, before torchrun's agent waits for the others
@@ -333,10 +340,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, signals):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
-        if (code := _reported_exit_code(err, os.environ.get(WORKER_REPORT_DIR_VARIABLE))) is None:
+        if (code := _reported_exit_code(err, report_dir)) is None:
             raise
         return code  # each failed worker said why in one line: no traceback of torchrun's below it
     except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as err:
+        # Workers that refused on every node end their agents apart: the node whose workers exit first takes the
+        # store with it (node 0) or closes the rendezvous, and an agent still watching its own refusing workers
+        # finds that in its next check (SimpleElasticAgent._invoke_run: num_nodes_waiting). They said why already.
+        if (code := _refusal_code(report_dir)) is not None:
+            return code
         # Node 0 ends at its own deadline, a moment before this node's, and on its way out torchrun closes the
         # rendezvous (DynamicRendezvousHandler.shutdown): this node then finds it closed, or the store gone.
         store_closed = isinstance(err, RendezvousConnectionError | RendezvousClosedError)

@@ -45,13 +45,15 @@ def report_failure(message: str, exit_code: int) -> int:
     and, under ``scripts/worker.sh``, in ``$WORKER_STOP_REPORT_DIR/exit-<CODE>-rank-<R>``: worker.sh then exits
     with ``exit_code`` instead of torchrun's 1, and distqa.agent leaves out torchrun's ChildFailedError
     traceback. Returns ``exit_code``."""
+    # The report first: once the line is out, the agent may stop this process at any moment (the other nodes
+    # refused too and took the rendezvous store with them, distqa.agent.main), and it reads the report then.
+    folder = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
+    if folder and Path(folder).is_dir():
+        rank = os.environ.get("RANK", "0")
+        (Path(folder) / f"exit-{exit_code}-rank-{rank}").write_text(message + "\n")
     print_error(message)
     record = logging.LogRecord("distqa", logging.ERROR, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):  # stderr has it already
             handler.handle(record)
-    folder = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
-    if folder and Path(folder).is_dir():
-        rank = os.environ.get("RANK", "0")
-        (Path(folder) / f"exit-{exit_code}-rank-{rank}").write_text(message + "\n")
     return exit_code
