@@ -80,9 +80,10 @@
 #   RDZV_JOIN_TIMEOUT   default of --join-timeout
 #   MIN_NODES           default of --min-nodes
 #   SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE   set by SkyPilot on
-#                       each node of a task (deploy/skypilot/task.yaml): without the flags, --nnodes, --node-rank,
-#                       --master-addr (the first address) and --nproc-per-node (the GPUs; 0 GPUs: the default)
-#                       come from them, and NODE_ADDR from this node's line of SKYPILOT_NODE_IPS
+#                       each node of a task (deploy/skypilot/task.yaml): the defaults of --nnodes, --node-rank,
+#                       --master-addr (the first address, on nodes 1..N-1) and --nproc-per-node (the GPUs; 0 GPUs:
+#                       the default); NODE_ADDR from this node's line of SKYPILOT_NODE_IPS. A flag given wins.
+#                       With --external-store, --master-addr is the store's, given: no engine names that host
 #   RDZV_LAST_CALL_TIMEOUT, RDZV_KEEP_ALIVE_INTERVAL, RDZV_KEEP_ALIVE_MAX_ATTEMPT   torchrun's rendezvous
 #                       settings (last_call_timeout: seconds a round waits for more nodes once MIN have
 #                       joined, default 30; a node is declared dead after interval × attempts seconds
@@ -214,10 +215,40 @@ kubeflow_environment() {
 }
 kubeflow_environment
 
+# SkyPilot (deploy/skypilot/task.yaml; docs/SKYPILOT.md): a task's `run:` runs on each of its num_nodes nodes
+# with SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (the nodes' addresses, one a line, in rank order),
+# SKYPILOT_NUM_NODES and SKYPILOT_NUM_GPUS_PER_NODE (0 without GPUs) set (SkyPilot 0.14: sky/skylet/constants.py,
+# sky/backends/task_codegen.py RayCodeGen._add_ray_task). As Kubeflow's above, they are the defaults of the flags:
+# the node count and rank, node 0's address as the rendezvous of the other nodes, this node's own address as
+# NODE_ADDR (a VM's hostname need not resolve to the address the others reach), and one process per GPU SkyPilot
+# gave the node (0 GPUs: the default below, one per visible GPU or 1).
+skypilot_environment() {
+    [[ -n "${SKYPILOT_NODE_RANK:-}" ]] || return 0
+    local rank="$SKYPILOT_NODE_RANK" count="${SKYPILOT_NUM_NODES:-}" gpus="${SKYPILOT_NUM_GPUS_PER_NODE:-0}" line
+    local -a ips=()
+    while IFS= read -r line; do
+        line="${line//[[:space:]]/}"
+        [[ -z "$line" ]] || ips+=("$line")
+    done <<< "${SKYPILOT_NODE_IPS:-}"
+    (( ${#ips[@]} )) || die "SKYPILOT_NODE_RANK is set but SKYPILOT_NODE_IPS holds no address (SkyPilot sets both," \
+        "one address a line): unset SKYPILOT_NODE_RANK to give --nnodes, --node-rank and --master-addr yourself"
+    count="${count:-${#ips[@]}}"
+    [[ "$rank" =~ ^[0-9]+$ ]] || die "SKYPILOT_NODE_RANK must be a whole number, got '$rank'"
+    [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "SKYPILOT_NUM_NODES must be a positive whole number, got '$count'"
+    (( ${#ips[@]} == count )) || die "SKYPILOT_NODE_IPS holds ${#ips[@]} address(es) for SKYPILOT_NUM_NODES=$count;" \
+        "SkyPilot sets both (one address a line): unset them to give --nnodes, --node-rank and --master-addr yourself"
+    (( rank < count )) || die "SKYPILOT_NODE_RANK $rank is outside 0..$(( count - 1 )) (SKYPILOT_NUM_NODES=$count)"
+    [[ "$gpus" =~ ^[0-9]+$ ]] || die "SKYPILOT_NUM_GPUS_PER_NODE must be a whole number, got '$gpus'"
+    nnodes="$count"
+    node_rank="$rank"
+    engine_master_addr="${ips[0]}"
+    if [[ -z "$nproc_per_node" ]] && (( gpus > 0 )); then nproc_per_node="$gpus"; fi
+    export NODE_ADDR="${NODE_ADDR:-${ips[rank]}}"  # this machine's, whatever --node-rank says
+}
+skypilot_environment
+
 trainer_args=()
-given_options=" "  # the options on the command line: an engine's variables (below) fill in only the others
 while [[ $# -gt 0 ]]; do
-    given_options+="$1 "
     case "$1" in
         --nnodes) need_value "$@"; nnodes="$2"; shift 2 ;;
         --min-nodes) need_value "$@"; min_nodes="$2"; shift 2 ;;
@@ -240,38 +271,6 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-given() { [[ "$given_options" == *" $1 "* ]]; }
-
-# SkyPilot (deploy/skypilot/task.yaml; docs/SKYPILOT.md): a task's `run:` runs on each of its num_nodes nodes
-# with SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (the nodes' addresses, one a line, in rank order),
-# SKYPILOT_NUM_NODES and SKYPILOT_NUM_GPUS_PER_NODE (0 without GPUs) set (SkyPilot 0.14: sky/skylet/constants.py,
-# sky/backends/task_codegen.py RayCodeGen._add_ray_task). They fill in what the command line did not give:
-# the node count and rank, node 0's address as the rendezvous, this node's own address as NODE_ADDR (a
-# VM's hostname need not resolve to the address the others reach), and one process per GPU SkyPilot gave
-# the node (0 GPUs: the default below, one per visible GPU or 1).
-skypilot_node() {
-    local rank="$SKYPILOT_NODE_RANK" count="${SKYPILOT_NUM_NODES:-}" gpus="${SKYPILOT_NUM_GPUS_PER_NODE:-0}" line
-    local -a ips=()
-    while IFS= read -r line; do
-        line="${line//[[:space:]]/}"
-        [[ -z "$line" ]] || ips+=("$line")
-    done <<< "${SKYPILOT_NODE_IPS:-}"
-    (( ${#ips[@]} )) || die "SKYPILOT_NODE_RANK is set but SKYPILOT_NODE_IPS holds no address (SkyPilot sets both," \
-        "one address a line): unset SKYPILOT_NODE_RANK to give --nnodes, --node-rank and --master-addr yourself"
-    count="${count:-${#ips[@]}}"
-    [[ "$rank" =~ ^[0-9]+$ ]] || die "SKYPILOT_NODE_RANK must be a whole number, got '$rank'"
-    [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "SKYPILOT_NUM_NODES must be a positive whole number, got '$count'"
-    (( ${#ips[@]} == count )) || die "SKYPILOT_NODE_IPS holds ${#ips[@]} address(es) for SKYPILOT_NUM_NODES=$count;" \
-        "SkyPilot sets both (one address a line): unset them to give --nnodes, --node-rank and --master-addr yourself"
-    (( rank < count )) || die "SKYPILOT_NODE_RANK $rank is outside 0..$(( count - 1 )) (SKYPILOT_NUM_NODES=$count)"
-    [[ "$gpus" =~ ^[0-9]+$ ]] || die "SKYPILOT_NUM_GPUS_PER_NODE must be a whole number, got '$gpus'"
-    given --nnodes || nnodes="$count"
-    given --node-rank || node_rank="$rank"
-    given --master-addr || (( external_store )) || master_addr="${ips[0]}"
-    if [[ -z "$nproc_per_node" ]] && (( gpus > 0 )); then nproc_per_node="$gpus"; fi
-    export NODE_ADDR="${NODE_ADDR:-${ips[rank]}}"
-}
-if [[ -n "${SKYPILOT_NODE_RANK:-}" ]]; then skypilot_node; fi
 
 # seconds_of SPAN: 1d12h, 90m, 3600 (and 3600.5, 1e4: neuro-flow's float seconds) → whole seconds; fails otherwise
 seconds_of() {
@@ -305,9 +304,10 @@ fi
 min_nodes="${min_nodes:-$nnodes}"
 [[ -n "$node_rank" || -z "$engine_master_addr" ]] || die "--node-rank is required with an elastic PyTorchJob (PET_RDZV_ENDPOINT, no node rank):" \
     "pass the pod's replica index, as deploy/kubernetes/pytorchjob-elastic.yaml does"
-# The engine's name for node 0 serves the other nodes (and an external store's clients); node 0 itself hosts the
-# rendezvous at its own address, as on every launcher: a pod's DNS name may not resolve before the pod is ready.
-if [[ -z "$master_addr" ]] && (( node_rank > 0 || external_store )); then master_addr="$engine_master_addr"; fi
+# The engine's name for node 0 serves the other nodes; node 0 itself hosts the rendezvous at its own address, as on
+# every launcher: a pod's DNS name may not resolve before the pod is ready. An external store is no engine's node:
+# its address is --master-addr's alone.
+if [[ -z "$master_addr" ]] && (( node_rank > 0 && ! external_store )); then master_addr="$engine_master_addr"; fi
 for name in nnodes min_nodes node_rank master_port max_restarts join_timeout; do
     [[ "${!name}" =~ ^[0-9]+$ ]] || die "--${name//_/-} must be a whole number, got '${!name}'"
 done

@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -447,6 +448,44 @@ def test_a_flag_given_to_worker_sh_wins_over_the_engines_variable(tmp_path: Path
                                           PET_MASTER_ADDR="job-node-0-0.job", PET_MASTER_PORT="29500"))
     assert result.returncode == 0, result.stderr
     assert "--standalone" in result.stdout and "1 node (standalone)" in result.stderr
+
+# Node 1 as each engine describes it: its node count, its rank, and node 0's address.
+ENGINE_NODE_1 = {
+    "kubeflow": {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-node-0-0.job",
+                 "PET_MASTER_PORT": "29500"},
+    "skypilot": {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2", "SKYPILOT_NUM_NODES": "2",
+                 "SKYPILOT_NUM_GPUS_PER_NODE": "0"},
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINE_NODE_1))
+def test_an_engines_node_0_address_serves_the_other_nodes_but_never_stands_for_an_external_store(engine: str) -> None:
+    """Kubeflow's and SkyPilot's variables are the defaults of the same flags, read the same way: node 1 meets node
+    0 at the engine's address for it, ``--master-addr`` wins over it, and with ``--external-store`` the store's
+    address must be given (no engine runs the store, so no engine's name for node 0 is its address)."""
+    node_0 = "job-node-0-0.job" if engine == "kubeflow" else "10.0.0.1"
+    port = "29500" if engine == "kubeflow" else "29400"
+
+    def dry_run(*flags: str) -> subprocess.CompletedProcess[str]:
+        env = clean_env(PYTHON=sys.executable, NODE_ADDR="10.0.0.2", **ENGINE_NODE_1[engine])
+        return subprocess.run(["bash", WORKER, "--dry-run", "--run-id", "engine", *flags, "--", "--preset", "none"],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    def endpoint(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+        assert result.returncode == 0, result.stderr
+        command = shlex.split(result.stdout)
+        conf = dict(item.split("=") for item in command[command.index("--rdzv-conf") + 1].split(","))
+        return command[command.index("--rdzv-endpoint") + 1], conf["is_host"]
+
+    assert endpoint(dry_run()) == (f"{node_0}:{port}", "0")
+    assert endpoint(dry_run("--master-addr", "10.9.9.9")) == (f"10.9.9.9:{port}", "0")
+    assert endpoint(dry_run("--external-store", "--master-addr", "10.9.9.9")) == (f"10.9.9.9:{port}", "0")
+    for node_rank in ("1", "0"):
+        refused = dry_run("--external-store", "--node-rank", node_rank)
+        assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stderr
+        assert refused.stderr.startswith("worker.sh: --external-store needs --master-addr: the address of the host "
+                                         "running python -m distqa.rendezvous_store"), refused.stderr
+
 
 # --- emulated nodes: a kill and a resume on each engine --------------------------------------------------------------
 

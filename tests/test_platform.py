@@ -149,6 +149,38 @@ def test_nodes_come_from_flag_then_environment_then_dotenv(tmp_path: Path) -> No
     assert bad.returncode == 2 and "nodes must be a whole number, got 'two'" in bad.stderr
 
 
+
+def test_external_store_comes_from_flag_then_environment_then_dotenv_and_a_bad_value_is_refused(
+        tmp_path: Path) -> None:
+    """EXTERNAL_STORE (environment, else .env; empty is unset) is 0 or 1; anything else, or a store for one node,
+    stops the launcher in one line before any job is submitted."""
+    env_file = tmp_path / ".env"
+
+    def launch(*flags: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "st", "--nodes", "2", *flags],
+                              env=clean_env(ENV_FILE=str(env_file), **env), capture_output=True, text=True,
+                              timeout=60)
+
+    def store_jobs(*flags: str, **env: str) -> int:
+        result = launch(*flags, **env)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.count(" run rendezvous_store ")
+
+    env_file.write_text("NODES=2\n")
+    assert store_jobs() == 0 and store_jobs("--external-store") == 1 and store_jobs(EXTERNAL_STORE="1") == 1
+    env_file.write_text("EXTERNAL_STORE=1\n")
+    assert store_jobs() == 1 and store_jobs(EXTERNAL_STORE="0") == 0
+    for value in ("yes", "true", "2"):
+        env_file.write_text(f"EXTERNAL_STORE={value}\n")
+        bad = launch()
+        assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, (value, bad.stderr)
+        assert (f"EXTERNAL_STORE must be 0 or 1 (1: --external-store), got '{value}' (environment or .env)"
+                in bad.stderr), bad.stderr
+    env_file.write_text("")
+    one = launch("--external-store", "--nodes", "1")
+    assert one.returncode == 2 and one.stdout == "" and "--external-store needs --nodes 2 or more" in one.stderr
+
+
 # --- the launcher against the stand-in platform -------------------------------------------------
 
 @pytest.fixture

@@ -116,6 +116,7 @@ def test_worker_takes_the_node_count_rank_addresses_and_gpus_from_skypilot() -> 
     command = shlex.split(cpu_0.stdout)
     assert command[command.index("--nproc-per-node") + 1] == "1"
     assert command[command.index("--local-addr") + 1] == "10.0.0.1" and "is_host=1" in cpu_0.stdout
+    assert command[command.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400", "node 0 hosts at its own address"
     assert "warning" not in cpu_0.stderr.lower(), cpu_0.stderr
 
     # What the command line gives wins over SkyPilot's variables.
