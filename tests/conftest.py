@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -123,8 +124,15 @@ def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout
     result = subprocess.run(training_command(nproc) + args, cwd=cwd, env=env or clean_env(OMP_NUM_THREADS="1"),
                             capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
-        raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        # The lines that say why first: a CI report may keep only the start and the end of a long output.
+        why = [line for line in result.stderr.splitlines() if FAILURE_LINE.search(line)][:12]
+        raise AssertionError(f"training failed ({result.returncode}):\n" + "".join(f"  {line}\n" for line in why)
+                             + f"{result.stdout}\n{result.stderr}")
     return result
+
+
+FAILURE_LINE = re.compile(r"terminate called|what\(\):|Fatal Python error|Error:|error:|exitcode *: *-?[1-9]")
+"""Lines of a failed run's output that name its cause: a C++ abort, a Python exception, torchrun's failure table."""
 
 
 def start_training(args: list[str], log: Path, nproc: int = 1, cwd: Path = REPO_ROOT,
