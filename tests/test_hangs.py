@@ -7,15 +7,21 @@ sets (seconds), plus the subprocess timeout as a backstop.
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from distqa.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE
+from distqa.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE, RendezvousWatcher
 
 from conftest import (
     MACHINERY_ARGS,
@@ -113,6 +119,33 @@ exec {sys.executable} "$@"
     assert exported["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(exported["TORCH_FR_BUFFER_SIZE"]) > 0
     assert exported["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert (output_dir / "fr-run" / "flight-recorder").is_dir()
+
+
+def test_a_node_that_left_the_round_at_its_own_deadline_still_counts_as_joined() -> None:
+    """The watcher of node 1 reads the rendezvous state through torch's own backend and state class: node 0 and
+    node 1 in round 0; then round 0 with node 0 gone (its agent removes its node at its deadline, a moment before
+    node 1's); then round 1 with node 1 alone. Node 0 stays joined while the round is the same, not after."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    backend = C10dRendezvousBackend(store, "left")
+    watcher = RendezvousWatcher("127.0.0.1", store.port, "left", 1, 3, "10.0.0.2")
+    node_0, node_1 = _NodeDesc("10.0.0.1", 4321, 0), _NodeDesc("10.0.0.2", os.getpid(), 0)
+    store.set("distqa.agent.left.node.0", json.dumps({"addr": "10.0.0.1", "pid": 4321}))
+    store.set("distqa.agent.left.node.1", json.dumps({"addr": "10.0.0.2", "pid": os.getpid()}))
+
+    def read(round_number: int, *nodes: _NodeDesc) -> list[int | None] | None:
+        state = _RendezvousState()
+        state.round, state.participants = round_number, {node: rank for rank, node in enumerate(nodes)}
+        token = None if (found := backend.get_state()) is None else found[1]
+        backend.set_state(pickle.dumps(state), token)
+        watcher._read(store)
+        return None if watcher.joined is None else [node.node_rank for node in watcher.joined]
+
+    assert read(0, node_0) is None, "a state without node 1 is not node 1's to report"
+    assert read(0, node_0, node_1) == [0, 1]
+    assert read(0, node_1) == [0, 1], "node 0 removed itself at its deadline: it had joined"
+    assert "2 of 3 nodes (--node-rank 0..2) joined (node 0 at 10.0.0.1, node 1 at 10.0.0.2); node 2 never " \
+        in watcher.timeout_message("8", store_closed=True)
+    assert read(1, node_1) == [1], "a new round starts afresh"
 
 
 AGENT_ENDS_MID_STORE_CALL = """

@@ -14,9 +14,9 @@ their ``--node-rank`` and address), what to check, and exit code :data:`RENDEZVO
 Who joined is read while the agent waits: a thread connects to the rendezvous store as a client, writes
 this node's rank, address and agent pid under a key of its own, and every couple of seconds reads the
 rendezvous state through torch's own backend (``C10dRendezvousBackend.get_state``: the pickled
-``_RendezvousState`` of ``dynamic_rendezvous``, whose participants are ``(addr, pid, local_id)``). The last
-state seen with this node in it is the one reported: at the deadline torch removes the node from the
-state before raising.
+``_RendezvousState`` of ``dynamic_rendezvous``, whose participants are ``(addr, pid, local_id)``). What is
+reported is every node seen in the newest round whose state had this node in it: at its deadline each agent
+removes its own node from the state before raising, so a state read then lacks nodes that did join.
 
 A graceful stop (:mod:`distqa.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
 :func:`membership_rounds`; but not the stop torchrun itself asks for when it restarts the workers into a new
@@ -95,7 +95,9 @@ class RendezvousWatcher:
         """This node's agent serves the rendezvous store (torchrun's ``is_host``): the watcher is its client in the
         same process."""
         self.joined: list[JoinedNode] | None = None
-        """The last state seen with this node in it; None until one is seen."""
+        """The nodes of the newest round seen with this node in it; None until one is seen."""
+        self._seen: tuple[int, set[tuple[str, int]]] | None = None
+        """That round's number and every (addr, pid) seen in it."""
         self._server: TCPStore | None = None
         """On the node that hosts the store: a second handle on its server (see :meth:`_hold_the_server`)."""
         self._stopped = threading.Event()
@@ -161,6 +163,12 @@ class RendezvousWatcher:
         nodes = {(node.addr, node.pid) for node in (*state.participants, *state.wait_list)}
         if (self.addr, os.getpid()) not in nodes:
             return
+        # Within a round, a node that joined counts as joined: at its own deadline (a moment before this node's)
+        # another node's agent removes itself from the state before it raises, and a read in between would
+        # otherwise report it as never joined.
+        if self._seen is not None and self._seen[0] == state.round:
+            nodes |= self._seen[1]
+        self._seen = (state.round, nodes)
         announced = {}
         for rank in range(self.nnodes):
             if store.check([self._key(rank)]):
