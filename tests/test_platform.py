@@ -5,6 +5,7 @@ command as a local process with its own loopback address (tests/standin/platform
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -201,15 +202,20 @@ def platform(tmp_path: Path) -> Iterator[dict[str, str]]:
     subprocess.run(["neuro-flow", "kill", "ALL"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=120)
 
 
-def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2,
-           cwd: Path = REPO_ROOT) -> subprocess.Popen[str]:
-    return subprocess.Popen(["bash", str(LAUNCH), "--nodes", str(nodes), "--run-id", run_id, "--port", str(free_port()),
-                             "--poll", "0.5", *extra],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2, cwd: Path = REPO_ROOT,
+           output: Path | None = None) -> subprocess.Popen[str]:
+    """The launcher in the background; its output to a pipe that :func:`finish` reads, or to ``output`` (a file a
+    test can read while the launcher runs)."""
+    with contextlib.ExitStack() as files:
+        sink = files.enter_context(output.open("w")) if output else subprocess.PIPE
+        return subprocess.Popen(["bash", str(LAUNCH), "--nodes", str(nodes), "--run-id", run_id, "--port",
+                                 str(free_port()), "--poll", "0.5", *extra],
+                                cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 
 
 def finish(launcher: subprocess.Popen[str], timeout: float) -> str:
+    """The launcher's output (empty when it went to a file), once it has ended; SIGKILLed after ``timeout`` s."""
     try:
         output, _ = launcher.communicate(timeout=timeout)
     finally:
@@ -486,7 +492,9 @@ def submissions(env: dict[str, str], key: str) -> int:
 
 
 def kill_when_running(env: dict[str, str], key: str) -> None:
-    """SIGKILL the job's main process (its worker.sh) once it runs: the node is lost and its job fails."""
+    """SIGKILL the job's main process (its worker.sh) once it runs: the node is lost and its job fails. Call it
+    after the launcher's "all N nodes are running" for a job the launcher started: until its `flow run` has
+    returned, the launcher counts a failed job as one the platform could not start, and stops the run."""
     record = wait_for(lambda: (j := jobs(env).get(key)) and j["status"] == "running" and j, timeout=120)
     os.kill(record["pid"], signal.SIGKILL)
 
@@ -532,7 +540,7 @@ def test_a_job_that_keeps_failing_is_resubmitted_up_to_the_bound_then_left_out(
             cwd=REPO_ROOT, env={**platform, **RENDEZVOUS}, stdout=sink, stderr=subprocess.STDOUT, text=True,
             start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     try:
-        wait_for(lambda: jobs(platform).get(key, {}).get("status") == "running", timeout=120)
+        wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # see kill_when_running
         (held / key).touch()
         kill_when_running(platform, key)
         wait_for(lambda: "(--max-resubmits)" in out.read_text(), timeout=120)
@@ -552,22 +560,25 @@ def test_a_job_that_keeps_failing_is_resubmitted_up_to_the_bound_then_left_out(
 
 
 @pytest.mark.distributed
-def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(platform: dict[str, str]) -> None:
+def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(platform: dict[str, str],
+                                                                            tmp_path: Path) -> None:
     """Node 1 is lost and its new job waits for a node (held); Ctrl-C then cancels node 0's job and the new one,
     and nothing is submitted after it."""
     held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
     held.mkdir(parents=True)
+    out = tmp_path / "launcher.out"
     launcher = launch({**platform, **RENDEZVOUS}, "rc", "--min-nodes", "1", "--", *MACHINERY_ARGS, "--max-steps",
-                      "100000", "--checkpoint-every", "0", "--stop-check-every", "1")
+                      "100000", "--checkpoint-every", "0", "--stop-check-every", "1", output=out)
     key = "distributed_training-rc-1"
     try:
-        wait_for(lambda: jobs(platform).get(key, {}).get("status") == "running", timeout=120)
+        wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # see kill_when_running
         (held / key).touch()
         kill_when_running(platform, key)
         wait_for(lambda: submissions(platform, key) == 2 and jobs(platform)[key]["status"] == "pending", timeout=120)
         os.killpg(launcher.pid, signal.SIGINT)
     finally:
-        output = finish(launcher, timeout=120)
+        finish(launcher, timeout=120)
+    output = out.read_text()
     assert launcher.returncode == 130, output
     assert len(RESUBMITTED.findall(output)) == 1, output
     assert {k: j["status"] for k, j in jobs(platform).items()} == {"distributed_training-rc-0": "cancelled",
