@@ -150,7 +150,6 @@ def test_nodes_come_from_flag_then_environment_then_dotenv(tmp_path: Path) -> No
     assert bad.returncode == 2 and "nodes must be a whole number, got 'two'" in bad.stderr
 
 
-
 def test_external_store_comes_from_flag_then_environment_then_dotenv_and_a_bad_value_is_refused(
         tmp_path: Path) -> None:
     """EXTERNAL_STORE (environment, else .env; empty is unset) is 0 or 1; anything else, or a store for one node,
@@ -532,13 +531,9 @@ def test_a_job_that_keeps_failing_is_resubmitted_up_to_the_bound_then_left_out(
     held.mkdir(parents=True)
     key = "distributed_training-rb-1"
     out = tmp_path / "launcher.out"
-    with out.open("w") as sink:
-        launcher = subprocess.Popen(
-            ["bash", str(LAUNCH), "--nodes", "2", "--run-id", "rb", "--port", str(free_port()), "--poll", "0.5",
-             "--min-nodes", "1", "--max-resubmits", "2", "--timeout", "2", "--", *MACHINERY_ARGS, "--max-steps",
-             "100000", "--checkpoint-every", "0", "--stop-check-every", "1"],
-            cwd=REPO_ROOT, env={**platform, **RENDEZVOUS}, stdout=sink, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+    launcher = launch({**platform, **RENDEZVOUS}, "rb", "--min-nodes", "1", "--max-resubmits", "2", "--timeout", "2",
+                      "--", *MACHINERY_ARGS, "--max-steps", "100000", "--checkpoint-every", "0", "--stop-check-every",
+                      "1", output=out)
     try:
         wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # see kill_when_running
         (held / key).touch()
