@@ -337,12 +337,18 @@ not_scheduled() {  # not_scheduled WHAT [PRESET]
          "Raise --timeout to wait longer for a node."
 }
 
+# `<flow> run` ends with the exit status of `apolo run` (apolo_flow.utils.run_subproc), which returns at its first
+# look at the job after it left pending (apolo_cli.job.run_job): for a job that has already ended, with the job's
+# own exit code, or with EX_PLATFORMERROR (apolo_cli.const) for one that failed without one: the platform never
+# started it. A job can start and fail before its `run` returns: that is a node lost, not a preset unavailable.
+EX_PLATFORMERROR=125
+
 # wait_running WHAT JOB SUFFIX PID PRESET: until the job runs and has an internal hostname (then in $running_host);
 # WHAT names it in the failure lines, PID is its `<flow> run`. The platform fails a job still pending after its
 # schedule_timeout (= --timeout); the launcher's own deadline, a little later, covers a CLI that hangs.
 running_host=""
 wait_running() {
-    local what="$1" job_id="$2" suffix="$3" pid="$4" job_preset="$5" state host deadline=$(( SECONDS + timeout_s + 60 ))
+    local what="$1" job_id="$2" suffix="$3" pid="$4" job_preset="$5" state host code="" deadline=$(( SECONDS + timeout_s + 60 ))
     while :; do
         read -r state host _ < <(job_status "$suffix" "$job_id")
         case "$state" in
@@ -350,20 +356,22 @@ wait_running() {
             succeeded|cancelled)
                 fail "$what ended ($state) before the other jobs started; see '$flow logs $job_id $suffix'" ;;
             failed)
-                if kill -0 "$pid" 2>/dev/null || ! wait "$pid"; then
-                    not_scheduled "$what ($job_id $suffix)" "$job_preset"
-                fi
+                [[ -n "$code" ]] || { code=0; wait "$pid" || code=$?; }  # it returns at its next look at the job
+                (( code != EX_PLATFORMERROR )) || not_scheduled "$what ($job_id $suffix)" "$job_preset"
                 fail "$what failed before the other jobs started; see '$flow logs $job_id $suffix'" ;;
         esac
-        if ! kill -0 "$pid" 2>/dev/null && ! wait "$pid"; then
-            read -r state _ < <(job_status "$suffix" "$job_id")
-            [[ "$state" == failed ]] && not_scheduled "$what ($job_id $suffix)" "$job_preset"
-            fail "could not start $what: '$flow run $job_id --suffix $suffix ...' failed (see above)"
+        if [[ -z "$code" ]] && ! kill -0 "$pid" 2>/dev/null; then
+            code=0; wait "$pid" || code=$?
+            if (( code )); then
+                read -r state _ < <(job_status "$suffix" "$job_id")
+                [[ "$state" == failed ]] && continue  # the case above says how it failed
+                fail "could not start $what: '$flow run $job_id --suffix $suffix ...' failed (see above)"
+            fi
         fi
         (( SECONDS < deadline )) || not_scheduled "$what (last status: $state)" "$job_preset"
         sleep "$poll_s"
     done
-    wait "$pid" 2>/dev/null || true
+    [[ -n "$code" ]] || wait "$pid" 2>/dev/null || true
     submitting=()
 }
 
@@ -391,15 +399,22 @@ for (( rank = first_worker; rank < nodes; rank++ )); do
     start_node "$rank" "$master_host"
     workers+=("$!")
 done
+ended_early=0  # nodes whose job started and ended before its `run` returned
 for (( rank = first_worker; rank < nodes; rank++ )); do
-    if ! wait "${workers[rank - first_worker]}"; then
-        read -r state _ < <(job_status "$(suffix_of "$rank")")
-        [[ "$state" == failed ]] && not_scheduled "node $rank ($job $(suffix_of "$rank"))"
-        fail "could not start node $rank ($job $(suffix_of "$rank")), status $state (see above)"
-    fi
+    code=0
+    wait "${workers[rank - first_worker]}" || code=$?
+    (( code )) || continue
+    read -r state _ < <(job_status "$(suffix_of "$rank")")
+    case "$state" in
+        failed) (( code != EX_PLATFORMERROR )) || not_scheduled "node $rank ($job $(suffix_of "$rank"))" ;;&
+        failed|cancelled|succeeded)  # it ran and has ended already: the watch below reports it or submits it again
+            log "node $rank ($job $(suffix_of "$rank")) started and has already ended ($state)"
+            ended_early=$(( ended_early + 1 )) ;;
+        *) fail "could not start node $rank ($job $(suffix_of "$rank")), status $state (see above)" ;;
+    esac
 done
 submitting=()
-(( nodes == 1 )) || log "all $nodes nodes are running"
+if (( ended_early )); then log "all $nodes nodes were started"; elif (( nodes > 1 )); then log "all $nodes nodes are running"; fi
 
 "$flow" logs "$job" "$(suffix_of 0)" &
 logs_pid=$!

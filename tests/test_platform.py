@@ -555,6 +555,45 @@ def test_a_job_that_keeps_failing_is_resubmitted_up_to_the_bound_then_left_out(
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("node_range", [False, True], ids=["fixed-nodes", "min-nodes"])
+def test_a_node_that_fails_before_its_run_returns_is_a_lost_node_not_an_unscheduled_one(
+        platform: dict[str, str], tmp_path: Path, node_range: bool) -> None:
+    """Node 1's job starts and fails (its worker.sh SIGKILLed, exit 137) before its `flow run` has returned: the CLI's
+    status reply comes late (the stand-in's late/ file), and `run` then ends with the job's exit code, not 125. The
+    launcher says that the node started and ended, never that the platform could not start it. With a fixed node
+    count the run stops on that node's failure; with --min-nodes the node is submitted again."""
+    key = "distributed_training-fe-1"
+    late = Path(platform["STANDIN_PLATFORM_DIR"]) / "late"
+    late.mkdir(parents=True)
+    (late / key).touch()
+    out = tmp_path / "launcher.out"
+    node_range_flags = ("--min-nodes", "1") if node_range else ()
+    launcher = launch({**platform, **RENDEZVOUS}, "fe", *node_range_flags, "--", *MACHINERY_ARGS, "--max-steps",
+                      "100000", "--checkpoint-every", "0", output=out)
+    try:
+        kill_when_running(platform, key)
+        wait_for(lambda: jobs(platform)[key]["status"] == "failed", timeout=60)
+        (late / key).unlink()
+        if node_range:
+            wait_for(lambda: RESUBMITTED.search(out.read_text()), timeout=120)
+            os.killpg(launcher.pid, signal.SIGINT)
+    finally:
+        (late / key).unlink(missing_ok=True)
+        finish(launcher, timeout=120)
+    output = out.read_text()
+    assert "node 1 (distributed_training fe-1) started and has already ended (failed)" in output, output
+    assert "was not started within" not in output and "all 2 nodes were started" in output, output
+    if node_range:
+        assert launcher.returncode == 130, output
+        assert [line[1:4] for line in RESUBMITTED.findall(output)] == [("fe", "137", "Error")], output
+    else:
+        assert launcher.returncode == 1, output
+        assert "node 1 (distributed_training fe-1) failed; its logs: " in output, output
+        assert submissions(platform, key) == 1
+    wait_for(lambda: not run_processes("fe"), timeout=60)
+
+
+@pytest.mark.distributed
 def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(platform: dict[str, str],
                                                                             tmp_path: Path) -> None:
     """Node 1 is lost and its new job waits for a node (held); Ctrl-C then cancels node 0's job and the new one,

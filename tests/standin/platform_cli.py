@@ -69,6 +69,9 @@ What stands in for the platform:
   to find a node) before it starts, then ``running``, then ``succeeded``, ``failed`` or ``cancelled``;
 * a job also stays ``pending`` while the file ``$STANDIN_PLATFORM_DIR/held/<job id>-<suffix>`` exists (the
   platform has no free node for it until a test removes the file); its schedule timeout still fails it;
+* ``run``'s view of its job is stale while the file ``$STANDIN_PLATFORM_DIR/late/<job id>-<suffix>`` exists: its
+  next status reply has not come (the real CLI asks the platform over the network every 0.2 s), so a job can
+  start and end before its ``run`` returns, and that ``run`` then exits with the job's own exit code;
 * every submission and every change of a job's status is one line of
   ``$STANDIN_PLATFORM_DIR/events.jsonl``, in the order they happened (tests assert on this order, never on
   how long anything took);
@@ -259,6 +262,11 @@ def held(key: str) -> bool:
     return (state_dir() / "held" / key).exists()
 
 
+def late(key: str) -> bool:
+    """Whether a test holds back the status reply ``run`` waits for: the job may have moved on meanwhile."""
+    return (state_dir() / "late" / key).exists()
+
+
 def note_event(key: str, event: str, **details: Any) -> None:
     """One line in events.jsonl for a submission or a status change. A single write(2) to a file opened with
     O_APPEND puts each line whole at the end, so the file's order is the order in which the processes of the
@@ -338,7 +346,7 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
                      env={**os.environ})
     click.echo(f"Job {record['id']} ({key}) submitted, preset {job.preset}")
     # apolo_cli.job.run_job: `while wait_start and job.status.is_pending: sleep(0.2); status`.
-    while (read_record(key) or {}).get("status") == "pending":
+    while late(key) or (read_record(key) or {}).get("status") == "pending":
         time.sleep(0.2)
     started = read_record(key) or {}
     if started.get("status") == "failed":  # "the job has failed to start (most common reason - no resources)"
