@@ -491,9 +491,8 @@ def submissions(env: dict[str, str], key: str) -> int:
 
 
 def kill_when_running(env: dict[str, str], key: str) -> None:
-    """SIGKILL the job's main process (its worker.sh) once it runs: the node is lost and its job fails. Call it
-    after the launcher's "all N nodes are running" for a job the launcher started: until its `flow run` has
-    returned, the launcher counts a failed job as one the platform could not start, and stops the run."""
+    """SIGKILL the job's main process (its worker.sh) once it runs: the node is lost and its job fails (whether
+    or not the launcher's `flow run` for it has returned yet)."""
     record = wait_for(lambda: (j := jobs(env).get(key)) and j["status"] == "running" and j, timeout=120)
     os.kill(record["pid"], signal.SIGKILL)
 
@@ -535,7 +534,7 @@ def test_a_job_that_keeps_failing_is_resubmitted_up_to_the_bound_then_left_out(
                       "--", *MACHINERY_ARGS, "--max-steps", "100000", "--checkpoint-every", "0", "--stop-check-every",
                       "1", output=out)
     try:
-        wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # see kill_when_running
+        wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # a node lost mid-run
         (held / key).touch()
         kill_when_running(platform, key)
         wait_for(lambda: "(--max-resubmits)" in out.read_text(), timeout=120)
@@ -605,7 +604,7 @@ def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(pla
                       "100000", "--checkpoint-every", "0", "--stop-check-every", "1", output=out)
     key = "distributed_training-rc-1"
     try:
-        wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # see kill_when_running
+        wait_for(lambda: "all 2 nodes are running" in out.read_text(), timeout=120)  # a node lost mid-run
         (held / key).touch()
         kill_when_running(platform, key)
         wait_for(lambda: submissions(platform, key) == 2 and jobs(platform)[key]["status"] == "pending", timeout=120)
