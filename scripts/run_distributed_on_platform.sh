@@ -350,24 +350,22 @@ running_host=""
 wait_running() {
     local what="$1" job_id="$2" suffix="$3" pid="$4" job_preset="$5" state host code="" deadline=$(( SECONDS + timeout_s + 60 ))
     while :; do
+        # Its `run`'s exit status once it has returned; never waited for while it runs: the deadline covers a CLI
+        # that hangs.
+        if [[ -z "$code" ]] && ! kill -0 "$pid" 2>/dev/null; then code=0; wait "$pid" || code=$?; fi
         read -r state host _ < <(job_status "$suffix" "$job_id")
         case "$state" in
             running) if [[ "$host" != "-" ]]; then running_host="$host"; break; fi ;;
             succeeded|cancelled)
                 fail "$what ended ($state) before the other jobs started; see '$flow logs $job_id $suffix'" ;;
-            failed)
-                [[ -n "$code" ]] || { code=0; wait "$pid" || code=$?; }  # it returns at its next look at the job
-                (( code != EX_PLATFORMERROR )) || not_scheduled "$what ($job_id $suffix)" "$job_preset"
-                fail "$what failed before the other jobs started; see '$flow logs $job_id $suffix'" ;;
+            failed)  # how, its `run` says at its next look at the job
+                if [[ -n "$code" ]] && (( code != EX_PLATFORMERROR )); then
+                    fail "$what failed before the other jobs started; see '$flow logs $job_id $suffix'"
+                elif [[ -n "$code" ]] || (( SECONDS >= deadline )); then
+                    not_scheduled "$what ($job_id $suffix)" "$job_preset"
+                fi ;;
         esac
-        if [[ -z "$code" ]] && ! kill -0 "$pid" 2>/dev/null; then
-            code=0; wait "$pid" || code=$?
-            if (( code )); then
-                read -r state _ < <(job_status "$suffix" "$job_id")
-                [[ "$state" == failed ]] && continue  # the case above says how it failed
-                fail "could not start $what: '$flow run $job_id --suffix $suffix ...' failed (see above)"
-            fi
-        fi
+        (( ${code:-0} == 0 )) || fail "could not start $what: '$flow run $job_id --suffix $suffix ...' failed (see above)"
         (( SECONDS < deadline )) || not_scheduled "$what (last status: $state)" "$job_preset"
         sleep "$poll_s"
     done
