@@ -340,7 +340,12 @@ export PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)" "$entry_point" \
     2>/dev/null || die "--entry-module $entry_point: no such module for $PYTHON (PYTHONPATH has the repository)"
 if [[ -z "$nproc_per_node" ]]; then
-    gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+    # torch sees no GPU where no GPU driver has its device node (NVIDIA's /dev/nvidiactl, WSL2's /dev/dxg, ROCm's
+    # /dev/kfd): a CPU node skips importing torch just to count none (about 1.5 CPU-seconds a start).
+    gpus=0
+    if [[ -e /dev/nvidiactl || -e /dev/dxg || -e /dev/kfd ]]; then
+        gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+    fi
     nproc_per_node=$(( gpus > 0 ? gpus : 1 ))
 fi
 [[ "$nproc_per_node" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive whole number, got '$nproc_per_node'"

@@ -110,3 +110,27 @@ def test_the_synthetic_run_scripts_share_one_option_parser(script: str, cache_fl
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == code and said in result.stdout + result.stderr, (args, result.stderr)
     assert f"[{cache_flag} DIR]" in result.stdout  # the help is the calling script's own header
+
+
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+@pytest.mark.skipif(any(Path(node).exists() for node in GPU_DEVICE_NODES), reason="this machine has a GPU driver")
+def test_on_a_node_without_a_gpu_driver_worker_sh_runs_one_process_without_importing_torch_to_count_gpus(
+        tmp_path: Path) -> None:
+    """With no --nproc-per-node, worker.sh runs one process per GPU torch sees. Without a GPU driver's device node
+    torch sees none, so worker.sh does not start an interpreter that imports torch only to count them: here, every
+    interpreter it starts is logged by a stand-in PYTHON."""
+    calls = tmp_path / "calls"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\nexec {sys.executable} "$@"\n')
+    stand_in.chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nnodes", "1", "--master-port", str(free_port()),
+         "--run-id", "count", "--dry-run", "--", *MACHINERY_ARGS],
+        cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in)), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "worker.sh: run 'count': " in result.stderr and ", 1 process(es), " in result.stderr, result.stderr
+    assert "--nproc-per-node 1 " in result.stdout, result.stdout
+    started = calls.read_text().splitlines()
+    assert started and not [call for call in started if "import torch" in call], started
