@@ -568,7 +568,9 @@ def test_an_elastic_pytorchjobs_nodes_lose_one_and_resume(tmp_path: Path) -> Non
     size 1 from step 4's checkpoint, and the run grows back to 2 when node 1 returns."""
     node_0, _ = kill_and_resume("pytorchjob-elastic.yaml", tmp_path, HELD, **RENDEZVOUS)
     rounds = re.findall(r"membership: round \d+: (\d) node\(s\)", node_0)
-    assert rounds == ["2", "1", "2"], node_0
+    # With 1 s of last call, node 0 may start alone when node 1's agent joins later than that (a busy machine);
+    # node 1's arrival then makes the next round 2 nodes before the fault, as it would on a cluster.
+    assert rounds in (["2", "1", "2"], ["1", "2", "1", "2"]), node_0
 
 
 # --- shared storage -------------------------------------------------------------------------------------------------
