@@ -171,3 +171,29 @@ def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_pat
     assert paused.returncode == 0, errors
     assert done_steps(output) == [1, 2, 3, 4, 5, 6]
     assert output.index("step 3 done") < output.index("handled") < output.index("step 4 done")
+
+
+@pytest.mark.parametrize(("world_size", "waits"), [("1", True), ("2", False)], ids=["a-node-missing", "all-nodes"])
+def test_an_elastic_runs_pause_waits_only_while_a_node_is_missing(tmp_path: Path, world_size: str, waits: bool) -> None:
+    """Under worker.sh --min-nodes 1 --nnodes 2 (WORKER_NODE_RANGE 1:2, one process a node): at world size 1 the pause
+    holds the rank until a signal; at world size 2 the node it would wait for is already back (it returned before
+    the step), so the pause is spent at once, with its marker and a line, and the steps go on."""
+    elastic = {"WORKER_NODE_RANGE": "1:2", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": world_size}
+    paused = steps(tmp_path, 0, "pause:rank=0:step=3", **elastic)
+    try:
+        wait_for((tmp_path / "run" / "logs" / "rank-0.fault").exists, timeout=60)
+        if waits:
+            wait_for(lambda: process_state(paused.pid) == "S", timeout=60)
+            assert paused.poll() is None, "it waits"
+            paused.send_signal(signal.SIGTERM)
+        output, errors = paused.communicate(timeout=60)
+    finally:
+        paused.kill()
+    marker = (tmp_path / "run" / "logs" / "rank-0.fault").read_text()
+    if waits:  # the SIGTERM ended it (no handler here): it never reached step 4
+        assert paused.returncode == -signal.SIGTERM and done_steps(output) == [1, 2, 3], errors
+        assert "not waiting" not in marker
+    else:
+        assert paused.returncode == 0 and done_steps(output) == [1, 2, 3, 4, 5, 6], errors
+        assert "pause rank 0 after step 3: the run has all its nodes, none to wait for; going on" in errors, errors
+        assert "not waiting, the run has all its nodes" in marker, marker

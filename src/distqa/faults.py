@@ -13,7 +13,9 @@ checkpointed, so a resume goes back to the checkpoint before it):
   collective, and only SIGKILL ends it (the others time out after ``dist_timeout_s``);
 - ``pause``: wait after the step until SIGTERM or SIGINT comes (a graceful stop, or torchrun restarting the workers
   because a node joined: ``worker.sh --min-nodes``), then go on: a run held at a known step until a node
-  has returned.
+  has returned. An elastic run that already has all its nodes when it reaches the step (the top of
+  ``worker.sh``'s range: the lost node came back sooner) has none to wait for: the pause is spent and the run
+  goes on.
 
 Several faults, on different ranks, are separated by commas (``kill-node:rank=2:step=6,pause:rank=0:step=9``).
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distqa.config import ConfigError
+from distqa.elastic import NodeRange
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +85,11 @@ class Fault:
 class ArmedFault:
     """The fault of this rank's run, if any: :meth:`at` after every optimizer step is all the trainer calls."""
 
-    def __init__(self, fault: Fault | None, rank: int, marker: Path) -> None:
+    def __init__(self, fault: Fault | None, rank: int, marker: Path, nodes_missing: bool = True) -> None:
         self.fault, self.rank, self.marker = fault, rank, marker
         self._mine = fault is not None and fault.rank == rank and not marker.exists()
+        self.nodes_missing = nodes_missing
+        """False in an elastic run at the top of its node range: a pause then has no node to wait for."""
 
     @classmethod
     def from_environment(cls, rank: int, run_dir: Path, environ: Mapping[str, str] | None = None) -> ArmedFault:
@@ -94,7 +99,10 @@ class ArmedFault:
         spec = environ.get(VARIABLE, "")
         faults = Fault.parse_all(spec)
         fault = next((f for f in faults if f.rank == rank), faults[0] if faults else None)
-        armed = cls(fault, rank, run_dir / "logs" / f"rank-{rank}.fault")
+        node_range = NodeRange.from_environment(environ)
+        full = node_range is not None and node_range.elastic and \
+            int(environ.get("WORLD_SIZE", "1") or 1) == node_range.world_sizes[-1]
+        armed = cls(fault, rank, run_dir / "logs" / f"rank-{rank}.fault", nodes_missing=not full)
         if fault is None:
             return armed
         if any(f.action == "kill-node" for f in faults) and "TORCHELASTIC_RUN_ID" not in environ:
@@ -123,6 +131,12 @@ class ArmedFault:
         if not self._mine or self.fault is None or step != self.fault.step:
             return
         self._mine = False
+        if self.fault.action == "pause" and not self.nodes_missing:
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text(f"{self.fault}: not waiting, the run has all its nodes (pid {os.getpid()})\n")
+            log.warning("fault injection (%s): %s: the run has all its nodes, none to wait for; going on",
+                        VARIABLE, self.fault)
+            return
         if self.fault.action == "pause":  # blocked from before the marker, so a stop that comes at once still wakes it
             signal.pthread_sigmask(signal.SIG_BLOCK, PAUSE_ENDS)
         self.marker.parent.mkdir(parents=True, exist_ok=True)
