@@ -153,12 +153,18 @@ def test_several_faults_on_different_ranks_are_read_and_one_rank_twice_is_refuse
         Fault.parse_all("kill:rank=1:step=3,hang:rank=1:step=5")
 
 
-def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_path: Path) -> None:
+ELASTIC_1_TO_2 = {"WORKER_NODE_RANGE": "1:2", "LOCAL_WORLD_SIZE": "1"}
+"""What worker.sh --min-nodes 1 --nnodes 2 gives each worker (one process a node), without WORLD_SIZE."""
+
+
+@pytest.mark.parametrize("elastic", [{}, {**ELASTIC_1_TO_2, "WORLD_SIZE": "1"}], ids=["no-range", "a-node-missing"])
+def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_path: Path,
+                                                                         elastic: dict[str, str]) -> None:
     """The SIGTERM is handled as distqa.stop handles it (recorded, not fatal): the pause ends, the handler runs, and
-    the steps go on."""
+    the steps go on. It waits outside worker.sh, and in an elastic run short of a node (world size 1 of 1:2)."""
     handled = "import signal\nsignal.signal(signal.SIGTERM, lambda *_: print('handled', flush=True))\n"
     paused = subprocess.Popen([sys.executable, "-c", handled + STEPS, "0", str(tmp_path / "run")], cwd=REPO_ROOT,
-                              env=clean_env(INJECT_FAULT="pause:rank=0:step=3"), stdout=subprocess.PIPE,
+                              env=clean_env(INJECT_FAULT="pause:rank=0:step=3", **elastic), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
         wait_for((tmp_path / "run" / "logs" / "rank-0.fault").exists, timeout=60)
@@ -171,29 +177,18 @@ def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_pat
     assert paused.returncode == 0, errors
     assert done_steps(output) == [1, 2, 3, 4, 5, 6]
     assert output.index("step 3 done") < output.index("handled") < output.index("step 4 done")
+    assert "not waiting" not in (tmp_path / "run" / "logs" / "rank-0.fault").read_text()
 
 
-@pytest.mark.parametrize(("world_size", "waits"), [("1", True), ("2", False)], ids=["a-node-missing", "all-nodes"])
-def test_an_elastic_runs_pause_waits_only_while_a_node_is_missing(tmp_path: Path, world_size: str, waits: bool) -> None:
-    """Under worker.sh --min-nodes 1 --nnodes 2 (WORKER_NODE_RANGE 1:2, one process a node): at world size 1 the pause
-    holds the rank until a signal; at world size 2 the node it would wait for is already back (it returned before
-    the step), so the pause is spent at once, with its marker and a line, and the steps go on."""
-    elastic = {"WORKER_NODE_RANGE": "1:2", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": world_size}
-    paused = steps(tmp_path, 0, "pause:rank=0:step=3", **elastic)
+def test_an_elastic_runs_pause_with_all_its_nodes_is_spent_without_waiting(tmp_path: Path) -> None:
+    """At world size 2 of 1:2 the node the pause would wait for is already back (it returned before the step), so the
+    pause is spent at once, with its marker and a line, and the steps go on."""
+    paused = steps(tmp_path, 0, "pause:rank=0:step=3", **ELASTIC_1_TO_2, WORLD_SIZE="2")
     try:
-        wait_for((tmp_path / "run" / "logs" / "rank-0.fault").exists, timeout=60)
-        if waits:
-            wait_for(lambda: process_state(paused.pid) == "S", timeout=60)
-            assert paused.poll() is None, "it waits"
-            paused.send_signal(signal.SIGTERM)
         output, errors = paused.communicate(timeout=60)
     finally:
         paused.kill()
+    assert paused.returncode == 0 and done_steps(output) == [1, 2, 3, 4, 5, 6], errors
+    assert "pause rank 0 after step 3: the run has all its nodes, none to wait for; going on" in errors, errors
     marker = (tmp_path / "run" / "logs" / "rank-0.fault").read_text()
-    if waits:  # the SIGTERM ended it (no handler here): it never reached step 4
-        assert paused.returncode == -signal.SIGTERM and done_steps(output) == [1, 2, 3], errors
-        assert "not waiting" not in marker
-    else:
-        assert paused.returncode == 0 and done_steps(output) == [1, 2, 3, 4, 5, 6], errors
-        assert "pause rank 0 after step 3: the run has all its nodes, none to wait for; going on" in errors, errors
-        assert "not waiting, the run has all its nodes" in marker, marker
+    assert "not waiting, the run has all its nodes" in marker, marker

@@ -216,16 +216,17 @@ def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2, cwd: P
 def finish(launcher: subprocess.Popen[str], timeout: float) -> str:
     """The launcher's output (empty when it went to a file), once it has ended; SIGKILLed after ``timeout`` s, and
     then the test fails with what it printed (a hang's only record: the jobs' logs go with the test's folder)."""
+    timed_out = False
     try:
         output, _ = launcher.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        output, _ = launcher.communicate()
-        raise AssertionError(f"the launcher did not end within {timeout} s; its output:\n{output}") from None
+        timed_out = True
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
+            output, _ = launcher.communicate()
+    if timed_out:
+        raise AssertionError(f"the launcher did not end within {timeout} s; its output:\n{output}")
     return output
 
 
