@@ -241,10 +241,11 @@ def main() -> None:
             rows.append(vars(row) | {"micro_batch": batch_size})
             gc.collect()
             torch.compiler.reset()
+        # No inductor compile in a smoke run on CPU: only the eager attempt is profiled there.
+        to_profile = [ATTEMPTS[0]] if args.quick and device.type != "cuda" else \
+            [attempt for attempt in ATTEMPTS if attempt.name in args.profile]
         profiled = [profile_attempt(attempt, flags, device, args, seq_len, Path(work), peak_flops)
-                    for attempt in ATTEMPTS if attempt.name in args.profile]
-        if args.quick and device.type != "cuda":  # no inductor compile in a smoke run on CPU
-            profiled = [profile_attempt(ATTEMPTS[0], flags, device, args, seq_len, Path(work), peak_flops)]
+                    for attempt in to_profile]
         failed |= any("note" in entry for entry in profiled)
     write_part(args.json, "mfu", device, model=model_name(args), seq_len=seq_len, batch_size=args.batch_size,
                steps=args.steps, repeats=args.repeats, warmup=args.warmup, peak_flops=peak_flops, rows=rows,
