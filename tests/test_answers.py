@@ -7,12 +7,13 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from distqa import predict
+from distqa import evaluate, predict, score
 from distqa.qa.nq.metric import read_gold, read_submission
 
 from conftest import REPO_ROOT, clean_env, run_training
@@ -24,15 +25,23 @@ SAMPLE = REPO_ROOT / "data" / "nq-sample"
 EVAL_LINE = re.compile(r"eval at step (\d+): micro-F1 ([0-9.]+)")
 
 
-def run_module(module: str, args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    launcher = [sys.executable, "-m", module]
-    if nproc > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                    "-m", module]
-    result = subprocess.run(launcher + args, cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
+def run_on_two_ranks(module: str, args: list[str], timeout: int = 240) -> str:
+    """``python -m MODULE ARGS`` on 2 ranks under torchrun; its standard output."""
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             "-m", module, *args], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{module} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-    return result
+    return result.stdout
+
+
+def run_in_this_process(main: Callable[[list[str]], int], args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """A command's ``main`` (``python -m`` exits with what it returns) in one process, this one: its standard
+    output. One interpreter start-up less than ``python -m`` for the same code path."""
+    capsys.readouterr()
+    code = main(args)
+    captured = capsys.readouterr()
+    assert code == 0, f"{main.__module__} failed ({code}):\n{captured.out}\n{captured.err}"
+    return captured.out
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +51,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     args = ["--task", "nq", "--run-name", "sample", "--output-dir", str(root / "results"),
             "--nq-cache-dir", str(root / "cache"), "--epochs", "4", "--eval-every", "5", "--eval-batch-size", "8",
             "--progress-bar", "false", "--log-every", "5"]
-    run_module("distqa.prepare", ["--only-if-needed", *args])  # the trainer's command line: prepare what it reads
+    prepared = subprocess.run([sys.executable, "-m", "distqa.prepare", "--only-if-needed", *args], cwd=REPO_ROOT,
+                              env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
+    assert prepared.returncode == 0, prepared.stderr  # the trainer's command line: prepare what it reads
     return root, run_training(args, nproc=2).stderr
 
 
@@ -73,13 +84,15 @@ def test_training_evaluates_on_every_rank_and_keeps_the_best_model(trained: tupl
     assert [e.step for e in events.Scalars("eval/micro_f1")] == [5, 10, 15, 20]
 
 
-def test_evaluation_over_two_ranks_equals_one_process(trained: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_torchrun_env")
+def test_evaluation_over_two_ranks_equals_one_process(trained: tuple[Path, str], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     root, log = trained
     checkpoint = root / "results" / "sample" / "checkpoints" / "step-00000020.pt"
     common = ["--checkpoint", str(checkpoint), "--nq-cache-dir", str(root / "cache"), "--batch-size", "4"]
-    one = run_module("distqa.evaluate", [*common, "--output", str(tmp_path / "one.csv")])
-    two = run_module("distqa.evaluate", [*common, "--output", str(tmp_path / "two.csv")], nproc=2)
-    metrics_one, metrics_two = json.loads(one.stdout), json.loads(two.stdout)
+    one = run_in_this_process(evaluate.main, [*common, "--output", str(tmp_path / "one.csv")], capsys)
+    two = run_on_two_ranks("distqa.evaluate", [*common, "--output", str(tmp_path / "two.csv")])
+    metrics_one, metrics_two = json.loads(one), json.loads(two)
     # 61 windows over 2 ranks: the sampler repeats one window to even out the shares; it is dropped.
     assert metrics_one["examples"] == metrics_two["examples"] == 19
     for key in ("micro_f1", "long_f1", "short_f1", "tp", "fp", "fn"):
@@ -91,21 +104,23 @@ def test_evaluation_over_two_ranks_equals_one_process(trained: tuple[Path, str],
     assert metrics_one["micro_f1"] == pytest.approx(float(EVAL_LINE.findall(log)[-1][1]), abs=1e-4)
 
 
-def test_predict_then_score_the_sample_test_file(trained: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_torchrun_env")
+def test_predict_then_score_the_sample_test_file(trained: tuple[Path, str], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = trained
     checkpoint = root / "results" / "sample" / "checkpoints" / "best.pt"
     common = ["--checkpoint", str(checkpoint), "--input", str(SAMPLE / "simplified-nq-test.jsonl"),
               "--nq-cache-dir", str(root / "cache")]
-    run_module("distqa.predict", [*common, "--output", str(tmp_path / "one.csv")])
-    run_module("distqa.predict", [*common, "--output", str(tmp_path / "two.csv")], nproc=2)
+    run_in_this_process(predict.main, [*common, "--output", str(tmp_path / "one.csv")], capsys)
+    run_on_two_ranks("distqa.predict", [*common, "--output", str(tmp_path / "two.csv")])
     assert (tmp_path / "one.csv").read_text() == (tmp_path / "two.csv").read_text()
 
     gold = read_gold(SAMPLE / "simplified-nq-test-gold.jsonl")
     answers = read_submission(tmp_path / "one.csv", expected_ids=gold)
     assert list(answers) == list(gold)  # every example, in input order
-    scored = run_module("distqa.score", ["--gold", str(SAMPLE / "simplified-nq-test-gold.jsonl"),
-                                         "--submission", str(tmp_path / "one.csv")])
-    result = json.loads(scored.stdout)
+    scored = run_in_this_process(score.main, ["--gold", str(SAMPLE / "simplified-nq-test-gold.jsonl"),
+                                              "--submission", str(tmp_path / "one.csv")], capsys)
+    result = json.loads(scored)
     assert result["examples"] == 40 and 0 <= result["micro_f1"] <= 1
     assert result["tp"] + result["fn"] > 0
 
@@ -142,12 +157,14 @@ def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_pa
         assert not (tmp_path / "s.csv").exists(), name
 
 
-def test_thresholds_given_to_predict_override_the_tuned_ones(trained: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_torchrun_env")
+def test_thresholds_given_to_predict_override_the_tuned_ones(trained: tuple[Path, str], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = trained
-    run_module("distqa.predict", ["--checkpoint", str(root / "results" / "sample" / "checkpoints" / "best.pt"),
-                                  "--input", str(SAMPLE / "simplified-nq-test.jsonl"), "--output",
-                                  str(tmp_path / "blank.csv"), "--nq-cache-dir", str(root / "cache"),
-                                  "--long-threshold", "1e9", "--short-threshold", "1e9"])
+    run_in_this_process(predict.main, ["--checkpoint", str(root / "results" / "sample" / "checkpoints" / "best.pt"),
+                                       "--input", str(SAMPLE / "simplified-nq-test.jsonl"), "--output",
+                                       str(tmp_path / "blank.csv"), "--nq-cache-dir", str(root / "cache"),
+                                       "--long-threshold", "1e9", "--short-threshold", "1e9"], capsys)
     answers = read_submission(tmp_path / "blank.csv")
     assert len(answers) == 40 and not any(a.long or a.short for a in answers.values())
 
