@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from distqa import prepare
 from distqa.config import ConfigError, fields_of
 from distqa.config.flags import (
     build_arg_parser,
@@ -194,21 +195,25 @@ def test_train_shows_every_setting_of_its_task_in_its_sections(task: str) -> Non
         assert (f"\n{section.title}:\n" in help_text) == (section in train_sections(chosen)), section.title
 
 
-def test_prepare_shows_and_accepts_only_what_determines_the_cache(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--help"], cwd=REPO_ROOT,
-                            env=clean_env(), capture_output=True, text=True, timeout=120, check=True)
-    assert flags_in(result.stdout) == setting_flags(section_fields(prepare_sections(task_class("nq")), NQConfig))
-    assert "--lr" not in result.stdout and "--global-batch-size" not in result.stdout
-    refused = subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--lr", "1e-4"], cwd=REPO_ROOT,
-                             env=clean_env(), capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "unrecognized arguments: --lr" in refused.stderr
+@pytest.mark.usefixtures("no_torchrun_env")
+def test_prepare_shows_and_accepts_only_what_determines_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m distqa.prepare``'s main (the module exits with what it returns), in this process."""
+    with pytest.raises(SystemExit) as shown:
+        prepare.main(["--task", "nq", "--help"])
+    help_text = capsys.readouterr().out
+    assert shown.value.code == 0
+    assert flags_in(help_text) == setting_flags(section_fields(prepare_sections(task_class("nq")), NQConfig))
+    assert "--lr" not in help_text and "--global-batch-size" not in help_text
+    with pytest.raises(SystemExit) as refused:
+        prepare.main(["--task", "nq", "--lr", "1e-4"])
+    assert refused.value.code == 2 and "unrecognized arguments: --lr" in capsys.readouterr().err
     # A training command line is what the launchers pass with --only-if-needed: a run on the DummyDataset
     # needs no features, so this prepares nothing, and the trainer's flags are accepted (and the environment
     # may hold another task's settings).
-    skipped = subprocess.run([sys.executable, "-m", "distqa.prepare", "--only-if-needed", "--lr", "1e-4"],
-                             cwd=REPO_ROOT, env=clean_env(DISTQA_NQ_CACHE_DIR=str(tmp_path / "cache")),
-                             capture_output=True, text=True, timeout=120)
-    assert skipped.returncode == 0 and not skipped.stdout and not (tmp_path / "cache").exists()
+    monkeypatch.setenv("DISTQA_NQ_CACHE_DIR", str(tmp_path / "cache"))
+    assert prepare.main(["--only-if-needed", "--lr", "1e-4"]) == 0
+    assert not capsys.readouterr().out and not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("module", ["distqa.qa.commands.predict", "distqa.qa.commands.evaluate"])
