@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from distqa.prepare import main as prepare_main
 from distqa.qa.nq.synthetic import write_jsonl as write_synthetic
 
 from conftest import FAST_ARGS, QA_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
@@ -29,6 +32,22 @@ def nq_args(tmp_path: Path) -> list[str]:
 def prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "distqa.prepare", *args], cwd=REPO_ROOT, env=clean_env(),
                           capture_output=True, text=True, timeout=300, check=True)
+
+
+@pytest.fixture
+def prepare_here(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+                 no_torchrun_env: None) -> Callable[..., tuple[int, str, str]]:
+    """``python -m distqa.prepare ARGS`` as its main in this process (the module exits with what main returns; one
+    featurising process works in the caller's): the exit code, standard output, and standard error with the log.
+    An uncaught exception fails the test as a traceback would."""
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            code = prepare_main(["--task", "nq", "--progress-bar", "false", *args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err + caplog.text
+    return run
 
 
 def test_prepare_then_two_ranks_train_from_the_cache(tmp_path: Path) -> None:
@@ -70,10 +89,11 @@ def test_a_checkpoint_of_other_data_is_not_resumed(tmp_path: Path) -> None:
     assert "belongs to a run with other settings (task 'dummy' -> 'nq')" in result.stderr
 
 
-def test_committed_sample_prepares_cleanly(tmp_path: Path) -> None:
+def test_committed_sample_prepares_cleanly(tmp_path: Path, prepare_here: Callable[..., tuple[int, str, str]]) -> None:
     """The README's NQ example: the sample featurises with no bad line and every answer type."""
-    built = prepare(["--task", "nq", "--progress-bar", "false", "--nq-cache-dir", str(tmp_path / "cache")])
-    manifest = json.loads((Path(built.stdout.strip()) / "manifest.json").read_text())
+    code, out, err = prepare_here("--nq-cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err
+    manifest = json.loads((Path(out.strip()) / "manifest.json").read_text())
     assert (manifest["examples"], manifest["bad_lines"]) == (200, 0)
     train = manifest["splits"]["train"]
     assert all(count > 0 for count in train["by_type"].values()) and train["positive"] > 100
@@ -106,37 +126,33 @@ def test_local_launcher_prepares_the_cache_before_starting_the_nodes(tmp_path: P
     assert final_weights(tmp_path / "results" / "local")
 
 
-def test_prepare_errors_are_one_line_messages(tmp_path: Path) -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--progress-bar", "false",
-                               *args], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
-
-    missing = run("--nq-train-file", str(tmp_path / "missing.jsonl"))
-    assert missing.returncode == 2 and "missing.jsonl: no such file" in missing.stderr
+def test_prepare_errors_are_one_line_messages(tmp_path: Path, prepare_here: Callable[..., tuple[int, str, str]]
+                                             ) -> None:
+    missing = prepare_here("--nq-train-file", str(tmp_path / "missing.jsonl"))
+    assert missing[0] == 2 and "missing.jsonl: no such file" in missing[2]
     blocked = tmp_path / "a-file"
     blocked.touch()
-    unwritable = run("--nq-cache-dir", str(blocked / "cache"))
-    assert unwritable.returncode == 1 and "check nq_cache_dir" in unwritable.stderr
-    for result in (missing, unwritable):
-        assert "Traceback" not in result.stderr
+    unwritable = prepare_here("--nq-cache-dir", str(blocked / "cache"))
+    assert unwritable[0] == 1 and "check nq_cache_dir" in unwritable[2]
+    for _, _, err in (missing, unwritable):
+        assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("case", ["NUL-led", "Latin-1"])
-def test_prepare_skips_or_refuses_an_undecodable_line_without_a_traceback(case: str, tmp_path: Path) -> None:
+def test_prepare_skips_or_refuses_an_undecodable_line_without_a_traceback(
+        case: str, tmp_path: Path, prepare_here: Callable[..., tuple[int, str, str]]) -> None:
     rng = random.Random(0)
     records: list[dict | bytes] = [random_record(rng, i) for i in range(160)]
     source = write_jsonl(tmp_path / "nq.jsonl", [*records[:80], UNDECODABLE_LINES[case], *records[80:]])
 
-    def run(policy: str) -> subprocess.CompletedProcess[str]:  # a cache each: a built one would be reused
-        return subprocess.run([sys.executable, "-m", "distqa.prepare", "--task", "nq", "--progress-bar", "false",
-                               "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / policy),
-                               "--on-bad-line", policy],
-                              cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    def run(policy: str) -> tuple[int, str, str]:  # a cache each: a built one would be reused
+        return prepare_here("--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / policy),
+                            "--on-bad-line", policy)
 
-    skipped = run("skip")
-    assert skipped.returncode == 0, skipped.stderr
-    assert "160 examples from 161 lines (1 malformed, skipped)" in skipped.stderr
-    assert f"{source}:81: " in skipped.stderr
-    refused = run("fail")
-    assert refused.returncode == 2 and f"{source}:81: " in refused.stderr
-    assert "Traceback" not in skipped.stderr + refused.stderr
+    skipped, skipped_err = run("skip")[::2]
+    assert skipped == 0, skipped_err
+    assert "160 examples from 161 lines (1 malformed, skipped)" in skipped_err
+    assert f"{source}:81: " in skipped_err
+    refused, refused_err = run("fail")[::2]
+    assert refused == 2 and f"{source}:81: " in refused_err
+    assert "Traceback" not in skipped_err + refused_err
