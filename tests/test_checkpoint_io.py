@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed.checkpoint.staging import DefaultStager
 
 import distqa.checkpoint
 import distqa.checkpoint_writer
@@ -186,6 +187,35 @@ def test_a_write_slower_than_the_stop_window_is_warned_about_once_with_the_numbe
     assert "after the write in flight if any, up to 1 s, more than the 0.6 s of a test (NAME_OF_IT)" in warning
     assert "Fix: a faster volume for output_dir, a longer NAME_OF_IT (over 1 s)" in warning
     assert "a larger checkpoint_every" in warning
+
+
+@pytest.mark.parametrize("single_use", [True, False], ids=["a-stager-per-save", "one-stager-reused"])
+def test_background_saves_survive_a_torch_whose_stager_is_single_use(single_use: bool, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before 2.13, torch's ``DefaultStager._stage`` ends with ``self._state_dict_stager.close()``, which clears the
+    copy's dispatch table, so a second ``stage`` fails with ``KeyError: <class 'type'>`` (an H100 with torch 2.11, at
+    the second background save). The stand-in stage does what that one does; the writer then needs a stager per save."""
+    real_stage = DefaultStager._stage
+
+    def stage_then_close(self: DefaultStager, state_dict: dict, **kwargs: object) -> dict:
+        staged = real_stage(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        return staged
+
+    monkeypatch.setattr(DefaultStager, "_stage", stage_then_close)
+    monkeypatch.setattr(distqa.checkpoint_writer, "_STAGER_IS_SINGLE_USE", single_use)
+    writer = CheckpointWriter(tmp_path, 3, torch.device("cpu"))
+    with writer.finishing():
+        writer.submit({checkpoint_path(tmp_path, 1): a_checkpoint(0.1, 1)})
+        if not single_use:  # the stand-in is as strict as torch 2.11: reusing its stager fails as it failed there
+            with pytest.raises(KeyError, match="<class 'type'>"):
+                writer.submit({checkpoint_path(tmp_path, 2): a_checkpoint(0.1, 2)})
+            return
+        for step in (2, 3):
+            writer.submit({checkpoint_path(tmp_path, step): a_checkpoint(0.1, step)})
+    assert [path.name for path in list_checkpoints(tmp_path)] == [f"step-0000000{step}.pt" for step in (1, 2, 3)]
+    for path in list_checkpoints(tmp_path):
+        verify_checkpoint(path)
 
 
 def test_a_write_within_the_window_is_one_info_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -61,6 +61,11 @@ from distqa.stop import StopWindow
 
 log = logging.getLogger(__name__)
 
+# Before torch 2.13, DefaultStager._stage closes its StateDictStager after every stage, which clears the table its
+# copy dispatches on: the next stage fails with "KeyError: <class 'type'>" (seen on an H100 with torch 2.11, at the
+# second background save). There each save gets a stager of its own, and the host copy is not kept between saves.
+_STAGER_IS_SINGLE_USE = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
+
 
 class CheckpointWriter:
     """Rank 0's checkpoint files, written in a background thread (or, with ``background`` false, at once)."""
@@ -100,6 +105,9 @@ class CheckpointWriter:
         if not self.background:
             self._write(states, paths, prune)
             return
+        if self._stager is not None and _STAGER_IS_SINGLE_USE:
+            self._stager.close()
+            self._stager = None
         if self._stager is None:
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=self._cuda, use_shared_memory=False,
                                                         use_async_staging=False, use_non_blocking_copy=self._cuda))
