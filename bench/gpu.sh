@@ -20,6 +20,9 @@
 #   bench/gpu_sharding.py   BERT-large, DDP against full sharding (FSDP2) on the GPUs torch sees (torchrun, one
 #                           process per GPU; on 1 GPU the fsdp row measures only the wrap's overhead): samples/s,
 #                           MFU, peak memory
+#   bench/gpu_settings.py   BERT-base under DDP on the GPUs torch sees: pinned memory off, batched_grad_copy, the bf16
+#                           comm hook, each alone; checkpoint writes (blocking, background) under the real step
+#   bench/gpu_flight_recorder.py  a real NCCL flight-recorder dump (a collective made to time out), read by fr_trace
 #   bench/gpu_mfu.py        what limits the MFU of the BERT-base step at micro-batch 32: attempts (CUDA graphs, bf16
 #                           weights, a larger micro-batch) side by side and a profile of where the step's time goes
 #   bench/gpu_report.py     the table and the goals (>= 40 % MFU at seq 512 bf16; >= 1.3 x the HF Trainer)
@@ -35,7 +38,7 @@ find_python "$repo"
 device=cuda
 quick=()
 out=""
-parts="training,startup,inference,packing,large,sharding,mfu"
+parts="training,startup,inference,packing,large,sharding,settings,flight_recorder,mfu"
 usage() { sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -87,6 +90,9 @@ gpus=1
 [[ "$device" == cuda ]] && gpus="$("$PYTHON" -c 'import torch; print(max(1, torch.cuda.device_count()))')"
 run_part sharding "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$gpus" bench/gpu_sharding.py \
     --device "$device" "${quick[@]}" --json "$out/sharding.json"
+run_part settings "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$gpus" bench/gpu_settings.py \
+    --device "$device" "${quick[@]}" --json "$out/settings.json"
+run_part flight_recorder "$PYTHON" bench/gpu_flight_recorder.py --device "$device" --json "$out/flight_recorder.json"
 run_part mfu "$PYTHON" bench/gpu_mfu.py --device "$device" "${quick[@]}" --json "$out/mfu.json"
 
 echo

@@ -1,7 +1,7 @@
 """The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_packing, gpu_large,
 gpu_sharding, gpu_mfu) and the goals.
 
-    .venv/bin/python bench/gpu_report.py DIR   # DIR: training, startup, inference, packing, large, sharding, mfu .json
+    .venv/bin/python bench/gpu_report.py DIR   # DIR: each part's .json (training, startup, …, settings, mfu)
 
 Goals (issue 13), each a PASS/MISS line (harness.Target):
 
@@ -24,7 +24,7 @@ from targets import Target  # not harness: it imports torch, which a report of J
 
 MFU_GOAL, HF_GOAL, GOAL_SEQ_LEN = 0.40, 1.3, 512
 PARTS = ("training", "startup", "inference", "packing", "large")
-OPTIONAL_PARTS = ("sharding", "mfu")
+OPTIONAL_PARTS = ("sharding", "settings", "flight_recorder", "mfu")
 """Parts that ``bench/gpu.sh --parts`` may leave out without the report counting them as failed."""
 MFU_ATTEMPT_GOAL = 0.45
 
@@ -60,6 +60,10 @@ def main() -> None:
         failed |= print_large(parts["large"])
     if "sharding" in parts:
         failed |= print_sharding(parts["sharding"])
+    if "settings" in parts:
+        failed |= print_settings(parts["settings"])
+    if "flight_recorder" in parts:
+        failed |= print_flight_recorder(parts["flight_recorder"])
     if "mfu" in parts:
         failed |= print_mfu(parts["mfu"])
     for name in missing:
@@ -152,6 +156,44 @@ def print_sharding(part: dict[str, Any]) -> bool:
     if rates.get("ddp") and rates.get("fsdp"):
         print(f"  fsdp / ddp samples/s: {rates['fsdp'] / rates['ddp']:.3f}")
     return any(row["note"].startswith("FAILED") for row in part["rows"])
+
+
+def print_settings(part: dict[str, Any]) -> bool:
+    """The DDP settings each changed alone, and the checkpoint writes under the step; True when a row failed."""
+    print(f"\nDDP settings: {part['model']} on {part['world_size']} process(es), seq {part['seq_len']}, micro-batch "
+          f"{part['micro_batch']} per process, bf16, not compiled; median of {part['repeats']} × {part['steps']} steps "
+          f"after {part['warmup']} warm-up steps:")
+    rates = {row["setting"]: row["samples_per_s"] for row in part["rows"]}
+    _print_table(("setting", "samples/s", "MFU", "this / ddp", "peak mem"), [(
+        row["setting"], _figure(row["samples_per_s"], ".1f"), _mfu(row["mfu"], part["device_type"]),
+        _figure(row["samples_per_s"] / rates["ddp"] if row["samples_per_s"] and rates.get("ddp") else None, ".3f"),
+        _figure(row["peak_memory_gib"], ".2f", " GiB")) for row in part["rows"]], part["rows"])
+    checkpoints = part["checkpoints"]
+    per_step = checkpoints["seconds_per_step"]
+    size = checkpoints["checkpoint_mb"]
+    times = ", ".join(f"{name} {1000 * value:.1f} ms" for name, value in per_step.items())
+    print(f"  checkpoint every {checkpoints['every']} steps ({_figure(size, '.0f', ' MB')}), seconds per step up to "
+          f"the end of the last write: {times}" + (f"  {checkpoints['note']}" if checkpoints["note"] else ""))
+    if "no saves" in per_step and len(per_step) > 1:
+        print("  " + ", ".join(f"{name} / no saves {value / per_step['no saves']:.3f}" for name, value in
+                               per_step.items() if name != "no saves"))
+    return any(row["note"].startswith("FAILED") for row in part["rows"]) or "FAILED" in checkpoints["note"]
+
+
+def print_flight_recorder(part: dict[str, Any]) -> bool:
+    """Whether a collective that timed out left a flight-recorder dump that fr_trace read; True when it did not."""
+    print("\nflight recorder: a one-rank NCCL all-reduce made to time out, its dump read by fr_trace:")
+    if not part["attempts"]:
+        print(f"  {part['note']}")
+        return False
+    for attempt in part["attempts"]:
+        print(f"  {attempt['names']} variables: child exit {attempt['child_exit']}, dump files "
+              f"{attempt['dump_files'] or 'none'} ({attempt['dump_bytes']} bytes), fr_trace exit "
+              f"{attempt['fr_trace_exit']}")
+        for entry in attempt.get("last_entries", []):
+            print(f"    recorded: {entry}")
+    last = part["attempts"][-1]
+    return not last["dump_files"] or last["fr_trace_exit"] != 0
 
 
 def print_mfu(part: dict[str, Any]) -> bool:

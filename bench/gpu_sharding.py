@@ -98,15 +98,18 @@ def main() -> None:
         raise SystemExit(1)
 
 
-def build_trainer(config: Config, runtime: Runtime, work: Path) -> Trainer:
-    """Our trainer as distqa.train builds it, wrapped by DDP or sharded whatever the world size."""
+def build_trainer(config: Config, runtime: Runtime, work: Path, pin_memory: bool | None = None,
+                  **ddp_options: Any) -> Trainer:
+    """Our trainer as distqa.train builds it, wrapped by DDP or sharded whatever the world size; ``pin_memory`` and
+    ``ddp_options`` as :func:`distqa.train.build_loader` and :func:`distqa.ddp.wrap_ddp` take them."""
     task = make_task(config)
-    loader = build_loader(config, runtime, dummy_dataset(config), task.collate)
+    loader = build_loader(config, runtime, dummy_dataset(config), task.collate, pin_memory)
     plan = StepPlan.of(config, loader.sampler, runtime.world_size)
     seed_everything(0)
     model = task.build_model().to(runtime.device)
     precision = Precision.choose(config.precision, runtime.device)
-    training_model = wrap_ddp(model, runtime, config, task.sync_buffers) if config.data_parallel == "ddp" \
+    training_model = wrap_ddp(model, runtime, config, task.sync_buffers, **ddp_options) \
+        if config.data_parallel == "ddp" \
         else shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
     optimizer = build_optimizer(model, config, runtime.device)
     return Trainer(config=config, runtime=runtime, run_dir=work, task=task, model=model, ddp_model=training_model,
@@ -115,15 +118,16 @@ def build_trainer(config: Config, runtime: Runtime, work: Path) -> Trainer:
 
 
 def measure(strategy: str, config: Config, runtime: Runtime, args: argparse.Namespace, work: Path,
-            peak_flops: float | None) -> dict[str, Any]:
-    """One row: samples/s of the job, MFU per GPU, the fullest GPU's peak memory (GiB); a failure in its note."""
+            peak_flops: float | None, **build_options: Any) -> dict[str, Any]:
+    """One row: samples/s of the job, MFU per GPU, the fullest GPU's peak memory (GiB); a failure in its note.
+    ``build_options`` go to :func:`build_trainer`."""
     row: dict[str, Any] = {"strategy": strategy, "samples_per_s": None, "tokens_per_s": None, "mfu": None,
                            "peak_memory_gib": None, "repeats": [], "note": ""}
     device = runtime.device
     reset_peak_memory(device)
     trainer = None
     try:
-        trainer = build_trainer(config, runtime, work)
+        trainer = build_trainer(config, runtime, work, **build_options)
         batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
         _, repeats = timed_steps(trainer, batches, device, args)
         # Every rank runs the same number of samples per step; the slowest rank's time is the job's.

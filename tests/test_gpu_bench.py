@@ -1,7 +1,8 @@
 """bench/gpu.sh runs end to end on CPU (``--device cpu --quick``: the tiny model, gloo), so that the GPU
 script is not first run on a rented GPU. Its figures are meaningless here; what is checked is that every
 part (training contenders, process-group start-up, evaluate and predict, padded vs unpadded batches, ddp vs
-fsdp) ran and reached the report, and that asking for CUDA on a machine without it gives one line that says what to do.
+fsdp, DDP's settings and checkpoint writes, the flight recorder's part) ran and reached the report, and that
+asking for CUDA on a machine without it gives one line that says what to do.
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     assert all(row["samples_per_s"] > 0 and "FAILED" not in row["note"] for row in sharding["rows"]), sharding
     assert "only the wrap's overhead" in sharding["rows"][1]["note"]
 
+    settings = json.loads((out / "settings.json").read_text())  # DDP's settings alone, checkpoints under the step
+    assert [row["setting"] for row in settings["rows"]] == ["ddp", "pin_memory off", "batched_grad_copy",
+                                                             "bf16 comm hook"]
+    assert all(row["samples_per_s"] > 0 and "FAILED" not in row["note"] for row in settings["rows"]), settings
+    checkpoints = settings["checkpoints"]
+    assert checkpoints["note"] == "" and checkpoints["checkpoint_mb"] > 0, checkpoints
+    assert set(checkpoints["seconds_per_step"]) == {"no saves", "blocking", "background"}
+    flight_recorder = json.loads((out / "flight_recorder.json").read_text())  # NCCL only: the part says so on CPU
+    assert flight_recorder["attempts"] == [] and "gloo" in flight_recorder["note"]
+
     mfu = json.loads((out / "mfu.json").read_text())  # the attempts' code paths that run without a compile
     attempts = {row["name"]: row for row in mfu["rows"]}
     assert attempts["eager"]["samples_per_s"] > 0 and attempts["eager, bf16 weights"]["samples_per_s"] > 0
@@ -73,6 +84,7 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     report = result.stdout
     headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "useful tokens: tiny",
                 "large encoders at seq 64", "sharding: bert-large (tiny sizes) on 1 process(es)",
+                "DDP settings: tiny on 1 process(es)", "flight recorder: a one-rank NCCL all-reduce",
                 "MFU attempts: tiny at seq 64")
     for heading in headings:
         assert heading in report, report

@@ -8,6 +8,7 @@ evaluation. Each setting's measured effect is in docs/PERFORMANCE.md ("Optimizat
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -29,6 +30,13 @@ def training_module(model: nn.Module, runtime: Runtime, config: Config, sync_buf
     return compile_model(ddp_model, config.compile_mode) if compile_enabled(config, runtime.device) else ddp_model
 
 
+# torch 2.13 names the buffer broadcast before each forward ``forward_sync_buffers`` and deprecates the old name,
+# ``broadcast_buffers``, which is all that older releases know (the CUDA images of GPU clouds often trail: the
+# lent H100's was 2.11); the same switch either way.
+_SYNC_BUFFERS_OPTION = ("forward_sync_buffers" if "forward_sync_buffers" in
+                        inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+
+
 def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, sync_buffers: bool = True,
              **ddp_options: Any) -> nn.Module:
     """DistributedDataParallel over ``model`` (itself at world size 1), with the ``ddp_*`` settings. DDP
@@ -44,7 +52,7 @@ def wrap_ddp(model: nn.Module, runtime: Runtime, config: Config, sync_buffers: b
         # Not static_graph: with no_sync (our accumulation) torch 2.13 asserts on the first backward, and with
         # that patched it stops all-reducing after the first step (pytorch#187732, open).
         "find_unused_parameters": False,  # every parameter is used in every step: no graph search
-        "forward_sync_buffers": sync_buffers,
+        _SYNC_BUFFERS_OPTION: sync_buffers,
         "gradient_as_bucket_view": True,  # grads live in the all-reduce buckets: no copy, less memory
     }
     ddp_model = DistributedDataParallel(model, **(options | ddp_options))

@@ -174,15 +174,16 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
         return trainer.fit(record)
 
 
-def build_loader(config: Config, runtime: Runtime, dataset: Dataset, collate: Callable[..., Any]) -> DataLoader:
+def build_loader(config: Config, runtime: Runtime, dataset: Dataset, collate: Callable[..., Any],
+                 pin_memory: bool | None = None) -> DataLoader:
     """This rank's training loader: a disjoint share of each epoch (resumable mid-epoch), in micro-batches
-    of ``per_rank_batch_size`` put together by the task's ``collate``. The benchmarks in ``bench/`` time this
-    same loader."""
+    of ``per_rank_batch_size`` put together by the task's ``collate``, in pinned host memory on GPUs unless
+    ``pin_memory`` says otherwise. The benchmarks in ``bench/`` time this same loader."""
     sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
                                           shuffle=True, seed=config.seed)
     return DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
                       collate_fn=collate, num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
-                      pin_memory=runtime.device.type == "cuda",
+                      pin_memory=runtime.device.type == "cuda" if pin_memory is None else pin_memory,
                       # Each new iterator draws a worker seed; from its own generator, that draw leaves
                       # the global RNG (dropout, checkpointed for exact resumption) untouched.
                       generator=torch.Generator().manual_seed(config.seed))
