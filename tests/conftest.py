@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -266,6 +267,58 @@ def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     for name in [k for k in os.environ if k.startswith("DISTQA_")]:
         monkeypatch.delenv(name)
+
+
+@contextlib.contextmanager
+def root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the block. A command's ``main`` run in the test's
+    process configures logging for a process of its own (``setup_logging``: ``basicConfig(force=True)``, a handler on
+    the standard error of that moment, pytest's capture, closed when the test ends); left in place, every later log
+    line in this worker ends in a "--- Logging error ---" traceback on standard error."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_put_back() -> Iterator[None]:
+    """Every test leaves the root logger as it found it (:func:`root_logging_kept`), whatever its commands did."""
+    with root_logging_kept():
+        yield
+
+
+@pytest.fixture
+def run_main(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+             no_torchrun_env: None) -> Callable[..., tuple[int, str, str]]:
+    """``run_main(module.main, *args)``: a command's ``main`` called in this process (``python -m distqa.X`` exits
+    with what ``main`` returns), with no torchrun variables: its exit code, standard output, and standard error
+    followed by the log lines at INFO (under pytest a command's ``logging.basicConfig`` adds no handler, so pytest's
+    own holds them; a command that configures logging with ``force=True`` keeps its lines on standard error). The
+    same code path as ``python -m`` with one interpreter start-up less; an uncaught exception fails the test as a
+    traceback would. The root logger is put back after each call (:func:`root_logging_kept`)."""
+    def run(main: Callable[[list[str]], int], *args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        caplog.clear()
+        with root_logging_kept(), caplog.at_level(logging.INFO):
+            code = main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err + caplog.text
+    return run
+
+
+def run_prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m distqa.prepare ARGS`` in a process of its own, as the launchers run it; it must succeed."""
+    prepared = subprocess.run([sys.executable, "-m", "distqa.prepare", *args], cwd=REPO_ROOT,
+                              env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, f"distqa.prepare failed ({prepared.returncode}):\n{prepared.stderr}"
+    return prepared
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import torch
 from distqa import evaluate, predict, score
 from distqa.qa.nq.metric import read_gold, read_submission
 
-from conftest import REPO_ROOT, clean_env, run_training
+from conftest import REPO_ROOT, clean_env, run_prepare, run_training
 from nq_examples import UNDECODABLE_LINES
 
 pytestmark = pytest.mark.distributed
@@ -34,14 +34,11 @@ def run_on_two_ranks(module: str, args: list[str], timeout: int = 240) -> str:
     return result.stdout
 
 
-def run_in_this_process(main: Callable[[list[str]], int], args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """A command's ``main`` (``python -m`` exits with what it returns) in one process, this one: its standard
-    output. One interpreter start-up less than ``python -m`` for the same code path."""
-    capsys.readouterr()
-    code = main(args)
-    captured = capsys.readouterr()
-    assert code == 0, f"{main.__module__} failed ({code}):\n{captured.out}\n{captured.err}"
-    return captured.out
+def succeeded(ran: tuple[int, str, str]) -> str:
+    """The standard output of a ``run_main`` call that must succeed."""
+    code, out, err = ran
+    assert code == 0, f"failed ({code}):\n{out}\n{err}"
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +48,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     args = ["--task", "nq", "--run-name", "sample", "--output-dir", str(root / "results"),
             "--nq-cache-dir", str(root / "cache"), "--epochs", "4", "--eval-every", "5", "--eval-batch-size", "8",
             "--progress-bar", "false", "--log-every", "5"]
-    prepared = subprocess.run([sys.executable, "-m", "distqa.prepare", "--only-if-needed", *args], cwd=REPO_ROOT,
-                              env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
-    assert prepared.returncode == 0, prepared.stderr  # the trainer's command line: prepare what it reads
+    run_prepare(["--only-if-needed", *args])  # the trainer's command line: prepare what it reads
     return root, run_training(args, nproc=2).stderr
 
 
@@ -84,13 +79,12 @@ def test_training_evaluates_on_every_rank_and_keeps_the_best_model(trained: tupl
     assert [e.step for e in events.Scalars("eval/micro_f1")] == [5, 10, 15, 20]
 
 
-@pytest.mark.usefixtures("no_torchrun_env")
 def test_evaluation_over_two_ranks_equals_one_process(trained: tuple[Path, str], tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+                                                      run_main: Callable[..., tuple[int, str, str]]) -> None:
     root, log = trained
     checkpoint = root / "results" / "sample" / "checkpoints" / "step-00000020.pt"
     common = ["--checkpoint", str(checkpoint), "--nq-cache-dir", str(root / "cache"), "--batch-size", "4"]
-    one = run_in_this_process(evaluate.main, [*common, "--output", str(tmp_path / "one.csv")], capsys)
+    one = succeeded(run_main(evaluate.main, *common, "--output", str(tmp_path / "one.csv")))
     two = run_on_two_ranks("distqa.evaluate", [*common, "--output", str(tmp_path / "two.csv")])
     metrics_one, metrics_two = json.loads(one), json.loads(two)
     # 61 windows over 2 ranks: the sampler repeats one window to even out the shares; it is dropped.
@@ -104,22 +98,21 @@ def test_evaluation_over_two_ranks_equals_one_process(trained: tuple[Path, str],
     assert metrics_one["micro_f1"] == pytest.approx(float(EVAL_LINE.findall(log)[-1][1]), abs=1e-4)
 
 
-@pytest.mark.usefixtures("no_torchrun_env")
 def test_predict_then_score_the_sample_test_file(trained: tuple[Path, str], tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 run_main: Callable[..., tuple[int, str, str]]) -> None:
     root, _ = trained
     checkpoint = root / "results" / "sample" / "checkpoints" / "best.pt"
     common = ["--checkpoint", str(checkpoint), "--input", str(SAMPLE / "simplified-nq-test.jsonl"),
               "--nq-cache-dir", str(root / "cache")]
-    run_in_this_process(predict.main, [*common, "--output", str(tmp_path / "one.csv")], capsys)
+    succeeded(run_main(predict.main, *common, "--output", str(tmp_path / "one.csv")))
     run_on_two_ranks("distqa.predict", [*common, "--output", str(tmp_path / "two.csv")])
     assert (tmp_path / "one.csv").read_text() == (tmp_path / "two.csv").read_text()
 
     gold = read_gold(SAMPLE / "simplified-nq-test-gold.jsonl")
     answers = read_submission(tmp_path / "one.csv", expected_ids=gold)
     assert list(answers) == list(gold)  # every example, in input order
-    scored = run_in_this_process(score.main, ["--gold", str(SAMPLE / "simplified-nq-test-gold.jsonl"),
-                                              "--submission", str(tmp_path / "one.csv")], capsys)
+    scored = succeeded(run_main(score.main, "--gold", str(SAMPLE / "simplified-nq-test-gold.jsonl"),
+                                "--submission", str(tmp_path / "one.csv")))
     result = json.loads(scored)
     assert result["examples"] == 40 and 0 <= result["micro_f1"] <= 1
     assert result["tp"] + result["fn"] > 0
@@ -157,14 +150,12 @@ def test_predict_reports_bad_input_in_one_line(trained: tuple[Path, str], tmp_pa
         assert not (tmp_path / "s.csv").exists(), name
 
 
-@pytest.mark.usefixtures("no_torchrun_env")
 def test_thresholds_given_to_predict_override_the_tuned_ones(trained: tuple[Path, str], tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                            run_main: Callable[..., tuple[int, str, str]]) -> None:
     root, _ = trained
-    run_in_this_process(predict.main, ["--checkpoint", str(root / "results" / "sample" / "checkpoints" / "best.pt"),
-                                       "--input", str(SAMPLE / "simplified-nq-test.jsonl"), "--output",
-                                       str(tmp_path / "blank.csv"), "--nq-cache-dir", str(root / "cache"),
-                                       "--long-threshold", "1e9", "--short-threshold", "1e9"], capsys)
+    succeeded(run_main(predict.main, "--checkpoint", str(root / "results" / "sample" / "checkpoints" / "best.pt"),
+                       "--input", str(SAMPLE / "simplified-nq-test.jsonl"), "--output", str(tmp_path / "blank.csv"),
+                       "--nq-cache-dir", str(root / "cache"), "--long-threshold", "1e9", "--short-threshold", "1e9"))
     answers = read_submission(tmp_path / "blank.csv")
     assert len(answers) == 40 and not any(a.long or a.short for a in answers.values())
 

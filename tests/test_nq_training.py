@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import random
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from distqa.prepare import main as prepare_main
 from distqa.qa.nq.synthetic import write_jsonl as write_synthetic
 
-from conftest import FAST_ARGS, QA_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_training
+from conftest import FAST_ARGS, QA_ARGS, REPO_ROOT, clean_env, final_weights, free_port, run_prepare, run_training
 from nq_examples import UNDECODABLE_LINES, random_record, write_jsonl
 
 pytestmark = pytest.mark.distributed
@@ -29,33 +28,19 @@ def nq_args(tmp_path: Path) -> list[str]:
             "--output-dir", str(tmp_path / "results"), "--global-batch-size", "16", "--per-rank-batch-size", "4"]
 
 
-def prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "distqa.prepare", *args], cwd=REPO_ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=300, check=True)
-
-
 @pytest.fixture
-def prepare_here(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-                 no_torchrun_env: None) -> Callable[..., tuple[int, str, str]]:
-    """``python -m distqa.prepare ARGS`` as its main in this process (the module exits with what main returns; one
-    featurising process works in the caller's): the exit code, standard output, and standard error with the log.
-    An uncaught exception fails the test as a traceback would."""
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        caplog.clear()
-        with caplog.at_level(logging.INFO):
-            code = prepare_main(["--task", "nq", "--progress-bar", "false", *args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err + caplog.text
-    return run
+def prepare_here(run_main: Callable[..., tuple[int, str, str]]) -> Callable[..., tuple[int, str, str]]:
+    """``python -m distqa.prepare --task nq ARGS`` as its main in this process (conftest's ``run_main``; one
+    featurising process works in the caller's): the exit code, standard output, and standard error with the log."""
+    return lambda *args: run_main(prepare_main, "--task", "nq", "--progress-bar", "false", *args)
 
 
 def test_prepare_then_two_ranks_train_from_the_cache(tmp_path: Path) -> None:
     args = nq_args(tmp_path)
-    built = prepare(["--only-if-needed", *args])  # the trainer's command line: prepare what it reads
+    built = run_prepare(["--only-if-needed", *args])  # the trainer's command line: prepare what it reads
     cache = Path(built.stdout.strip())
     assert (cache / "manifest.json").is_file() and "with an answer" in built.stderr
-    again = prepare(["--only-if-needed", *args])  # unchanged settings: reused at once
+    again = run_prepare(["--only-if-needed", *args])  # unchanged settings: reused at once
     assert again.stdout == built.stdout and "reusing the NQ feature cache" in again.stderr
 
     result = run_training([*args, "--epochs", "2"], nproc=2)
@@ -108,7 +93,7 @@ def test_large_generated_file_with_long_documents(tmp_path: Path) -> None:
     args = [*QA_ARGS, "--task", "nq", "--nq-train-file", str(source), "--nq-cache-dir", str(tmp_path / "cache"),
             "--doc-stride", "24", "--negative-keep-rate", "0.05", "--num-proc", "2",
             "--output-dir", str(tmp_path / "results")]
-    manifest = json.loads((Path(prepare(["--only-if-needed", *args]).stdout.strip()) / "manifest.json").read_text())
+    manifest = json.loads((Path(run_prepare(["--only-if-needed", *args]).stdout.strip()) / "manifest.json").read_text())
     assert manifest["examples"] == 120
     assert manifest["splits"]["validation"]["windows"] > 100 * manifest["splits"]["validation"]["examples"] / 10
     result = run_training([*args, "--max-steps", "3"])
