@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from gpu_common import synchronize
 from harness import (
     Target,
     add_common_arguments,
@@ -123,12 +124,15 @@ def a_trainer(run_dir: Path, background: bool) -> Trainer:
 
 
 def seconds_per_step(trainer: Trainer, batches: list[dict[str, torch.Tensor]], steps: int, every: int,
-                     storage: Callable[[], contextlib.AbstractContextManager[object]]) -> float:
+                     storage: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+                     ) -> float:
     """Seconds per step over ``steps`` steps with a save every ``every`` (0: none; half a period in), up to the end
-    of the last write; one untimed step first lets caches and the allocator settle after another contender ran."""
+    of the last write and of the device's queued work; one untimed step first lets caches and the allocator settle
+    after another contender ran. bench/gpu_settings.py times the GPU's rows with it too."""
     micro_batches = itertools.cycle(batches)
     trainer.train_step(micro_batches)
     with storage():
+        synchronize(trainer.runtime.device)
         started = time.perf_counter()
         for step in range(1, steps + 1):
             trainer.train_step(micro_batches)
@@ -136,6 +140,7 @@ def seconds_per_step(trainer: Trainer, batches: list[dict[str, torch.Tensor]], s
             if every and step % every == every // 2:
                 trainer.save_checkpoint()
         trainer.checkpoints.wait()
+        synchronize(trainer.runtime.device)
         return (time.perf_counter() - started) / steps
 
 

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,20 +38,19 @@ import torch
 from gpu_common import (
     Measured,
     add_device_arguments,
-    check_device,
     device_name,
     first_line,
     model_flags,
     model_name,
     peak_memory_gib,
     reset_peak_memory,
+    start_training_part,
     synchronize,
     write_part,
 )
-from harness import add_common_arguments, bench_config, build_our_trainer, dummy_dataset, endless, median, pin_threads
+from harness import add_common_arguments, bench_config, build_our_trainer, dummy_dataset, endless, median
 from hf_trainer import hf_samples_per_s
 from transformers import PretrainedConfig
-from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
 from distqa.encoders.flops import model_flops_per_token
@@ -218,12 +215,7 @@ def main() -> None:
     args.compile_backend = args.compile_backend or ("inductor" if args.device == "cuda" else "eager")
     if args.quick:
         args.repeats, args.steps, args.warmup, args.batch_size, args.seq_lens = 1, 1, 1, 2, [FP16_SEQ_LEN]
-    pin_threads(args.threads)
-    device = check_device(args.device)
-    hf_logging.set_verbosity_error()
-    logging.getLogger("accelerate").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
-    torch.set_float32_matmul_precision("high")  # as distqa.train sets it: TF32 where fp32 remains
+    device = start_training_part(args)
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
 
     rows, failed = [], False

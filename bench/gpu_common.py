@@ -16,15 +16,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import platform
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from harness import pin_threads
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig, RobertaConfig
+from transformers.utils import logging as hf_logging
 
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.files import write_json
@@ -80,6 +84,19 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=MODELS, default=None,
                         help="bert-base (random weights, default on cuda) or tiny (data/tiny-bert, default on cpu)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here for bench/gpu_report.py")
+
+
+def start_training_part(args: argparse.Namespace) -> torch.device:
+    """What every part that trains does first: its torch threads (``--threads``), the device checked, the libraries'
+    notices that say nothing here silenced, and fp32 matrix products as distqa.train sets them (TF32 where fp32
+    remains). Returns the device."""
+    pin_threads(args.threads)
+    device = check_device(args.device)
+    hf_logging.set_verbosity_error()
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
+    torch.set_float32_matmul_precision("high")
+    return device
 
 
 def check_device(device: str) -> torch.device:

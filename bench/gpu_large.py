@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,16 +33,15 @@ from gpu_bert import Contender, measure_ours
 from gpu_common import (
     LARGE_ENCODERS,
     Measured,
-    check_device,
     device_name,
     first_line,
     model_flags,
     peak_memory_gib,
     reset_peak_memory,
+    start_training_part,
     write_part,
 )
-from harness import add_common_arguments, bench_config, pin_threads
-from transformers.utils import logging as hf_logging
+from harness import add_common_arguments, bench_config
 
 from distqa.encoders.memory import EncoderMemory, count_on_meta
 from distqa.memory import GiB, Step
@@ -112,12 +109,7 @@ def main() -> None:
     tiny = args.device == "cpu"
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 1, 1
-    pin_threads(args.threads)
-    device = check_device(args.device)
-    hf_logging.set_verbosity_error()
-    logging.getLogger("accelerate").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
-    torch.set_float32_matmul_precision("high")  # as distqa.train sets it
+    device = start_training_part(args)
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
     seq_len = QUICK_SEQ_LEN if tiny else SEQ_LEN
     # Compiled as the presets run on GPUs; a smoke run on CPU compiles nothing (inductor's cold start alone would

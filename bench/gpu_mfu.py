@@ -33,7 +33,6 @@ import gc
 import re
 import tempfile
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,21 +43,20 @@ import torch
 from gpu_bert import Contender, CountedBatches, Row, measure_ours
 from gpu_common import (
     add_device_arguments,
-    check_device,
     device_name,
     first_line,
     model_flags,
     model_name,
     peak_memory_gib,
     reset_peak_memory,
+    start_training_part,
     synchronize,
     write_part,
 )
-from harness import add_common_arguments, bench_config, build_our_trainer, dummy_dataset, endless, pin_threads
+from harness import add_common_arguments, bench_config, build_our_trainer, dummy_dataset, endless
 from torch._dynamo.utils import counters
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
-from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
 from distqa.encoders.pretrained import load_encoder_config
@@ -209,11 +207,7 @@ def main() -> None:
     if args.quick:
         args.repeats, args.steps, args.warmup, args.batch_size, args.profile_steps = 1, 1, 1, 2, 1
         seq_len = 64 if args.device == "cpu" else SEQ_LEN
-    pin_threads(args.threads)
-    device = check_device(args.device)
-    hf_logging.set_verbosity_error()
-    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
-    torch.set_float32_matmul_precision("high")  # as distqa.train sets it
+    device = start_training_part(args)
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
 
     rows, failed = [], False

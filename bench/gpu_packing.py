@@ -28,7 +28,6 @@ import argparse
 import gc
 import logging
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,18 +37,17 @@ from gpu_bert import CountedBatches, timed_steps
 from gpu_common import (
     Measured,
     add_device_arguments,
-    check_device,
     device_name,
     first_line,
     model_flags,
     model_name,
     peak_memory_gib,
     reset_peak_memory,
+    start_training_part,
     write_part,
 )
-from harness import add_common_arguments, bench_config, build_our_trainer, endless, median, pin_threads
+from harness import add_common_arguments, bench_config, build_our_trainer, endless, median
 from transformers import PretrainedConfig
-from transformers.utils import logging as hf_logging
 
 from distqa.distributed import local_runtime
 from distqa.encoders.flops import model_flops_per_token
@@ -165,12 +163,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.steps, args.warmup, args.batch_size, args.articles = 1, 1, 1, 4, 3
-    pin_threads(args.threads)
-    device = check_device(args.device)
-    hf_logging.set_verbosity_error()
+    device = start_training_part(args)
     logging.getLogger("distqa").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
-    torch.set_float32_matmul_precision("high")  # as distqa.train sets it
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
 
     rows, failed = [], False

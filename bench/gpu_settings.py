@@ -29,22 +29,27 @@ import argparse
 import gc
 import inspect
 import itertools
-import logging
 import tempfile
-import time
 import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpu_common import check_device, device_name, first_line, model_flags, synchronize, write_part
+from checkpoint_io import seconds_per_step
+from gpu_common import (
+    add_device_arguments,
+    device_name,
+    first_line,
+    model_flags,
+    model_name,
+    start_training_part,
+    write_part,
+)
 from gpu_sharding import build_trainer, measure
-from harness import add_common_arguments, bench_config, interleaved, median, pin_threads
+from harness import add_common_arguments, bench_config, interleaved, median
 from torch.nn.parallel import DistributedDataParallel
-from transformers.utils import logging as hf_logging
 
 from distqa.checkpoint import list_checkpoints
 from distqa.config import Config
@@ -67,9 +72,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, default_repeats=3)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda (the real figures) or cpu (a smoke run with the tiny model)")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here for bench/gpu_report.py")
+    add_device_arguments(parser)
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per repeat")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--every", type=int, default=20, help="a checkpoint every N steps in the checkpoint rows")
@@ -77,12 +80,7 @@ def main() -> None:
     tiny = args.device == "cpu"
     if args.quick:
         args.repeats, args.steps, args.warmup, args.every = 1, 1, 1, 2
-    pin_threads(args.threads)
-    check_device(args.device)
-    hf_logging.set_verbosity_error()
-    logging.getLogger("accelerate").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
-    torch.set_float32_matmul_precision("high")  # as distqa.train sets it
+    start_training_part(args)
     with distributed_runtime(args.device) as runtime:
         if not dist.is_initialized():  # world size 1: distqa.train would not wrap in DDP; these rows measure DDP
             join_process_group(runtime, timeout_s=600)
@@ -91,7 +89,7 @@ def main() -> None:
         seq_len, micro_batch = (QUICK_SEQ_LEN, QUICK_MICRO_BATCH) if tiny else (SEQ_LEN, MICRO_BATCH)
         rows, failed = [], False
         with tempfile.TemporaryDirectory(prefix=f"bench-gpu-settings-{runtime.rank}-") as work, \
-                model_flags("tiny" if tiny else "bert-base") as flags:
+                model_flags(model_name(args)) as flags:
             def config(*extra: str) -> Config:
                 return bench_config(
                     *flags, "--device", device.type, "--precision", "bf16", "--compile", "false",
@@ -115,7 +113,7 @@ def main() -> None:
             checkpoints = measure_checkpoints(config, runtime, args, Path(work))
             failed |= "FAILED" in checkpoints["note"]
         if runtime.rank == 0:
-            write_part(args.json, "settings", device, model="tiny" if tiny else "bert-base",
+            write_part(args.json, "settings", device, model=model_name(args),
                        world_size=runtime.world_size, seq_len=seq_len, micro_batch=micro_batch, steps=args.steps,
                        repeats=args.repeats, warmup=args.warmup, compiled=False, peak_flops=peak_flops, rows=rows,
                        checkpoints=checkpoints)
@@ -163,22 +161,6 @@ def measure_checkpoints(config: Callable[..., Config], runtime: Runtime, args: a
         if runtime.device.type == "cuda":
             torch.cuda.empty_cache()
     return result
-
-
-def seconds_per_step(trainer: Trainer, batches: list[dict[str, torch.Tensor]], steps: int, every: int) -> float:
-    """Seconds per step over ``steps`` steps with a save every ``every`` (0: none; half a period in, as
-    bench/checkpoint_io.py saves), up to the end of the last write and of the GPU's work."""
-    micro_batches = itertools.cycle(batches)
-    synchronize(trainer.runtime.device)
-    started = time.perf_counter()
-    for step in range(1, steps + 1):
-        trainer.train_step(micro_batches)
-        trainer.progress.step += 1
-        if every and step % every == every // 2:
-            trainer.save_checkpoint()
-    trainer.checkpoints.wait()
-    synchronize(trainer.runtime.device)
-    return (time.perf_counter() - started) / steps
 
 
 if __name__ == "__main__":

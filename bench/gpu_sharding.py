@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from gpu_bert import CountedBatches, timed_steps
-from gpu_common import check_device, device_name, first_line, model_flags, reset_peak_memory, write_part
-from harness import add_common_arguments, bench_config, dummy_dataset, endless, median, pin_threads
-from transformers.utils import logging as hf_logging
+from gpu_common import (
+    device_name,
+    first_line,
+    model_flags,
+    reset_peak_memory,
+    start_training_part,
+    write_part,
+)
+from harness import add_common_arguments, bench_config, dummy_dataset, endless, median
 
 from distqa.config import Config
 from distqa.ddp import wrap_ddp
@@ -64,12 +68,7 @@ def main() -> None:
     tiny = args.device == "cpu"
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 1, 1
-    pin_threads(args.threads)
-    check_device(args.device)
-    hf_logging.set_verbosity_error()
-    logging.getLogger("accelerate").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="torch.utils.data")  # pin_memory without an accelerator
-    torch.set_float32_matmul_precision("high")  # as distqa.train sets it
+    start_training_part(args)
     with distributed_runtime(args.device) as runtime:
         if not dist.is_initialized():  # world size 1: distqa.train would not wrap; both rows here need a group
             join_process_group(runtime, timeout_s=600)
