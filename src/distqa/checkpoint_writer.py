@@ -61,9 +61,10 @@ from distqa.stop import StopWindow
 
 log = logging.getLogger(__name__)
 
-# Before torch 2.13, DefaultStager._stage closes its StateDictStager after every stage, which clears the table its
-# copy dispatches on: the next stage fails with "KeyError: <class 'type'>" (seen on an H100 with torch 2.11, at the
-# second background save). There each save gets a stager of its own, and the host copy is not kept between saves.
+# In torch releases before 2.13 (2.11 among them), DefaultStager._stage closes its StateDictStager after every stage,
+# which clears the table its copy dispatches on: the next stage fails with "KeyError: <class 'type'>" (seen on an H100
+# with torch 2.11, at the second background save; 2.13's _stage leaves it open). There each save gets a stager of its
+# own, and the host copy is not kept between saves.
 _STAGER_IS_SINGLE_USE = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
 
 
