@@ -1,5 +1,5 @@
 """The one table of bench/gpu.sh: every part's JSON (gpu_bert, gpu_startup, gpu_inference, gpu_packing, gpu_large,
-gpu_sharding, gpu_mfu) and the goals.
+gpu_sharding, gpu_settings, gpu_flight_recorder, gpu_mfu) and the goals.
 
     .venv/bin/python bench/gpu_report.py DIR   # DIR: each part's .json (training, startup, …, settings, mfu)
 

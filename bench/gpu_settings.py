@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from checkpoint_io import seconds_per_step
 from gpu_common import (
     add_device_arguments,
@@ -47,13 +46,13 @@ from gpu_common import (
     start_training_part,
     write_part,
 )
-from gpu_sharding import build_trainer, measure
+from gpu_sharding import build_trainer, measure, runtime_with_a_group
 from harness import add_common_arguments, bench_config, interleaved, median
 from torch.nn.parallel import DistributedDataParallel
 
 from distqa.checkpoint import list_checkpoints
 from distqa.config import Config
-from distqa.distributed import Runtime, distributed_runtime, join_process_group
+from distqa.distributed import Runtime
 from distqa.throughput import peak_bf16_flops
 from distqa.trainer import Trainer
 
@@ -81,9 +80,7 @@ def main() -> None:
     if args.quick:
         args.repeats, args.steps, args.warmup, args.every = 1, 1, 1, 2
     start_training_part(args)
-    with distributed_runtime(args.device) as runtime:
-        if not dist.is_initialized():  # world size 1: distqa.train would not wrap in DDP; these rows measure DDP
-            join_process_group(runtime, timeout_s=600)
+    with runtime_with_a_group(args.device) as runtime:
         device = runtime.device
         peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
         seq_len, micro_batch = (QUICK_SEQ_LEN, QUICK_MICRO_BATCH) if tiny else (SEQ_LEN, MICRO_BATCH)

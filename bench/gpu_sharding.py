@@ -21,8 +21,10 @@ AdamW state: bench/sharding.py counts it on CPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +71,7 @@ def main() -> None:
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 1, 1
     start_training_part(args)
-    with distributed_runtime(args.device) as runtime:
-        if not dist.is_initialized():  # world size 1: distqa.train would not wrap; both rows here need a group
-            join_process_group(runtime, timeout_s=600)
+    with runtime_with_a_group(args.device) as runtime:
         device = runtime.device
         peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
         seq_len, micro_batch = (QUICK_SEQ_LEN, QUICK_MICRO_BATCH) if tiny else (SEQ_LEN, MICRO_BATCH)
@@ -95,6 +95,17 @@ def main() -> None:
                        repeats=args.repeats, warmup=args.warmup, compiled=False, peak_flops=peak_flops, rows=rows)
     if failed:
         raise SystemExit(1)
+
+
+@contextlib.contextmanager
+def runtime_with_a_group(device: str) -> Iterator[Runtime]:
+    """distqa's runtime under torchrun, with a process group even at world size 1, where distqa.train makes none
+    (it does not wrap a single process); the rows of this part and of bench/gpu_settings.py measure DDP's and
+    FSDP's wraps, which need one."""
+    with distributed_runtime(device) as runtime:
+        if not dist.is_initialized():
+            join_process_group(runtime, timeout_s=600)
+        yield runtime
 
 
 def build_trainer(config: Config, runtime: Runtime, work: Path, pin_memory: bool | None = None,
