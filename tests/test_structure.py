@@ -133,6 +133,24 @@ def test_shared_types_and_helpers_import_no_torch() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_qa_tasks_import_their_model_side_only_to_build_a_model() -> None:
+    """Choosing a QA task, and preparing its data, loads neither transformers' modeling code nor torch's compiler
+    (seconds of imports in every ``distqa.prepare`` the local launcher runs before a run, and in each featurising
+    process); building the model loads them."""
+    code = ("import sys; from distqa.tasks import task_class; from distqa.config import Config; "
+            "[task_class(name) for name in ('dummy', 'nq', 'squad')]; "
+            "model_side = ('transformers.modeling_utils', 'torch._dynamo', 'distqa.qa.model', 'distqa.qa.inference'); "
+            "print(sorted(set(model_side) & set(sys.modules))); "
+            "from distqa.config.sources import load_config; from distqa.tasks import make_task; "
+            "make_task(load_config(['--task', 'dummy'])).build_model(); "
+            "print(sorted(set(model_side[:3]) & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "[]", "['distqa.qa.model', 'torch._dynamo', 'transformers.modeling_utils']"], result.stdout
+
+
 MACHINERY_TO_IMPORT = ("distqa.config.sources", "distqa.config.flags", "distqa.tasks", "distqa.tasks.base",
                       "distqa.memory", "distqa.throughput", "distqa.doctor", "distqa.prepare", "distqa.train")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import huggingface_hub
 from transformers import (
@@ -33,7 +33,6 @@ from transformers import (
     AutoModel,
     AutoTokenizer,
     PretrainedConfig,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -41,6 +40,9 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from distqa.config import ConfigError
 from distqa.encoders.config import TINY_MODEL_DIR, EncoderConfig
 from distqa.encoders.hub import cached_files, cached_snapshot, hub_cache, hub_offline, not_available
+
+if TYPE_CHECKING:  # transformers' modeling code: seconds of imports that loading a tokenizer does not need
+    from transformers import PreTrainedModel
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 """The files ``AutoModel.from_pretrained`` reads PyTorch weights from, in a model directory."""

@@ -19,6 +19,9 @@ from torch.utils.data import default_collate
 LENGTH_MULTIPLE = 8
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
 """The columns with one value per position; every other column (labels, indices) is per window."""
+INPUT_NAMES = SEQUENCE_COLUMNS
+"""The batch columns the model reads, in the order of :meth:`~distqa.qa.model.QAModel.forward`'s arguments: the
+sequence columns."""
 
 
 def collate_trimmed(windows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:

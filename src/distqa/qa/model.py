@@ -16,6 +16,7 @@ from distqa.config import ConfigError
 from distqa.encoders.pretrained import load_encoder, load_encoder_config
 from distqa.encoders.varlen import VARLEN_ATTENTION, pad_back, supports_varlen, unpad
 from distqa.qa.answers import AnswerType
+from distqa.qa.collate import INPUT_NAMES
 from distqa.qa.config import QAConfig
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,6 @@ log = logging.getLogger(__name__)
 # hidden_dropout_prob and attention_probs_dropout_prob, DistilBERT dropout and attention_dropout).
 ATTENTION_DROPOUT_ATTRIBUTES = ("attention_probs_dropout_prob", "attention_dropout")
 DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", *ATTENTION_DROPOUT_ATTRIBUTES)
-
-
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-"""The batch columns the model reads, in the order of :meth:`QAModel.forward`'s arguments."""
 
 
 class QAOutput(NamedTuple):

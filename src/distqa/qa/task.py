@@ -1,12 +1,17 @@
 """What the built-in question-answering tasks share: a ``transformers`` encoder with the span and answer-type
 heads (:mod:`distqa.qa.model`), its tokenizer and its pair format (:class:`~distqa.encoders.template.PairTemplate`), and
-batches of windows cut to their longest window."""
+batches of windows cut to their longest window.
+
+The model's module is imported where a model is built, not with the task: it brings transformers' modeling code
+and torch's compiler (:mod:`distqa.encoders.varlen` imports ``torch._dynamo``), seconds of imports that
+``python -m distqa.prepare`` (run by the local launcher before every run) and the featurising processes do not
+need."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -19,10 +24,12 @@ from distqa.encoders.flops import model_flops_per_token
 from distqa.encoders.memory import EncoderMemory, count_on_meta
 from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.encoders.template import PairTemplate
-from distqa.qa.collate import collate_trimmed
+from distqa.qa.collate import INPUT_NAMES, collate_trimmed
 from distqa.qa.config import QAConfig
-from distqa.qa.model import INPUT_NAMES, QAOutput, build_model, qa_loss, transformer_layers
 from distqa.tasks.base import Batch, Task
+
+if TYPE_CHECKING:
+    from distqa.qa.model import QAOutput
 
 
 class QATask(Task):
@@ -80,12 +87,18 @@ class QATask(Task):
         return collate_trimmed(examples) if self.config.trim_padding else default_collate(examples)
 
     def build_model(self) -> nn.Module:
+        from distqa.qa.model import build_model  # here, not at the top: see the module's docstring
+
         return build_model(self.config)
 
     def loss(self, output: QAOutput, batch: Batch) -> torch.Tensor:
+        from distqa.qa.model import qa_loss  # imported by build_model already: a lookup in sys.modules
+
         return qa_loss(output, batch)
 
     def sharding_units(self, model: nn.Module) -> list[nn.Module]:
+        from distqa.qa.model import transformer_layers  # the model side, lazily: see the module's docstring
+
         return transformer_layers(model)
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float | None:
@@ -93,6 +106,8 @@ class QATask(Task):
 
     def training_memory(self) -> EncoderMemory:
         """The model of these settings counted on the meta device: from its config alone, no weights loaded."""
+        from distqa.qa.model import build_model  # the model side, lazily: see the module's docstring
+
         model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
         return EncoderMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
                                        self.config.attn_implementation)

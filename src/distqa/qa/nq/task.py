@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch.utils.data import Dataset
 
@@ -16,9 +17,11 @@ from distqa.errors import DataError
 from distqa.qa.config import WINDOWS
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.config import NQ_FILES, NQConfig
-from distqa.qa.nq.inference import Evaluator
 from distqa.qa.nq.prepared import find_features, prepare_nq, require_nq_features
 from distqa.qa.task import QATask
+
+if TYPE_CHECKING:  # the model side, imported where evaluation starts (distqa.qa.task's docstring)
+    from distqa.qa.nq.inference import Evaluator
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ class NQTask(QATask):
             log.warning("no evaluation: the validation split of %s is empty (too few examples for "
                         "validation_fraction %s)", directory, config.validation_fraction)
             return None
+        from distqa.qa.nq.inference import Evaluator  # the model side: imported where evaluation starts
+
         evaluator = Evaluator(directory, runtime, config.eval_batch_size, config.max_answer_len,
                               config.long_threshold, config.short_threshold)
         every = f"{config.eval_every} steps and at the end" if config.eval_every else "run's end"

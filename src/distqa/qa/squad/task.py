@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch.utils.data import Dataset
 
@@ -17,9 +18,11 @@ from distqa.errors import DataError
 from distqa.qa.config import WINDOWS
 from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.config import SQUAD_FILES, SquadConfig
-from distqa.qa.squad.inference import SquadEvaluator
 from distqa.qa.squad.prepared import find_squad_features, prepare_squad, require_squad_features
 from distqa.qa.task import QATask
+
+if TYPE_CHECKING:  # the model side, imported where evaluation starts (distqa.qa.task's docstring)
+    from distqa.qa.squad.inference import SquadEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class SquadTask(QATask):
             log.warning("no evaluation and no best.pt: no squad_validation_file, and validation_fraction %s holds out "
                         "no question", config.validation_fraction)
             return None
+        from distqa.qa.squad.inference import SquadEvaluator  # the model side: imported where evaluation starts
+
         evaluator = SquadEvaluator(directory, runtime, config.eval_batch_size, config.max_answer_len,
                                    config.no_answer_threshold)
         every = f"{config.eval_every} steps and at the end" if config.eval_every else "run's end"
