@@ -6,7 +6,8 @@
 BERT of bert-base-uncased's sizes with random weights (bench/gpu_common.py), seq 512, bf16, DummyDataset windows
 padded to the sequence length, ``--batch-size`` windows per optimizer step (the presets' 32), one process. Each
 attempt is measured as bench/gpu_bert.py measures "ours" (its ``measure_ours``: warm-up, then the median of
-``--repeats`` × ``--steps`` optimizer steps), side by side in one run:
+``--repeats`` × ``--steps`` optimizer steps), each in a process of its own (on an H100, CUDA graphs gave 334
+samples/s after three other compiled attempts in one process and 680 alone: what ran before must not count):
 
   eager                          bf16 autocast, no compile
   eager, bf16 weights            the weights cast to bf16 and no autocast (below), not compiled
@@ -30,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -191,6 +195,41 @@ def profile_attempt(attempt: Attempt, flags: list[str], device: torch.device, ar
         torch.compiler.reset()
 
 
+def measure_attempt(attempt: Attempt, flags: list[str], device: torch.device, args: argparse.Namespace, seq_len: int,
+                    work: Path, peak_flops: float | None) -> dict[str, Any]:
+    """``attempt``'s row (its ``FAILED: …`` note where it failed: a compile error, out of memory)."""
+    batch_size = args.batch_size * attempt.batch_scale
+    contender = Contender("ours", "bf16", attempt.compiled, seq_len)
+    print(f"{attempt.name}, micro-batch {batch_size} …", flush=True)
+    reset_peak_memory(device)
+    try:
+        config = attempt_config(attempt, flags, device, args.batch_size, seq_len)
+        row = measure_ours(contender, config, device, args, work, peak_flops, attempt.prepare)
+        row.name = attempt.name
+    except Exception as err:
+        row = Row(attempt.name, "ours", "bf16", attempt.compiled, seq_len, note=f"FAILED: {first_line(err)}")
+    if row.samples_per_s is not None:
+        row.peak_memory_gib = peak_memory_gib(device)
+    return vars(row) | {"micro_batch": batch_size}
+
+
+def in_a_process_of_its_own(attempt: Attempt, profiled: bool, work: Path, seq_len: int, batch_size: int
+                            ) -> dict[str, Any]:
+    """This script again, for ``attempt`` alone (and its profile where ``profiled``): its row and profile. A process
+    that ends without them (killed, a crash in a kernel) gives a row saying so."""
+    results = work / "attempt.json"
+    results.unlink(missing_ok=True)
+    command = [sys.executable, __file__, *sys.argv[1:], "--attempt", attempt.name, "--json", str(results),
+               *(["--profile", attempt.name] if profiled else ["--profile"])]
+    ended = subprocess.run(command, check=False)
+    if results.is_file():
+        return json.loads(results.read_text())
+    note = f"FAILED: its process ended with exit code {ended.returncode} and no figures (its log is above)"
+    row = Row(attempt.name, "ours", "bf16", attempt.compiled, seq_len, note=note)
+    return {"row": vars(row) | {"micro_batch": batch_size * attempt.batch_scale},
+            "profile": {"attempt": attempt.name, "note": note} if profiled else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, default_repeats=3)
@@ -199,9 +238,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per repeat")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps of each profiled attempt")
-    parser.add_argument("--profile", nargs="+", default=list(PROFILED), metavar="NAME",
+    parser.add_argument("--profile", nargs="*", default=list(PROFILED), metavar="NAME",
                         help="the attempts to profile, by name")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these attempts, by name")
+    parser.add_argument("--attempt", help=argparse.SUPPRESS)  # set when this script runs one attempt on its own
     args = parser.parse_args()
     seq_len = SEQ_LEN
     if args.quick:
@@ -209,41 +249,41 @@ def main() -> None:
         seq_len = 64 if args.device == "cpu" else SEQ_LEN
     device = start_training_part(args)
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
+    # No inductor compile in a smoke run on CPU: the compiled attempts get a row saying so, and only the eager
+    # attempt is profiled there.
+    no_compile = args.quick and device.type != "cuda"
+    profiled = [ATTEMPTS[0].name] if no_compile else args.profile
 
-    rows, failed = [], False
-    with model_flags(model_name(args)) as flags, tempfile.TemporaryDirectory(prefix="bench-gpu-mfu-") as work:
+    if args.attempt:  # one attempt, in the process in_a_process_of_its_own started
+        [attempt] = [attempt for attempt in ATTEMPTS if attempt.name == args.attempt]
+        with model_flags(model_name(args)) as flags, tempfile.TemporaryDirectory(prefix="bench-gpu-mfu-") as work:
+            row = measure_attempt(attempt, flags, device, args, seq_len, Path(work), peak_flops)
+            gc.collect()
+            torch.compiler.reset()
+            profile = profile_attempt(attempt, flags, device, args, seq_len, Path(work), peak_flops) \
+                if attempt.name in profiled else None
+        args.json.write_text(json.dumps({"row": row, "profile": profile}))
+        return
+
+    rows, profiles = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-mfu-") as work:
         for attempt in ATTEMPTS:
             if args.only and attempt.name not in args.only:
                 continue
-            batch_size = args.batch_size * attempt.batch_scale
-            config = attempt_config(attempt, flags, device, args.batch_size, seq_len)
-            contender = Contender("ours", "bf16", attempt.compiled, seq_len)
-            print(f"{attempt.name}, micro-batch {batch_size} …", flush=True)
-            reset_peak_memory(device)
-            try:
-                if args.quick and device.type != "cuda" and attempt.compiled:
-                    row = Row(attempt.name, "ours", "bf16", True, seq_len,
-                              note="n/a (--quick on CPU: no inductor compile)")
-                else:
-                    row = measure_ours(contender, config, device, args, Path(work), peak_flops, attempt.prepare)
-                    row.name = attempt.name
-            except Exception as err:  # one attempt failing (a compile error, out of memory) spoils no other
-                failed = True
-                row = Row(attempt.name, "ours", "bf16", attempt.compiled, seq_len, note=f"FAILED: {first_line(err)}")
-            if row.samples_per_s is not None:
-                row.peak_memory_gib = peak_memory_gib(device)
-            rows.append(vars(row) | {"micro_batch": batch_size})
-            gc.collect()
-            torch.compiler.reset()
-        # No inductor compile in a smoke run on CPU: only the eager attempt is profiled there.
-        to_profile = [ATTEMPTS[0]] if args.quick and device.type != "cuda" else \
-            [attempt for attempt in ATTEMPTS if attempt.name in args.profile]
-        profiled = [profile_attempt(attempt, flags, device, args, seq_len, Path(work), peak_flops)
-                    for attempt in to_profile]
-        failed |= any("note" in entry for entry in profiled)
+            if no_compile and attempt.compiled:
+                rows.append(vars(Row(attempt.name, "ours", "bf16", True, seq_len,
+                                     note="n/a (--quick on CPU: no inductor compile)"))
+                            | {"micro_batch": args.batch_size * attempt.batch_scale})
+                continue
+            measured = in_a_process_of_its_own(attempt, attempt.name in profiled, Path(work), seq_len, args.batch_size)
+            rows.append(measured["row"])
+            if measured["profile"] is not None:
+                profiles.append(measured["profile"])
+    failed = any(row["note"] and row["note"].startswith("FAILED") for row in rows) \
+        or any("note" in entry for entry in profiles)
     write_part(args.json, "mfu", device, model=model_name(args), seq_len=seq_len, batch_size=args.batch_size,
                steps=args.steps, repeats=args.repeats, warmup=args.warmup, peak_flops=peak_flops, rows=rows,
-               profiles=profiled)
+               profiles=profiles)
     if failed:
         raise SystemExit(1)
 

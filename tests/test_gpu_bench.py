@@ -98,12 +98,14 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
 
 def test_gpu_sh_parts_runs_only_those_and_the_report_names_none_missing(tmp_path) -> None:
     out = tmp_path / "gpu"
-    result = subprocess.run(["bash", str(GPU_SH), "--device", "cpu", "--quick", "--parts", "mfu", "--out", str(out)],
-                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                            timeout=300)
+    # The cheapest part on CPU (one line on why gloo has no flight recorder): the smoke run above runs every part.
+    result = subprocess.run(["bash", str(GPU_SH), "--device", "cpu", "--quick", "--parts", "flight_recorder", "--out",
+                             str(out)], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, f"bench/gpu.sh failed:\n{result.stdout}\n{result.stderr}"
-    assert sorted(path.name for path in out.iterdir()) == ["mfu.json", "mfu.log"]
-    assert "MFU attempts" in result.stdout and "FAILED" not in result.stdout, result.stdout
+    assert sorted(path.name for path in out.iterdir()) == ["flight_recorder.json", "flight_recorder.log"]
+    assert "flight recorder:" in result.stdout and "FAILED" not in result.stdout, result.stdout
+    assert "MFU attempts" not in result.stdout, result.stdout
     refused = subprocess.run(["bash", str(GPU_SH), "--parts", "mfu,warp"], cwd=REPO_ROOT, env=clean_env(),
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unknown part 'warp'" in refused.stderr
@@ -142,3 +144,24 @@ def test_scaling_model_is_consistent_arithmetic() -> None:
               re.findall(r"^ +([0-9]+) ms +([0-9.]+) to +[0-9.]+ Gbit/s$", result.stdout, re.MULTILINE)]
     assert len(recipe) >= 3, result.stdout
     assert abs(recipe[0][0] * recipe[0][1] - recipe[-1][0] * recipe[-1][1]) / (recipe[0][0] * recipe[0][1]) < 0.05
+
+
+def test_an_mfu_attempt_whose_process_dies_is_a_failed_row_and_the_part_goes_on(tmp_path) -> None:
+    """Each attempt of bench/gpu_mfu.py runs in a process of its own; one that dies without figures (killed, a crash
+    in a kernel) becomes a FAILED row and a FAILED profile, the part still writes its JSON, and it exits 1."""
+    killer = tmp_path / "site"
+    killer.mkdir()
+    # Python imports sitecustomize at start-up: this one ends every attempt's process at once, exit code 9.
+    (killer / "sitecustomize.py").write_text('import os, sys\nif "--attempt" in sys.argv:\n    os._exit(9)\n')
+    figures = tmp_path / "mfu.json"
+    result = subprocess.run([sys.executable, "bench/gpu_mfu.py", "--device", "cpu", "--quick", "--only", "eager",
+                             "compiled", "--json", str(figures)], cwd=REPO_ROOT,
+                            env=clean_env(OMP_NUM_THREADS="1", PYTHONPATH=f"{killer}:{REPO_ROOT / 'src'}"),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    part = json.loads(figures.read_text())
+    eager, compiled = part["rows"]
+    assert eager["name"] == "eager" and eager["samples_per_s"] is None
+    assert eager["note"] == "FAILED: its process ended with exit code 9 and no figures (its log is above)"
+    assert compiled["note"] == "n/a (--quick on CPU: no inductor compile)"  # no process needed, none started
+    assert part["profiles"] == [{"attempt": "eager", "note": eager["note"]}]
