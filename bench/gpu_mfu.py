@@ -195,6 +195,12 @@ def profile_attempt(attempt: Attempt, flags: list[str], device: torch.device, ar
         torch.compiler.reset()
 
 
+def unmeasured_row(attempt: Attempt, seq_len: int, batch_size: int, note: str) -> dict[str, Any]:
+    """The row of an attempt with no figures, ``note`` saying why (n/a, or ``FAILED: …``)."""
+    row = Row(attempt.name, "ours", "bf16", attempt.compiled, seq_len, note=note)
+    return vars(row) | {"micro_batch": batch_size * attempt.batch_scale}
+
+
 def measure_attempt(attempt: Attempt, flags: list[str], device: torch.device, args: argparse.Namespace, seq_len: int,
                     work: Path, peak_flops: float | None) -> dict[str, Any]:
     """``attempt``'s row (its ``FAILED: …`` note where it failed: a compile error, out of memory)."""
@@ -205,9 +211,9 @@ def measure_attempt(attempt: Attempt, flags: list[str], device: torch.device, ar
     try:
         config = attempt_config(attempt, flags, device, args.batch_size, seq_len)
         row = measure_ours(contender, config, device, args, work, peak_flops, attempt.prepare)
-        row.name = attempt.name
     except Exception as err:
-        row = Row(attempt.name, "ours", "bf16", attempt.compiled, seq_len, note=f"FAILED: {first_line(err)}")
+        return unmeasured_row(attempt, seq_len, args.batch_size, f"FAILED: {first_line(err)}")
+    row.name = attempt.name
     if row.samples_per_s is not None:
         row.peak_memory_gib = peak_memory_gib(device)
     return vars(row) | {"micro_batch": batch_size}
@@ -225,8 +231,7 @@ def in_a_process_of_its_own(attempt: Attempt, profiled: bool, work: Path, seq_le
     if results.is_file():
         return json.loads(results.read_text())
     note = f"FAILED: its process ended with exit code {ended.returncode} and no figures (its log is above)"
-    row = Row(attempt.name, "ours", "bf16", attempt.compiled, seq_len, note=note)
-    return {"row": vars(row) | {"micro_batch": batch_size * attempt.batch_scale},
+    return {"row": unmeasured_row(attempt, seq_len, batch_size, note),
             "profile": {"attempt": attempt.name, "note": note} if profiled else None}
 
 
@@ -271,9 +276,8 @@ def main() -> None:
             if args.only and attempt.name not in args.only:
                 continue
             if no_compile and attempt.compiled:
-                rows.append(vars(Row(attempt.name, "ours", "bf16", True, seq_len,
-                                     note="n/a (--quick on CPU: no inductor compile)"))
-                            | {"micro_batch": args.batch_size * attempt.batch_scale})
+                rows.append(unmeasured_row(attempt, seq_len, args.batch_size,
+                                           "n/a (--quick on CPU: no inductor compile)"))
                 continue
             measured = in_a_process_of_its_own(attempt, attempt.name in profiled, Path(work), seq_len, args.batch_size)
             rows.append(measured["row"])

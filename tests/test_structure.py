@@ -137,7 +137,7 @@ def test_the_qa_tasks_import_their_model_side_only_to_build_a_model() -> None:
     """Choosing a QA task, and preparing its data, loads neither transformers' modeling code nor torch's compiler
     (seconds of imports in every ``distqa.prepare`` the local launcher runs before a run, and in each featurising
     process); building the model loads them."""
-    code = ("import sys; from distqa.tasks import task_class; from distqa.config import Config; "
+    code = ("import sys; from distqa.tasks import task_class; "
             "[task_class(name) for name in ('dummy', 'nq', 'squad')]; "
             "model_side = ('transformers.modeling_utils', 'torch._dynamo', 'distqa.qa.model', 'distqa.qa.inference'); "
             "print(sorted(set(model_side) & set(sys.modules))); "
