@@ -294,6 +294,14 @@ def _root_logging_put_back() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_folders_under_basetemp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """TMPDIR of every process the tests start: a folder of pytest's basetemp (pytest keeps the last three sessions'),
+    not /tmp. torchrun's agent makes a ``torchelastic_*`` folder there at every start and never removes it, and a
+    node the tests SIGKILL leaves worker.sh's stop-report folder: hundreds of folders a run of the suite."""
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
+
+
 @pytest.fixture
 def run_main(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
              no_torchrun_env: None) -> Callable[..., tuple[int, str, str]]:

@@ -41,7 +41,10 @@ def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_
     """3 nodes expected, nodes 0 and 1 started: both end after the join timeout with one line naming
     the rendezvous address:port, who joined and that node 2 never did, and exit 4, not a traceback."""
     port = free_port()
-    nodes = [start_node(rank, 3, port, "never-joins", tmp_path, "--join-timeout", "8") for rank in (0, 1)]
+    # Node 1 must join within node 0's join timeout, counted from node 0's start: its worker.sh, its reach check and
+    # its agent's imports come first. 8 s was too short on a busy 2-core machine (three pytest workers: node 1 had not
+    # joined); 30 s leaves room, and the wait is idle, costing the suite no CPU.
+    nodes = [start_node(rank, 3, port, "never-joins", tmp_path, "--join-timeout", "30") for rank in (0, 1)]
     for node in nodes:
         finish(node, timeout=120)
     outputs = [node_output(tmp_path, "never-joins", rank).read_text() for rank in (0, 1)]
@@ -55,7 +58,7 @@ def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_
                 "joined: check that every node was started (scripts/worker.sh --node-rank I) with --nnodes 3 --run-id "
                 f"never-joins --master-addr 127.0.0.1 --master-port {port}, that its job is running and not still "
                 "queued (raise --join-timeout), and its log for an error before it joined.") in lines[0]
-        assert "timed out after 8 s" in lines[0] or "(hosted by node 0, which ended meanwhile)" in lines[0]
+        assert "timed out after 30 s" in lines[0] or "(hosted by node 0, which ended meanwhile)" in lines[0]
         assert "Traceback" not in output and "RendezvousTimeoutError" not in output, output
         assert "torchrun exited" not in output
 

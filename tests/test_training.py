@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,13 +95,25 @@ def six_steps_straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[s
     return data, directory / "straight"
 
 
-def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list[str], Path]) -> None:
+@pytest.fixture(scope="module")
+def six_steps_stopped_at_3(six_steps_straight: tuple[list[str], Path],
+                           tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of six_steps_of_2_ranks stopped at step 3 (--stop-at-step: the checkpoints of steps 2 and
+    3), run once: each test resumes a copy of it."""
+    data, _ = six_steps_straight
+    directory = tmp_path_factory.mktemp("six-steps-stopped")
+    # 4 steps per epoch; the stop at step 3 is mid-epoch 0.
+    run_training([*six_steps_of_2_ranks(data, directory), "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
+    return directory / "interrupted"
+
+
+def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list[str], Path],
+                                  six_steps_stopped_at_3: Path) -> None:
     """A 2-rank run stopped mid-epoch and resumed with --resume auto ends with the same weights as an
     uninterrupted run — across an epoch boundary and with dropout on (per-rank RNG states restored)."""
     data, straight_dir = six_steps_straight
     common = six_steps_of_2_ranks(data, tmp_path)
-    # 4 steps per epoch; the stop at step 3 is mid-epoch 0.
-    run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
+    shutil.copytree(six_steps_stopped_at_3, tmp_path / "interrupted")
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
                                    "best_mode": None, "best_value": None, "evaluations_without_improvement": 0,
@@ -125,15 +138,15 @@ def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(
-        tmp_path: Path, six_steps_straight: tuple[list[str], Path]) -> None:
+        tmp_path: Path, six_steps_straight: tuple[list[str], Path], six_steps_stopped_at_3: Path) -> None:
     """The newest checkpoint of a 2-rank run is cut in half (a full disk, a copy that stopped); the next
     start reports it in one line naming the file, resumes from the one before and, resumption being
     exact, ends with the weights of an uninterrupted run."""
     data, straight_dir = six_steps_straight
     common = six_steps_of_2_ranks(data, tmp_path)
-    run_training([*common, "--run-name", "damaged", "--stop-at-step", "4"], nproc=2)
+    shutil.copytree(six_steps_stopped_at_3, tmp_path / "damaged")
     checkpoints = tmp_path / "damaged" / "checkpoints"
-    newest = checkpoints / "step-00000004.pt"
+    newest = checkpoints / "step-00000003.pt"
     data = newest.read_bytes()
     newest.write_bytes(data[:len(data) // 2])
 
@@ -142,7 +155,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly
     assert len(reports) == 1 and f"{newest} is truncated or damaged: {len(data) // 2} bytes, {len(data)} " \
         "were written" in reports[0], resumed.stderr
     assert f"resumed from {checkpoints / 'step-00000002.pt'} at step 2" in resumed.stderr
-    assert (checkpoints / "step-00000004.pt.corrupt").exists()
+    assert (checkpoints / "step-00000003.pt.corrupt").exists()
     difference = max_difference(final_weights(straight_dir), final_weights(tmp_path / "damaged"))
     assert difference < 1e-6, f"the run resumed past a damaged checkpoint differs by {difference:.2e}"
 
@@ -211,7 +224,9 @@ def test_local_launcher_trains_two_nodes_and_only_rank_0_writes(tmp_path: Path) 
     writers = [name for name, text in logs.items() if "saved checkpoint" in text]
     assert writers == ["rank-0.log"], "exactly one process writes checkpoints"
     assert "[rank 1]" in logs["rank-1.log"] and "[rank 0]" not in logs["rank-1.log"]
-    assert "[node 0]" in output and "[node 1]" in output
+    for node in (0, 1):  # each node is a worker.sh on loopback, its lines prefixed with its rank
+        assert (f"[node {node}] worker.sh: run 'launcher-test': node {node} of 2 at 127.0.0.1, rendezvous "
+                "127.0.0.1:") in output
     events = list((run_dir / "tensorboard").iterdir())
     assert len(events) == 1, "only rank 0 writes TensorBoard events"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
