@@ -16,7 +16,8 @@ reads, the loss, and the evaluator. With an evaluator the model is scored every 
 at the end, by all ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding
 thresholds) goes into the following checkpoints as it is, and the model with the best value of the
 evaluator's best metric so far is kept in ``checkpoints/best.pt``. With ``early_stopping_patience`` the run
-ends after that many evaluations without improvement, on every rank at the same step (the count is resumed).
+ends after that many evaluations without improvement, on every rank at the same step (the count is resumed); a
+sweep's trial (``sweep_trial``) ends the same way when the sweep's pruner says it falls behind the other trials.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from distqa.rundir import versions
 from distqa.sampler import ResumableDistributedSampler
 from distqa.sharded_checkpoint import ShardedCheckpointWriter, checkpoint_writer
 from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
+from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.throughput import peak_bf16_flops
 from distqa.tracking import RunRecord
@@ -120,6 +122,8 @@ class Trainer:
                                              stop_window=graceful_stop_window())
         """Rank 0's checkpoint files, written off the step; with sharded checkpoints every rank's shards too."""
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
+        self.pruner = TrialPruner(config.sweep_trial) if config.sweep_trial and runtime.is_main_process else None
+        """A sweep's trial: rank 0 reports each evaluation to the sweep's study and asks its pruner."""
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -151,8 +155,9 @@ class Trainer:
         step, stop_at_step = self.progress.step, self.config.stop_at_step
         if not (0 < stop_at_step <= step or self._stops_early()):
             return False
-        log.info("already at step %d, %s: nothing to do", step, "where early stopping ended the run"
-                 if self._stops_early() else f"past stop_at_step={stop_at_step}")
+        log.info("already at step %d, %s: nothing to do", step, ("where the sweep pruned the trial" if
+                 self.progress.pruned_at else "where early stopping ended the run") if self._stops_early()
+                 else f"past stop_at_step={stop_at_step}")
         return True
 
     def _train_epoch(self, bar: tqdm, scalars: RunRecord | None, stop: StopSignal) -> bool:
@@ -225,7 +230,10 @@ class Trainer:
 
     def _log_why_it_stops(self, early: bool) -> None:
         progress = self.progress
-        if early:
+        if progress.pruned_at:
+            log.info("pruned at step %d by the sweep's rule: this trial's %s falls behind the other trials' at this "
+                     "step (checkpoint kept)", progress.step, progress.best_metric)
+        elif early:
             log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
                      "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
                      progress.best_metric, self.config.early_stopping_min_delta, progress.best_value)
@@ -326,6 +334,9 @@ class Trainer:
             else progress.evaluations_without_improvement + 1)
         if improved:
             progress.best_metric, progress.best_mode, progress.best_value = best.name, best.mode, value
+        if self.config.sweep_trial:  # rank 0 asks the sweep's pruner; every rank takes its answer (all stop together)
+            pruned = self.pruner.prunes(step, value, best.name, best.mode) if self.pruner is not None else False
+            progress.pruned_at = step if broadcast_object(pruned) and step < self.plan.total_steps else 0
         if self.runtime.is_main_process:
             log.info("eval at step %d: %s, %.1f s%s", step, evaluation.describe(), time.perf_counter() - started,
                      " (best so far)" if improved else "")
@@ -341,7 +352,9 @@ class Trainer:
         return contextlib.nullcontext() if sharding.is_sharded(self.ddp_model) else self.precision.autocast()
 
     def _stops_early(self) -> bool:
-        return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
+        """Early stopping's patience is spent, or the sweep's pruner stopped this trial."""
+        return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement \
+            or self.progress.pruned_at > 0
 
     def _log_partial_window(self, bar: tqdm, scalars: RunRecord | None) -> None:
         """Collective, where the run stops before its next log line (a graceful stop, stop_at_step, early
