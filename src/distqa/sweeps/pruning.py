@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 
 from distqa.config import ConfigError
+from distqa.distributed import broadcast_object
+from distqa.tasks.base import BestMetric
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +30,23 @@ def parse_trial(value: str) -> tuple[Path, int]:
 
 
 class TrialPruner:
-    """The sweep's pruner for one trial, on rank 0 of its run."""
+    """The sweep's pruner for one trial: asked by rank 0 of its run, its answer broadcast to every rank."""
 
-    def __init__(self, sweep_trial: str) -> None:
+    def __init__(self, sweep_trial: str, asks: bool = True) -> None:
         self.sweep_dir, self.number = parse_trial(sweep_trial)
+        self.asks = asks
+        """Whether this process asks (rank 0); the others take its answer."""
         self._trial = None
         self._failed = False
 
-    def prunes(self, step: int, value: float, metric: str, mode: str) -> bool:
+    def prunes(self, step: int, value: float, best: BestMetric) -> bool:
+        """Collective: rank 0 reports the evaluation at ``step`` (``value`` of the task's best metric) and asks
+        whether the sweep's rule prunes the trial here; every rank returns its answer."""
+        return bool(broadcast_object(self.ask(step, value, best.name, best.mode) if self.asks else False))
+
+    def ask(self, step: int, value: float, metric: str, mode: str) -> bool:
         """Report the evaluation at ``step`` (the task's best metric ``metric``, better when ``mode``) and say
-        whether the sweep's rule prunes the trial here."""
+        whether the sweep's rule prunes the trial here (this process alone)."""
         if self._failed:
             return False
         try:
@@ -54,9 +63,8 @@ class TrialPruner:
 
     def _open(self):
         if self._trial is None:
-            # Here, not at the top: only a sweep's trial (rank 0) imports optuna.
-            import optuna
-
+            # Here, not at the top: only a sweep's trial (rank 0) imports optuna (and the study module, which does).
+            import optuna  # noqa: I001 (the comment above covers both)
             from distqa.sweeps.study import load_study
 
             study = load_study(self.sweep_dir)
