@@ -152,9 +152,9 @@ class Trainer:
         step, stop_at_step = self.progress.step, self.config.stop_at_step
         if not (0 < stop_at_step <= step or self._stops_early()):
             return False
-        done = "where a sweep's pruner ended the run" if self.progress.pruned_at else "where early stopping ended the run"
-        log.info("already at step %d, %s: nothing to do", step, done if self._stops_early()
-                 else f"past stop_at_step={stop_at_step}")
+        ended_by = "a sweep's pruner" if self.progress.pruned_at else "early stopping"
+        log.info("already at step %d, %s: nothing to do", step, f"where {ended_by} ended the run"
+                 if self._stops_early() else f"past stop_at_step={stop_at_step}")
         return True
 
     def _train_epoch(self, bar: tqdm, scalars: RunRecord | None, stop: StopSignal) -> bool:
