@@ -726,3 +726,72 @@ def test_the_store_job_failing_ends_the_run_in_one_line(platform: dict[str, str]
     assert statuses.pop(f"{STORE}-xf") == "failed"
     assert set(statuses.values()) <= {"cancelled", "failed"} and len(statuses) == 2, statuses
     wait_for(lambda: not run_processes("xf"), timeout=60)
+
+
+# --- a sweep whose trials are platform jobs -----------------------------------------------------
+
+PLATFORM_SWEEP = """
+search = "grid"
+[fixed]
+eval_every = 100000
+checkpoint_every = 0
+global_batch_size = 8
+per_rank_batch_size = 4
+[space]
+max_steps = [100000, 6, 8]
+[prune]
+rule = "none"
+"""
+
+
+@pytest.mark.distributed
+def test_a_sweep_runs_two_trials_at_once_each_on_two_platform_jobs_and_records_a_cancelled_one_as_failed(
+        platform: dict[str, str], tmp_path: Path) -> None:
+    """``python -m distqa.sweep --launcher platform --nodes 2 --parallel 2``: trial 0 (long) and trial 1 run at once,
+    each as 2 jobs of the launcher; trial 1's master is held pending until trial 0's jobs both run, so that the two
+    overlap by the platform's events, not by chance. One of trial 0's jobs is then cancelled: its launcher ends the
+    trial, the sweep records it failed with the launcher's line and starts trial 2 in the freed slot."""
+    sweep_file = tmp_path / "psweep.toml"
+    sweep_file.write_text(PLATFORM_SWEEP)
+    storage = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / "distqa" / "results" / "sweeps" / "psweep"
+    held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
+    held.mkdir(parents=True)
+    (held / "distributed_training-psweep-t1-0").touch()
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "distqa.sweep", str(sweep_file), "--launcher", "platform", "--nodes", "2",
+         "--parallel", "2", "--sweep-dir", str(storage), "--trial-sweep-dir", "/project/results/sweeps/psweep",
+         "--launcher-args", "--poll 0.5", "--", *MACHINERY_ARGS],
+        cwd=REPO_ROOT, env=platform, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    trial = {n: [f"distributed_training-psweep-t{n}-{rank}" for rank in (0, 1)] for n in (0, 1, 2)}
+
+    def running(keys: list[str]) -> bool:
+        seen = events(platform) if (Path(platform["STANDIN_PLATFORM_DIR"]) / "events.jsonl").exists() else []
+        return {(key, "running") for key in keys} <= {(e["key"], e["event"]) for e in seen}
+
+    try:
+        wait_for(lambda: running(trial[0]), timeout=240)
+        (held / trial[1][0]).unlink()
+        wait_for(lambda: running(trial[1]), timeout=240)
+        subprocess.run(["neuro-flow", "kill", "distributed_training", "psweep-t0-1"], cwd=REPO_ROOT, env=platform,
+                       check=True, capture_output=True, timeout=120)
+        output = finish(sweep, timeout=600)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert sweep.returncode == 0, output
+    order = [(e["key"], e["event"]) for e in events(platform)]
+    cancelled = order.index((trial[0][1], "cancelled"))
+    assert all(order.index((key, "running")) < cancelled for key in trial[0] + trial[1]), "2 trials × 2 jobs at once"
+    freed = min(i for i, (key, event) in enumerate(order) if key in trial[0] + trial[1] and event in
+                {"cancelled", "succeeded", "failed"})
+    assert order.index((trial[2][0], "submitted")) > freed, "a third trial only once a slot is free"
+    table = {line.split()[0]: line.split() for line in output.splitlines()
+             if line.startswith("trial-") and "failed:" not in line}
+    assert table["trial-000"][-2] == "failed" and table["trial-001"][-2] == table["trial-002"][-2] == "done", output
+    assert re.search(r"trial-000 failed: node 1 \(distributed_training psweep-t0-1\) cancelled; .* \(exit 1\)",
+                     output), output
+    for number, steps in ((1, 6), (2, 8)):
+        run = json.loads((storage / f"trial-00{number}" / "run.json").read_text())
+        assert (run["world_size"], run["nodes"]) == (2, 2)
+        assert json.loads((storage / f"trial-00{number}" / "summary.json").read_text())["step"] == steps

@@ -67,8 +67,9 @@ class Launcher:
                     "--procs-per-node", str(self.procs_per_node), "--port", str(free_port()), "--run-id", run_id,
                     *self.extra, "--", *trainer_args]
         if self.name == "platform":
+            # A rendezvous port of its own: trials side by side never meet on one (the stand-in's jobs share a host).
             return ["bash", str(scripts / "run_distributed_on_platform.sh"), "--nodes", str(self.nodes),
-                    "--run-id", run_id, *self.extra, "--", *trainer_args]
+                    "--run-id", run_id, "--port", str(free_port()), *self.extra, "--", *trainer_args]
         return ["sbatch", "--parsable", "--wait", "--nodes", str(self.nodes), "--job-name", run_id,
                 f"--export=ALL,RUN_ID={run_id}", *self.extra, str(scripts / "train_slurm.sbatch"), "--",
                 *trainer_args]
