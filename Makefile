@@ -32,7 +32,7 @@ BENCH_SCRIPTS := bench/step_overhead.py bench/hf_trainer.py bench/optimizations.
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train doctor prepare synthetic-nq bench test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train doctor prepare synthetic-nq sweep-demo bench test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -81,6 +81,17 @@ prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="
 
 synthetic-nq: $(INSTALLED) ## Learnable synthetic NQ end to end: generate, train 2 nodes, predict, score (~4 min)
 	PYTHON=$(PYTHON) scripts/train_synthetic_nq.sh $(ARGS)
+
+# The demo sweep's data: the learnable synthetic SQuAD set, small (generated in a second, the same every time).
+SWEEP_DEMO_DATA = results/sweep-demo-data
+sweep-demo: $(INSTALLED) ## A 6-trial lr sweep on 2 emulated nodes each, pruned by the median rule; its table and picture (~2 min)
+	for split in train:0:300 dev:1:40; do \
+		$(PYTHON) -m distqa.qa.squad.synthetic --output $(SWEEP_DEMO_DATA)/$${split%%:*}.json --seed $$(echo $$split | cut -d: -f2) \
+			--articles $${split##*:} --facts 1 --plausible 0 --filler-words 10 || exit 1; \
+	done
+	PYTHON=$(PYTHON) scripts/sweep.sh demo --sweep-dir results/sweeps/demo $(ARGS) -- \
+		--squad-train-file $(SWEEP_DEMO_DATA)/train.json --squad-validation-file $(SWEEP_DEMO_DATA)/dev.json \
+		--squad-cache-dir $(SWEEP_DEMO_DATA)/cache
 
 bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all targets at the end (~13 min; BENCH_ARGS=--quick)
 	@report=$$(mktemp); trap 'rm -f "$$report"' EXIT; failed=0; \

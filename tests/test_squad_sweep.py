@@ -1,11 +1,12 @@
 """A sweep on 2 emulated nodes per trial, with the tiny model on the learnable synthetic SQuAD data: one sweep run,
 checked by several tests (module-scoped).
 
-The sweep: a grid over the learning rate, 3e-3 (it learns) and two values far too small (1e-7, 3e-8), each with
-seeds 1 and 2 (6 trials), 40 steps each, evaluated every 10, pruned by the median rule once 2 trials completed.
-It is stopped by SIGTERM in the middle of trial-001 (at its step 16, by the trial's own rank 0, so no clock
-decides where) and run again with the same command; then the best trial's settings (and the interrupted trial's,
-when another) train once more, standalone, through the command the sweep prints.
+The sweep is ``configs/sweeps/demo.toml`` (``make sweep-demo``): a grid over the learning rate, 3e-3 (it learns)
+and two values far too small (1e-7, 3e-8), each with seeds 1 and 2 (6 trials), 40 steps each, evaluated every 10,
+pruned by the median rule once 2 trials completed. It is stopped by SIGTERM in the middle of trial-001 (asked for
+at its step 16 by the trial's own rank 0, so no clock decides where) and run again with the same command; then the
+best trial's settings (and the interrupted trial's, when another) train once more, standalone, through the command
+the sweep prints.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from typing import Any
 
 import pytest
@@ -26,29 +28,9 @@ from conftest import AT_STEP, REPO_ROOT, clean_env, final_weights, free_port, ma
 
 pytestmark = pytest.mark.distributed
 
-STEPS, EVAL_EVERY = 40, 10
-GOOD, TOO_SMALL = 3e-3, (1e-7, 3e-8)
-SWEEP = f"""
-preset = "tiny-synthetic-squad"
-search = "grid"
-seeds = [1, 2]
-
-[fixed]
-max_steps = {STEPS}
-eval_every = {EVAL_EVERY}
-checkpoint_every = {EVAL_EVERY}
-warmup_steps = 5
-log_every = 10
-stop_check_every = 1
-progress_bar = false
-
-[space]
-lr = [{GOOD}, {TOO_SMALL[0]}, {TOO_SMALL[1]}]
-
-[prune]
-rule = "median"
-startup_trials = 2
-"""
+DEMO = tomllib.loads((REPO_ROOT / "configs" / "sweeps" / "demo.toml").read_text())
+STEPS, EVAL_EVERY = DEMO["fixed"]["max_steps"], DEMO["fixed"]["eval_every"]
+GOOD, *TOO_SMALL = DEMO["space"]["lr"]
 
 
 def run(command: list[str], env: dict[str, str], timeout: int) -> subprocess.CompletedProcess[str]:
@@ -63,7 +45,6 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         subprocess.run([sys.executable, "-m", "distqa.qa.squad.synthetic", "--output", str(data / f"{name}.json"),
                         "--articles", str(articles), "--seed", str(seed), "--facts", "1", "--plausible", "0",
                         "--filler-words", "10"], check=True, capture_output=True, timeout=120)
-    (root / "lr.toml").write_text(SWEEP)
     data_args = ["--squad-train-file", str(data / "train.json"), "--squad-validation-file", str(data / "dev.json"),
                  "--squad-cache-dir", str(cache)]
     # The trials run an entry module that stops the sweep from trial-001's step 16 (conftest.AT_STEP), and so skip
@@ -71,7 +52,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     subprocess.run([sys.executable, "-m", "distqa.prepare", "--preset", "tiny-synthetic-squad", *data_args],
                    cwd=REPO_ROOT, env=clean_env(), check=True, capture_output=True, timeout=300)
     (root / "at_step.py").write_text(AT_STEP)
-    command = [sys.executable, "-m", "distqa.sweep", str(root / "lr.toml"), "--sweep-dir", str(sweep_dir),
+    command = [sys.executable, "-m", "distqa.sweep", "demo", "--sweep-dir", str(sweep_dir),
                "--launcher-args", "--entry-module at_step", "--", *data_args]
     env = clean_env(PYTHONPATH=str(root), AT_STEP="15", AT_RUN="trial-001", SIGNAL="SIGTERM", AT_WAIT_STOP="1",
                     ACTED_FILE=str(root / "acted"))
@@ -99,8 +80,9 @@ def test_a_stopped_sweep_exits_75_and_the_same_command_resumes_it_running_no_tri
     assert sorted(records) == list(range(6)), "the trial count is kept"
     assert {n: r.launches for n, r in records.items()} == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1}
     log = (swept["dir"] / "trial-001" / "logs" / "rank-0.log").read_text()
-    assert "stopped by SIGTERM at step 16" in (swept["dir"] / "trial-001" / "launcher.log").read_text()
-    assert re.search(r"resumed from \S+step-00000016.pt at step 16", log), log[-3000:]
+    # Asked for at step 16; the ranks agree every stop_check_every (10) steps: at step 20.
+    assert "stopped by SIGTERM at step 20" in (swept["dir"] / "trial-001" / "launcher.log").read_text()
+    assert re.search(r"resumed from \S+step-00000020.pt at step 20", log), log[-3000:]
 
 
 def test_the_pruned_trials_are_the_bad_ones_and_pruning_saves_at_least_40_percent_of_the_steps(swept: dict) -> None:

@@ -99,10 +99,12 @@ def run_sweep(args: argparse.Namespace) -> int:
     launcher = Launcher(args.launcher, args.nodes, args.procs_per_node, shlex.split(args.launcher_args),
                         run_id_prefix=spec.name)
     environ = {**os.environ, "WORLD_SIZE": str(launcher.world_size)}
-    # Every corner of the space through the trainer's own checks, for the world size the trials run on.
-    check_trial_configs(spec, lambda flags: load_config(flags, environ, prog="distqa.sweep (a trial)",
-                                                        check_data_paths=args.launcher == "local"),
-                        args.trainer_args)
+    # Every corner of the space through the trainer's own checks, for the world size the trials run on (a notice
+    # of the settings' loading said once, not once per corner).
+    with said_once(logging.getLogger("distqa.config.sources")):
+        check_trial_configs(spec, lambda flags: load_config(flags, environ, prog="distqa.sweep (a trial)",
+                                                            check_data_paths=args.launcher == "local"),
+                            args.trainer_args)
     sweep_dir = Path(args.sweep_dir or Path("results") / "sweeps" / spec.name).resolve()
     with exclusive(sweep_dir):
         record = {"launcher": args.launcher, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
@@ -227,6 +229,24 @@ class Sweep:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def said_once(logger: logging.Logger) -> Iterator[None]:
+    """Within the block, ``logger`` drops a message it has already logged."""
+    seen: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        new = message not in seen
+        seen.add(message)
+        return new
+
+    logger.addFilter(first_time)
+    try:
+        yield
+    finally:
+        logger.removeFilter(first_time)
 
 
 def settings_class(preset: str | None, task: str | None, extra: Sequence[str]) -> type:
