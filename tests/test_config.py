@@ -211,6 +211,26 @@ def test_the_real_presets_run_unchanged_on_1_to_64_gpus(preset_name: str, world_
     assert config.warmup_steps * config.global_batch_size >= given.warmup_steps * given.global_batch_size
 
 
+@pytest.mark.parametrize(("sweep_name", "world_size"), [("demo", 2), ("bert-base-nq", 8), ("bert-base-squad", 8)])
+def test_the_shipped_sweeps_read_and_every_trial_loads_on_their_world_size(sweep_name: str, world_size: int) -> None:
+    """configs/sweeps/: each file's settings exist for its task, and every corner of its space (each value, both ends
+    of each range, every seed) loads with the trainer's rules on the world size its header names; one more GPU
+    than the batches split over is refused before any trial."""
+    from distqa.sweep import settings_class  # the sweep's own choice of the task's settings
+    from distqa.sweeps.space import check_trial_configs, read_sweep
+
+    spec = read_sweep(sweep_name, lambda preset, task: settings_class(preset, task, []))
+
+    def check(size: int) -> None:  # as the sweep checks a platform's trials: the data are the nodes', not here
+        check_trial_configs(spec, lambda args: load_config([*args, "--model-name-or-path", "data/tiny-bert"],
+                                                           {"WORLD_SIZE": str(size)}, dotenv_path="/nonexistent/.env",
+                                                           check_data_paths=False))
+
+    check(world_size)
+    with pytest.raises(ConfigError, match="is not divisible by"):
+        check(world_size * 2 if sweep_name == "demo" else world_size * 16)
+
+
 @pytest.mark.parametrize("preset_name", GPU_PRESETS)
 def test_the_presets_document_their_scaling_table_as_computed(preset_name: str) -> None:
     """The table in each preset's comment (GPUs, global batch, lr) is what Config.for_world_size gives."""
