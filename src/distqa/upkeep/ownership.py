@@ -2,8 +2,9 @@
 
 Every path of the template belongs to a part (``core``, or one a fork may leave out: ``qa``, ``apolo``, ...) and has
 an owner: the template (a fork never edits it, an update replaces it) or the fork (the template writes it when the
-fork starts, never after the fork changed it). The longest pattern that matches a path places it, as a routing
-table's longest prefix does, so a part can claim one file inside another part's folder. Standard library only:
+fork starts, never after the fork changed it). The longest pattern that matches a path places it (of two as long,
+the one without a wildcard), as a routing table's longest prefix does, so a part can claim one file inside another
+part's folder. Standard library only:
 ``make update-template`` runs the newer template's copy of this package with any Python >= 3.11, before any
 environment exists.
 """
@@ -59,6 +60,10 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(translated.get(piece, re.escape(piece)) for piece in parts))
 
 
+def specificity(placement: Placement) -> tuple[int, bool]:
+    return len(placement.pattern), not any(c in placement.pattern for c in "*?")
+
+
 @dataclass(frozen=True)
 class Declaration:
     """``template.toml``: the parts, each pattern's owner, and where a fork moves an edit of a template file."""
@@ -111,9 +116,10 @@ class Declaration:
                 for part in self.parts.values() for pattern, owner in part.patterns.items()]
 
     def matches(self, path: str) -> list[Placement]:
-        """Every placement of ``path``, the longest pattern first."""
+        """Every placement of ``path``, the most specific first: the longest pattern, and of two as long, the one
+        without a wildcard."""
         found = [placement for regex, _, placement in self._rules if regex.fullmatch(path)]
-        return sorted(found, key=lambda placement: len(placement.pattern), reverse=True)
+        return sorted(found, key=specificity, reverse=True)
 
     def place(self, path: str) -> Placement | None:
         """Where ``path`` belongs: the placement of its longest matching pattern (None: the declaration does not
@@ -129,7 +135,7 @@ class Declaration:
             if not found:
                 problems.append(f"{path}: no pattern of {DECLARATION} places it; add it to a part's template or "
                                 "fork list")
-            elif len(found) > 1 and len(found[1].pattern) == len(found[0].pattern) and found[0] != found[1]:
+            elif len(found) > 1 and specificity(found[1]) == specificity(found[0]) and found[0] != found[1]:
                 problems.append(f"{path}: placed by {found[0].pattern!r} ({found[0].part}, {found[0].owner}) and "
                                 f"{found[1].pattern!r} ({found[1].part}, {found[1].owner}); make one pattern longer")
         return problems
