@@ -9,8 +9,9 @@ README, one line added to .neuro/live.yml. It is then brought to the template's 
     python bench/fork_update.py --base 316930c --target main
 
 (a) `git merge TARGET`: the conflicts git leaves (counted, then the merge is aborted);
-(b) the upkeep, as FORKING.md tells a fork made before fork.toml: the first run stops on the edited
-    .neuro/live.yml and says where the line goes; the line is taken back, the update runs (timed), and the
+(b) the upkeep, as FORKING.md tells a fork made before fork.toml (its parts left out: qa and notebooks; the test
+    files it deleted that are the machinery's come back, free of the QA package now): the first run stops on the
+    edited .neuro/live.yml and says where the line goes; the line is taken back, the update runs (timed), and the
     line goes into .neuro/project.yml. Its conflicts: the paths git reports unmerged, and any conflict marker.
 Needs this checkout's history (not a shallow clone). Prints the counts and the update's wall time.
 """
@@ -79,7 +80,8 @@ def upkeep(fork: Path, base: str, target_commit: str) -> subprocess.CompletedPro
                                  timeout=60).stdout
         subprocess.run(["tar", "-x", "-C", tool], input=archive, check=True, timeout=60)
         return subprocess.run([sys.executable, "-m", "distqa.upkeep", "update", "--upstream", str(REPO_ROOT),
-                               "--ref", target_commit, "--base", base], cwd=fork, capture_output=True, text=True,
+                               "--ref", target_commit, "--base", base, "--left-out", "qa notebooks"], cwd=fork,
+                              capture_output=True, text=True,
                               env={"PYTHONPATH": str(Path(tool) / "src"), "PATH": "/usr/bin:/bin"}, timeout=300)
 
 

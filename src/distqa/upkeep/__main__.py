@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--upstream", help="the template's URL or path (default: fork.toml's)")
     up.add_argument("--ref", default="main", help="a tag, branch or commit of the template (default: main)")
     up.add_argument("--base", help="without fork.toml: the template commit the fork was made from")
-    up.add_argument("--left-out", help="without fork.toml: the parts it left out (default: those it has no file of)")
+    up.add_argument("--left-out", help="without fork.toml: the parts it left out ('none': none)")
     up.add_argument("--no-commit", action="store_true", help="leave the changes staged for review, uncommitted")
     sub.add_parser("table", help="print docs/FORKING.md's table of the parts")
     return commands

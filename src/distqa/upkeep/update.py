@@ -26,6 +26,18 @@ class Plan:
     deletes: list[str] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    """Template-owned files of kept parts the fork had deleted, which the update writes again."""
+
+    def summary(self) -> list[str]:
+        """The notices, then one line for the restored files."""
+        lines = list(self.notices)
+        if self.restored:
+            shown = ", ".join(self.restored[:3]) + (f" and {len(self.restored) - 3} more" if len(self.restored) > 3
+                                                    else "")
+            lines.append(f"restored {len(self.restored)} template-owned file(s) your fork had deleted: {shown} "
+                         "(leave a part out to go without its files)")
+        return lines
 
 
 def plan_update(declaration: Declaration, base: dict[str, Entry], ref: dict[str, Entry], fork: dict[str, Entry],
@@ -54,7 +66,7 @@ def plan_update(declaration: Declaration, base: dict[str, Entry], ref: dict[str,
                 plan.stops.append(f"{path}: the template now ships this path, which your fork has as its own file; "
                                   "rename yours, then run the update again.")
             elif was is not None and has is None and now is not None:
-                plan.notices.append(f"{path}: restored (a template-owned file your fork had deleted)")
+                plan.restored.append(path)
             if now is None:
                 if has is not None:
                     plan.deletes.append(path)
@@ -100,10 +112,11 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
     """Update the fork at ``root`` to the template commit ``target`` (``ref`` as given, from ``upstream``, fetched
     already: :func:`distqa.upkeep.__main__.hand_over`); returns what happened, in lines. ``base`` and ``left_out``
     are for a fork without fork.toml (made before the record existed): the template commit it was made from, and
-    the parts it left out (by default, the parts none of whose files it has)."""
+    the parts it left out (``["none"]``: none)."""
     record = ForkRecord.read(root)
-    if record is None and not base:
-        raise UpkeepError(f"no {RECORD} here: name the template commit this fork was made from (BASE=commit).")
+    if record is None and (not base or left_out is None):
+        raise UpkeepError(f"no {RECORD} here: name the template commit this fork was made from and the parts it left "
+                          "out (BASE=commit LEFT_OUT=\"qa notebooks\", or LEFT_OUT=none).")
     refuse_dirty(root)
     base_commit = git.resolve(root, base or record.commit, upstream)  # type: ignore[union-attr]
     raw = git.read(root, target, DECLARATION)
@@ -113,14 +126,14 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
     declaration = Declaration.parse(raw.decode(), f"{DECLARATION} of {target[:12]}")
     base_tree, ref_tree, fork = git.tree(root, base_commit), git.tree(root, target), git.working_files(root)
     if left_out is None:
-        left_out = list(record.left_out) if record else absent_parts(declaration, base_tree, fork)
-    parts_out = declaration.with_requirements(left_out)
+        left_out = list(record.left_out)  # type: ignore[union-attr]
+    parts_out = declaration.with_requirements(name for name in left_out if name != "none")
     plan = plan_update(declaration, base_tree, ref_tree, fork, parts_out, base_commit[:12], target[:12])
     if plan.stops:
         raise UpkeepError("\n".join(plan.stops))
     apply(root, root, plan)
     ForkRecord(upstream, target, tuple(sorted(parts_out))).write(root)
-    lines = [*plan.notices, f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template from "
+    lines = [*plan.summary(), f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template from "
              f"{base_commit[:12]} to {target[:12]} ({ref}), parts left out: {', '.join(sorted(parts_out)) or 'none'}"]
     if not git.dirty(root):
         lines.append("already up to date")
@@ -136,9 +149,3 @@ def refuse_dirty(root: Path) -> None:
     if changed:
         raise UpkeepError(f"the working tree has uncommitted changes ({len(changed)}, e.g. {changed[0]}); "
                           "commit or stash them, then run the update again.")
-
-
-def absent_parts(declaration: Declaration, base: dict[str, Entry], fork: dict[str, Entry]) -> list[str]:
-    """The optional parts of which the fork has none of the files the template had at ``base``: left out."""
-    had = {placement.part for path in base if path in fork and (placement := declaration.place(path))}
-    return [name for name in declaration.parts if name != "core" and name not in had]
