@@ -113,7 +113,7 @@
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
 #   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
 #   NCCL_IB_DISABLE=1 forces TCP where InfiniBand is advertised but not usable. On the platform set
-#   them in `defaults.env` of .neuro/live.yml (a local .env is not part of the image).
+#   them in `defaults: env:` of .neuro/project.yml (a local .env is not part of the image).
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -129,10 +129,11 @@ def long_options(words: list[str]) -> list[str]:
 
 @functools.cache
 def make_rules() -> dict[str, str]:
-    """Target -> its recipe, from the Makefile's `target: …` rules."""
+    """Target -> its recipe, from the `target: …` rules of the Makefile and of the parts' make/*.mk it includes."""
     rules: dict[str, str] = {}
     current: list[str] = []
-    for line in (REPO_ROOT / "Makefile").read_text().splitlines():
+    makefiles = [REPO_ROOT / "Makefile", *sorted((REPO_ROOT / "make").glob("*.mk"))]
+    for line in (line for makefile in makefiles for line in makefile.read_text().splitlines()):
         rule = re.match(r"([A-Za-z0-9_.-]+(?:[ \t]+[A-Za-z0-9_.-]+)*)[ \t]*:(?![=:])", line)
         if rule:
             current = rule.group(1).split()

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--left-out", help="without fork.toml: the parts it left out ('none': none)")
     up.add_argument("--no-commit", action="store_true", help="leave the changes staged for review, uncommitted")
     sub.add_parser("table", help="print docs/FORKING.md's table of the parts")
+    # `--help` shows every command's options, so that one help text says all the upkeep accepts.
+    commands.epilog = "".join(command.format_usage() for command in (fork, up))
+    commands.formatter_class = argparse.RawDescriptionHelpFormatter
     return commands
 
 
