@@ -37,6 +37,8 @@ SIDE_VENVS := $(if $(wildcard requirements-apolo-flow.txt),$(FLOW26)) $(MLFLOW_S
 # What make lint checks: the folders and scripts this checkout has.
 PYTHON_DIRS := $(wildcard src tests bench notebooks examples)
 SHELL_SCRIPTS := $(wildcard scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh) .ci/run
+# A package's own import contracts beside it (the QA tasks', a fork's task's), besides pyproject.toml's layers.
+CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml)
 
 .DEFAULT_GOAL := help
 .PHONY: help setup run train doctor test test-fast test-docker lint tiny-model env-example tensorboard clean \
@@ -112,6 +114,7 @@ test-fast: $(INSTALLED) $(SIDE_VENVS) ## The tests that start no multi-process r
 lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles
 	$(VENV)/bin/ruff check $(PYTHON_DIRS)
 	$(VENV)/bin/lint-imports --no-cache --no-logo
+	$(foreach contracts,$(CONTRACTS),$(VENV)/bin/lint-imports --no-cache --no-logo --config $(contracts) &&) true
 	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
