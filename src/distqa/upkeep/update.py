@@ -86,8 +86,8 @@ def plan_update(declaration: Declaration, base: dict[str, Entry], ref: dict[str,
     return plan
 
 
-def apply(root: Path, repo_with_blobs: Path, plan: Plan) -> None:
-    """Write and delete what ``plan`` says in the fork at ``root`` (blobs read from ``repo_with_blobs``)."""
+def apply(root: Path, plan: Plan) -> None:
+    """Write and delete what ``plan`` says in the fork at ``root`` (the template's blobs are fetched into it)."""
     for path in plan.deletes:
         (root / path).unlink()
         parent = (root / path).parent
@@ -99,7 +99,7 @@ def apply(root: Path, repo_with_blobs: Path, plan: Plan) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or target.exists():
             target.unlink()
-        content = git.blob(repo_with_blobs, entry.blob)
+        content = git.blob(root, entry.blob)
         if entry.mode == "120000":
             os.symlink(content.decode(), target)
         else:
@@ -131,7 +131,7 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
     plan = plan_update(declaration, base_tree, ref_tree, fork, parts_out, base_commit[:12], target[:12])
     if plan.stops:
         raise UpkeepError("\n".join(plan.stops))
-    apply(root, root, plan)
+    apply(root, plan)
     ForkRecord(upstream, target, tuple(sorted(parts_out))).write(root)
     lines = [*plan.summary(), f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template from "
              f"{base_commit[:12]} to {target[:12]} ({ref}), parts left out: {', '.join(sorted(parts_out)) or 'none'}"]
