@@ -63,6 +63,7 @@ def act_once_at_step(self, micro_batches):  # the run's own step; at a known ste
     acted = os.environ.get("ACTED_FILE")  # once per run across processes (a worker restarted by torchrun)
     rank = os.environ.get("RANK", "0")
     if self.progress.step == int(os.environ["AT_STEP"]) and rank == os.environ.get("AT_RANK", "0") \
+            and os.environ.get("AT_RUN", self.run_dir.name) == self.run_dir.name \
             and not os.environ.get("ACTED") and not (acted and os.path.exists(acted)):
         os.environ["ACTED"] = "1"
         if acted:
@@ -72,7 +73,9 @@ def act_once_at_step(self, micro_batches):  # the run's own step; at a known ste
         target = os.environ["TARGET_PID"]  # "self", "parent" (the torchrun agent), a pid (negative: a group)
         pid = {"self": os.getpid(), "parent": os.getppid()}.get(target) or int(target)
         os.kill(pid, getattr(signal, os.environ["SIGNAL"]))
-        if target == "parent":  # the agent forwards it to this worker: hold the step until it is here, however slow
+        # The agent forwards it to this worker (AT_WAIT_STOP: so does the launcher the pid runs, a sweep's): hold the
+        # step until it is here, however slow.
+        if target == "parent" or os.environ.get("AT_WAIT_STOP"):
             stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.stop.StopSignal, installed
             deadline = time.monotonic() + 120
             while not stop.received and time.monotonic() < deadline:
@@ -84,7 +87,8 @@ Trainer.train_step = act_once_at_step
 sys.exit(main())
 """
 """``python -m distqa.train`` that, at optimizer step AT_STEP of rank AT_RANK (default 0), sends SIGNAL to
-TARGET_PID (or raises): a signal at a step the run reaches, with no race with the clock. Write it to ``at_step.py``
+TARGET_PID (or raises): a signal at a step the run reaches, with no race with the clock. AT_RUN: only in the run
+directory of that name (a sweep's trial-001). Write it to ``at_step.py``
 in a folder on PYTHONPATH and start it as the launchers' ``--entry-module at_step`` (tests/test_tracking.py,
 tests/test_training.py)."""
 

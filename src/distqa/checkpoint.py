@@ -83,6 +83,8 @@ class Progress:
     """Evaluations in a row that did not beat the best by more than early_stopping_min_delta (early stopping)."""
     tracking_run_id: str | None = None
     """The MLflow run this training run logs into (``--tracker mlflow``): a resumed run goes on in it."""
+    pruned_at: int = 0
+    """The step at whose evaluation a sweep's pruner stopped this trial (``--sweep-trial``); 0: not pruned."""
 
 
 @dataclass(kw_only=True)

@@ -58,16 +58,18 @@ class MLflowTracker:
     """Rank 0's connection to an MLflow tracking server; every request runs on its own thread, in order."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None,
-                 params: dict[str, str], on_run_id: Callable[[str], None], leftover: str | None = None) -> None:
+                 params: dict[str, str], on_run_id: Callable[[str], None], leftover: str | None = None,
+                 tags: dict[str, str] | None = None) -> None:
         """``run_id``: the MLflow run to go on in (a resumed or restarted training run), None to open one.
         ``on_run_id`` is called with the run's id once it is open. ``leftover``: an earlier start's run that this one
-        does not go on in (``--resume none``); ended as FAILED if that start left it RUNNING."""
+        does not go on in (``--resume none``); ended as FAILED if that start left it RUNNING. ``tags``: of a new run
+        (``mlflow.parentRunId``: a sweep's trial is a child of the sweep's run)."""
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the log line below says it
         # One warning line when the server is gone, ours, not one per retry from the HTTP library.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-        self.uri, self.run_id = uri, run_id
+        self.uri, self.run_id, self._tags = uri, run_id, tags or {}
         self._resumed = run_id is not None
         self._calls: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._metrics: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step), not yet sent
@@ -142,7 +144,7 @@ class MLflowTracker:
             self.run_id, self._resumed = None, False
         found = self._client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
-        self.run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+        self.run_id = self._client.create_run(experiment_id, run_name=run_name, tags=self._tags).info.run_id
         on_run_id(self.run_id)
         items = [Param(key, value) for key, value in params.items()]
         for start in range(0, len(items), MAX_PARAMS_PER_REQUEST):
@@ -261,7 +263,9 @@ def run_record(config: Config, runtime: Runtime, run_dir: Path, progress: Progre
 
         tracker = MLflowTracker(os.environ["MLFLOW_TRACKING_URI"], config.mlflow_experiment, config.run_name,
                                 run_id, tracking_params(config, runtime), on_run_id=opened,
-                                leftover=earlier if earlier != run_id else None)
+                                leftover=earlier if earlier != run_id else None,
+                                tags={"mlflow.parentRunId": config.mlflow_parent_run} if config.mlflow_parent_run
+                                else {})
     status = "FAILED"
     try:
         yield RunRecord(tensorboard, tracker)

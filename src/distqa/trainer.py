@@ -16,7 +16,7 @@ reads, the loss, and the evaluator. With an evaluator the model is scored every 
 at the end, by all ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding
 thresholds) goes into the following checkpoints as it is, and the model with the best value of the
 evaluator's best metric so far is kept in ``checkpoints/best.pt``. With ``early_stopping_patience`` the run
-ends after that many evaluations without improvement, on every rank at the same step (the count is resumed).
+ends after that many evaluations without improvement (or a sweep's pruner's verdict), on every rank at once.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from distqa import sharding
+from distqa import sharding, training_metrics
 from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, best_checkpoint_path
 from distqa.config import Config, ConfigError
 from distqa.ddp import broadcast_buffers, compile_enabled
@@ -54,8 +54,8 @@ from distqa.rundir import versions
 from distqa.sampler import ResumableDistributedSampler
 from distqa.sharded_checkpoint import ShardedCheckpointWriter, checkpoint_writer
 from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
+from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
-from distqa.throughput import peak_bf16_flops
 from distqa.tracking import RunRecord
 from distqa.training_metrics import MetricsWindow, RankWindow, StragglerWatch, progress_bar, summarise, tracked_scalars
 
@@ -109,7 +109,7 @@ class Trainer:
         """Step and metrics of the latest evaluation, saved with the checkpoints."""
         self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
         """Every rank's host name, to name a slow one in the log."""
-        self.peak_flops = self._peak_flops()
+        self.peak_flops = training_metrics.peak_flops(config.peak_tflops, runtime.device)
         self._told_no_peak = False
         self.stragglers = StragglerWatch()
         """Which window stragglers are worth a warning (the same rank for many steps, rate-limited)."""
@@ -120,6 +120,7 @@ class Trainer:
                                              stop_window=graceful_stop_window())
         """Rank 0's checkpoint files, written off the step; with sharded checkpoints every rank's shards too."""
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
+        self.pruner = TrialPruner(config.sweep_trial, runtime.is_main_process) if config.sweep_trial else None
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -151,7 +152,8 @@ class Trainer:
         step, stop_at_step = self.progress.step, self.config.stop_at_step
         if not (0 < stop_at_step <= step or self._stops_early()):
             return False
-        log.info("already at step %d, %s: nothing to do", step, "where early stopping ended the run"
+        ended_by = "a sweep's pruner" if self.progress.pruned_at else "early stopping"
+        log.info("already at step %d, %s: nothing to do", step, f"where {ended_by} ended the run"
                  if self._stops_early() else f"past stop_at_step={stop_at_step}")
         return True
 
@@ -225,7 +227,9 @@ class Trainer:
 
     def _log_why_it_stops(self, early: bool) -> None:
         progress = self.progress
-        if early:
+        if progress.pruned_at:
+            log.info("pruned at step %d: the sweep's rule finds this trial behind the others there", progress.step)
+        elif early:
             log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
                      "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
                      progress.best_metric, self.config.early_stopping_min_delta, progress.best_value)
@@ -326,6 +330,8 @@ class Trainer:
             else progress.evaluations_without_improvement + 1)
         if improved:
             progress.best_metric, progress.best_mode, progress.best_value = best.name, best.mode, value
+        if self.pruner is not None and self.pruner.prunes(step, value, best) and step < self.plan.total_steps:
+            progress.pruned_at = step  # every rank: rank 0 asked the sweep's pruner and broadcast its answer
         if self.runtime.is_main_process:
             log.info("eval at step %d: %s, %.1f s%s", step, evaluation.describe(), time.perf_counter() - started,
                      " (best so far)" if improved else "")
@@ -340,8 +346,9 @@ class Trainer:
         """A training forward's autocast; none for a sharded model, whose policy casts the gathered weights."""
         return contextlib.nullcontext() if sharding.is_sharded(self.ddp_model) else self.precision.autocast()
 
-    def _stops_early(self) -> bool:
-        return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement
+    def _stops_early(self) -> bool:  # early stopping's patience is spent, or a sweep's pruner stopped the trial
+        return 0 < self.config.early_stopping_patience <= self.progress.evaluations_without_improvement \
+            or self.progress.pruned_at > 0
 
     def _log_partial_window(self, bar: tqdm, scalars: RunRecord | None) -> None:
         """Collective, where the run stops before its next log line (a graceful stop, stop_at_step, early
@@ -367,7 +374,7 @@ class Trainer:
         if window.counts_flops and self.peak_flops is None and not self._told_no_peak:
             self._told_no_peak = True  # said once, where the task counts FLOPs (no MFU is possible otherwise)
             log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.throughput's table; set --peak-tflops",
-                     self._device_name())
+                     training_metrics.device_name(self.runtime.device))
         shown = range(len(ranks)) if len(ranks) <= 8 else sorted({0, *window.extremes})  # one line, even at 64
         per_rank = ", ".join(f"{r}: {1000 * ranks[r].step_p50:.0f}/{1000 * ranks[r].step_p95:.0f} local "
                              f"{1000 * ranks[r].local_p50:.0f}/{1000 * ranks[r].local_p95:.0f}" for r in shown)
@@ -383,15 +390,6 @@ class Trainer:
             for name, value in tracked_scalars(window, ranks, lr).items():
                 scalars.add_scalar(name, value, step)
             scalars.flush()
-
-    def _peak_flops(self) -> float | None:
-        """Dense bf16 peak FLOP/s of one rank's device (config, else by GPU name); None logs no MFU."""
-        if self.config.peak_tflops:
-            return self.config.peak_tflops * 1e12
-        return peak_bf16_flops(self._device_name())
-
-    def _device_name(self) -> str:
-        return torch.cuda.get_device_name(self.runtime.device) if self.runtime.device.type == "cuda" else "a CPU"
 
 
 def _due(every: int, step: int) -> bool:

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from distqa.distributed import all_gather_tensor
+from distqa.throughput import peak_bf16_flops
 
 STRAGGLER_RATIO = 1.2
 """A rank whose local-time p50 is this many times the median rank's is marked as the window's straggler."""
@@ -283,3 +284,15 @@ def progress_bar(show: bool, total_steps: int, step: int) -> Iterator[tqdm]:
             yield bar
     finally:
         bar.close()
+
+
+def peak_flops(peak_tflops: float | None, device: torch.device) -> float | None:
+    """Dense bf16 peak FLOP/s of one rank's device (the setting ``peak_tflops``, else by GPU name); None: no MFU."""
+    if peak_tflops:
+        return peak_tflops * 1e12
+    return peak_bf16_flops(device_name(device))
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name as CUDA gives it, or "a CPU"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "a CPU"

@@ -153,6 +153,10 @@ class Config:
         "checkpoint, and exits 0. Needs eval_every > 0. 0 = never.")
     early_stopping_min_delta: float = EVALUATION(
         0.0, "How much an evaluation must beat the best so far by to count as an improvement for early stopping.")
+    sweep_trial: str = EVALUATION(
+        "", "Set by python -m distqa.sweep: SWEEP_DIR:N, the sweep trial this run is. After each evaluation rank 0 "
+        "reports the best metric to the sweep's study and asks its pruner; a trial that falls behind the others at "
+        "that step stops as early stopping does (every rank, a checkpoint, exit 0), as 'pruned'. Empty: no sweep.")
 
     # --- distributed -------------------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = DISTRIBUTED(
@@ -210,6 +214,9 @@ class Config:
         "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN in the environment or .env), one MLflow run "
         "per training run across restarts; a server that cannot be reached costs one warning, not the run.")
     mlflow_experiment: str = LOGGING("distqa", "The MLflow experiment of the run (created when missing).")
+    mlflow_parent_run: str = LOGGING(
+        "", "The MLflow run whose child this run's MLflow run is (a sweep's run: python -m distqa.sweep sets it); "
+        "empty: none.")
 
     # --- console -----------------------------------------------------------------------------------
     progress_bar: bool = CONSOLE(True, "Show a tqdm progress bar on rank 0.")
