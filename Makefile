@@ -1,5 +1,7 @@
 # `make help` lists the targets. Every target that runs Python first creates .venv and installs the
 # pinned dependencies and the package (once; again only when a requirements file changes).
+# This file is the template's (template.toml): a project's own settings are in project.toml, which it reads, and
+# the targets of a part a fork may leave out are in that part's make/<part>.mk, included when the checkout has it.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -23,21 +25,29 @@ SKYPILOT := $(SKYPILOT_VENV)/.installed
 ARGS ?=
 # pytest workers of make test and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
-# The benchmarks `make bench` runs, in this order; add yours here. Each prints its table and PASS/MISS
-# lines for its targets, and accepts --quick (BENCH_ARGS=--quick: a smoke run in about a minute); one that
-# cannot run here (bench/comm_hook.py without root) prints a SKIP line instead.
-BENCH_SCRIPTS := bench/step_overhead.py bench/hf_trainer.py bench/optimizations.py bench/ddp_overhead.py \
-	bench/comm_hook.py bench/loader_vs_step.py bench/nq_pipeline.py bench/tracking_overhead.py \
-	bench/checkpoint_io.py bench/squad_pipeline.py bench/sharding.py
-BENCH_ARGS ?=
+# project.toml's settings (src/distqa/upkeep/project.py), read in a recipe's shell: `$(call project,run.args)` sets
+# the array PROJECT to the words of [run] args (a wrong project.toml: its one-line error, exit 2).
+PROJECT_TOML := project.toml
+project = words=$$($(PYTHON) src/distqa/upkeep/project.py --split $(1)) || exit 2; PROJECT=(); \
+	[ -z "$$words" ] || mapfile -t PROJECT <<< "$$words"
+# The side environments of the parts this checkout has (a fork that left a part out has not its requirements).
+SIDE_VENVS := $(if $(wildcard requirements-apolo-flow.txt),$(FLOW26)) $(MLFLOW_SERVER) \
+	$(if $(wildcard requirements-transformers4.txt),$(TRANSFORMERS4)) \
+	$(if $(wildcard requirements-skypilot.txt),$(SKYPILOT))
+# What make lint checks: the folders and scripts this checkout has.
+PYTHON_DIRS := $(wildcard src tests bench notebooks examples)
+SHELL_SCRIPTS := $(wildcard scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh) .ci/run
+# A package's own import contracts beside it (the QA tasks', a fork's task's), besides pyproject.toml's layers.
+CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train doctor prepare synthetic-nq sweep-demo bench test test-fast test-docker lint tiny-model nq-sample download-nq env-example tensorboard clean
+.PHONY: help setup run train doctor test test-fast test-docker lint tiny-model env-example tensorboard clean \
+	new-fork update-template
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-setup: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) $(SKYPILOT) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot
+setup: $(INSTALLED) $(SIDE_VENVS) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot (those of the parts here)
 
 $(MLFLOW_SERVER): requirements-mlflow-server.txt
 	python3 -m venv $(MLFLOW_VENV)
@@ -59,51 +69,29 @@ $(FLOW26): requirements-apolo-flow.txt
 	$(FLOW26_VENV)/bin/python -m pip install --quiet -r requirements-apolo-flow.txt
 	touch $@
 
-$(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
+# project.toml's [image] python as a requirements file, rewritten only when that list changes (another setting of
+# project.toml changing reinstalls nothing).
+PROJECT_REQUIREMENTS := $(VENV)/project-requirements.txt
+$(PROJECT_REQUIREMENTS): $(PROJECT_TOML)
+	@mkdir -p $(@D) && python3 src/distqa/upkeep/project.py image.python > $@.new
+	@cmp -s $@.new $@ || mv $@.new $@; rm -f $@.new
+
+$(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml $(PROJECT_REQUIREMENTS)
 	@command -v python3 >/dev/null || { echo "python3 (>= 3.11) is required" >&2; exit 1; }
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "python3 >= 3.11 is required" >&2; exit 1; }
 	python3 -m venv $(VENV) || { apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV); }
-	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
+	$(PYTHON) -m pip install --quiet -r requirements-dev.txt -r $(PROJECT_REQUIREMENTS)
 	$(PYTHON) -m pip install --quiet --no-deps -e .
 	touch $@
 
-run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, tiny model, DummyDataset (ARGS="--max-steps 20")
-	PYTHON=$(PYTHON) scripts/run_distributed_locally.sh $(ARGS)
+run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, project.toml's [run] flags (ARGS="--max-steps 20")
+	@$(call project,run.args); set -x; PYTHON=$(PYTHON) scripts/run_distributed_locally.sh "$${PROJECT[@]}" $(ARGS)
 
-train: $(INSTALLED) ## One process, no launcher (ARGS="--preset none --max-steps 20")
-	$(PYTHON) -m distqa.train $(ARGS)
+train: $(INSTALLED) ## One process, no launcher, project.toml's [run] flags (ARGS="--max-steps 20")
+	@$(call project,run.args); set -x; $(PYTHON) -m distqa.train "$${PROJECT[@]}" $(ARGS)
 
 doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (ARGS="--preset bert-base-nq")
 	$(PYTHON) -m distqa.doctor $(ARGS)
-
-prepare: $(INSTALLED) ## Build the NQ feature cache (default: the sample; ARGS="--preset bert-base-nq --num-proc 16")
-	$(PYTHON) -m distqa.prepare --task nq $(ARGS)
-
-synthetic-nq: $(INSTALLED) ## Learnable synthetic NQ end to end: generate, train 2 nodes, predict, score (~4 min)
-	PYTHON=$(PYTHON) scripts/train_synthetic_nq.sh $(ARGS)
-
-# The demo sweep's data: the learnable synthetic SQuAD set, small (generated in a second, the same every time).
-SWEEP_DEMO_DATA = results/sweep-demo-data
-sweep-demo: $(INSTALLED) ## A 6-trial lr sweep on 2 emulated nodes each, pruned by the median rule; its table and picture (~2 min)
-	for split in train:0:300 dev:1:40; do \
-		$(PYTHON) -m distqa.qa.squad.synthetic --output $(SWEEP_DEMO_DATA)/$${split%%:*}.json --seed $$(echo $$split | cut -d: -f2) \
-			--articles $${split##*:} --facts 1 --plausible 0 --filler-words 10 || exit 1; \
-	done
-	PYTHON=$(PYTHON) scripts/sweep.sh demo --sweep-dir results/sweeps/demo $(ARGS) -- \
-		--squad-train-file $(SWEEP_DEMO_DATA)/train.json --squad-validation-file $(SWEEP_DEMO_DATA)/dev.json \
-		--squad-cache-dir $(SWEEP_DEMO_DATA)/cache
-
-bench: $(INSTALLED) ## Every benchmark in BENCH_SCRIPTS, one report with all targets at the end (~13 min; BENCH_ARGS=--quick)
-	@report=$$(mktemp); trap 'rm -f "$$report"' EXIT; failed=0; \
-	for script in $(BENCH_SCRIPTS); do \
-		echo "=== $$script $(BENCH_ARGS)"; \
-		$(PYTHON) "$$script" $(BENCH_ARGS) 2>&1 | tee -a "$$report"; \
-		[ "$${PIPESTATUS[0]}" -eq 0 ] || { echo "$$script failed" | tee -a "$$report"; failed=1; }; \
-		echo; \
-	done; \
-	echo "=== targets ($$(date -u '+%F %H:%M UTC'), $$(nproc) cores, commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown))"; \
-	grep -E '^(PASS|MISS|SKIP)  |failed$$' "$$report"; \
-	exit $$failed
 
 # The Docker tier's images build in the background from the start (minutes on a fresh machine, mostly
 # downloads), so that the linters, the side venvs (installed side by side) and the suite run meanwhile; its 2-container run comes last.
@@ -111,7 +99,7 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 	@mkdir -p build/docker; \
 	echo "building the Docker tier's images beside the tests (log: build/docker/build-beside-tests.log)"; \
 	PYTHON=$(PYTHON) $(DOCKER_TIER) --build-only >build/docker/build-beside-tests.log 2>&1 & build=$$!; \
-	$(MAKE) --no-print-directory --jobs 5 lint $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) $(SKYPILOT) \
+	$(MAKE) --no-print-directory --jobs 5 lint $(SIDE_VENVS) \
 		&& $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS); status=$$?; \
 	wait $$build || echo "the Docker tier's build beside the tests failed (build/docker/build-beside-tests.log);" \
 		"make test-docker builds again and says why"; \
@@ -120,23 +108,18 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) $(DOCKER_TIER)
 
-test-fast: $(INSTALLED) $(FLOW26) $(MLFLOW_SERVER) $(TRANSFORMERS4) $(SKYPILOT) ## The tests that start no multi-process runs
+test-fast: $(INSTALLED) $(SIDE_VENVS) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles
-	$(VENV)/bin/ruff check src tests bench notebooks examples
+	$(VENV)/bin/ruff check $(PYTHON_DIRS)
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(VENV)/bin/shellcheck scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh .ci/run
+	$(foreach contracts,$(CONTRACTS),$(VENV)/bin/lint-imports --no-cache --no-logo --config $(contracts) &&) true
+	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
 	$(VENV)/bin/hadolint Dockerfile tests/docker/*.Dockerfile
 
 tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/tokenizer-corpus.txt + config)
 	$(PYTHON) -m distqa.encoders.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
-
-nq-sample: $(INSTALLED) ## Regenerate the committed synthetic NQ sample in data/nq-sample (byte-identical)
-	PYTHON=$(PYTHON) scripts/make_nq_sample.sh data/nq-sample
-
-download-nq: ## Download the real NQ data (Kaggle CLI, ~17 GB unzipped) into data/nq (ARGS="--dir DIR")
-	scripts/download_nq.sh $(ARGS)
 
 env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
 	$(PYTHON) -m distqa.config.sources > .env.example
@@ -148,3 +131,14 @@ clean: ## Remove the run directories in results/, build/ and caches (keeps .venv
 	find results -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} + 2>/dev/null || true
 	rm -rf build .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
+
+new-fork: ## Start a fork of this commit: NAME=mytask DIR=../mytask [WITHOUT="qa slurm"] (docs/FORKING.md)
+	@PYTHONPATH=src python3 -m distqa.upkeep new-fork --name "$(NAME)" --dir "$(DIR)" --without "$(WITHOUT)" \
+		$(if $(UPSTREAM),--upstream "$(UPSTREAM)")
+
+update-template: ## Take the template's fixes since fork.toml's commit, with no conflict ([REF=tag] [UPSTREAM=url])
+	@PYTHONPATH=src python3 -m distqa.upkeep update --ref "$(or $(REF),main)" $(if $(UPSTREAM),--upstream "$(UPSTREAM)") \
+		$(if $(BASE),--base "$(BASE)") $(if $(LEFT_OUT),--left-out "$(LEFT_OUT)")
+
+# The targets of the parts a fork may leave out (template.toml): make/<part>.mk, when the checkout has it.
+-include $(wildcard make/*.mk)

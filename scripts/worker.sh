@@ -6,7 +6,7 @@
 # Usage:
 #   scripts/worker.sh [--nnodes N] [--min-nodes MIN] [--node-rank I] [--master-addr HOST] [--master-port P]
 #                     [--run-id ID] [--max-restarts R] [--nproc-per-node M] [--join-timeout S] [--external-store]
-#                     [--dry-run]
+#                     [--dry-run] [--project-args]
 #                     [--doctor | --entry-module MODULE] [--] [TRAINER ARGS...]
 #
 #   scripts/worker.sh --nnodes 1 -- --preset bert-base                    # one node, all its GPUs
@@ -56,6 +56,9 @@
 #                       Exports WORKER_STOP_WINDOW_S (the seconds from the stop to the end), which the
 #                       trainer compares with its first checkpoint write
 #   --dry-run           print the torchrun command instead of running it
+#   --project-args      the trainer flags start with project.toml's [jobs] args (the project's own: its preset, its
+#                       task), then those after -- (which win): the jobs in deploy/ pass it, so a fork sets its
+#                       flags in its project.toml, not in the template's job files
 #   --doctor            run the preflight doctor (python -m distqa.doctor) instead of training, with the
 #                       same torchrun line and arguments (no restarts): rank 0 prints a table of every rank
 #                       and what to fix; exit 1 when a check fails
@@ -110,7 +113,7 @@
 #   Network between nodes: NCCL picks an interface by itself; pin it with NCCL_SOCKET_IFNAME=eth0
 #   (GPUs) or GLOO_SOCKET_IFNAME=eth0 (CPU, gloo); NCCL_DEBUG=INFO prints what NCCL chose, and
 #   NCCL_IB_DISABLE=1 forces TCP where InfiniBand is advertised but not usable. On the platform set
-#   them in `defaults.env` of .neuro/live.yml (a local .env is not part of the image).
+#   them in `defaults: env:` of .neuro/project.yml (a local .env is not part of the image).
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -131,6 +134,7 @@ join_timeout="${RDZV_JOIN_TIMEOUT:-900}"
 stop_after=0
 life_span=""
 dry_run=0
+project_args=0
 entry_point=distqa.train
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -263,6 +267,7 @@ while [[ $# -gt 0 ]]; do
         --life-span) need_value "$@"; life_span="$2"; shift 2 ;;
         --external-store) external_store=1; shift ;;
         --dry-run) dry_run=1; shift ;;
+        --project-args) project_args=1; shift ;;
         --doctor) entry_point=distqa.doctor; shift ;;
         --entry-module) need_value "$@"; entry_point="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -270,6 +275,10 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown option '$1'; trainer flags go after -- (see --help)" ;;
     esac
 done
+if (( project_args )); then
+    project_words "$repo_root" jobs.args || exit 2
+    trainer_args=("${PROJECT_WORDS[@]}" "${trainer_args[@]}")
+fi
 
 
 # seconds_of SPAN: 1d12h, 90m, 3600 (and 3600.5, 1e4: neuro-flow's float seconds) → whole seconds; fails otherwise

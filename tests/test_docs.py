@@ -27,12 +27,19 @@ from pathlib import Path
 
 import pytest
 
+from distqa.upkeep.ownership import Declaration
+
 from conftest import REPO_ROOT, clean_env
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 from cli_commands import documented_command_lines  # tests/standin is not a package
 
-DOCUMENTS = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md"))]
+IS_FORK = (REPO_ROOT / "fork.toml").is_file()
+OWNERSHIP = Declaration.parse((REPO_ROOT / "template.toml").read_text())
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [name for name in PAGES if not (IS_FORK and (placed := OWNERSHIP.place(name)) and placed.template_owned)]
+"""README.md and docs/*.md; in a fork (fork.toml), the fork's own of them: the template's pages describe the template,
+parts a fork may have left out included, and the template's own checks run them."""
 PATH_PREFIXES = ("src/", "scripts/", "configs/", "docs/", "data/", "tests/", "bench/", "notebooks/", "examples/",
                  "deploy/", ".neuro/")
 FORK_PLACEHOLDER = "mytask"
@@ -129,10 +136,11 @@ def long_options(words: list[str]) -> list[str]:
 
 @functools.cache
 def make_rules() -> dict[str, str]:
-    """Target -> its recipe, from the Makefile's `target: …` rules."""
+    """Target -> its recipe, from the `target: …` rules of the Makefile and of the parts' make/*.mk it includes."""
     rules: dict[str, str] = {}
     current: list[str] = []
-    for line in (REPO_ROOT / "Makefile").read_text().splitlines():
+    makefiles = [REPO_ROOT / "Makefile", *sorted((REPO_ROOT / "make").glob("*.mk"))]
+    for line in (line for makefile in makefiles for line in makefile.read_text().splitlines()):
         rule = re.match(r"([A-Za-z0-9_.-]+(?:[ \t]+[A-Za-z0-9_.-]+)*)[ \t]*:(?![=:])", line)
         if rule:
             current = rule.group(1).split()
@@ -378,6 +386,7 @@ def test_every_documented_command_path_and_link_exists(kind: str) -> None:
     assert not problems, f"{len(problems)} documented {kind}(s) the repository lacks:\n" + "\n".join(problems)
 
 
+@pytest.mark.skipif(IS_FORK, reason="the template's pages: a fork checks its own (its README) only")
 def test_the_documents_hold_enough_commands_to_check() -> None:
     """The checker read the documents: it found at least as many of each kind as the README and docs/
     held when this test was written (fewer means the extraction broke, or the docs lost them)."""

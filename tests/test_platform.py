@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,12 +33,15 @@ TRAIN_ARGS = [*MACHINERY_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "-
 # --- live.yml ----------------------------------------------------------------------------------
 
 def test_live_yml_parses_with_neuro_flow_and_has_the_jobs() -> None:
-    from apolo_flow.parser import parse_live
+    """The jobs are live.yml's (the template's), the image and the volumes they use project.yml's (the project's)."""
+    from apolo_flow.parser import parse_live, parse_project_stream
 
     flow = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
-    assert set(flow.jobs) == JOBS
-    assert set(flow.images) == {"myimage"} and flow.images["myimage"].build_preset is not None
-    assert set(flow.volumes) == {"data", "code", "config", "results", "notebooks", "cache"}
+    assert set(flow.jobs) == JOBS and flow.images is None and flow.volumes is None
+    with (REPO_ROOT / ".neuro" / "project.yml").open() as project_yml:
+        project = parse_project_stream(project_yml)
+    assert set(project.images) == {"myimage"} and project.images["myimage"].build_preset is not None
+    assert set(project.volumes) == {"data", "code", "config", "results", "notebooks", "cache"}
 
 
 def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -410,7 +414,7 @@ def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(pla
 
 
 def test_rebuilding_after_a_change_replaces_the_image(platform: dict[str, str], tmp_path: Path) -> None:
-    """The builder refuses an existing tag without -F (apolo_extras); live.yml's force_rebuild makes
+    """The builder refuses an existing tag without -F (apolo_extras); project.yml's force_rebuild makes
     the documented `neuro-flow build myimage` work a second time. Without it the stand-in refuses."""
     for _ in range(2):
         built = subprocess.run(["neuro-flow", "build", "myimage"], cwd=REPO_ROOT, env=platform, capture_output=True,
@@ -420,9 +424,9 @@ def test_rebuilding_after_a_change_replaces_the_image(platform: dict[str, str], 
     copy = tmp_path / "copy"
     (copy / ".neuro").mkdir(parents=True)
     (copy / "Dockerfile").write_text("FROM scratch\n")
-    (copy / ".neuro" / "project.yml").write_text("id: distqa\n")
-    live = (REPO_ROOT / ".neuro" / "live.yml").read_text()
-    (copy / ".neuro" / "live.yml").write_text(live.replace("force_rebuild: true", "force_rebuild: false"))
+    project = (REPO_ROOT / ".neuro" / "project.yml").read_text()  # the image is the project's
+    (copy / ".neuro" / "project.yml").write_text(project.replace("force_rebuild: true", "force_rebuild: false"))
+    shutil.copy(REPO_ROOT / ".neuro" / "live.yml", copy / ".neuro" / "live.yml")
     again = subprocess.run(["neuro-flow", "build", "myimage"], cwd=copy, env=platform, capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 1 and "exists. Use -F/--force-overwrite" in again.stderr

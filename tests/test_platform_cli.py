@@ -112,16 +112,17 @@ def test_a_build_uploads_only_what_the_dockerfile_copies(tmp_path: Path) -> None
 def test_every_volume_uploads_from_a_fresh_clone_and_data_is_where_the_download_puts_it() -> None:
     """`neuro-flow upload ALL` fails at the first volume whose local folder is missing (apolo cp), so
     each one must exist in a clone; the data volume is the folder scripts/download_nq.sh fills."""
-    from apolo_flow.parser import parse_live
+    from apolo_flow.parser import parse_project_stream
 
-    live = parse_live(REPO_ROOT, REPO_ROOT / ".neuro" / "live.yml")
+    with (REPO_ROOT / ".neuro" / "project.yml").open() as project_yml:  # the volumes are the project's own
+        project = parse_project_stream(project_yml)
     tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files"], capture_output=True, text=True,
                              check=True).stdout.splitlines()
-    for volume in live.volumes.values():
+    for volume in project.volumes.values():
         local = volume.local.pattern if volume.local is not None else None
         if local is not None:
             assert any(path.startswith(local.rstrip("/") + "/") for path in tracked), f"{local} is not in a clone"
-    assert "local: data/nq" in (REPO_ROOT / ".neuro" / "live.yml").read_text()
+    assert "local: data/nq" in (REPO_ROOT / ".neuro" / "project.yml").read_text()
     assert 'dir="$repo_root/data/nq"' in (REPO_ROOT / "scripts" / "download_nq.sh").read_text()
 
 
