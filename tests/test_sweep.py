@@ -235,3 +235,31 @@ def test_a_second_sweep_process_on_the_same_directory_is_refused_in_one_line(tmp
                                                              "sweep process")
     assert not (tmp_path / "d" / "sweep.json").exists(), "refused before anything was written"
     assert not sweep.in_use(tmp_path / "d")
+
+
+def test_with_mlflow_the_sweep_has_one_run_and_each_trials_run_is_its_child(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's MLflow run is made once and found again on a resume (its id kept in the study); a trial's
+    tracker opens its run as that run's child. Against MLflow's own file store (no server)."""
+    from mlflow.tracking import MlflowClient
+
+    from distqa.tracking import MLflowTracker
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    spec = spec_of(tmp_path)
+    study = studies.create_study(tmp_path / "d", spec, {})
+    extra = [*MACHINERY_ARGS, "--tracker", "mlflow", "--mlflow-experiment", "sweeps"]
+    parent = sweep.mlflow_parent_run(study, spec, extra, {"WORLD_SIZE": "2"})
+    resumed = studies.create_study(tmp_path / "d", spec, {})
+    assert parent and sweep.mlflow_parent_run(resumed, spec, extra, {"WORLD_SIZE": "2"}) == parent
+    assert sweep.mlflow_parent_run(study, spec, MACHINERY_ARGS, {}) is None, "no tracker, no sweep run"
+    opened: list[str] = []
+    tracker = MLflowTracker(uri, "sweeps", "trial-000", None, {"lr": "0.003"}, opened.append,
+                            tags={"mlflow.parentRunId": parent})
+    tracker.finish("FINISHED", [])
+    client = MlflowClient(uri)
+    child = client.get_run(opened[0])
+    assert child.data.tags["mlflow.parentRunId"] == parent and child.info.status == "FINISHED"
+    assert client.get_run(parent).info.run_name == f"sweep {spec.name}"

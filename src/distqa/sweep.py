@@ -332,7 +332,7 @@ def mlflow_parent_run(study: Any, spec: SweepSpec, extra: Sequence[str], environ
     # Here, not at the top: the MLflow client is imported only by sweeps that track.
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(environ["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # there: load_config checked it
     found = client.get_experiment_by_name(config.mlflow_experiment)
     experiment = found.experiment_id if found else client.create_experiment(config.mlflow_experiment)
     run_id = client.create_run(experiment, run_name=f"sweep {spec.name}").info.run_id
