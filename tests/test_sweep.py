@@ -218,7 +218,9 @@ def test_launchers_commands_and_the_reproducing_command() -> None:
     assert Launcher("local").reproduce(["--lr", "3e-05"]) == local
     assert platform.outcome(130, stop_asked=True) == "stopped"
     assert platform.outcome(130, stop_asked=False) == "failed", "130 without our stop: someone else's interrupt"
-    assert Launcher("local").outcome(75, stop_asked=False) == "stopped"
+    assert Launcher("local").outcome(75, stop_asked=False) == "stopped", "stopped from outside: resumed"
+    assert Launcher("local").outcome(143, stop_asked=True) == "stopped", "signalled before its handlers were set"
+    assert Launcher("local").outcome(1, stop_asked=False) == "failed"
 
 
 def test_a_second_sweep_process_on_the_same_directory_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -263,3 +265,21 @@ def test_with_mlflow_the_sweep_has_one_run_and_each_trials_run_is_its_child(tmp_
     child = client.get_run(opened[0])
     assert child.data.tags["mlflow.parentRunId"] == parent and child.info.status == "FINISHED"
     assert client.get_run(parent).info.run_name == f"sweep {spec.name}"
+
+
+def test_a_resume_is_refused_while_an_interrupted_trials_launcher_from_a_killed_sweep_still_runs() -> None:
+    """A sweep killed outright (SIGKILL) leaves its trials' launchers running in their own sessions; running the
+    command again then names the launcher instead of starting a second one on the same run directory."""
+    import socket
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--run-id", "trial-003"])
+    try:
+        with pytest.raises(ConfigError, match=rf"trial-003's launcher \(pid {launcher.pid}\) from an earlier sweep "
+                                              r"process still runs; stop it"):
+            sweep.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")
+        sweep.refuse_if_still_running(4, f"{socket.gethostname()}:{launcher.pid}")  # another trial's pid: not it
+        sweep.refuse_if_still_running(3, f"elsewhere:{launcher.pid}")  # another host's: not seen from here
+    finally:
+        launcher.kill()
+        launcher.wait()
+    sweep.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")

@@ -29,6 +29,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -130,6 +131,8 @@ class Sweep:
         self.stopping = False
         self.resume_queue = [t.number for t in studies.interrupted(study)]
         """Trials a stopped sweep left running: resumed first, from their checkpoints."""
+        for trial in studies.interrupted(study):
+            refuse_if_still_running(trial.number, trial.user_attrs.get("launcher", ""))
         self.offsets: dict[int, int] = {}
         """Where each running trial's launch begins in its launcher.log (the reason of a failure is in its part)."""
 
@@ -170,6 +173,9 @@ class Sweep:
         log.info("%s: %s (%s)", name, shown, "resumed" if (self.sweep_dir / name / "checkpoints").is_dir()
                  else "started")
         self.running.append(self.launcher.start(number, trainer_flags, log_path))
+        studies.add_to_record(self.study, number, launcher=f"{socket.gethostname()}:{self.running[-1].process.pid}")
+        if self.stopping:  # a stop signal came while it was starting: the handler did not see it yet
+            self.launcher.stop(self.running[-1])
         return True
 
     def finish(self, ended: Running) -> None:
@@ -229,6 +235,23 @@ class Sweep:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def refuse_if_still_running(number: int, launcher: str) -> None:
+    """A ConfigError when trial ``number``'s launcher (``host:pid``, recorded when it started) still runs here: a
+    sweep killed outright (SIGKILL) leaves its trials' launchers running, and a second launcher of the same trial
+    would write the same run directory."""
+    host, _, pid = launcher.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if studies.trial_dir_name(number).encode() in command or f"-t{number}\0".encode() in command:
+        raise ConfigError(f"{studies.trial_dir_name(number)}'s launcher (pid {pid}) from an earlier sweep process "
+                          f"still runs; stop it (kill -TERM {pid}: a checkpoint, then exit) or wait for it to end, "
+                          "then run this again to resume.")
 
 
 @contextlib.contextmanager

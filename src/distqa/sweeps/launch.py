@@ -32,8 +32,6 @@ LauncherName = Literal["local", "platform", "slurm"]
 LAUNCHERS: tuple[LauncherName, ...] = ("local", "platform", "slurm")
 STOPPED_LOCALLY = 75
 """The local launcher's and a Slurm job's exit status after a graceful stop (distqa.stop)."""
-PLATFORM_INTERRUPTED = 130
-"""run_distributed_on_platform.sh's exit status after SIGTERM: every job killed, each checkpointing its step."""
 
 
 @dataclass
@@ -112,12 +110,14 @@ class Launcher:
         running.process.send_signal(signal.SIGTERM)
 
     def outcome(self, code: int, stop_asked: bool) -> Literal["ended", "stopped", "failed"]:
-        """What the launcher's exit status says: the run ended (summary.json says how), stopped with a checkpoint
-        (resumable), or failed."""
+        """What the launcher's exit status says: the run ended (summary.json says how), stopped (resumable: from its
+        checkpoint, or from the start when the stop came before one), or failed. Any other end after the sweep
+        asked for a stop is a stop too (a launcher signalled before its own handlers were set)."""
         if code == 0:
             return "ended"
-        stopped = PLATFORM_INTERRUPTED if self.name == "platform" else STOPPED_LOCALLY
-        return "stopped" if code == stopped and (stop_asked or self.name != "platform") else "failed"
+        if stop_asked:
+            return "stopped"
+        return "stopped" if code == STOPPED_LOCALLY and self.name != "platform" else "failed"
 
 
 @dataclass
