@@ -11,13 +11,17 @@ the sweep prints.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -39,7 +43,25 @@ def run(command: list[str], env: dict[str, str], timeout: int) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("sweep")
+    """The sweep, stopped and resumed, once per test session: under pytest-xdist the workers share it (the first runs
+    it, the others wait for its record), since worksteal may hand this module's tests to two workers."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's folder either way
+    root = shared / "squad-sweep"
+    with (shared / "squad-sweep.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "record.json").exists():
+            root.mkdir(exist_ok=True)
+            (root / "record.json").write_text(json.dumps(run_the_sweep(root)))
+    record = json.loads((root / "record.json").read_text())
+    outcome = {name: SimpleNamespace(**result) for name, result in record.items()}
+    sweep_dir = root / "sweep"
+    records = {r.number: r for r in studies.records(studies.load_study(sweep_dir), running_now=False)}
+    return {**outcome, "records": records, "dir": sweep_dir, "root": root}
+
+
+def run_the_sweep(root: Path) -> dict[str, dict[str, Any]]:
+    """Stop the demo sweep in trial-001 and run the same command again; each command's exit status and output."""
     data, cache, sweep_dir = root / "data", root / "cache", root / "sweep"
     for name, seed, articles in (("train", 0, 300), ("dev", 1, 40)):
         subprocess.run([sys.executable, "-m", "distqa.qa.squad.synthetic", "--output", str(data / f"{name}.json"),
@@ -56,14 +78,13 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                "--launcher-args", "--entry-module at_step", "--", *data_args]
     env = clean_env(PYTHONPATH=str(root), AT_STEP="15", AT_RUN="trial-001", SIGNAL="SIGTERM", AT_WAIT_STOP="1",
                     ACTED_FILE=str(root / "acted"))
+    show = [sys.executable, "-m", "distqa.sweep", "--show", str(sweep_dir)]
     # The sweep's own pid is the target: exec keeps the shell's ($$).
-    stopped = run(["bash", "-c", f'export TARGET_PID=$$; exec {shlex.join(command)}'], env, timeout=900)
-    shown = run([sys.executable, "-m", "distqa.sweep", "--show", str(sweep_dir)], env, timeout=120)
-    resumed = run(command, env, timeout=900)  # the same command again
-    again = run([sys.executable, "-m", "distqa.sweep", "--show", str(sweep_dir)], env, timeout=120)
-    records = {r.number: r for r in studies.records(studies.load_study(sweep_dir), running_now=False)}
-    return {"stopped": stopped, "shown": shown, "resumed": resumed, "again": again, "records": records,
-            "dir": sweep_dir, "root": root, "env": env}
+    runs = {"stopped": run(["bash", "-c", f'export TARGET_PID=$$; exec {shlex.join(command)}'], env, timeout=900),
+            "shown": run(show, env, timeout=120),
+            "resumed": run(command, env, timeout=900),  # the same command again
+            "again": run(show, env, timeout=120)}
+    return {name: {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr} for name, r in runs.items()}
 
 
 def test_a_stopped_sweep_exits_75_and_the_same_command_resumes_it_running_no_trial_twice(swept: dict) -> None:
