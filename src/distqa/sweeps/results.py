@@ -133,10 +133,12 @@ def _lines(series: list[tuple[TrialRecord, list[tuple[int, float]]]], metric: st
     x_of = _axis([s for s, _ in values], False, PAD + 8, W - 16)
     y_of = _axis([v for _, v in values], False, H - PAD - 8, 20)
     body = ""
-    for r, points in series:
-        path = " ".join(f"{x_of(s):.1f},{y_of(v):.1f}" for s, v in points if not math.isnan(v))
-        body += (f"<polyline points='{path}' fill='none' stroke='{COLOURS.get(r.state, '#000')}' stroke-width='2'>"
-                 f"<title>{trial_dir_name(r.number)} ({r.state})</title></polyline>")
+    for r, points in series:  # a line per trial, a dot per evaluation (a trial pruned at its first has only that)
+        shown = [(x_of(s), y_of(v)) for s, v in points if not math.isnan(v)]
+        colour, title = COLOURS.get(r.state, "#000"), f"<title>{trial_dir_name(r.number)} ({r.state})</title>"
+        body += (f"<polyline points='{' '.join(f'{x:.1f},{y:.1f}' for x, y in shown)}' fill='none' "
+                 f"stroke='{colour}' stroke-width='2'>{title}</polyline>")
+        body += "".join(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3' fill='{colour}'>{title}</circle>" for x, y in shown)
     steps = sorted({s for s, _ in values})
     ys = sorted({v for _, v in values})
     ticks = _ticks([steps[0], steps[-1]], x_of, True) + _ticks([ys[0], ys[-1]], y_of, False)
