@@ -223,7 +223,7 @@ def test_launchers_commands_and_the_reproducing_command() -> None:
     assert Launcher("local").outcome(1, stop_asked=False) == "failed"
 
 
-def test_a_second_sweep_process_on_the_same_directory_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_second_sweep_process_or_a_bad_sweep_file_is_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
     sweep_file = tmp_path / "s.toml"
     sweep_file.write_text(BASE.replace("[fixed]", "[fixed]\ntask = 'examples.text_classification.task:"
                                                   "TextClassification'"))
@@ -237,6 +237,13 @@ def test_a_second_sweep_process_on_the_same_directory_is_refused_in_one_line(tmp
                                                              "sweep process")
     assert not (tmp_path / "d" / "sweep.json").exists(), "refused before anything was written"
     assert not sweep.in_use(tmp_path / "d")
+    sweep_file.write_text(sweep_file.read_text().replace("lr = [", "lrate = ["))
+    bad = subprocess.run([sys.executable, "-m", "distqa.sweep", str(sweep_file), "--sweep-dir", str(tmp_path / "e"),
+                          "--", "--preset", "none"], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "[space]: unknown setting 'lrate' for task settings TextClassificationConfig" in bad.stderr
+    assert not (tmp_path / "e").exists(), "no trial, no sweep directory"
 
 
 def test_with_mlflow_the_sweep_has_one_run_and_each_trials_run_is_its_child(tmp_path: Path,
