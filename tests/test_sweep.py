@@ -223,7 +223,8 @@ def test_launchers_commands_and_the_reproducing_command() -> None:
     assert Launcher("local").outcome(1, stop_asked=False) == "failed"
 
 
-def test_a_second_sweep_process_or_a_bad_sweep_file_is_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
+def test_a_second_sweep_process_or_a_bad_sweep_file_is_refused_in_one_line_before_anything_is_written(
+        tmp_path: Path) -> None:
     sweep_file = tmp_path / "s.toml"
     sweep_file.write_text(BASE.replace("[fixed]", "[fixed]\ntask = 'examples.text_classification.task:"
                                                   "TextClassification'"))
