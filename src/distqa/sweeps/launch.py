@@ -93,8 +93,11 @@ class Launcher:
         log.flush()
         # The trials run on the sweep's interpreter (the local launcher's nodes, prepare; a Slurm job's tasks).
         environment = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
-        process = subprocess.Popen(self.command(number, trainer_args), cwd=REPO_ROOT, stdout=log, env=environment,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        # In the sweep's working directory, as a user starts a launcher (relative paths among the flags mean the
+        # same to the trials as to the sweep's checks); train_slurm.sbatch is submitted from the repository.
+        process = subprocess.Popen(self.command(number, trainer_args), cwd=REPO_ROOT if self.name == "slurm" else None,
+                                   stdout=log, env=environment, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
         return Running(number, process, log, log_path, time.monotonic())
 
     def stop(self, running: Running) -> None:
