@@ -43,13 +43,6 @@ MACHINERY_ARGS = [
 ]
 REVIEWS = REPO_ROOT / "examples" / "text_classification" / "reviews.tsv"
 
-# The QA tasks' own end-to-end tests: a configuration small enough for a 2-core machine, every code path real.
-# QA_ARGS are settings every built-in (QA) task has; FAST_ARGS adds the DummyDataset's size (the default task's).
-QA_ARGS = [
-    "--preset", "none", "--max-seq-len", "64", "--max-question-len", "16",
-    "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
-]
-FAST_ARGS = [*QA_ARGS, "--dummy-size", "256"]
 
 AT_STEP = """
 import os, signal, sys, time

@@ -60,7 +60,7 @@ STEPS = 4
 SAME_STRATEGY = 1e-6
 ACROSS = 1e-5
 """Another world size or strategy sums the same gradients in another order (tests/test_sharding.py)."""
-NQ_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
+NQ_BEST = REPO_ROOT / "tests" / "qa" / "fixtures" / "checkpoint-v2" / "best.pt"
 
 
 def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra: str) -> list[str]:
@@ -296,7 +296,7 @@ def test_export_predict_and_evaluate_take_a_sharded_checkpoint_as_they_take_the_
     # evaluate: the validation split of the cache the fixture's run used (prepared with its windows), the file's
     # evaluation byte for byte.
     cache = tmp_path / "train-cache"
-    for command in (["distqa.prepare", "--task", "nq", "--model-name-or-path", "tests/fixtures/checkpoint-v2/encoder",
+    for command in (["distqa.prepare", "--task", "nq", "--model-name-or-path", "tests/qa/fixtures/checkpoint-v2/encoder",
                      "--max-seq-len", "64", "--max-question-len", "16", "--doc-stride", "32", "--num-proc", "1"],
                     ["distqa.evaluate", "--checkpoint", str(sharded_checkpoint_path(tmp_path, 7))]):
         result = subprocess.run([sys.executable, "-m", *command, "--nq-cache-dir", str(cache)], cwd=REPO_ROOT,

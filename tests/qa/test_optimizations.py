@@ -24,7 +24,8 @@ from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
 from distqa.tasks import make_task
 
-from conftest import FAST_ARGS, MACHINERY_ARGS, QA_ARGS, final_weights, max_difference, run_training
+from conftest import MACHINERY_ARGS, final_weights, max_difference, run_training
+from qa_helpers import FAST_ARGS, QA_ARGS
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

@@ -32,7 +32,8 @@ from distqa.config.sources import load_config
 from distqa.encoders.hub import cached_snapshot
 from distqa.encoders.tiny import build_family_dir
 
-from conftest import QA_ARGS, REPO_ROOT, clean_env, free_port
+from conftest import REPO_ROOT, clean_env, free_port
+from qa_helpers import QA_ARGS
 
 NAME = "fake-org/tiny-roberta"
 """A hub name of no real repository: only the cache built here holds it."""
