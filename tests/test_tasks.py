@@ -1,12 +1,11 @@
 """The task seam: choosing a task (a registered name or a fork's import path) and what a wrong choice says;
-the old --dataset name; a fork's settings declared wrongly; run-defining marks that name several tasks; a
+a fork's settings declared wrongly (the registered QA tasks' names, the old --dataset name and another task's
+settings: tests/qa/test_tasks_qa.py); run-defining marks that name several tasks; a
 fork's own settings stopping a resume with other values; a fork's own entry module on every node."""
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,10 +18,9 @@ import pytest
 
 from distqa.config import OPTIMISATION, Config, ConfigError, Section
 from distqa.config.sources import load_config
-from distqa.tasks import task_class
 from distqa.tasks.base import Task
 
-from conftest import FAST_ARGS, MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port
+from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 MINE = Section("mine", "a test task")
@@ -68,41 +66,6 @@ def test_a_task_that_cannot_be_used_is_one_line_and_exit_2(task: str, said: str,
     assert "process group" not in result.stderr and "rank 0" not in result.stderr  # before any process group
     if "raises" in task or "bad_syntax" in task:  # where it failed, as file:line
         assert str(broken_package / "forkpkg") in line
-
-
-def test_registered_tasks_and_an_import_path_resolve_to_the_same_class() -> None:
-    assert task_class("nq") is task_class("distqa.qa.nq.task:NQTask")
-    assert load("--task", "nq").task == "nq"
-    config = load("--task", "examples.text_classification.task:TextClassification")
-    assert type(config).__name__ == "TextClassificationConfig" and config.data_file.endswith("reviews.tsv")
-
-
-def test_the_old_name_dataset_still_loads_with_a_one_line_notice(tmp_path: Path,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
-    preset = tmp_path / "old.toml"
-    preset.write_text('dataset = "nq"\n')
-    dotenv = tmp_path / ".env"
-    dotenv.write_text("DISTQA_DATASET=nq\n")
-    with caplog.at_level(logging.WARNING, logger="distqa.config.sources"):
-        assert load("--dataset", "nq").task == "nq"
-        assert load("--preset", str(preset)).task == "nq"
-        assert load(dotenv=dotenv).task == "nq"
-        assert load("--preset", str(preset), "--task", "dummy").task == "dummy"  # a flag still wins
-    notices = [r.getMessage() for r in caplog.records]
-    assert notices[0] == "--dataset is deprecated: use --task (the same values)"
-    assert notices[1] == f"preset {preset} sets dataset, a deprecated name: use task (the same values)"
-    assert notices[2] == "the environment sets DISTQA_DATASET, a deprecated name: use DISTQA_TASK (the same values)"
-    with pytest.raises(ConfigError, match="--task dummy and --dataset nq disagree"):
-        load("--task", "dummy", "--dataset", "nq")
-
-
-def test_settings_of_another_task_in_the_environment_are_ignored_and_as_flags_refused() -> None:
-    assert load(environ={"DISTQA_NQ_CACHE_DIR": "/elsewhere"}).task == "dummy"  # a .env serving both tasks
-    with pytest.raises(ConfigError, match="environment variable DISTQA_NO_SUCH_SETTING is not a setting"):
-        load(environ={"DISTQA_NO_SUCH_SETTING": "1"})
-    with pytest.raises(ConfigError, match=re.escape("--dummy-size is a setting of task 'dummy', not of task 'nq': "
-                                                    "add --task dummy, or leave the flag out.")):
-        load("--task", "nq", "--dummy-size", "8")
 
 
 # --- a fork's settings declared wrongly ----------------------------------------------------------------
@@ -242,23 +205,13 @@ def test_the_local_launcher_starts_a_forks_entry_module_on_every_node(tmp_path: 
     assert "prepare" not in result.stderr  # a fork's module gets its own arguments, not distqa's preparation
 
 
-def test_the_suites_small_configurations_are_the_machinery_task_and_the_dummy_task() -> None:
+def test_the_suites_small_configuration_is_the_machinery_task() -> None:
     """MACHINERY_ARGS (what the tests of distribution, faults, launchers, checkpoints and tracking start) is the
-    example fork's task; FAST_ARGS (the QA tasks' own end-to-end tests) a dummy-task run."""
+    example fork's task (FAST_ARGS, the QA tasks' own: tests/qa/test_tasks_qa.py)."""
     assert load(*MACHINERY_ARGS).task == MACHINERY_TASK
-    assert load(*FAST_ARGS).task == "dummy"
 
 
-# --- prepare's task, and a fork that deleted the QA package ----------------------------------------------
-
-def test_prepare_alone_prepares_the_default_task_which_builds_nothing(tmp_path: Path) -> None:
-    """``python -m distqa.prepare`` chooses the task as train does (dummy by default), not NQ: one line, no cache."""
-    result = subprocess.run([sys.executable, "-m", "distqa.prepare"], cwd=REPO_ROOT, capture_output=True, text=True,
-                            env=clean_env(DISTQA_NQ_CACHE_DIR=str(tmp_path / "cache")), timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert not result.stdout and not (tmp_path / "cache").exists()
-    assert "task 'dummy' has nothing to build before training" in result.stderr and "--task" in result.stderr
-
+# --- a fork that deleted the QA package -------------------------------------------------------------------
 
 EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
 
