@@ -799,3 +799,34 @@ def test_a_sweep_runs_two_trials_at_once_each_on_two_platform_jobs_and_records_a
         run = json.loads((storage / f"trial-00{number}" / "run.json").read_text())
         assert (run["world_size"], run["nodes"]) == (2, 2)
         assert json.loads((storage / f"trial-00{number}" / "summary.json").read_text())["step"] == steps
+
+
+def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
+    """The trainer's settings (``python -m distqa.config.sources --run-dir``, which resolves them as train does) and the
+    platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the working
+    directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / ".env").write_text("NODES=3\nDISTQA_RUN_NAME=from-here\n")
+    other = tmp_path / "other.env"
+    other.write_text("NODES=4\nDISTQA_RUN_NAME=from-other\n")
+
+    def read(**env: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+        launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
+                                   "--run-id", "t"], cwd=here, env=clean_env(**env), capture_output=True, text=True,
+                                  timeout=60)
+        trainer = subprocess.run([sys.executable, "-m", "distqa.config.sources", "--run-dir", "--preset", "none"],
+                                 cwd=here,
+                                 env=clean_env(**env), capture_output=True, text=True, timeout=60)
+        return launcher, trainer
+
+    for env, nodes, run_name in (({}, 3, "from-here"), ({"ENV_FILE": str(other)}, 4, "from-other")):
+        launcher, trainer = read(**env)
+        assert launcher.returncode == 0 and trainer.returncode == 0, launcher.stderr + trainer.stderr
+        assert launcher.stdout.count(" run distributed_training ") == nodes, (env, launcher.stdout)
+        assert Path(trainer.stdout.strip()).name == run_name, env
+    missing = str(tmp_path / "missing.env")
+    for result in read(ENV_FILE=missing):
+        assert result.returncode == 2
+        [line] = result.stderr.strip().splitlines()
+        assert f"ENV_FILE={missing}: no such file" in line
