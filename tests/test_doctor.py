@@ -14,9 +14,11 @@ import pytest
 
 from distqa.preflight import PackageCode, RankReport, disagreements
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port
+from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port
 
-DOCTOR = [sys.executable, "-m", "distqa.doctor", "--progress-bar", "false"]
+DOCTOR = [sys.executable, "-m", "distqa.doctor", *MACHINERY_ARGS]
+"""The doctor of a run of the machinery task (the QA tasks' memory estimate and feature cache:
+tests/qa/test_doctor_qa.py)."""
 
 
 def doctor(*args: str, prefix: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
@@ -37,8 +39,7 @@ def test_one_process_reports_itself_and_passes(tmp_path: Path) -> None:
     assert header.split()[:6] == ["rank", "node", "host", "device", "GPUs", "torch"]
     assert row.split()[:2] == ["0", "0"] and " cpu " in row
     assert "all-reduce: not run (world size 1)" in result.stdout
-    assert "\nmemory per rank: " in result.stdout
-    assert "on CPU (distqa.encoders.memory); --gpu-memory-gb N" in result.stdout
+    assert "memory: not estimated (task 'text_classification' defines no training_memory)" in result.stdout
     assert result.stdout.rstrip().endswith("doctor: all checks passed on 1 rank(s)")
     assert not list((tmp_path / "results" / "local").iterdir()), "the writability probe leaves nothing behind"
 
@@ -50,14 +51,6 @@ def test_an_unwritable_results_directory_fails_naming_it(unwritable_mount: tuple
     [failure] = failures(result)
     assert f"results directory {mount / 'local'} is not writable (Permission denied)" in failure
     assert "DISTQA_OUTPUT_DIR" in failure
-
-
-def test_a_missing_feature_cache_fails_with_the_command_that_builds_it(tmp_path: Path) -> None:
-    result = doctor("--output-dir", str(tmp_path / "results"), "--task", "nq", "--nq-cache-dir",
-                    str(tmp_path / "no-cache"))
-    assert result.returncode == 1, result.stdout + result.stderr
-    [failure] = failures(result)
-    assert "feature cache: no NQ feature cache" in failure and "`python -m distqa.prepare`" in failure
 
 
 def test_interfaces_that_do_not_exist_and_an_unresolvable_master_fail_each_in_a_line(tmp_path: Path) -> None:
@@ -234,7 +227,7 @@ def test_training_refuses_to_start_when_ranks_resolved_other_configs(tmp_path: P
 def test_help_shows_the_runs_settings_and_the_doctors_own(capsys: pytest.CaptureFixture[str]) -> None:
     from distqa.doctor import main
 
-    assert main(["--help"]) == 0
+    assert main(["--task", MACHINERY_TASK, "--help"]) == 0
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: python -m distqa.doctor")
     assert "\ndoctor:\n" in help_text and "--expect-world-size N" in help_text and "--shm-path PATH" in help_text
@@ -257,7 +250,8 @@ def test_a_rank_with_an_invalid_setting_still_reports_to_rank_0(tmp_path: Path) 
     script = tmp_path / "bad_lr_on_rank_1.py"
     script.write_text(BAD_LR_ON_RANK_1)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(script), "--output-dir", str(tmp_path), "--allreduce-mb", "1", "--timeout-s", "60"],
+                             str(script), *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--allreduce-mb", "1",
+                             "--timeout-s", "60"],
                             cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
