@@ -252,8 +252,8 @@ def test_a_rank_with_an_invalid_setting_still_reports_to_rank_0(tmp_path: Path) 
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              str(script), *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--allreduce-mb", "1",
                              "--timeout-s", "60"],
-                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                            timeout=120)
+                            cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT)),
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     rows = [row.split() for row in result.stdout.splitlines()[1:3]]
     assert [row[9] for row in rows] != ["invalid", "invalid"] and rows[1][9] == "invalid"
