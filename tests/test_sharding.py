@@ -6,6 +6,7 @@ resume the step-2 checkpoints of the first two, in the same and in the other str
 the module (:func:`runs`) and each test reads several claims off them. Its 17 validation texts split unevenly over
 the ranks, so each rank's evaluator calls the model a different number of times (a sharded forward is a collective:
 the evaluation runs on gathered weights); the evaluation at step 2 is followed by training (resharded weights).
+The QA model sharded per transformer layer: tests/qa/test_sharding_qa.py.
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ from torch import nn
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
-from distqa.qa.model import build_model as build_qa_model
 from distqa.sharding import device_mesh, shard_model
 from distqa.tasks import make_task
 
 from conftest import (
     MACHINERY_ARGS,
     REPO_ROOT,
-    TinyEncoder,
     clean_env,
     final_weights,
     free_port,
@@ -201,28 +200,6 @@ def test_bf16_sharding_computes_in_bf16_and_keeps_fp32_shards_and_gradients(grou
         assert not torch.equal(gradients[1][name].full_tensor(), grad.full_tensor()), f"{name}: bf16 changed nothing"
 
 
-def test_a_checkpointed_encoder_sharded_by_layer_gives_the_gradients_of_the_bare_model(group_of_one: None) -> None:
-    """The QA model with --activation-checkpointing (the encoder's own, applied when it is built), sharded per
-    transformer layer: the loss and gradients of the same model unsharded, and its layers still checkpointed."""
-    config = load_config(["--preset", "none", "--dropout", "0", "--activation-checkpointing", "true",
-                          "--data-parallel", "fsdp"], environ={}, dotenv_path=os.devnull)
-    inputs = {"input_ids": torch.randint(5, 200, (4, 48), generator=torch.Generator().manual_seed(1)),
-              "attention_mask": torch.ones(4, 48, dtype=torch.long)}
-    results = []
-    for sharded in (False, True):
-        torch.manual_seed(0)
-        model = build_qa_model(config)
-        if sharded:
-            shard_model(model, make_task(config).sharding_units(model), local_runtime("cpu"), config, None)
-        output = model(**inputs)
-        loss = output.start_logits.logsumexp(-1).mean() + output.answer_type_logits.square().mean()
-        loss.backward()
-        results.append((loss.detach(), {name: p.grad.full_tensor() if sharded else p.grad
-                                        for name, p in model.named_parameters()}))
-    assert model.encoder.is_activation_checkpointing
-    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
-
-
 def test_the_default_sharding_units_are_the_repeated_blocks_else_the_children_with_parameters() -> None:
     config = load_config(MACHINERY_ARGS, environ={}, dotenv_path=os.devnull)
     task = make_task(config)
@@ -230,15 +207,6 @@ def test_the_default_sharding_units_are_the_repeated_blocks_else_the_children_wi
     assert task.sharding_units(stack) == list(stack.blocks)
     bag = task.build_model()  # the machinery task's bag of words: an embedding, a dropout, a classifier
     assert task.sharding_units(bag) == [bag.embedding, bag.classifier]
-
-
-def test_the_qa_tasks_shard_their_encoders_transformer_layers(tiny_encoder: TinyEncoder) -> None:
-    config = load_config(["--preset", "none", "--model-name-or-path", str(tiny_encoder.directory), "--from-scratch",
-                          "true"], environ={}, dotenv_path=os.devnull)
-    model = build_qa_model(config)
-    units = make_task(config).sharding_units(model)
-    assert len(units) == model.encoder.config.num_hidden_layers >= 2
-    assert all(type(unit).__name__.endswith(("Layer", "Block", "EncoderLayer")) for unit in units), units
 
 
 def test_hsdp_refuses_nodes_with_unequal_process_counts() -> None:
