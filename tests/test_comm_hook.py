@@ -20,6 +20,7 @@ from distqa.distributed import local_runtime
 
 from conftest import MACHINERY_ARGS
 
+
 @pytest.mark.parametrize("hook", ["none", "bf16"])
 def test_ddp_wrap_registers_the_hook_and_the_all_reduce_goes_through_it(hook: str, group_of_one: None) -> None:
     """With bf16, every gradient DDP hands back is a bf16 value (the all-reduce ran on bf16 tensors and was cast

@@ -26,7 +26,7 @@ from distqa.tasks.commands import checkpoint_task, task_command
 from conftest import REPO_ROOT, clean_env
 
 EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
-FORMAT_2_BEST = REPO_ROOT / "tests" / "qa" / "fixtures" / "checkpoint-v2" / "best.pt"
+FORMAT_2_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
 ENTRY_POINTS: dict[str, Callable[[Sequence[str] | None], int]] = {
     "predict": predict.main, "evaluate": evaluate.main, "export": export.main}
 

@@ -5,8 +5,9 @@ Real runs of the machinery task (fp32, global batch 16, fsdp on 2 ranks with acc
 module (:func:`runs`): the uninterrupted run; a run ended at step 2 (``--stop-at-step``) and started again
 (``--resume auto``); and the first run's step-2 directory resumed on 4 ranks and by DDP writing files. Faults on
 many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of tests/sharded_checkpoint_job.py;
-what needs no peers (rotation, the deadline, export and predict) runs in this process, with one process's writer
-(the same format: DCP without a process group)."""
+what needs no peers (rotation, the deadline) runs in this process, with one process's writer (the same format: DCP
+without a process group). A QA checkpoint written sharded and exported, predicted and evaluated:
+tests/qa/test_sharded_checkpoints_qa.py."""
 
 from __future__ import annotations
 
@@ -24,19 +25,15 @@ from torch import nn
 from distqa.checkpoint import (
     MANIFEST,
     STATE_FILE,
-    ModelCheckpoint,
     Progress,
     TrainingCheckpoint,
     checkpoint_path,
     list_checkpoints,
-    load_checkpoint,
     newest_intact_checkpoint,
     remove_stale_temporaries,
     verify_directory,
 )
-from distqa.config.sources import load_config, saved_config
-from distqa.qa.hf_format import export_model, load_model_checkpoint
-from distqa.qa.model import build_model
+from distqa.config.sources import load_config
 from distqa.sharded_checkpoint import (
     ShardedCheckpointWriter,
     load_sharded,
@@ -60,7 +57,6 @@ STEPS = 4
 SAME_STRATEGY = 1e-6
 ACROSS = 1e-5
 """Another world size or strategy sums the same gradients in another order (tests/test_sharding.py)."""
-NQ_BEST = REPO_ROOT / "tests" / "qa" / "fixtures" / "checkpoint-v2" / "best.pt"
 
 
 def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra: str) -> list[str]:
@@ -268,59 +264,10 @@ def test_a_sharded_write_longer_than_the_stop_window_is_warned_about(tmp_path: P
     assert len(warnings) == 1 and "step-00000001.dcp is" in warnings[0] and "more than a 0 s window" in warnings[0]
 
 
-def test_export_predict_and_evaluate_take_a_sharded_checkpoint_as_they_take_the_file(tmp_path: Path) -> None:
-    """The weights of an NQ best.pt written as a sharded directory: ``python -m distqa.export --checkpoint DIR``
-    exports the model the file's export holds (every tensor equal, logits to 1e-6), and ``predict --checkpoint DIR``
-    writes the file's submission byte for byte, and ``evaluate --checkpoint DIR`` prints the file's evaluation."""
-    saved = load_checkpoint(NQ_BEST, ModelCheckpoint)
-    model = build_model(saved_config(saved.config), weights_from_checkpoint=True)
-    model.load_state_dict(saved.model)
-    fields = {name: getattr(saved, name) for name in ("config", "task_state", "evaluation", "progress", "versions")}
-    rest = TrainingCheckpoint(**fields, model={}, optimizer={}, scheduler={}, scaler={}, rng=[], world_size=1,
-                              saved_by_rank=0)
-    ShardedCheckpointWriter(tmp_path, 3, torch.device("cpu"), background=False).submit_sharded(
-        7, model, torch.optim.AdamW(model.parameters()), rest)
-    result = subprocess.run([sys.executable, "-m", "distqa.export", "--checkpoint", str(sharded_checkpoint_path(
-        tmp_path, 7)), "--output", str(tmp_path / "sharded")], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
-        capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    export_model(load_model_checkpoint(NQ_BEST), tmp_path / "file")  # the file's export, as the command makes it
-    exports = {name: load_model_checkpoint(tmp_path / name) for name in ("file", "sharded")}
-    submission = tmp_path / "submission.csv"
-    result = subprocess.run([sys.executable, "-m", "distqa.predict", "--checkpoint", str(sharded_checkpoint_path(
-        tmp_path, 7)), "--input", "data/nq-sample/simplified-nq-test.jsonl", "--output", str(submission),
-        "--nq-cache-dir", str(tmp_path / "cache")], cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"),
-        capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert submission.read_bytes() == (NQ_BEST.parent / "expected-submission.csv").read_bytes()
-    # evaluate: the validation split of the cache the fixture's run used (prepared with its windows), the file's
-    # evaluation byte for byte.
-    cache = tmp_path / "train-cache"
-    for command in (["distqa.prepare", "--task", "nq", "--model-name-or-path", "tests/qa/fixtures/checkpoint-v2/encoder",
-                     "--max-seq-len", "64", "--max-question-len", "16", "--doc-stride", "32", "--num-proc", "1"],
-                    ["distqa.evaluate", "--checkpoint", str(sharded_checkpoint_path(tmp_path, 7))]):
-        result = subprocess.run([sys.executable, "-m", *command, "--nq-cache-dir", str(cache)], cwd=REPO_ROOT,
-                                env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout == (NQ_BEST.parent / "expected-evaluation.json").read_text()
-    assert max_difference(exports["sharded"].model, exports["file"].model) == 0
-    assert exports["sharded"].task_state == exports["file"].task_state
-    inputs = {"input_ids": torch.tensor([[1, 5, 9, 2, 7, 11, 2]]),
-              "attention_mask": torch.ones(1, 7, dtype=torch.long), "token_type_ids": torch.tensor([[0] * 4 + [1] * 3])}
-    logits = []
-    for name in ("file", "sharded"):
-        exported = build_model(saved_config(exports[name].config), weights_from_checkpoint=True)
-        exported.load_state_dict(exports[name].model)
-        with torch.no_grad():
-            out = exported.eval()(**inputs)
-        logits.append(torch.cat([out.start_logits, out.end_logits]))
-    assert torch.allclose(logits[0], logits[1], atol=1e-6, rtol=0)
-
-
 def test_by_default_a_sharded_run_of_several_ranks_writes_sharded_checkpoints_and_others_write_files() -> None:
     """checkpoint_format's default, auto: no rank of a fsdp/hsdp run holds the whole state for a save; DDP and a
     single process keep the one file."""
-    assert load_config(["--preset", "none"], environ={}, dotenv_path="/nonexistent").checkpoint_format == "auto"
+    assert load_config(MACHINERY_ARGS, environ={}, dotenv_path="/nonexistent").checkpoint_format == "auto"
     assert uses_sharded_checkpoints("auto", "fsdp", 2) and uses_sharded_checkpoints("auto", "hsdp", 4)
     assert not uses_sharded_checkpoints("auto", "ddp", 2) and not uses_sharded_checkpoints("auto", "fsdp", 1)
     assert uses_sharded_checkpoints("sharded", "fsdp", 2) and not uses_sharded_checkpoints("file", "fsdp", 2)

@@ -1,4 +1,4 @@
-"""Checkpoints of format 2, written by main before the task seam (tests/qa/fixtures/checkpoint-v2, with the command
+"""Checkpoints of format 2, written by main before the task seam (tests/fixtures/checkpoint-v2, with the command
 that wrote them), still work: a run resumes from one to the weights the old code reached, and predict and
 evaluate give, byte for byte, what they gave with the old code."""
 
@@ -14,8 +14,8 @@ import torch
 
 from conftest import REPO_ROOT, clean_env, max_difference
 
-FIXTURE = REPO_ROOT / "tests" / "qa" / "fixtures" / "checkpoint-v2"
-WINDOWS = ["--model-name-or-path", "tests/qa/fixtures/checkpoint-v2/encoder", "--max-seq-len", "64",
+FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
+WINDOWS = ["--model-name-or-path", "tests/fixtures/checkpoint-v2/encoder", "--max-seq-len", "64",
            "--max-question-len", "16", "--doc-stride", "32"]
 """The run-defining settings the fixture was trained with (README.md there)."""
 

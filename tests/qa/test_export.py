@@ -23,7 +23,7 @@ from distqa.rundir import versions
 from conftest import REPO_ROOT, TinyEncoder, clean_env, tiny_encoder_of
 from qa_helpers import QA_ARGS
 
-NQ_FIXTURE = REPO_ROOT / "tests" / "qa" / "fixtures" / "checkpoint-v2"
+NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 """An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
 
 
