@@ -1,6 +1,7 @@
 """`python -m distqa.predict|evaluate|score|export` run the command of the checkpoint's task (score: of
 ``--format``'s), importing that task and nothing else; a task without the command, or one this checkout lacks
-(a fork that deleted distqa/qa), is one line and exit status 2; old checkpoints find their task as before."""
+(a fork that deleted distqa/qa), is one line and exit status 2 (score's QA formats and format-2 checkpoints:
+tests/qa/test_commands_qa.py)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,16 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import torch
 
 from distqa import evaluate, export, predict, score
-from distqa.checkpoint import ModelCheckpoint, Progress, save_checkpoint
+from distqa.checkpoint import ModelCheckpoint, Progress
 from distqa.config import ConfigError
-from distqa.tasks import task_class
 from distqa.tasks.base import Task
 from distqa.tasks.commands import checkpoint_task, task_command
 
 from conftest import REPO_ROOT, clean_env
 
 EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
-FORMAT_2_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
 ENTRY_POINTS: dict[str, Callable[[Sequence[str] | None], int]] = {
     "predict": predict.main, "evaluate": evaluate.main, "export": export.main}
 
@@ -51,6 +49,13 @@ def example_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("example") / "best.pt"
     ModelCheckpoint(model=model.state_dict(), config=config.to_dict(), evaluation=None, progress=Progress(),
                     task_state=None, versions={}).save(path)
+    return path
+
+
+def a_checkpoint_of(task: str, path: Path) -> Path:
+    """A best.pt whose config names ``task`` (what the dispatch reads first), weights aside."""
+    ModelCheckpoint(model={}, config={"task": task}, evaluation=None, progress=Progress(), task_state=None,
+                    versions={}).save(path)
     return path
 
 
@@ -100,7 +105,7 @@ def copy_without_the_qa_package(root: Path) -> Path:
     """The package and the example task, as a fork that deleted distqa/qa has them."""
     shutil.copytree(REPO_ROOT / "src" / "distqa", root / "src" / "distqa",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.rmtree(root / "src" / "distqa" / "qa")
+    shutil.rmtree(root / "src" / "distqa" / "qa", ignore_errors=True)  # gone already in a fork that left it out
     shutil.copytree(REPO_ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
@@ -127,7 +132,7 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
                                                                           tmp_path: Path) -> None:
     fork = copy_without_the_qa_package(tmp_path / "fork")
     runs = [(command, command, command_line(command, example_checkpoint, tmp_path)) for command in ENTRY_POINTS]
-    runs += [("nq checkpoint", "predict", command_line("predict", FORMAT_2_BEST, tmp_path)),
+    runs += [("nq checkpoint", "predict", command_line("predict", a_checkpoint_of("nq", tmp_path / "nq.pt"), tmp_path)),
              ("score", "score", ["--gold", "gold.jsonl", "--submission", "submission.csv"]),
              ("help", "evaluate", ["--help"])]
     done = subprocess.run([sys.executable, "-c", IN_THE_FORK, json.dumps(runs)], cwd=fork, capture_output=True,
@@ -150,26 +155,9 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
     assert code == 0 and "--checkpoint CHECKPOINT" in out, out
 
 
-def test_score_imports_no_task_for_the_qa_formats_and_runs_what_their_classes_declare(tmp_path: Path) -> None:
-    """Scoring an NQ or SQuAD file needs neither torch nor transformers (the tasks' modules import both)."""
-    for name, path in score.QA_SCORE_COMMANDS.items():
-        assert task_class(name).commands["score"] == path
-    gold = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
-    code = ("import sys; from distqa import score; "
-            f"code = score.main(['--gold', {str(gold)!r}, '--submission', {str(tmp_path / 'none.csv')!r}]); "
-            "print(code, sorted({'torch', 'transformers'} & set(sys.modules)))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
-                          text=True, timeout=120)
-    assert done.stdout.strip() == "2 []", done.stdout + done.stderr
-    assert done.stderr == f"distqa.score: error: {tmp_path / 'none.csv'}: no such submission file\n"
-
-
-def test_old_and_unreadable_checkpoints_name_their_task_or_say_why(tmp_path: Path) -> None:
-    assert checkpoint_task(FORMAT_2_BEST) == "nq"  # format 2: config.dataset
-    state = torch.load(FORMAT_2_BEST, weights_only=True)
-    del state["config"]["dataset"]
-    save_checkpoint(state, tmp_path / "no-dataset.pt")
-    assert checkpoint_task(tmp_path / "no-dataset.pt") == "dummy"  # as distqa.checkpoint.from_format_2 reads it
+def test_unreadable_checkpoints_say_why(tmp_path: Path) -> None:
+    """(Format-2 checkpoints naming their task: tests/qa/test_commands_qa.py.)"""
+    assert checkpoint_task(a_checkpoint_of("nq", tmp_path / "nq.pt")) == "nq"
     with pytest.raises(ConfigError, match=f"checkpoint {tmp_path / 'nope.pt'} does not exist; train first"):
         checkpoint_task(tmp_path / "nope.pt")
     (tmp_path / "plain").mkdir()
@@ -177,7 +165,7 @@ def test_old_and_unreadable_checkpoints_name_their_task_or_say_why(tmp_path: Pat
                                                   "-m distqa.export")):
         checkpoint_task(tmp_path / "plain")
     damaged = tmp_path / "damaged.pt"
-    damaged.write_bytes((tmp_path / "no-dataset.pt").read_bytes()[:100])
+    damaged.write_bytes((tmp_path / "nq.pt").read_bytes()[:100])
     with pytest.raises(ConfigError, match=re.escape(str(damaged))):
         checkpoint_task(damaged)
 

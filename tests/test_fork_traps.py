@@ -65,10 +65,10 @@ def test_batchnorm_statistics_are_rank_0s_on_every_rank_and_in_the_checkpoint(tm
 
 def test_ddp_broadcasts_the_buffers_before_each_forward_unless_the_task_opts_out(group_of_one: None) -> None:
     """What distqa.train wraps (DDP over a group of one, as for 2 ranks): torch's default, forward_sync_buffers,
-    for a task that keeps it; none for one that opts out, as the QA tasks do."""
-    config = load("--preset", "none")
+    for a task that keeps it; none for one that opts out, as the QA tasks do (tests/qa/test_fork_traps_qa.py)."""
+    config = load("--task", "fork_tasks:Regression", "--preset", "none")
     runtime = dataclasses.replace(local_runtime("cpu"), world_size=2)  # wrapped only when distributed
-    for task, syncs in [("fork_tasks:Regression", True), ("fork_tasks:UnsyncedRegression", False), ("dummy", False)]:
+    for task, syncs in [("fork_tasks:Regression", True), ("fork_tasks:UnsyncedRegression", False)]:
         wrapped = training_module(BatchNormMLP(), runtime, config, task_class(task).sync_buffers)
         assert isinstance(wrapped, DistributedDataParallel) and wrapped.will_sync_module_buffers() is syncs, task
 
