@@ -1,6 +1,7 @@
 """The real image (./Dockerfile) runs a 2-node DDP training: two containers on a user-defined
-network, one torchrun agent each, meeting through scripts/worker.sh's c10d rendezvous; the built-in task
-and a fork's (examples/text_classification, outside the package) alike.
+network, one torchrun agent each, meeting through scripts/worker.sh's c10d rendezvous; the project's own run
+(project.toml's [run] args: the dummy task in the template, a fork's preset in a fork) and the example task outside
+the package alike.
 
 Needs Docker and the built image: `make test-docker` (tests/docker/run.sh) builds both and sets
 DISTQA_TEST_IMAGE; without it these tests are skipped."""
@@ -10,13 +11,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FAST_ARGS
+from distqa.config.sources import load_config
+
+from conftest import REPO_ROOT
 
 IMAGE = os.environ.get("DISTQA_TEST_IMAGE", "")
 pytestmark = [pytest.mark.docker,
@@ -40,16 +44,25 @@ def test_image_holds_no_secrets_and_runs_as_root() -> None:
 
 FORK = "examples.text_classification.task:TextClassification"
 BATCH = ["--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8", "--per-rank-batch-size", "4"]
+QUIET = ["--progress-bar", "false", "--tensorboard", "false"]
 
 
-@pytest.mark.parametrize("task", ["dummy", FORK])
+def project_run() -> list[str]:
+    """project.toml's [run] args: what `make run` trains here."""
+    words = subprocess.run([sys.executable, str(REPO_ROOT / "src" / "distqa" / "upkeep" / "project.py"), "--split",
+                            "run.args"], capture_output=True, text=True, check=True, timeout=60).stdout
+    return words.splitlines()
+
+
+@pytest.mark.parametrize("task", ["project", FORK])
 def test_two_containers_train_to_a_checkpoint(task: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     network, nodes = f"distqa-test-{tag}", [f"distqa-node0-{tag}", f"distqa-node1-{tag}"]
     results = tmp_path / "results"  # shared storage: both containers mount it, as jobs mount a volume
     results.mkdir(mode=0o755)  # as `neuro-flow mkvolumes` leaves a folder: the owner's alone to write
-    trainer = [*FAST_ARGS, *BATCH] if task == "dummy" else [
-        "--task", FORK, "--progress-bar", "false", "--tensorboard", "false", "--eval-every", "2", *BATCH]
+    trainer = [*project_run(), *QUIET, *BATCH] if task == "project" else [
+        "--task", FORK, *QUIET, "--eval-every", "2", *BATCH]
+    expected_task = load_config(trainer, environ={}, dotenv_path=os.devnull, check_data_paths=False).task
     docker("network", "create", network)
     try:
         for rank, name in enumerate(nodes):
@@ -70,7 +83,7 @@ def test_two_containers_train_to_a_checkpoint(task: str, tmp_path: Path) -> None
     run_dir = results / "docker"
     checkpoint = torch.load(run_dir / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert checkpoint["world_size"] == 2 and checkpoint["saved_by_rank"] == 0
-    assert checkpoint["config"]["task"] == task
+    assert checkpoint["config"]["task"] == expected_task
     if task == FORK:  # evaluated on both ranks, best.pt kept by the fork's own metric
         best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
         assert best["progress"]["best_metric"] == "accuracy"
