@@ -31,9 +31,6 @@ from distqa.upkeep.ownership import Declaration
 
 from conftest import REPO_ROOT, clean_env
 
-sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
-from cli_commands import documented_command_lines  # tests/standin is not a package
-
 IS_FORK = (REPO_ROOT / "fork.toml").is_file()
 OWNERSHIP = Declaration.parse((REPO_ROOT / "template.toml").read_text())
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md"))]
@@ -428,11 +425,3 @@ See `src/distqa/no_such_file.py`, `tests/test_config.py::test_no_such_test` and 
         "README.md has no heading with the anchor #no-such-heading",
     ]:
         assert expected in problems, f"not refused: {expected}\n--- the checker said:\n{problems}"
-
-
-def test_the_platform_cli_check_reads_the_platform_page() -> None:
-    """tests/test_platform_cli.py checks the neuro-flow/apolo lines of every document; the platform's
-    commands moved from the README to docs/PLATFORM.md, so that page must be among what it reads."""
-    lines = [line for name, line in documented_command_lines() if name == "docs/PLATFORM.md"]
-    commands_found = {line.split()[1] for line in lines}
-    assert {"build", "mkvolumes", "upload", "run", "logs", "kill"} <= commands_found, lines

@@ -129,3 +129,11 @@ def test_sbatch_script_with_external_store_trains_two_nodes_through_a_store_on_t
     assert "stopped on signal" in result.stdout  # the script's trap ended it: nothing listens on the port any more
     assert probe("127.0.0.1", int(port)) == "refused"
     assert final_weights(tmp_path / "results" / "slurm-4244")
+
+
+def test_the_batch_script_starts_every_node_through_worker_sh() -> None:
+    """The Slurm batch script starts each node with scripts/worker.sh, as every launcher does
+    (tests/test_launchers.py)."""
+    text = (REPO_ROOT / "scripts/train_slurm.sbatch").read_text()
+    code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert "scripts/worker.sh" in "\n".join(code)
