@@ -31,6 +31,9 @@ from distqa.tasks import make_task
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
+IN_A_FORK = (REPO_ROOT / "fork.toml").is_file()
+"""This checkout is a fork (make new-fork, docs/FORKING.md): the files a fork owns (README.md, project.toml,
+.neuro/project.yml) hold its values, not the template's, and the parts it left out are gone."""
 T = TypeVar("T")
 
 # The machinery's task: tests whose claim is about distribution, faults, launchers, checkpoints, tracking or hangs
