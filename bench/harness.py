@@ -16,30 +16,25 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
+from our_trainer import BENCH_SEED as BENCH_SEED  # re-exported: the benchmarks import them from here
+from our_trainer import build_our_trainer as build_our_trainer
 from targets import Target  # re-exported: every benchmark imports it from here
 from torch.utils.data import Dataset
 
 from distqa.config.sources import load_config
-from distqa.ddp import training_module
-from distqa.distributed import Runtime
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.optim import Precision, build_optimizer, build_scheduler
 from distqa.qa.config import QAConfig
 from distqa.qa.model import forward, qa_loss
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
 from distqa.qa.nq.synthetic import write_jsonl
-from distqa.rng import seed_everything
 from distqa.tasks import make_task
-from distqa.train import build_loader
-from distqa.trainer import StepPlan, Trainer
+from distqa.trainer import Trainer
 
 T = TypeVar("T")
-
-BENCH_SEED = 0
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, default_repeats: int) -> None:
@@ -115,30 +110,12 @@ def spread(values: Sequence[float]) -> str:
     return f"median of {len(values)}, range {min(values):.4g}..{max(values):.4g}"
 
 
-# --- our trainer, built as distqa.train builds it ------------------------------------------------
+# --- our trainer (our_trainer.build_our_trainer), over the QA model's configurations -------------------
 def bench_config(*overrides: str) -> QAConfig:
     """The tiny-cpu preset (tiny BERT from data/tiny-bert's config, DummyDataset) with ``overrides``
     (command-line flags of ``python -m distqa.train``), never reading .env or DISTQA_* variables."""
     return load_config(["--preset", "tiny-cpu", "--progress-bar", "false", "--tensorboard", "false",
                         "--max-steps", "1000000", *overrides], environ={}, dotenv_path=os.devnull)
-
-
-def build_our_trainer(config: QAConfig, runtime: Runtime, dataset: Dataset, run_dir: Path,
-                      **ddp_options: Any) -> Trainer:
-    """A :class:`distqa.trainer.Trainer` over the real model, loader, optimizer, schedule and precision,
-    from the same seed as ``distqa.train`` (nothing resumed, no evaluation); ``ddp_options`` replace
-    keyword arguments of DistributedDataParallel (:func:`distqa.ddp.wrap_ddp`)."""
-    task = make_task(config)
-    loader = build_loader(config, runtime, dataset, task.collate)
-    plan = StepPlan.of(config, loader.sampler, runtime.world_size)
-    seed_everything(BENCH_SEED)
-    model = task.build_model().to(runtime.device)
-    optimizer = build_optimizer(model, config, runtime.device)
-    return Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
-                   ddp_model=training_module(model, runtime, config, task.sync_buffers, **ddp_options),
-                   optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
-                   precision=Precision.choose(config.precision, runtime.device), loader=loader, plan=plan,
-                   evaluator=None, resumed=None)
 
 
 def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Tensor]]], None]:

@@ -29,9 +29,11 @@ import distqa.checkpoint
 import distqa.checkpoint_writer
 from distqa.checkpoint import Progress, TrainingCheckpoint, checkpoint_path, list_checkpoints, verify_checkpoint
 from distqa.checkpoint_writer import CheckpointWriter
+from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
 from distqa.errors import DiskFullError
 from distqa.stop import StopWindow, graceful_stop_window
+from distqa.tasks import make_task
 
 from conftest import (
     MACHINERY_ARGS,
@@ -49,11 +51,11 @@ from conftest import (
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import slow_storage
-from harness import bench_config, build_our_trainer, dummy_dataset  # the trainer as distqa.train builds it
+from our_trainer import build_our_trainer  # the trainer as distqa.train builds it
 from slow_storage import slow_checkpoint_storage
 
-SMALL_STEPS = ("--max-seq-len", "64", "--max-question-len", "16", "--global-batch-size", "8", "--per-rank-batch-size",
-               "8", "--dummy-size", "64", "--warmup-steps", "1", "--log-every", "1")
+SMALL_STEPS = ("--global-batch-size", "8", "--per-rank-batch-size", "8", "--warmup-steps", "1", "--log-every", "1",
+               "--max-steps", "1000000")
 
 
 @pytest.fixture
@@ -67,9 +69,9 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def a_trainer(tmp_path: Path, *flags: str):
-    """The real Trainer over the tiny model, one process, checkpoints into tmp_path."""
-    config = bench_config(*SMALL_STEPS, *flags)
-    return build_our_trainer(config, local_runtime("cpu"), dummy_dataset(config), tmp_path)
+    """The real Trainer over the machinery task's model, one process, checkpoints into tmp_path."""
+    config = load_config([*MACHINERY_ARGS, *SMALL_STEPS, *flags], environ={}, dotenv_path=os.devnull)
+    return build_our_trainer(config, local_runtime("cpu"), make_task(config).train_dataset(), tmp_path)
 
 
 @pytest.mark.usefixtures("one_torch_thread")

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from conftest import AT_STEP, MACHINERY_ARGS, REPO_ROOT, clean_env, final_weights, free_port, max_difference
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
-from tracking_overhead import MLFLOW, mlflow_server  # the benchmark's server, started the same way
+from mlflow_server import MLFLOW, mlflow_server  # the benchmark's server, started the same way
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not MLFLOW.exists(), reason="no .venv-mlflow: run `make setup`")]

@@ -196,8 +196,8 @@ def edit(path: Path, old: str, new: str) -> None:
 def template_moves_on(template: Path) -> None:
     """Commits of the template after the fork was made: the machinery, the QA package, a page, the README,
     .neuro/live.yml, the Dockerfile and the Makefile change; a QA preset, a QA test and a machinery test arrive."""
-    edit(template / "src/distqa/stop.py", '"""', '"""Changed upstream after the fork. ', )
-    edit(template / "src/distqa/qa/model.py", '"""', '"""Changed upstream after the fork. ')
+    edit(template / "src/distqa/stop.py", '"""', '# Changed upstream after the fork.\n"""')
+    edit(template / "src/distqa/qa/model.py", '"""', '# Changed upstream after the fork.\n"""')
     edit(template / "docs/CONFIGURATION.md", "\n", "\n\nChanged upstream after the fork.\n")
     edit(template / "README.md", "\n", "\n\nChanged upstream after the fork.\n")
     git(template, "commit", "--quiet", "--all", "-m", "machinery, QA, docs and README")

@@ -54,8 +54,8 @@ def stub_files(template: Path, commit: str, name: str) -> dict[str, bytes]:
                      ("write it with `python -m examples.text_classification.make_data`", f"put {name}'s data there"),
                      ('name = "text_classification"', f'name = "{name}"')):
         task = replaced(task, old, new, f"{EXAMPLE}/task.py")
-    task = replaced(task, '"""A fork\'s own task, whole:', f'"""{name}\'s task, written by `make new-fork` from the '
-                    f"template's {EXAMPLE} (replace it with your own: docs/FORKING.md). Whole:", f"{EXAMPLE}/task.py")
+    task = replaced(task, '"""A fork\'s own task, whole:', f'"""{name}\'s task (written by `make new-fork` from the '
+                    "template's example; make it\nyours: docs/FORKING.md), whole:", f"{EXAMPLE}/task.py")
     preset = replaced(example("preset.toml"), "examples.text_classification.task", f"{name}.task",
                       f"{EXAMPLE}/preset.toml")
     preset = replaced(preset, f"{EXAMPLE}/preset.toml", f"configs/{name}.toml", f"{EXAMPLE}/preset.toml")
