@@ -113,7 +113,7 @@ def main() -> None:
     peak_flops = peak_bf16_flops(device_name(device)) if device.type == "cuda" else None
     seq_len = QUICK_SEQ_LEN if tiny else SEQ_LEN
     # Compiled as the presets run on GPUs; a smoke run on CPU compiles nothing (inductor's cold start alone would
-    # take minutes on two cores; tests/test_optimizations.py covers the compiled path on CPU).
+    # take minutes on two cores; tests/qa/test_optimizations.py covers the compiled path on CPU).
     compiled = device.type == "cuda" and not args.eager
     rows, failed = [], False
     with tempfile.TemporaryDirectory(prefix="bench-gpu-large-") as work:

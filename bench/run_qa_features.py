@@ -1,6 +1,6 @@
 """run_qa.py's ``prepare_train_features`` (transformers' examples/pytorch/question-answering), as run_qa.py has it.
 
-``bench/squad_pipeline.py`` times it against the squad task's featurisation, and ``tests/test_squad_features.py``
+``bench/squad_pipeline.py`` times it against the squad task's featurisation, and ``tests/qa/test_squad_features.py``
 checks that both give the same windows and labels. Imports only transformers' tokenizer, so both load it quickly.
 """
 

@@ -13,7 +13,7 @@ on pre-collated DummyDataset batches of max_seq_len 128. Each rank runs one torc
     ``shard_model`` per transformer layer then the root; at 1 rank both are the bare model), AdamW, one step,
     then a second forward, backward and optimizer step with the gradients kept. Counted: the bytes of the
     parameters, their gradients and AdamW's state as this rank holds them (``DTensor.to_local()`` for shards).
-    Measured: torch's profiler memory events (as tests/test_memory.py measures CPU peaks), everything built inside
+    Measured: torch's profiler memory events (as tests/qa/test_memory.py measures CPU peaks), everything built inside
     it: the bytes still live at the end (which must be the counted state, to 5 %) and the peak over the two steps
     (the state plus activations and, for fsdp, the gathered units and unsharded gradients). Target: fsdp's counted
     state ≤ 1.1 / W of DDP's at W ranks.

@@ -400,7 +400,7 @@ _TINY_ENCODERS: dict[str, TinyEncoder] = {}
 def tiny_encoder_of(family: str, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
     """The tiny model directory of ``family`` (``distqa.encoders.tiny``), built once per session (a second or two
     each) and shared by every test that asks for it: :func:`tiny_encoder`'s, or a test that needs every family at
-    once (tests/test_export.py)."""
+    once (tests/qa/test_export.py)."""
     if family not in _TINY_ENCODERS:
         directory = build_family_dir(family, REPO_ROOT / "data" / "tokenizer-corpus.txt",
                                      tmp_path_factory.mktemp(family))
@@ -411,5 +411,5 @@ def tiny_encoder_of(family: str, tmp_path_factory: pytest.TempPathFactory) -> Ti
 @pytest.fixture(scope="session", params=list(ENCODER_FAMILIES))
 def tiny_encoder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
     """Each encoder family of ``distqa.encoders.tiny`` in turn (:func:`tiny_encoder_of`): a test that takes this
-    fixture runs once per family (``tests/test_encoders.py``; a task's featurisation adds its own)."""
+    fixture runs once per family (``tests/qa/test_encoders.py``; a task's featurisation adds its own)."""
     return tiny_encoder_of(request.param, tmp_path_factory)

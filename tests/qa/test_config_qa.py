@@ -26,7 +26,7 @@ def test_defaults_use_the_tiny_offline_preset() -> None:
     config = load()
     assert config.preset == DEFAULT_PRESET == "tiny-cpu"
     assert config.task == "dummy"
-    assert config.from_scratch == "auto"  # the tiny model has no weights: random ones (tests/test_encoders.py)
+    assert config.from_scratch == "auto"  # the tiny model has no weights: random ones (tests/qa/test_encoders.py)
     assert Path(config.model_source).is_dir()
 
 

@@ -36,7 +36,7 @@ What the kernels keep depends on the device, and is taken from their source: on 
 autocast runs softmax in fp32 (its fp32 list), CPU's does not; SDPA runs a fused kernel on CUDA (flash,
 memory-efficient or cuDNN: no seq × seq matrix, a log-sum-exp per row) and on CPU only without dropout,
 else its math path, which upcasts bf16 to fp32 and keeps the seq × seq probabilities like eager attention.
-``tests/test_memory.py`` measures the peak on CPU (the profiler's allocator events) for tiny models and
+``tests/qa/test_memory.py`` measures the peak on CPU (the profiler's allocator events) for tiny models and
 several shapes and holds the estimate to it; docs/FAULT_TOLERANCE.md states the error.
 """
 
@@ -71,7 +71,7 @@ class Encoder:
 
     COUNTED_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "deberta-v2")
     """Model types whose layers the activations follow op by op: BERT's layer (RoBERTa's and ELECTRA's are
-    copies of it in transformers) and DeBERTa-v2's; tests/test_memory.py measures BERT and DeBERTa-v3. Another
+    copies of it in transformers) and DeBERTa-v2's; tests/qa/test_memory.py measures BERT and DeBERTa-v3. Another
     type (ModernBERT's gated feed-forward, DistilBERT) is counted as BERT layers of its sizes, an approximation."""
 
     @property

@@ -11,7 +11,7 @@ vocabulary. Rebuild it with::
 
 The other families (:data:`FAMILIES`) are built the same way, each with its tokenizer's kind, the
 family's real special tokens at their real places and its pair template, and the family's config class at
-tiny sizes; the tests build them into a temporary folder (``tests/test_encoders.py``)::
+tiny sizes; the tests build them into a temporary folder (``tests/qa/test_encoders.py``)::
 
     python -m distqa.encoders.tiny --family roberta --output /tmp/tiny-roberta
 
