@@ -240,8 +240,8 @@ def main() -> None:
                               contender.seq_len, note="n/a (fp16 needs a CUDA GPU: distqa.optim.Precision.choose)")
                 elif args.quick and device.type != "cuda" and contender.compile and contender.framework == "ours":
                     # A smoke run on CPU takes seconds; ours compiles with inductor, cold half a minute (HF's uses the
-                    # eager backend on CPU: seconds). The CPU compile path is tests/qa/test_optimizations.py's; on a GPU,
-                    # --quick still compiles.
+                    # eager backend on CPU: seconds). The CPU compile path is tests/qa/test_optimizations.py's; on a
+                    # GPU, --quick still compiles.
                     row = Row(contender.name, contender.framework, contender.precision, contender.compile,
                               contender.seq_len, note="n/a (--quick on CPU: no inductor compile)")
                 else:
