@@ -304,8 +304,19 @@ def on_this_machine(resource: dict[str, Any], command: list[str], environment: d
               "GLOO_SOCKET_IFNAME": "lo"}
     assert command[:2] == ["bash", IMAGE_WORKER], command
     dash = command.index("--")
-    argv = ["bash", WORKER, *command[2:dash], "--", *trainer_args]
+    # The job starts with the project's own trainer flags (--project-args: project.toml's, the GPU preset); here the
+    # machinery task's ``trainer_args`` stand in for them (test_every_job_starts_with_the_projects_flags).
+    own = [word for word in command[2:dash] if word != "--project-args"]
+    argv = ["bash", WORKER, *own, "--", *trainer_args]
     return argv, clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1", OMP_NUM_THREADS="1") | local | extra
+
+
+def test_every_job_starts_with_the_projects_flags() -> None:
+    """Each job's command has worker.sh's --project-args before its "--": project.toml's [jobs] args, a fork's own."""
+    for name in JOBS:
+        for container in containers(manifest(name)):
+            command = [*container.get("command", []), *container.get("args", [])]
+            assert "--project-args" in command[:command.index("--")], (name, command)
 
 
 @needs_engines

@@ -72,8 +72,8 @@ def test_the_schedules_differ_after_the_warm_up_and_a_short_run_cuts_the_warm_up
 
 
 def test_an_unknown_schedule_is_refused_naming_the_choices() -> None:
-    result = subprocess.run([sys.executable, "-m", "distqa.train", "--lr-schedule", "step"], cwd=REPO_ROOT,
-                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--lr-schedule", "step"],
+                            cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--lr-schedule" in result.stderr and "cosine" in result.stderr
 
 

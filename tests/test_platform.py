@@ -61,7 +61,7 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
         mounts = {v.rsplit(":", 2)[1]: v.rsplit(":", 2)[2] for v in job.volumes}
         if job_id in ("train", "doctor", "prepare", "predict", "distributed_training"):
             assert mounts["/data"] == "ro" and mounts["/project/results"] == "rw", job_id
-            assert job.image.endswith("distqa:v1")
+            assert job.image.endswith(f"{flow.project.id}:v1")  # the project's (a fork names its own)
     training = platform_cli.render("distributed_training", "r-1", {"node_rank": "1", "master_addr": "m.x",
                                                                    "run_id": "r", "args": "--lr '1e-3'"})
     words = shlex.split(training.cmd)

@@ -172,9 +172,17 @@ def start_skypilot_node(home: Path, script: Path, out: Path) -> subprocess.Popen
 def test_two_skypilot_nodes_train_lose_one_and_resume_when_launched_again(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "sky_workdir").symlink_to(REPO_ROOT, target_is_directory=True)  # what `workdir: .` uploads
+    # What `workdir: .` uploads: this checkout, as a project whose project.toml starts every job with the machinery
+    # task (worker.sh --project-args reads it there); ARGS adds the run's own flags.
+    workdir = home / "sky_workdir"
+    workdir.mkdir()
+    for entry in REPO_ROOT.iterdir():
+        if entry.name != "project.toml":
+            (workdir / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    (workdir / "project.toml").write_text(f'[run]\nargs = ""\n[jobs]\nargs = "{" ".join(MACHINERY_ARGS)}"\n'
+                                          "[image]\npython = []\napt = []\n")
     results = tmp_path / "results"
-    args = " ".join([*MACHINERY_ARGS, *TRAINER_ARGS])
+    args = " ".join(TRAINER_ARGS)
     assert "'" not in args and '"' not in args, "ARGS is split on spaces by the task's run script"
     overrides = {"BUCKET": "unused", "RUN_ID": "sky", "MAX_RESTARTS": "2", "ARGS": args,
                  "DISTQA_OUTPUT_DIR": str(results), "HF_HOME": str(tmp_path / "hf"), "RDZV_PORT": str(free_port())}

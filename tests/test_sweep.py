@@ -22,7 +22,7 @@ from distqa.sweeps.launch import Launcher, failure_reason
 from distqa.sweeps.pruning import TrialPruner, parse_trial
 from distqa.sweeps.space import check_trial_configs, flags, read_sweep, trial_args
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, wait_for
 
 BASE = """
 search = "grid"
@@ -281,7 +281,8 @@ def test_a_resume_is_refused_while_an_interrupted_trials_launcher_from_a_killed_
     import socket
 
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--run-id", "trial-003"])
-    try:
+    try:  # until the child has exec'd, /proc shows the forked pytest's command line: wait for its own
+        wait_for(lambda: b"trial-003" in Path(f"/proc/{launcher.pid}/cmdline").read_bytes(), timeout=60)
         with pytest.raises(ConfigError, match=rf"trial-003's launcher \(pid {launcher.pid}\) from an earlier sweep "
                                               r"process still runs; stop it"):
             sweep.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")

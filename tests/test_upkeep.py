@@ -120,6 +120,21 @@ def test_the_template_project_toml_is_complete_and_split_as_a_shell_would(capsys
     assert capsys.readouterr().out.splitlines() == ["--run-name", "a b"]
 
 
+def test_the_jobs_flags_take_the_jobs_own_paths_from_its_environment(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """[jobs] args may name ${DISTQA_OUTPUT_DIR}: /project/results in a pod, a bucket on SkyPilot."""
+    (tmp_path / "project.toml").write_text('[run]\nargs = ""\n[jobs]\nargs = "--nq-cache-dir ${DISTQA_OUTPUT_DIR}/c"\n'
+                                           "[image]\npython = []\napt = []\n")
+    monkeypatch.setenv("DISTQA_OUTPUT_DIR", "/bucket/results")
+    assert project_main(["jobs.args", "--split", "--file", str(tmp_path / "project.toml")]) == 0
+    assert capsys.readouterr().out.splitlines() == ["--nq-cache-dir", "/bucket/results/c"]
+    monkeypatch.delenv("DISTQA_OUTPUT_DIR")
+    assert project_main(["jobs.args", "--split", "--file", str(tmp_path / "project.toml")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "project.toml: jobs.args names ${DISTQA_OUTPUT_DIR}, which this environment does not set; set it in the job, "
+        "or write the value itself.")
+
+
 # --- the update's rules, path by path --------------------------------------------------------------------------------
 
 def test_each_rule_of_the_update() -> None:

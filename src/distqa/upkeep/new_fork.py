@@ -111,7 +111,10 @@ What {name} sets and where, and what the template keeps: [docs/FORKING.md](docs/
         platform = git.read(template, commit, ".neuro/project.yml")
         if platform is not None:
             platform_text = re.sub(r"^id: .*$", f"id: {name}", platform.decode(), count=1, flags=re.M)
-            files[".neuro/project.yml"] = platform_text.replace("local: data/nq\n", f"local: data/{name}\n").encode()
+            platform_text = platform_text.replace("local: data/nq\n", f"local: data/{name}\n")
+            if "notebooks" not in kept:  # `neuro-flow upload ALL` fails on a volume whose local folder is missing
+                platform_text = platform_text.replace("    local: notebooks\n", "")
+            files[".neuro/project.yml"] = platform_text.encode()
     owned = {p for part in kept for p, owner in declaration.parts[part].patterns.items() if owner == "fork"}
     unknown = owned - set(files) - ({".neuro/project.yml"} if "apolo" in kept else set())
     if unknown:

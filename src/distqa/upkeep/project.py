@@ -5,6 +5,7 @@ this file runs as a script with the standard library alone::
 
     python3 src/distqa/upkeep/project.py run.args          # make run's trainer flags
     python3 src/distqa/upkeep/project.py --split jobs.args # the deploy/ jobs' trainer flags, one per line
+                                                           # (each ${NAME} the job's environment variable)
     python3 src/distqa/upkeep/project.py image.apt         # the image's extra Debian packages, one per line
 
 A missing key, an unknown one or a value of the wrong type is one line naming the key, with exit status 2.
@@ -13,6 +14,8 @@ A missing key, an unknown one or a value of the wrong type is one line naming th
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import sys
 import tomllib
@@ -56,16 +59,30 @@ def read_project(path: Path) -> dict[str, str | list[str]]:
     return settings
 
 
+def expand(words: list[str], setting: str, environ: dict[str, str]) -> list[str]:
+    """``words`` with each ``${NAME}`` replaced by the environment's NAME: a job's own paths (its
+    DISTQA_OUTPUT_DIR: /project/results in a pod, a bucket on SkyPilot) in the project's flags."""
+    def value(match: re.Match[str]) -> str:
+        if match.group(1) not in environ:
+            raise ProjectError(f"{PROJECT}: {setting} names ${{{match.group(1)}}}, which this environment does not "
+                               "set; set it in the job, or write the value itself.")
+        return environ[match.group(1)]
+
+    return [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value, word) for word in words]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="project.py", description="Print one setting of project.toml.")
     parser.add_argument("setting", choices=sorted(SETTINGS))
-    parser.add_argument("--split", action="store_true", help="a string setting split as a shell would, a word a line")
+    parser.add_argument("--split", action="store_true", help="a string setting split as a shell would, a word a "
+                        "line, each ${NAME} the environment's NAME")
     parser.add_argument("--file", type=Path, default=Path(__file__).resolve().parents[3] / PROJECT,
                         help=f"the project file (default: the checkout's {PROJECT})")
     args = parser.parse_args(argv)
     try:
         value = read_project(args.file)[args.setting]
-        words = value if isinstance(value, list) else shlex.split(value) if args.split else [value]
+        words = value if isinstance(value, list) else \
+            expand(shlex.split(value), args.setting, dict(os.environ)) if args.split else [value]
     except (ProjectError, ValueError) as err:  # ValueError: shlex's unbalanced quotes
         print(f"{args.file}: {args.setting}: {err}" if not isinstance(err, ProjectError) else str(err),
               file=sys.stderr)
