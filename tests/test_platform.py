@@ -23,6 +23,8 @@ import torch
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_in_a_terminal, wait_for
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
+PROJECT_ID = re.search(r"^id: (\S+)", (REPO_ROOT / ".neuro" / "project.yml").read_text(), re.MULTILINE)[1]
+"""The project's id (its storage folder on the platform: a fork names its own)."""
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
 JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendezvous_store", "jupyter", "tensorboard",
         "filebrowser", "remote_debug"}
@@ -279,7 +281,7 @@ def test_launcher_runs_two_nodes_to_a_checkpoint_on_the_results_volume(platform:
     launcher = launch(platform, "e2e", "--", *TRAIN_ARGS, "--tensorboard", "true")
     output = finish(launcher, timeout=300)
     assert launcher.returncode == 0, output
-    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / "distqa" / "results" / "e2e"
+    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / PROJECT_ID / "results" / "e2e"
     checkpoint = torch.load(results / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert checkpoint["world_size"] == 2 and checkpoint["saved_by_rank"] == 0
     assert checkpoint["config"]["run_name"] == "e2e" and checkpoint["config"]["max_steps"] == 4
@@ -353,7 +355,7 @@ def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_rea
     assert all(stops), [(logs / f"distributed_training-intr-{rank}.log").read_text()[-3000:] for rank in (0, 1)]
     step = int(stops[0][1])
     assert int(stops[1][1]) == step >= 2
-    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / "distqa" / "results" / "intr"
+    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / PROJECT_ID / "results" / "intr"
     assert sorted(p.name for p in (results / "checkpoints").glob("step-*.pt")) == [f"step-{step:08d}.pt"]
 
 
@@ -757,7 +759,7 @@ def test_a_sweep_runs_two_trials_at_once_each_on_two_platform_jobs_and_records_a
     trial, the sweep records it failed with the launcher's line and starts trial 2 in the freed slot."""
     sweep_file = tmp_path / "psweep.toml"
     sweep_file.write_text(PLATFORM_SWEEP)
-    storage = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / "distqa" / "results" / "sweeps" / "psweep"
+    storage = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / PROJECT_ID / "results" / "sweeps" / "psweep"
     held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
     held.mkdir(parents=True)
     (held / "distributed_training-psweep-t1-0").touch()

@@ -273,8 +273,8 @@ def test_a_run_that_crashes_ends_its_mlflow_run_as_failed(tmp_path: Path, uri: s
 
 def test_mlflow_without_a_tracking_uri_is_refused_in_one_line() -> None:
     env = {k: v for k, v in clean_env().items() if k != "MLFLOW_TRACKING_URI"}
-    result = subprocess.run([sys.executable, "-m", "distqa.train", "--tracker", "mlflow"], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--tracker", "mlflow"],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "distqa.train: configuration error: tracker: 'mlflow' needs MLFLOW_TRACKING_URI (the server's http(s) "

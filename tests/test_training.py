@@ -117,7 +117,7 @@ def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
                                    "best_mode": None, "best_value": None, "evaluations_without_improvement": 0,
-                                   "tracking_run_id": None}
+                                   "tracking_run_id": None, "pruned_at": 0}
     assert len(stopped["rng"]) == 2
     assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
     again = run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
@@ -134,7 +134,7 @@ def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list
     assert ended["progress"] == straight["progress"] == {
         "step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": "accuracy", "best_mode": "max",
         "best_value": straight["progress"]["best_value"], "evaluations_without_improvement": 0,
-        "tracking_run_id": None}
+        "tracking_run_id": None, "pruned_at": 0}
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(
@@ -161,8 +161,8 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly
 
 
 def test_configuration_errors_exit_cleanly_before_any_rendezvous(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "distqa.train", "--lr", "-1"], cwd=tmp_path,
-                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "distqa.train", *MACHINERY_ARGS, "--lr", "-1"], cwd=tmp_path,
+                            env=clean_env(PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "configuration error: lr must be > 0" in result.stderr
     assert "Traceback" not in result.stderr
