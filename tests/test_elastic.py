@@ -44,10 +44,28 @@ TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-
 # minimum has joined, and a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
 RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
 NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60")
-LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's
+LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's, the survivors save step 6
 # Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the
 # round the returned node joins, so the run grows back at a known step whatever the machine's speed.
 RETURNED = f"{LOST},pause:rank=0:step=10"
+
+
+def survivors_said(output: str) -> list[str]:
+    """The one line each surviving rank printed when it lost its peer (distqa.peer_loss), in rank order."""
+    found = re.findall(r"distqa\.train: (rank \d+: lost a peer during .*)", output)
+    return sorted(found)
+
+
+def assert_the_survivors_saved_step_6(output: str) -> None:
+    """Both survivors name where the peer was lost and the step they hold; one wrote it, the other left it to that
+    rank (distqa.peer_loss's claim); no traceback on the way."""
+    lines = survivors_said(output)
+    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], output
+    assert all(" after optimizer step 6 (gloo: connection " in line for line in lines), lines
+    outcomes = sorted(line.rsplit("; ", 1)[1] for line in lines)
+    assert outcomes[0].startswith("another survivor saves step 6 for the resume (rank ") and \
+        outcomes[1] == "saved step 6 for the resume", lines
+    assert "Traceback" not in output, output
 
 
 def membership(output: str) -> list[tuple[int, int]]:
@@ -110,7 +128,9 @@ def test_a_node_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(runs:
     everything = (root / "lost.out").read_text()
     assert re.search(r"node \d exited with status 137; the other 2 node\(s\) go on \(--min-nodes 2\)", everything)
     assert "fault injection (INJECT_FAULT): kill-node rank 2 after step 6 now" in everything
-    assert f"resumed from {root / 'lost' / 'checkpoints' / 'step-00000004.pt'}" in everything
+    assert_the_survivors_saved_step_6(everything)
+    # The survivors' save: the run redoes no step (before it, it went back to step 4 and redid steps 5 and 6).
+    assert f"resumed from {root / 'lost' / 'checkpoints' / 'step-00000006.pt'}" in everything
     assert membership(everything) == [(3, 3), (2, 2)], everything
     assert "accumulation 2 step(s)" in everything and "accumulation 3 step(s)" in everything
     difference = max_difference(final_weights(runs["reference"]), final_weights(root / "lost"))
@@ -123,6 +143,8 @@ def test_a_node_started_again_makes_the_run_grow_back_and_end_as_the_uninterrupt
     root = runs["root"]
     everything = "\n".join(node_output(root, "returned", rank).read_text() for rank in range(3))
     assert membership(everything) == [(3, 3), (2, 2), (3, 3)], everything
+    assert_the_survivors_saved_step_6(everything)
+    assert f"resumed from {root / 'returned' / 'checkpoints' / 'step-00000006.pt'}" in everything
     assert "stopped by SIGTERM at step" in everything, "torchrun's restart for the new round: a checkpoint there"
     difference = max_difference(final_weights(runs["reference"]), final_weights(root / "returned"))
     assert difference < 1e-5, f"the run that lost a node and grew back differs by {difference:.2e}"

@@ -128,8 +128,9 @@ class TrainingCheckpoint(ModelCheckpoint):
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
     scaler: dict[str, Any]
-    rng: list[dict[str, Any]]
-    """Every rank's random generators, in rank order (``distqa.trainer.capture_rng_state``)."""
+    rng: list[dict[str, Any] | None]
+    """Every rank's random generators, in rank order (``distqa.rng.capture_rng_state``); None for a rank whose state
+    the save did not have (a survivor's save after a lost peer holds its own alone: :mod:`distqa.peer_loss`)."""
     world_size: int
     saved_by_rank: int
 
@@ -318,7 +319,8 @@ def read_sharded(directory: Path, kind: type[C] = TrainingCheckpoint, verify: bo
 def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     """Delete temporaries of writes that a kill interrupted (SIGTERM/SIGKILL end a worker at once,
     mid-write included). Only call while no checkpoint is being written: at start-up, on rank 0."""
-    stale = list(checkpoint_dir(run_dir).glob(".step-*.tmp"))
+    # and the claims of survivors' saves after a lost peer (distqa.peer_loss) that another failure cut short
+    stale = [*checkpoint_dir(run_dir).glob(".step-*.tmp"), *checkpoint_dir(run_dir).glob(".step-*.claim")]
     for path in stale:
         if path.is_dir():  # a sharded checkpoint's directory, renamed into place only once complete
             shutil.rmtree(path, ignore_errors=True)

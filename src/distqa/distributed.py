@@ -260,12 +260,13 @@ def collective_timeouts_named(runtime: Runtime, current_step: Callable[[], int])
         found = GLOO_TIMEOUT.search(str(err))
         if found is None or not runtime.is_distributed:
             raise
-        raise CollectiveTimeoutError(runtime.rank, current_step(), _collective_of(err), int(found[1]) / 1000,
+        raise CollectiveTimeoutError(runtime.rank, current_step(), collective_of(err), int(found[1]) / 1000,
                                      runtime.world_size, _ranks_that_timed_out(runtime)) from err
 
 
-def _collective_of(err: BaseException) -> str:
-    """The innermost torch.distributed call in the traceback, else DDP's all-reduce inside backward."""
+def collective_of(err: BaseException) -> str:
+    """Where ``err`` was raised: the innermost torch.distributed call in its traceback, else DDP's all-reduce inside
+    backward."""
     frames = traceback.extract_tb(err.__traceback__)
     calls = [frame.name for frame in frames if Path(frame.filename).name == "distributed_c10d.py"]
     ours = [frame for frame in frames if Path(frame.filename).parent.name == "distqa"

@@ -29,10 +29,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import torch
 
 from distqa.distributed import all_reduce_max
+
+if TYPE_CHECKING:
+    from distqa.checkpoint import Progress
 
 STOPPED_EXIT_CODE = 75
 """Exit code of a worker that stopped on a signal after writing a checkpoint: EX_TEMPFAIL of
@@ -150,3 +154,15 @@ def _seconds(raw: str | None, default: float | None) -> float | None:
         return float(raw)
     except ValueError:
         return None
+
+
+def why_it_ends(progress: Progress, early: bool, min_delta: float) -> str:
+    """The line a run logs where it ends before its last step on its own: a sweep's pruner, early stopping, or
+    stop_at_step."""
+    if progress.pruned_at:
+        return f"pruned at step {progress.step}: the sweep's rule finds this trial behind the others there"
+    if early:
+        return (f"early stopping at step {progress.step}: {progress.evaluations_without_improvement} evaluations "
+                f"without an improvement of {progress.best_metric} by more than {min_delta:g} (best "
+                f"{progress.best_value:.4g})")
+    return f"stop_at_step={progress.step} reached; resume with --resume auto"

@@ -61,6 +61,7 @@ from distqa.distributed import (
 from distqa.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
 from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
+from distqa.peer_loss import PEER_LOST_EXIT_CODE, PeerLostError
 from distqa.preflight import check_at_training_start
 from distqa.resume import restore_training_state, resume
 from distqa.rng import seed_everything
@@ -109,7 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as err:
         advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
         return report_failure(f"distqa.train: data error: {err}{advice}", 2)
-    except CollectiveTimeoutError as err:  # a peer stalled; this rank leaves (torchrun then ends the others)
+    except PeerLostError as err:  # a peer gone or stalled: this rank saved what it held, and leaves (distqa.peer_loss)
+        print_error(f"distqa.train: {err}")
+        return PEER_LOST_EXIT_CODE
+    except CollectiveTimeoutError as err:  # a peer stalled outside the training loop; this rank leaves
         print_error(f"distqa.train: collective timeout: {err}")
         return 1
     except DiskFullError as err:  # rank 0, writing a checkpoint; the newest complete one is intact

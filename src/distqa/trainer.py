@@ -40,6 +40,7 @@ from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, bes
 from distqa.config import Config, ConfigError
 from distqa.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed import (
+    CollectiveTimeoutError,
     Runtime,
     all_gather_objects,
     barrier,
@@ -49,11 +50,12 @@ from distqa.distributed import (
 )
 from distqa.faults import ArmedFault
 from distqa.optim import Precision
+from distqa.peer_loss import LastCompleteStep, lost_peer, save_what_survives
 from distqa.rng import capture_rng_state
 from distqa.rundir import versions
 from distqa.sampler import ResumableDistributedSampler
 from distqa.sharded_checkpoint import ShardedCheckpointWriter, checkpoint_writer
-from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window
+from distqa.stop import StopSignal, TrainingStoppedError, graceful_stop_window, why_it_ends
 from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.tracking import RunRecord
@@ -121,6 +123,7 @@ class Trainer:
         """Rank 0's checkpoint files, written off the step; with sharded checkpoints every rank's shards too."""
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
         self.pruner = TrialPruner(config.sweep_trial, runtime.is_main_process) if config.sweep_trial else None
+        self.survivable = LastCompleteStep()
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -131,13 +134,18 @@ class Trainer:
             return self.progress
         stop = StopSignal(self.runtime.device, self.config.stop_check_every)
         scalars = record.writer  # rank 0's TensorBoard and tracker; None elsewhere
-        with progress_bar(self.runtime.is_main_process and self.config.progress_bar, self.plan.total_steps,
-                          self.progress.step) as bar, stop.installed(), self.checkpoints.finishing(), \
-                collective_timeouts_named(self.runtime, lambda: self.progress.step):
-            while self.progress.step < self.plan.total_steps:
-                if self._train_epoch(bar, scalars, stop):
-                    return self.progress
-            self.finish_checkpoints()
+        try:
+            with progress_bar(self.runtime.is_main_process and self.config.progress_bar, self.plan.total_steps,
+                              self.progress.step) as bar, stop.installed(), self.checkpoints.finishing(), \
+                    collective_timeouts_named(self.runtime, lambda: self.progress.step):
+                while self.progress.step < self.plan.total_steps:
+                    if self._train_epoch(bar, scalars, stop):
+                        return self.progress
+                self.finish_checkpoints()
+        except (RuntimeError, CollectiveTimeoutError) as err:  # a peer gone: save what this rank holds (PeerLostError)
+            if (reason := lost_peer(err)) is None or not self.runtime.is_distributed:
+                raise
+            raise save_what_survives(self, err, reason) from None
         log.info("training finished at step %d", self.progress.step)
         return self.progress
 
@@ -185,12 +193,14 @@ class Trainer:
     def _take_step(self, micro_batches: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> None:
         """One optimizer step, counted in the progress, the metrics window and the bar."""
         progress, started = self.progress, time.perf_counter()
+        self.survivable.step_begins()  # the random state a survivor of a lost peer saves with the last step
         loss, grad_norm = self.train_step(micro_batches)
         if progress.step == self.first_step and compile_enabled(self.config, self.runtime.device):
             log.info("torch.compile: the first step took %.1f s, compilation included (once per process; "
                      "the first log window's throughput includes it)", time.perf_counter() - started)
         progress.step += 1
         progress.samples_in_epoch += self.config.global_batch_size
+        self.survivable.step_done()
         self.fault.at(progress.step)  # INJECT_FAULT's kill or hang, to test a resume (distqa.faults)
         self.metrics.add(loss, grad_norm)
         bar.update(1)
@@ -214,7 +224,7 @@ class Trainer:
             raise TrainingStoppedError(signal.Signals(received).name, step, path)
         if stopping:
             self._log_partial_window(bar, scalars)
-            self._log_why_it_stops(early)
+            log.info("%s", why_it_ends(self.progress, early, self.config.early_stopping_min_delta))
             self.finish_checkpoints()
         return stopping
 
@@ -224,17 +234,6 @@ class Trainer:
             return False
         with self.metrics.paused():  # samples/s and ms/step measure training alone
             return self.evaluate(scalars)
-
-    def _log_why_it_stops(self, early: bool) -> None:
-        progress = self.progress
-        if progress.pruned_at:
-            log.info("pruned at step %d: the sweep's rule finds this trial behind the others there", progress.step)
-        elif early:
-            log.info("early stopping at step %d: %d evaluations without an improvement of %s by more "
-                     "than %g (best %.4g)", progress.step, progress.evaluations_without_improvement,
-                     progress.best_metric, self.config.early_stopping_min_delta, progress.best_value)
-        else:
-            log.info("stop_at_step=%d reached; resume with --resume auto", progress.step)
 
     def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation`` micro-batches; returns (mean loss, grad norm)."""
@@ -258,6 +257,7 @@ class Trainer:
         self.precision.scaler.unscale_(self.optimizer)
         grad_norm = sharding.local_norm(torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.max_grad_norm or float("inf")))
+        self.survivable.update_begins()  # until step_done, no complete step to save (distqa.peer_loss)
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
         self.scheduler.step()

@@ -1,0 +1,139 @@
+"""A lost peer costs at most the step in flight: when a collective fails because another rank is gone (its node
+lost, its process killed, or stalled past ``dist_timeout_s``), each surviving rank that holds a complete state of
+the last optimizer step saves it as that step's checkpoint before it leaves, and says so in one line
+(docs/FAULT_TOLERANCE.md, "A lost peer").
+
+Under DDP every rank holds the whole model, optimizer, scheduler and scaler, and the sampler's position. The state is
+complete between two optimizer steps: the trainer marks where it is (:class:`LastCompleteStep`). A failure inside a
+step's forward or backward (DDP's gradient all-reduce) leaves the model as the previous step made it, and the random
+generators as the step found them (taken at its start); a failure in a step's bookkeeping (its log line's gather,
+the evaluation, the checkpoint's gather, the stop check) leaves that step's state whole. Only the optimizer's update
+itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on any rank: its run goes back to the
+newest checkpoint, and the line says so.
+
+Survivors write in parallel without clobbering one another: the first to create ``.step-<N>.pt.claim`` writes the
+file (atomically, with its CRC sidecar: :func:`distqa.checkpoint.save_checkpoint`), the others leave it to that rank.
+A write cut short by another failure leaves no file, and the resume takes the newest complete one. Each survivor's
+own random state is in the file it wrote (``rng[rank]``); a rank whose state is not there reseeds on resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distqa.checkpoint import TrainingCheckpoint, checkpoint_path, verify_checkpoint
+from distqa.distributed import CollectiveTimeoutError, collective_of
+from distqa.rng import capture_rng_state
+from distqa.rundir import versions
+
+if TYPE_CHECKING:
+    from distqa.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+PEER_LOST_EXIT_CODE = 76
+"""A worker that left because a peer was lost (after saving what it held): torchrun restarts the workers into a
+new rendezvous round, the one without the lost node (or with it, when it returns)."""
+PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|"
+                       r"NCCL communicator was aborted|ncclRemoteError|ncclSystemError|remote process exited|"
+                       r"Socket Timeout|connection closed", re.IGNORECASE)
+"""What gloo (gloo/transport/tcp/pair.cc) and NCCL say when the other end of a collective is gone."""
+
+
+class PeerLostError(Exception):
+    """This rank left because a peer was lost: one line, what it saved for the resume included."""
+
+    def __init__(self, line: str, saved: Path | None) -> None:
+        super().__init__(line)
+        self.saved = saved
+
+
+class LastCompleteStep:
+    """Where the trainer is, between two optimizer steps or inside one, and the random state the next step starts
+    from: what a survivor needs to save a complete step."""
+
+    def __init__(self) -> None:
+        self.updating = False
+        """Inside the optimizer's update: the weights are neither the last step's nor the next one's."""
+        self.next_step_rng: dict[str, Any] | None = None
+        """This rank's random generators as the step in flight found them (None: between steps)."""
+
+    def step_begins(self) -> None:
+        self.next_step_rng = capture_rng_state()
+
+    def update_begins(self) -> None:
+        self.updating = True
+
+    def step_done(self) -> None:
+        self.updating, self.next_step_rng = False, None
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """Why the collective failed, in a few words, when a peer is gone or stalled (None: another error)."""
+    if isinstance(err, CollectiveTimeoutError):
+        return "timed out"
+    if isinstance(err, RuntimeError):  # torch.distributed.DistError and DistBackendError are RuntimeErrors
+        found = PEER_GONE.search(str(err))
+        if found:
+            backend = "NCCL" if "nccl" in str(err).lower() else "gloo"
+            return f"{backend}: {found.group(0).lower()}"
+    return None
+
+
+def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> PeerLostError:
+    """This rank's one line, once it saved the last complete step (or says why it could not); never raises."""
+    rank, step = trainer.runtime.rank, trainer.progress.step
+    if isinstance(err, CollectiveTimeoutError):
+        what = f"collective timeout: {err}"
+    else:
+        what = f"rank {rank}: lost a peer during {collective_of(err)} after optimizer step {step} ({reason})"
+    saved: Path | None = None
+    try:
+        why_not = _why_not_complete(trainer)
+        if why_not is not None:
+            outcome = f"{why_not}: the resume goes back to the newest checkpoint"
+        else:
+            saved, outcome = _save(trainer, step)
+    except Exception as failure:  # the line is all that is left to say; the previous checkpoint stays
+        outcome = f"saving step {step} failed too ({failure!r}): the resume goes back to the newest checkpoint"
+    return PeerLostError(f"{what}; {outcome}", saved)
+
+
+def _why_not_complete(trainer: Trainer) -> str | None:
+    if trainer.config.data_parallel != "ddp":
+        return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
+                "no rank holds it whole")
+    if trainer.survivable.updating:
+        return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
+    return None
+
+
+def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
+    """Write step ``step``'s checkpoint unless it is on disk already or another survivor claimed it."""
+    path = checkpoint_path(trainer.run_dir, step)
+    if path.is_file() and verify_checkpoint(path):
+        return path, f"step {step} is saved already ({path.name}) for the resume"
+    claim = path.with_name(f".{path.name}.claim")
+    try:
+        descriptor = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return None, f"another survivor saves step {step} for the resume ({claim.read_text().strip() or '?'})"
+    rank = trainer.runtime.rank
+    with os.fdopen(descriptor, "w") as note:
+        note.write(f"rank {rank}\n")
+    rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
+    rng[rank] = trainer.survivable.next_step_rng or capture_rng_state()  # between steps: the state is the next's
+    checkpoint = TrainingCheckpoint(
+        model=trainer.model.state_dict(), config=trainer.config.to_dict(), task_state=trainer.task_state,
+        evaluation=trainer.evaluation, progress=trainer.progress, versions=versions(),
+        optimizer=trainer.optimizer.state_dict(), scheduler=trainer.scheduler.state_dict(),
+        scaler=trainer.precision.scaler.state_dict(), rng=rng, world_size=trainer.runtime.world_size,
+        saved_by_rank=rank)
+    checkpoint.save(path)
+    claim.unlink(missing_ok=True)
+    log.info("saved %s, the last step this rank completed, after a peer was lost", path)
+    return path, f"saved step {step} for the resume"
