@@ -295,7 +295,8 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(
     finally:
         kill_launcher(launcher, tmp_path)
     assert launcher.returncode == 0, output
-    assert "resumed from" in output and "at step 5" in output, output
+    # Rank 0 lost its peer in step 8's collective and saved step 7, the last both completed (distqa.peer_loss).
+    assert "resumed from" in output and "at step 7" in output, output
     difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
 

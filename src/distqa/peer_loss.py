@@ -5,16 +5,17 @@ the last optimizer step saves it as that step's checkpoint before it leaves, and
 
 Under DDP every rank holds the whole model, optimizer, scheduler and scaler, and the sampler's position. The state is
 complete between two optimizer steps: the trainer marks where it is (:class:`LastCompleteStep`). A failure inside a
-step's forward or backward (DDP's gradient all-reduce) leaves the model as the previous step made it, and the random
-generators as the step found them (taken at its start); a failure in a step's bookkeeping (its log line's gather,
-the evaluation, the checkpoint's gather, the stop check) leaves that step's state whole. Only the optimizer's update
+step's forward or backward (DDP's gradient all-reduce) leaves the model as the previous step made it; a failure in a
+step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gather, the stop check) leaves that
+step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
+(:func:`distqa.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run ends with
+the weights of one never interrupted, dropout included. Only the optimizer's update
 itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on any rank: its run goes back to the
 newest checkpoint, and the line says so.
 
 Survivors write in parallel without clobbering one another: the first to create ``.step-<N>.pt.claim`` writes the
 file (atomically, with its CRC sidecar: :func:`distqa.checkpoint.save_checkpoint`), the others leave it to that rank.
-A write cut short by another failure leaves no file, and the resume takes the newest complete one. Each survivor's
-own random state is in the file it wrote (``rng[rank]``); a rank whose state is not there reseeds on resume.
+A write cut short by another failure leaves no file, and the resume takes the newest complete one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.checkpoint import TrainingCheckpoint, checkpoint_path, verify_checkpoint
 from distqa.distributed import CollectiveTimeoutError, collective_of
-from distqa.rng import capture_rng_state
 from distqa.rundir import versions
 
 if TYPE_CHECKING:
@@ -53,23 +53,17 @@ class PeerLostError(Exception):
 
 
 class LastCompleteStep:
-    """Where the trainer is, between two optimizer steps or inside one, and the random state the next step starts
-    from: what a survivor needs to save a complete step."""
+    """Where the trainer is: inside an optimizer's update, or not (then the last complete step is whole)."""
 
     def __init__(self) -> None:
         self.updating = False
         """Inside the optimizer's update: the weights are neither the last step's nor the next one's."""
-        self.next_step_rng: dict[str, Any] | None = None
-        """This rank's random generators as the step in flight found them (None: between steps)."""
-
-    def step_begins(self) -> None:
-        self.next_step_rng = capture_rng_state()
 
     def update_begins(self) -> None:
         self.updating = True
 
     def step_done(self) -> None:
-        self.updating, self.next_step_rng = False, None
+        self.updating = False
 
 
 def lost_peer(err: BaseException) -> str | None:
@@ -125,8 +119,8 @@ def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
     rank = trainer.runtime.rank
     with os.fdopen(descriptor, "w") as note:
         note.write(f"rank {rank}\n")
+    # No rank's random state: each step seeds every generator from (seed, step, rank) (distqa.rng.seed_for_step).
     rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
-    rng[rank] = trainer.survivable.next_step_rng or capture_rng_state()  # between steps: the state is the next's
     checkpoint = TrainingCheckpoint(
         model=trainer.model.state_dict(), config=trainer.config.to_dict(), task_state=trainer.task_state,
         evaluation=trainer.evaluation, progress=trainer.progress, versions=versions(),

@@ -113,15 +113,11 @@ def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runti
         load_optimizer_state(model, optimizer, checkpoint.optimizer)
     scheduler.load_state_dict(checkpoint.scheduler)
     precision.scaler.load_state_dict(checkpoint.scaler)
+    # Each step seeds the generators from (seed, step, rank) (distqa.rng.seed_for_step): what a checkpoint holds of
+    # them matters only before the first step (a survivor's save after a lost peer holds none).
     if len(checkpoint.rng) == runtime.world_size and checkpoint.rng[runtime.rank] is not None:
         restore_rng_state(checkpoint.rng[runtime.rank])
-    else:  # the data order still resumes exactly; only dropout draws differ
-        if len(checkpoint.rng) != runtime.world_size:
-            log.warning("checkpoint came from world size %d, now %d: reseeding dropout RNG",
-                        len(checkpoint.rng), runtime.world_size)
-        else:
-            log.warning("checkpoint saved by rank %d after a lost peer holds no random state of rank %d: reseeding "
-                        "its dropout RNG", checkpoint.saved_by_rank, runtime.rank)
+    else:
         seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
 
 

@@ -15,6 +15,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_for_step(seed: int, step: int, rank: int) -> None:
+    """Seed every generator from (seed, step, rank), at the start of each optimizer step: the dropout masks of a step
+    depend on nothing else, so a rank's random state never has to be carried (a survivor of a lost peer saves the
+    others' without knowing it; a node that returns draws what it would have). NumPy's SeedSequence mixes the three
+    into one well-spread seed."""
+    seed_everything(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0] >> 1))
+
+
 def capture_rng_state() -> dict[str, Any]:
     """This rank's random generators, as plain containers (loadable with weights_only=True)."""
     name, keys, position, has_gauss, cached = np.random.get_state()

@@ -51,7 +51,7 @@ from distqa.distributed import (
 from distqa.faults import ArmedFault
 from distqa.optim import Precision
 from distqa.peer_loss import LastCompleteStep, lost_peer, save_what_survives
-from distqa.rng import capture_rng_state
+from distqa.rng import capture_rng_state, seed_for_step
 from distqa.rundir import versions
 from distqa.sampler import ResumableDistributedSampler
 from distqa.sharded_checkpoint import ShardedCheckpointWriter, checkpoint_writer
@@ -193,7 +193,7 @@ class Trainer:
     def _take_step(self, micro_batches: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> None:
         """One optimizer step, counted in the progress, the metrics window and the bar."""
         progress, started = self.progress, time.perf_counter()
-        self.survivable.step_begins()  # the random state a survivor of a lost peer saves with the last step
+        seed_for_step(self.config.seed, progress.step + 1, self.runtime.rank)  # resumable without the RNG state
         loss, grad_norm = self.train_step(micro_batches)
         if progress.step == self.first_step and compile_enabled(self.config, self.runtime.device):
             log.info("torch.compile: the first step took %.1f s, compilation included (once per process; "
