@@ -1,13 +1,14 @@
 """Time to error or to recovery of each fault of docs/FAULT_TOLERANCE.md, measured on loopback (CPU, gloo).
 
-    .venv/bin/python bench/fault_times.py            # every scenario once, about 3 min on 2 cores
+    .venv/bin/python bench/fault_times.py            # every scenario once, about 4 min on 2 cores
     .venv/bin/python bench/fault_times.py elastic    # only the scenarios whose name has this word
 
-Each scenario starts the real scripts (worker.sh → distqa.agent → distqa.train, tiny model, DummyDataset)
-in a temporary folder, injects its fault and measures from the fault to the event that ends it: the
-one-line error and exit, or the first training step after the run resumed. Timeouts are set short here
-(join 10 s, collective 10 s); with the defaults (join 900 s, collective 600 s) those scenarios take that
-much longer. Prints one table row per scenario.
+Each scenario starts the real scripts (worker.sh → distqa.agent → distqa.train, the machinery task) in a
+temporary folder, injects its fault and measures from the fault to the event that ends it: the one-line error and
+exit, or the first training step after the run resumed; where the run resumes, also the optimizer steps it does
+twice (those between the step it resumed at and the last one completed before the fault). Timeouts are set short
+here (join 10 s, collective 10 s); with the defaults (join 900 s, collective 600 s) those scenarios take that much
+longer. Prints one table row per scenario.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
-TRAINER = ["--preset", "none", "--dummy-size", "256", "--max-seq-len", "64", "--max-question-len", "16",
+# The machinery task (the example's text classifier: torch only, a step in milliseconds), as the tests train it.
+TRAINER = ["--task", "examples.text_classification.task:TextClassification", "--preset", "none",
            "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
            "--global-batch-size", "8", "--per-rank-batch-size", "4"]
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("DISTQA_")} | {
@@ -170,6 +172,32 @@ def elastic_node_lost(out: Path, returns: bool) -> float:
     return resumed - started
 
 
+# A lost peer (distqa.peer_loss): the node of rank 2 lost after step 17 with checkpoints every 5, the survivors saving
+# the step they completed, or not (save_on_peer_loss false: the resume goes back to the newest checkpoint, step 15).
+LOSS_TRAINER = ("--max-steps", "300", "--checkpoint-every", "5", "--global-batch-size", "12", "--per-rank-batch-size",
+                "2")
+LOSS_ENV = ELASTIC_ENV | {"INJECT_FAULT": "kill-node:rank=2:step=17"}
+
+
+def steps_redone_after_a_lost_node(out: Path, save: bool) -> tuple[float, int]:
+    """3 nodes, --min-nodes 2, the node of rank 2 lost after step 17: the seconds from the loss to the first step
+    at 2 nodes, and the steps done twice (17 less the step the run resumed at)."""
+    port, trainer = free_port(), (*LOSS_TRAINER, "--save-on-peer-loss", "true" if save else "false")
+    nodes = [node(out, r, 3, port, *ELASTIC_OPTIONS, trainer=trainer, env=LOSS_ENV) for r in range(3)]
+    log = out / "bench" / "logs" / "rank-0.log"
+    wait_until((out / "bench" / "logs" / "rank-2.fault").exists)
+    started, offset = time.monotonic(), len(log.read_text())
+    resumed = wait_until(in_file(log, r"membership: round \d+: 2 node[^\n]*\n(.*\n)*.*step \d+/300", offset))
+    resumed_at = int(re.search(r"resumed from \S+ at step (\d+)", log.read_text()[offset:])[1])
+    for pid in filter(None, (worker_pid(rank, out) for rank in range(3))):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for process in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return resumed - started, 17 - resumed_at
+
+
 SCENARIOS = {
     "unreachable master (join timeout 10 s): start → exit 3": unreachable_master,
     "node never joins (join timeout 10 s): start → exit 4": node_never_joins,
@@ -180,17 +208,22 @@ SCENARIOS = {
     "first step at 2 nodes": lambda out: elastic_node_lost(out, returns=False),
     "elastic, node lost and returned at once (the same): SIGKILL of a node → first step back at 3 nodes":
         lambda out: elastic_node_lost(out, returns=True),
+    "lost peer, the survivors save (the same 3 nodes; lost after step 17, checkpoints every 5): SIGKILL → first step "
+    "at 2 nodes": lambda out: steps_redone_after_a_lost_node(out, save=True),
+    "lost peer, no save (save_on_peer_loss false; the same): SIGKILL → first step at 2 nodes":
+        lambda out: steps_redone_after_a_lost_node(out, save=False),
 }
 
 
 def main() -> int:
-    print("| scenario | seconds |\n|---|---|")
+    print("| scenario | seconds | steps redone |\n|---|---|---|")
     for name, scenario in SCENARIOS.items():
         if len(sys.argv) > 1 and sys.argv[1] not in name:
             continue
         with tempfile.TemporaryDirectory(prefix="fault-times-") as folder:
-            seconds = scenario(Path(folder))
-        print(f"| {name} | {seconds:.1f} |", flush=True)
+            measured = scenario(Path(folder))
+        seconds, redone = measured if isinstance(measured, tuple) else (measured, None)
+        print(f"| {name} | {seconds:.1f} | {'—' if redone is None else redone} |", flush=True)
     return 0
 
 

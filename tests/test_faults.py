@@ -125,8 +125,8 @@ def process_state(pid: int) -> str:
 @pytest.mark.distributed
 def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
     """Through the trainer, worker.sh --max-restarts 1: rank 1 is SIGKILLed after step 7, torchrun restarts both
-    workers, they resume from step 5's checkpoint, the fault does not fire again, and the weights equal those of a
-    run never interrupted (dropout on)."""
+    workers, they resume from step 7, which rank 0 saved when it lost its peer (past step 5's checkpoint), the fault
+    does not fire again, and the weights equal those of a run never interrupted (dropout on)."""
     args = [*MACHINERY_ARGS, "--max-steps", "12", "--checkpoint-every", "5", "--global-batch-size", "8",
             "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", "--output-dir", str(tmp_path)]
     result = subprocess.run(  # worker.sh: one node, 2 processes, torchrun as every launcher starts it
@@ -138,7 +138,8 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     assert logs[1].count("fault injection (INJECT_FAULT): kill rank 1 after step 7 now") == 1
     assert "done already in this run directory" in logs[1], "the restarted worker knew"
     assert "after step 7 now" not in logs[0], "rank 0 is untouched"
-    assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / 'step-00000005.pt'}" in logs[0] + logs[1]
+    # Rank 0 lost its peer after step 7 and saved it, the last step both completed (distqa.peer_loss).
+    assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / 'step-00000007.pt'}" in logs[0] + logs[1]
 
     run_training([*args, "--run-name", "uninterrupted"], nproc=2)
     difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "killed"))

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
@@ -68,8 +69,8 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
     """Rank 1 is frozen (SIGSTOP) right after step 3 by the supported fault injection (INJECT_FAULT=hang): rank 0's
     next collective times out after dist_timeout_s (gloo's own timeout), and rank 0 ends with one line naming the
     collective, step 3 and rank 1 as the one that did not arrive, instead of gloo's RuntimeError traceback or a
-    hang. (torchrun's agent then SIGKILLs the frozen rank 30 s later; the test does it at once, by the pid the
-    fault left in its marker.)"""
+    hang, after saving step 3, the last it completed. (torchrun's agent then SIGKILLs the frozen rank 30 s later; the
+    test does it at once, by the pid the fault left in its marker.)"""
     output_file = tmp_path / "output.txt"
     with output_file.open("w") as output_sink:
         run = subprocess.Popen(
@@ -98,6 +99,11 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
     assert "; rank(s) 1 did not arrive (stalled, or busy outside the collective" in lines[0], lines[0]
     assert "Check the log of rank(s) 1 for where it stopped" in lines[0] and "--dist-timeout-s" in lines[0]
     assert "Timed out waiting" not in output, "gloo's own error is not shown as a traceback"
+    # Rank 0 held step 3 whole (checkpoint_every 0: no other checkpoint), so it saved it before it left: the resume
+    # loses no completed step (distqa.peer_loss).
+    assert lines[0].endswith("; saved step 3 for the resume"), lines[0]
+    saved = torch.load(tmp_path / "stall" / "checkpoints" / "step-00000003.pt", weights_only=True)
+    assert (saved["progress"]["step"], saved["saved_by_rank"]) == (3, 0)
 
 
 def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_path: Path) -> None:

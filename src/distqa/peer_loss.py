@@ -98,6 +98,8 @@ def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> Pee
 
 
 def _why_not_complete(trainer: Trainer) -> str | None:
+    if not trainer.config.save_on_peer_loss:
+        return "save_on_peer_loss is off"
     if trainer.config.data_parallel != "ddp":
         return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")

@@ -118,6 +118,9 @@ def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runti
     if len(checkpoint.rng) == runtime.world_size and checkpoint.rng[runtime.rank] is not None:
         restore_rng_state(checkpoint.rng[runtime.rank])
     else:
+        if len(checkpoint.rng) != runtime.world_size:  # the data order still resumes exactly; the masks differ
+            log.warning("checkpoint came from world size %d, now %d: each step's dropout masks are drawn for this "
+                        "world size's ranks", len(checkpoint.rng), runtime.world_size)
         seed_everything(config.seed + 1000 * runtime.rank + checkpoint.progress.step)
 
 

@@ -182,6 +182,10 @@ class Config:
         "starts fresh, or a path to a checkpoint file or sharded checkpoint directory (step-N.dcp).")
     checkpoint_every: int = CHECKPOINTS(50, "Save a checkpoint every N optimizer steps (0 = only at the end).")
     keep_checkpoints: int = CHECKPOINTS(3, "Newest step checkpoints kept in the run directory.")
+    save_on_peer_loss: bool = CHECKPOINTS(
+        True, "When a collective fails because a peer is gone or stalled, each surviving rank that holds the last "
+        "complete step whole (DDP) saves it before it leaves, so the resume redoes at most the step in flight "
+        "(docs/FAULT_TOLERANCE.md, 'A lost peer').")
     checkpoint_in_background: bool = CHECKPOINTS(
         True, "Rank 0 copies the step's state to host memory and writes the checkpoint in a background thread "
         "while training goes on (one write at a time; a stop and the end wait for it). false: training waits "
