@@ -43,7 +43,9 @@ TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-
 # Short rendezvous timings (worker.sh passes them to torchrun's c10d rendezvous): a round completes 1 s after its
 # minimum has joined, and a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
 RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
-NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60")
+# One restart: the lost node and its return are membership changes, which spend none (distqa.agent gives back the
+# restart its survivors' exit 76 cost, distqa.peer_loss), so a run that lost a node and got it back still has it.
+NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "1", "--join-timeout", "60")
 LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's, the survivors save step 6
 # Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the
 # round the returned node joins, so the run grows back at a known step whatever the machine's speed.
@@ -63,8 +65,7 @@ def assert_the_survivors_saved_step_6(output: str) -> None:
     assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], output
     assert all(" after optimizer step 6 (gloo: connection " in line for line in lines), lines
     outcomes = sorted(line.rsplit("; ", 1)[1] for line in lines)
-    assert outcomes[0].startswith("another survivor saves step 6 for the resume (rank ") and \
-        outcomes[1] == "saved step 6 for the resume", lines
+    assert outcomes == ["another survivor saves step 6 for the resume", "saved step 6 for the resume"], lines
     assert "Traceback" not in output, output
 
 

@@ -59,6 +59,7 @@ from torch.distributed.run import parse_args, parse_min_max_nnodes
 # The report folder's name from distqa.errors, which imports nothing: distqa.stop would bring distqa.distributed and
 # the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
 from distqa.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.peer_loss import REPORT as PEER_LOST_REPORT
 
 ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
 """distqa.elastic.ROUND_VARIABLE (not imported: distqa.elastic brings in the settings)."""
@@ -293,6 +294,11 @@ def membership_rounds(report_dir: str | None, signals: SignalsSeen | None) -> It
         return bool(found)
 
     def restart_workers_for_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        lost_peer = list(Path(report_dir).glob(PEER_LOST_REPORT.format(rank="*"))) if report_dir else []
+        if lost_peer:  # its workers saved the last step and left for the round without the lost one (distqa.peer_loss)
+            for report in lost_peer:
+                report.unlink(missing_ok=True)
+            agent._remaining_restarts += 1  # a membership change spends no restart
         if report_dir and any(Path(report_dir).glob("rank-*")):
             if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:
                 clear_reports()

@@ -33,13 +33,16 @@ somewhere in ``load_state_dict``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import mmap
+import os
 import re
 import shutil
-from collections.abc import Mapping
+import socket
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Generic, NamedTuple, TypeVar
@@ -117,8 +120,9 @@ class ModelCheckpoint:
         values["progress"] = Progress(**values["progress"])
         return cls(**values)
 
-    def save(self, path: Path) -> None:
-        save_checkpoint(self.to_state(), path)
+    def save(self, path: Path) -> bool:
+        """False when another writer holds ``path`` (:func:`save_checkpoint`)."""
+        return save_checkpoint(self.to_state(), path)
 
 
 @dataclass(kw_only=True)
@@ -151,16 +155,42 @@ def digest_path(path: Path) -> Path:
     return path.with_name(path.name + ".crc32")
 
 
-def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
+def save_checkpoint(state: Mapping[str, Any], path: Path) -> bool:
     """``torch.save`` through :func:`~distqa.files.atomic_write`, then its sidecar; the schema's
-    :meth:`ModelCheckpoint.save` is the one caller in the package.
+    :meth:`ModelCheckpoint.save` is the one caller in the package. False, writing nothing, while another writer
+    holds the path (:func:`claimed`): rank 0's background write and a survivor's save after a lost peer
+    (distqa.peer_loss) never interleave their files and sidecars.
 
     The old sidecar goes first: a kill between the renames leaves a complete checkpoint without a
     sidecar (loaded unverified), never a sidecar that does not match its file."""
-    digest_path(path).unlink(missing_ok=True)
-    digest = atomic_write(path, lambda f: torch.save(dict(state), f))
-    text = json.dumps({"size": digest.size, "crc32": digest.crc32}) + "\n"
-    atomic_write(digest_path(path), lambda f: f.write(text.encode()))
+    with claimed(path) as ours:
+        if not ours:
+            return False
+        digest_path(path).unlink(missing_ok=True)
+        digest = atomic_write(path, lambda f: torch.save(dict(state), f))
+        text = json.dumps({"size": digest.size, "crc32": digest.crc32}) + "\n"
+        atomic_write(digest_path(path), lambda f: f.write(text.encode()))
+    return True
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Whether this process may write ``path``: it creates ``.<name>.claim`` beside it exclusively (O_EXCL, which
+    shared storage honours too) and removes it when the block ends; False while another writer holds it. A claim
+    whose writer was killed stays until the next start removes it (:func:`remove_stale_temporaries`)."""
+    claim = path.with_name(f".{path.name}.claim")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        yield False
+        return
+    try:
+        os.write(descriptor, f"{socket.gethostname()} pid {os.getpid()}\n".encode())
+        os.close(descriptor)
+        yield True
+    finally:
+        claim.unlink(missing_ok=True)
 
 
 def verify_checkpoint(path: Path) -> bool:

@@ -155,7 +155,9 @@ class CheckpointWriter:
     def _write(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
         for state, path in zip(states, paths, strict=True):
             started = time.perf_counter()
-            save_checkpoint(state, path)
+            if not save_checkpoint(state, path):  # a survivor of a lost peer writes it (distqa.peer_loss)
+                log.info("left %s to the rank that claimed it", path)
+                continue
             seconds, size = time.perf_counter() - started, path.stat().st_size
             log.info("saved checkpoint %s (%.1f MB, %.2f s%s)", path, size / 1e6, seconds,
                      ", in the background" if self.background else "")

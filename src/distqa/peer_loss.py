@@ -13,8 +13,9 @@ the weights of one never interrupted, dropout included. Only the optimizer's upd
 itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on any rank: its run goes back to the
 newest checkpoint, and the line says so.
 
-Survivors write in parallel without clobbering one another: the first to create ``.step-<N>.pt.claim`` writes the
-file (atomically, with its CRC sidecar: :func:`distqa.checkpoint.save_checkpoint`), the others leave it to that rank.
+Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
+create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.checkpoint.claimed`),
+the others leave it to that rank.
 A write cut short by another failure leaves no file, and the resume takes the newest complete one.
 """
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from distqa.checkpoint import TrainingCheckpoint, checkpoint_path, verify_checkpoint
 from distqa.distributed import CollectiveTimeoutError, collective_of
 from distqa.rundir import versions
+from distqa.errors import WORKER_REPORT_DIR_VARIABLE
 
 if TYPE_CHECKING:
     from distqa.trainer import Trainer
@@ -44,12 +46,28 @@ PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|Brok
 """What gloo (gloo/transport/tcp/pair.cc) and NCCL say when the other end of a collective is gone."""
 
 
-class PeerLostError(Exception):
-    """This rank left because a peer was lost: one line, what it saved for the resume included."""
+REPORT = "peer-lost-rank-{rank}"
+"""This worker's report in ``$WORKER_STOP_REPORT_DIR`` (distqa.stop): distqa.agent then restarts the workers into a
+new rendezvous round without spending one of ``--max-restarts`` (a membership change, as in torchrun)."""
 
-    def __init__(self, line: str, saved: Path | None) -> None:
+
+class PeerLostError(Exception):
+    """This rank left because a peer was lost: one line, what it saved for the resume included. ``progressed``:
+    whether this process completed a step before (a peer lost before any only spends a restart, so that a node that
+    keeps failing cannot hold the others in restarts for ever)."""
+
+    def __init__(self, line: str, saved: Path | None, progressed: bool) -> None:
         super().__init__(line)
-        self.saved = saved
+        self.saved, self.progressed = saved, progressed
+
+    def exit_code(self, rank: int) -> int:
+        """76, reported to the agent as a membership change, for a rank that progressed; 1 otherwise."""
+        folder = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
+        if not self.progressed:
+            return 1
+        if folder and Path(folder).is_dir():
+            (Path(folder) / REPORT.format(rank=rank)).write_text(f"{self}\n")
+        return PEER_LOST_EXIT_CODE
 
 
 class LastCompleteStep:
@@ -94,7 +112,7 @@ def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> Pee
             saved, outcome = _save(trainer, step)
     except Exception as failure:  # the line is all that is left to say; the previous checkpoint stays
         outcome = f"saving step {step} failed too ({failure!r}): the resume goes back to the newest checkpoint"
-    return PeerLostError(f"{what}; {outcome}", saved)
+    return PeerLostError(f"{what}; {outcome}", saved, progressed=trainer.progress.step > trainer.first_step)
 
 
 def _why_not_complete(trainer: Trainer) -> str | None:
@@ -113,14 +131,7 @@ def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
     path = checkpoint_path(trainer.run_dir, step)
     if path.is_file() and verify_checkpoint(path):
         return path, f"step {step} is saved already ({path.name}) for the resume"
-    claim = path.with_name(f".{path.name}.claim")
-    try:
-        descriptor = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return None, f"another survivor saves step {step} for the resume ({claim.read_text().strip() or '?'})"
     rank = trainer.runtime.rank
-    with os.fdopen(descriptor, "w") as note:
-        note.write(f"rank {rank}\n")
     # No rank's random state: each step seeds every generator from (seed, step, rank) (distqa.rng.seed_for_step).
     rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
     checkpoint = TrainingCheckpoint(
@@ -129,7 +140,7 @@ def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
         optimizer=trainer.optimizer.state_dict(), scheduler=trainer.scheduler.state_dict(),
         scaler=trainer.precision.scaler.state_dict(), rng=rng, world_size=trainer.runtime.world_size,
         saved_by_rank=rank)
-    checkpoint.save(path)
-    claim.unlink(missing_ok=True)
+    if not checkpoint.save(path):
+        return None, f"another survivor saves step {step} for the resume"
     log.info("saved %s, the last step this rank completed, after a peer was lost", path)
     return path, f"saved step {step} for the resume"

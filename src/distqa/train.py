@@ -61,7 +61,7 @@ from distqa.distributed import (
 from distqa.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
 from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.optim import Precision, build_optimizer, build_scheduler
-from distqa.peer_loss import PEER_LOST_EXIT_CODE, PeerLostError
+from distqa.peer_loss import PeerLostError
 from distqa.preflight import check_at_training_start
 from distqa.resume import restore_training_state, resume
 from distqa.rng import seed_everything
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_failure(f"distqa.train: data error: {err}{advice}", 2)
     except PeerLostError as err:  # a peer gone or stalled: this rank saved what it held, and leaves (distqa.peer_loss)
         print_error(f"distqa.train: {err}")
-        return PEER_LOST_EXIT_CODE
+        return err.exit_code(int(os.environ.get("RANK", "0")))
     except CollectiveTimeoutError as err:  # a peer stalled outside the training loop; this rank leaves
         print_error(f"distqa.train: collective timeout: {err}")
         return 1

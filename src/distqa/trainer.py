@@ -314,9 +314,7 @@ class Trainer:
             broadcast_buffers(self.model, self.runtime)
         with sharding.gathered_for_evaluation(self.model):  # a sharded model: whole, so forwards need no peers
             evaluation = self.evaluator.evaluate(self.model, self.precision)
-        self.task_state = evaluation.state
         metrics, step, progress = evaluation.metrics, self.progress.step, self.progress
-        self.evaluation = {"step": step, **metrics}
         best = self.evaluator.best_metric
         if best.name not in metrics:
             raise KeyError(f"the evaluator of task {self.task.name!r} names {best.name!r} as its best metric "
@@ -325,13 +323,17 @@ class Trainer:
         previous = progress.best_value if progress.best_metric == best.name else None
         improved = best.improves(value, previous)
         # Rank 0 counts for early stopping and every rank takes its count: all stop at the same step.
-        progress.evaluations_without_improvement = broadcast_object(
-            0 if best.improves(value, previous, self.config.early_stopping_min_delta)
-            else progress.evaluations_without_improvement + 1)
+        without_improvement = broadcast_object(0 if best.improves(value, previous, self.config.early_stopping_min_delta)
+                                               else progress.evaluations_without_improvement + 1)
+        # Every rank: rank 0 asked the sweep's pruner and broadcast its answer.
+        pruned = self.pruner is not None and self.pruner.prunes(step, value, best) and step < self.plan.total_steps
+        # Past the collectives: a peer lost in one leaves the state of the evaluation before whole (distqa.peer_loss).
+        progress.evaluations_without_improvement = without_improvement
         if improved:
             progress.best_metric, progress.best_mode, progress.best_value = best.name, best.mode, value
-        if self.pruner is not None and self.pruner.prunes(step, value, best) and step < self.plan.total_steps:
-            progress.pruned_at = step  # every rank: rank 0 asked the sweep's pruner and broadcast its answer
+        if pruned:
+            progress.pruned_at = step
+        self.task_state, self.evaluation = evaluation.state, {"step": step, **metrics}
         if self.runtime.is_main_process:
             log.info("eval at step %d: %s, %.1f s%s", step, evaluation.describe(), time.perf_counter() - started,
                      " (best so far)" if improved else "")
