@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.checkpoint import TrainingCheckpoint, checkpoint_path, verify_checkpoint
 from distqa.distributed import CollectiveTimeoutError, collective_of
-from distqa.rundir import versions
 from distqa.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.rundir import versions
 
 if TYPE_CHECKING:
     from distqa.trainer import Trainer
