@@ -3,7 +3,7 @@
 #
 #   bench/gpu.sh                        # one GPU: BERT-base and the large encoders (random weights), 20+ minutes
 #   bench/gpu.sh --quick                # the same parts, fewer steps (a smoke run on the GPU)
-#   bench/gpu.sh --device cpu --quick   # a smoke run on CPU with the tiny model (tests/test_gpu_bench.py)
+#   bench/gpu.sh --device cpu --quick   # a smoke run on CPU with the tiny model (tests/qa/test_gpu_bench.py)
 #   bench/gpu.sh --out DIR              # keep each part's JSON and log in DIR (default: a temporary folder)
 #   bench/gpu.sh --parts mfu,large      # only these parts (default: all), the report says what it lacks
 #

@@ -7,7 +7,7 @@
 # Writes DIR/simplified-nq-train.jsonl (200 examples, seed 0, documents of 80-500 whitespace tokens,
 # two long ones of 1250-2500), DIR/simplified-nq-test.jsonl (40 examples, seed 1, test form: no
 # annotations) and DIR/simplified-nq-test-gold.jsonl (the same 40 examples with their annotations: the
-# gold for `python -m distqa.score`). tests/test_synthetic_nq.py checks that this reproduces the
+# gold for `python -m distqa.score`). tests/qa/test_synthetic_nq.py checks that this reproduces the
 # committed files.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present, else python3).
 set -euo pipefail

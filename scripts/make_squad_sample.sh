@@ -6,7 +6,7 @@
 #
 # Writes DIR/train.json (40 articles, seed 0) and DIR/dev.json (12 articles, seed 1): SQuAD v2.0 files of the
 # synthetic task described in src/distqa/qa/squad/synthetic.py, a third of the questions unanswerable.
-# tests/test_synthetic_squad.py checks that this reproduces the committed files.
+# tests/qa/test_synthetic_squad.py checks that this reproduces the committed files.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present, else python3).
 set -euo pipefail
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The learnable synthetic SQuAD task end to end on this machine: generate SQuAD v2.0 files, train the tiny model
 # on 2 emulated nodes (evaluating on both ranks), predict an unseen test file and score it with the official
-# SQuAD metric. The expected numbers of docs/SQUAD.md come from this script; tests/test_squad_training.py runs it.
+# SQuAD metric. The expected numbers of docs/SQUAD.md come from this script; tests/qa/test_squad_training.py runs it.
 #
 # Usage:
 #   scripts/train_synthetic_squad.sh [--data-dir DIR] [--run-id ID] [--output-dir DIR] [--squad-cache-dir DIR]

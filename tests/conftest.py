@@ -14,18 +14,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import psutil
 import pytest
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distqa.config.sources import load_config
-from distqa.encoders.tiny import FAMILIES as ENCODER_FAMILIES
-from distqa.encoders.tiny import build_family_dir
 from distqa.rng import seed_everything
 from distqa.tasks import make_task
 
@@ -361,15 +357,6 @@ def unwritable_mount() -> Iterator[tuple[Path, list[str]]]:
         shutil.rmtree(base)
 
 
-@dataclass(frozen=True)
-class TinyEncoder:
-    """A tiny model directory of one encoder family (tokenizer trained here, the family's config, no weights)."""
-
-    family: str
-    directory: Path
-    tokenizer: PreTrainedTokenizerBase
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``long`` (minutes each) start first, spread over the xdist workers. xdist's worksteal hands
     worker w the w-th contiguous share of the collection (``WorkStealingScheduling.check_schedule``: the first idle
@@ -392,24 +379,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reordered += list(others)
     assert sorted(map(id, reordered)) == sorted(map(id, items))
     items[:] = reordered
-
-
-_TINY_ENCODERS: dict[str, TinyEncoder] = {}
-
-
-def tiny_encoder_of(family: str, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
-    """The tiny model directory of ``family`` (``distqa.encoders.tiny``), built once per session (a second or two
-    each) and shared by every test that asks for it: :func:`tiny_encoder`'s, or a test that needs every family at
-    once (tests/qa/test_export.py)."""
-    if family not in _TINY_ENCODERS:
-        directory = build_family_dir(family, REPO_ROOT / "data" / "tokenizer-corpus.txt",
-                                     tmp_path_factory.mktemp(family))
-        _TINY_ENCODERS[family] = TinyEncoder(family, directory, AutoTokenizer.from_pretrained(directory))
-    return _TINY_ENCODERS[family]
-
-
-@pytest.fixture(scope="session", params=list(ENCODER_FAMILIES))
-def tiny_encoder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyEncoder:
-    """Each encoder family of ``distqa.encoders.tiny`` in turn (:func:`tiny_encoder_of`): a test that takes this
-    fixture runs once per family (``tests/qa/test_encoders.py``; a task's featurisation adds its own)."""
-    return tiny_encoder_of(request.param, tmp_path_factory)

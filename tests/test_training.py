@@ -1,4 +1,5 @@
-"""Real multi-process runs (torchrun, gloo, CPU): DDP equivalence, exact resume, the local launcher.
+"""Real multi-process runs (torchrun, gloo, CPU): DDP equivalence, a grown global batch, exact resume, the local
+launcher.
 
 These are the claims about distribution, so they run the real entry point in fresh processes rather
 than calling the loop in-process.
@@ -76,6 +77,17 @@ def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
         for index, moment in first_moments["single_2b"].items():
             torch.testing.assert_close(first_moments[name][index], moment, rtol=1e-3, atol=1e-8,
                                        msg=lambda m, name=name: f"{name}: gradients differ: {m}")
+
+
+def test_a_grown_global_batch_is_what_the_run_uses_logs_and_saves(tmp_path: Path) -> None:
+    result = run_training([*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--run-name", "grown", "--global-batch-size",
+                           "4", "--per-rank-batch-size", "4", "--grow-global-batch", "true", "--lr", "1e-4",
+                           "--warmup-steps", "4", "--max-steps", "2"], nproc=2)
+    saved = json.loads((tmp_path / "grown" / "config.json").read_text())
+    assert (saved["global_batch_size"], saved["warmup_steps"]) == (8, 2)
+    assert saved["lr"] == pytest.approx(1e-4 * 2 ** 0.5)
+    assert "grow_global_batch: 2 ranks × 4 per rank: global batch 4 -> 8, lr 0.0001 -> 0.000141" in result.stderr
+    assert "global batch 8 = 4 per rank × 2 ranks × 1 accumulation" in result.stderr
 
 
 def six_steps_of_2_ranks(data: list[str], output_dir: Path) -> list[str]:

@@ -17,7 +17,7 @@ from distqa import evaluate, predict, score
 from distqa.qa.nq.metric import read_gold, read_submission
 
 from conftest import REPO_ROOT, clean_env, run_prepare, run_training
-from nq_examples import UNDECODABLE_LINES
+from qa.nq_examples import UNDECODABLE_LINES
 
 pytestmark = pytest.mark.distributed
 

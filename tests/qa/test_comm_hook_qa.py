@@ -15,7 +15,7 @@ from distqa.qa.model import build_model
 from distqa.rng import seed_everything
 
 from conftest import max_difference, run_training
-from qa_helpers import FAST_ARGS
+from qa.qa_helpers import FAST_ARGS
 
 STEPS = 3
 

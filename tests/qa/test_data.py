@@ -1,4 +1,4 @@
-"""DummyDataset determinism and realism; the resumable sampler's exact mid-epoch position."""
+"""DummyDataset determinism and realism (the resumable sampler's exact mid-epoch position: tests/test_sampler.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
 from distqa.qa.dummy import DummyDataset
-from distqa.sampler import ResumableDistributedSampler
 
 
 def make(seed: int = 0, size: int = 400, max_seq_len: int = 96) -> DummyDataset:
@@ -64,29 +63,3 @@ def test_window_layout_and_labels() -> None:
 def test_index_out_of_range_is_an_index_error() -> None:
     with pytest.raises(IndexError):
         make(size=3)[3]
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_sampler_resumes_at_the_same_example(world_size: int) -> None:
-    dataset = list(range(64))
-    global_batch, seen_steps = 8, 3
-
-    def epoch_order(resume_at: int = 0) -> list[int]:
-        ranks = []
-        for rank in range(world_size):
-            sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=5)
-            sampler.set_epoch(2)
-            sampler.resume_at(resume_at)
-            ranks.append(list(sampler))
-        # Interleave the ranks back into the global order they were dealt from.
-        return [ranks[r][i] for i in range(len(ranks[0])) for r in range(world_size)]
-
-    full = epoch_order()
-    assert sorted(full) == dataset
-    resumed = epoch_order(resume_at=seen_steps * global_batch)
-    assert resumed == full[seen_steps * global_batch:]
-    # The skip applies once: the next pass over the sampler is a whole epoch again.
-    sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=0, seed=5)
-    sampler.resume_at(16)
-    assert len(list(sampler)) == 64 // world_size - 16 // world_size
-    assert len(list(sampler)) == 64 // world_size

@@ -20,8 +20,8 @@ from distqa.qa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_
 from distqa.qa.model import QAModel, build_model
 from distqa.rundir import versions
 
-from conftest import REPO_ROOT, TinyEncoder, clean_env, tiny_encoder_of
-from qa_helpers import QA_ARGS
+from conftest import REPO_ROOT, clean_env
+from qa.qa_helpers import QA_ARGS, TinyEncoder, tiny_encoder_of
 
 NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 """An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""

@@ -18,7 +18,8 @@ from distqa.config.sources import load_config
 from distqa.qa.model import build_model
 from distqa.tasks import REGISTERED, task_class
 
-from conftest import REPO_ROOT, TinyEncoder, clean_env
+from conftest import REPO_ROOT, clean_env
+from qa.qa_helpers import TinyEncoder
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 FORK_ENV = {"PYTHONPATH": str(REPO_ROOT / "tests"), "OMP_NUM_THREADS": "1"}

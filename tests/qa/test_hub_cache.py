@@ -33,7 +33,7 @@ from distqa.encoders.hub import cached_snapshot
 from distqa.encoders.tiny import build_family_dir
 
 from conftest import REPO_ROOT, clean_env, free_port
-from qa_helpers import QA_ARGS
+from qa.qa_helpers import QA_ARGS
 
 NAME = "fake-org/tiny-roberta"
 """A hub name of no real repository: only the cache built here holds it."""

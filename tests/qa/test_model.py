@@ -1,4 +1,5 @@
-"""Model heads and loss, optimizer groups, precision choice, the committed offline tiny model."""
+"""Model heads and loss, the committed offline tiny model (the optimizer's groups and the precision choice:
+tests/test_optim.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.pretrained import check_sources
-from distqa.optim import Precision, build_optimizer
 from distqa.qa.answers import AnswerType
 from distqa.qa.model import QAModel, build_model, qa_loss
 from distqa.tasks import make_task
@@ -85,26 +85,6 @@ def test_padding_is_masked_out_of_the_span_loss(model: QAModel, batch) -> None:
     noisy = output._replace(start_logits=output.start_logits.masked_fill(padding, 1e6),
                             end_logits=output.end_logits.masked_fill(padding, 1e6))
     torch.testing.assert_close(qa_loss(noisy, batch), qa_loss(output, batch))
-
-
-def test_no_weight_decay_on_biases_and_layernorm(model: QAModel, config) -> None:
-    optimizer = build_optimizer(model, config, torch.device("cpu"))
-    decayed, plain = optimizer.param_groups
-    assert decayed["weight_decay"] == config.weight_decay and plain["weight_decay"] == 0.0
-    names = {id(p): n for n, p in model.named_parameters()}
-    plain_names = {names[id(p)] for p in plain["params"]}
-    assert any("LayerNorm" in n for n in plain_names) and any(n.endswith("bias") for n in plain_names)
-    assert not any("LayerNorm" in names[id(p)] or names[id(p)].endswith("bias") for p in decayed["params"])
-    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
-
-
-def test_precision_choice_on_cpu() -> None:
-    cpu = torch.device("cpu")
-    assert Precision.choose("auto", cpu).dtype is None
-    bf16 = Precision.choose("bf16", cpu)
-    assert bf16.dtype == torch.bfloat16 and not bf16.scaler.is_enabled()
-    with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
-        Precision.choose("fp16", cpu)
 
 
 def test_sequence_longer_than_the_encoder_is_rejected() -> None:

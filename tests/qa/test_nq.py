@@ -28,7 +28,7 @@ from distqa.qa.nq.windows import (
 )
 from distqa.sampler import ResumableDistributedSampler
 
-from nq_examples import (
+from qa.nq_examples import (
     UNDECODABLE_LINES,
     UNDECODABLE_REASONS,
     UNICODE_WORDS,

@@ -1,4 +1,5 @@
-"""The speed settings change speed, not results: trimmed padding, the attention kernel, compile.
+"""The speed settings change speed, not results: trimmed padding, the attention kernel, compile (compile's default
+and mode: tests/test_compile.py; a grown global batch: tests/test_training.py).
 
 Their measured effect is judged by bench/optimizations.py and bench/ddp_overhead.py, never here.
 """
@@ -15,8 +16,6 @@ from torch.utils.data import default_collate
 
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
-from distqa.ddp import compile_enabled, training_module
-from distqa.distributed import local_runtime
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.collate import LENGTH_MULTIPLE, SEQUENCE_COLUMNS, collate_for, collate_trimmed
 from distqa.qa.model import build_model, forward, qa_loss
@@ -24,8 +23,8 @@ from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
 from distqa.tasks import make_task
 
-from conftest import MACHINERY_ARGS, final_weights, max_difference, run_training
-from qa_helpers import FAST_ARGS, QA_ARGS
+from conftest import final_weights, max_difference, run_training
+from qa.qa_helpers import FAST_ARGS, QA_ARGS
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -98,26 +97,6 @@ def test_the_attention_kernel_is_the_one_asked_for_and_sdpa_equals_eager() -> No
         load("--attn-implementation", "flash")
 
 
-@pytest.mark.parametrize(("setting", "device", "expected"), [
-    (None, "cpu", False), (None, "cuda", True), (True, "cpu", True), (False, "cuda", False)])
-def test_compile_is_on_by_default_on_gpus_only(setting: bool | None, device: str, expected: bool) -> None:
-    config = load(*(["--compile", str(setting).lower()] if setting is not None else []))
-    assert compile_enabled(config, torch.device(device)) is expected
-
-
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
-def test_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    """--compile-mode is torch.compile's mode (bench/gpu_mfu.py measures each on a GPU); another value is refused
-    by the settings with the choices."""
-    calls: list[dict[str, object]] = []
-    monkeypatch.setattr(torch, "compile", lambda module, **options: calls.append(options) or module)
-    config = load("--compile", "true", "--compile-mode", mode, "--trim-padding", "false")
-    training_module(torch.nn.Linear(2, 2), local_runtime("cpu"), config)
-    assert calls == [{"mode": mode}]
-    with pytest.raises(ConfigError, match=r"compile_mode: invalid value 'fast' .*choose one of"):
-        load("--compile-mode", "fast")
-
-
 @pytest.mark.parametrize(("flags", "named"), [((), "trim_padding"), (("--trim-padding", "false", "--unpad", "true"),
                                                                      "unpad")])
 def test_cuda_graphs_with_a_length_per_batch_are_refused_in_one_line(flags: tuple[str, ...], named: str) -> None:
@@ -144,18 +123,6 @@ def test_compiled_ddp_training_with_accumulation_ends_with_the_eager_weights(tmp
     eager, with_compile = final_weights(tmp_path / "eager"), final_weights(tmp_path / "compiled")
     assert max_difference(eager, with_compile) < 1e-4
     assert json.loads((tmp_path / "compiled" / "config.json").read_text())["compile"] is True
-
-
-@pytest.mark.distributed
-def test_a_grown_global_batch_is_what_the_run_uses_logs_and_saves(tmp_path: Path) -> None:
-    result = run_training([*MACHINERY_ARGS, "--output-dir", str(tmp_path), "--run-name", "grown", "--global-batch-size",
-                           "4", "--per-rank-batch-size", "4", "--grow-global-batch", "true", "--lr", "1e-4",
-                           "--warmup-steps", "4", "--max-steps", "2"], nproc=2)
-    saved = json.loads((tmp_path / "grown" / "config.json").read_text())
-    assert (saved["global_batch_size"], saved["warmup_steps"]) == (8, 2)
-    assert saved["lr"] == pytest.approx(1e-4 * 2 ** 0.5)
-    assert "grow_global_batch: 2 ranks × 4 per rank: global batch 4 -> 8, lr 0.0001 -> 0.000141" in result.stderr
-    assert "global batch 8 = 4 per rank × 2 ranks × 1 accumulation" in result.stderr
 
 
 @pytest.mark.distributed

@@ -28,7 +28,7 @@ from distqa.qa.nq.reader import DataError, parse_annotations
 from distqa.score import main
 
 from conftest import REPO_ROOT, clean_env
-from nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl
+from qa.nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl
 
 SAMPLE_GOLD = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
 SAMPLE_TEST = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test.jsonl"

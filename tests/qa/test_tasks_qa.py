@@ -17,7 +17,7 @@ from distqa.config.sources import load_config
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT, clean_env
-from qa_helpers import FAST_ARGS
+from qa.qa_helpers import FAST_ARGS
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

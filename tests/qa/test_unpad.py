@@ -23,8 +23,8 @@ from distqa.qa.model import QAModel, build_model, qa_loss
 from distqa.rundir import versions
 from distqa.tasks import make_task
 
-from conftest import TinyEncoder, run_training
-from qa_helpers import FAST_ARGS, QA_ARGS
+from conftest import run_training
+from qa.qa_helpers import FAST_ARGS, QA_ARGS, TinyEncoder
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
