@@ -19,7 +19,7 @@ from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
 from distqa.encoders.flops import non_embedding_parameters
-from distqa.encoders.pretrained import check_sources
+from distqa.encoders.pretrained import check_sources, load_tokenizer
 from distqa.encoders.template import PairTemplate
 from distqa.optim import Precision
 from distqa.qa.answers import Span
@@ -285,6 +285,21 @@ def test_a_weightless_model_is_random_under_auto_and_refused_under_false(tmp_pat
     with pytest.raises(ConfigError, match=r"from_scratch: invalid value 'maybe' .* choose one of \['auto', 'true', "
                                           r"'false'\]"):
         load("--from-scratch", "maybe")
+
+
+def test_a_model_without_its_tokenizer_files_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A model's files without the tokenizer's (a hub cache of weights and config.json): transformers builds the
+    config's tokenizer class with nothing but special tokens, which the run would meet as a traceback (the
+    DummyDataset's 'needs more than 10 ids'); it is refused before, naming the folder and what is missing."""
+    model = tmp_path / "weights-only"
+    model.mkdir()
+    shutil.copy(REPO_ROOT / "data" / "tiny-bert" / "config.json", model / "config.json")
+    with pytest.raises(ConfigError) as refused:
+        load_tokenizer(load("--model-name-or-path", str(model)))
+    assert str(refused.value) == (
+        f"model_name_or_path={str(model)!r}: {model} holds a model but no tokenizer files (tokenizer.json, or "
+        "vocab.txt / spm.model): the tokenizer built from its config knows only its 5 special tokens. Put the "
+        "tokenizer's files beside the model's, or name them with --tokenizer-name-or-path.")
 
 
 def test_a_weightless_directory_is_a_warning_unless_random_weights_are_asked_for(

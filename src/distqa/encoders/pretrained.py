@@ -256,7 +256,7 @@ def _say_random_weights(config: EncoderConfig, why: str) -> None:
 def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:
     name = "tokenizer_name_or_path" if config.tokenizer_name_or_path else "model_name_or_path"
     try:
-        return _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source, name)
+        tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source, name)
     except ConfigError:  # a hub name neither cached nor fetched: its line says so
         raise
     except (OSError, ValueError, TypeError) as err:
@@ -264,6 +264,15 @@ def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:
             f"{name}={getattr(config, name)!r}: cannot load a tokenizer from {config.tokenizer_source} "
             f"({_first_line(err)}). Give a directory holding tokenizer.json (as data/tiny-bert does) or a hub "
             "name such as bert-base-uncased.") from None
+    if len(tokenizer) <= len(tokenizer.all_special_tokens):
+        # A model's files without the tokenizer's (weights and config.json alone): transformers builds the class the
+        # config names with no vocabulary, which knows nothing but its special tokens.
+        raise ConfigError(
+            f"{name}={getattr(config, name)!r}: {config.tokenizer_source} holds a model but no tokenizer files "
+            f"(tokenizer.json, or vocab.txt / spm.model): the tokenizer built from its config knows only its "
+            f"{len(tokenizer)} special tokens. Put the tokenizer's files beside the model's, or name them with "
+            "--tokenizer-name-or-path.")
+    return tokenizer
 
 
 def _first_line(err: Exception) -> str:
