@@ -33,23 +33,20 @@ somewhere in ``load_state_dict``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import mmap
-import os
 import re
 import shutil
-import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Generic, NamedTuple, TypeVar
 
 import torch
 
-from distqa.files import Digest, atomic_write, file_digest, manifest_problem, read_with_digest
+from distqa.files import Digest, atomic_write, claimed, file_digest, manifest_problem, read_with_digest
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +130,7 @@ class TrainingCheckpoint(ModelCheckpoint):
     scheduler: dict[str, Any]
     scaler: dict[str, Any]
     rng: list[dict[str, Any] | None]
-    """Every rank's random generators, in rank order (``distqa.rng.capture_rng_state``); None for a rank whose state
-    the save did not have (a survivor's save after a lost peer holds its own alone: :mod:`distqa.peer_loss`)."""
+    """Every rank's random generators in rank order (distqa.rng); None where the save had none (distqa.peer_loss)."""
     world_size: int
     saved_by_rank: int
 
@@ -156,13 +152,10 @@ def digest_path(path: Path) -> Path:
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> bool:
-    """``torch.save`` through :func:`~distqa.files.atomic_write`, then its sidecar; the schema's
-    :meth:`ModelCheckpoint.save` is the one caller in the package. False, writing nothing, while another writer
-    holds the path (:func:`claimed`): rank 0's background write and a survivor's save after a lost peer
-    (distqa.peer_loss) never interleave their files and sidecars.
-
-    The old sidecar goes first: a kill between the renames leaves a complete checkpoint without a
-    sidecar (loaded unverified), never a sidecar that does not match its file."""
+    """``torch.save`` through :func:`~distqa.files.atomic_write`, then its sidecar (the old sidecar goes first: a kill
+    between the renames leaves a complete checkpoint loaded unverified, never a sidecar that does not match it).
+    False, writing nothing, while another writer holds the path (:func:`~distqa.files.claimed`): rank 0's write and a
+    survivor's save after a lost peer (distqa.peer_loss) never interleave their files and sidecars."""
     with claimed(path) as ours:
         if not ours:
             return False
@@ -171,26 +164,6 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> bool:
         text = json.dumps({"size": digest.size, "crc32": digest.crc32}) + "\n"
         atomic_write(digest_path(path), lambda f: f.write(text.encode()))
     return True
-
-
-@contextlib.contextmanager
-def claimed(path: Path) -> Iterator[bool]:
-    """Whether this process may write ``path``: it creates ``.<name>.claim`` beside it exclusively (O_EXCL, which
-    shared storage honours too) and removes it when the block ends; False while another writer holds it. A claim
-    whose writer was killed stays until the next start removes it (:func:`remove_stale_temporaries`)."""
-    claim = path.with_name(f".{path.name}.claim")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        yield False
-        return
-    try:
-        os.write(descriptor, f"{socket.gethostname()} pid {os.getpid()}\n".encode())
-        os.close(descriptor)
-        yield True
-    finally:
-        claim.unlink(missing_ok=True)
 
 
 def verify_checkpoint(path: Path) -> bool:

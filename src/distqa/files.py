@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
 import os
 import shutil
+import socket
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -147,3 +149,23 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` as indented, key-sorted JSON, written atomically."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Whether this process may write ``path``: it creates ``.<name>.claim`` beside it exclusively (O_EXCL, which
+    shared storage honours too) and removes it when the block ends; False while another writer holds it. A claim
+    whose writer was killed stays until the next start removes it (distqa.checkpoint.remove_stale_temporaries)."""
+    claim = path.with_name(f".{path.name}.claim")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        yield False
+        return
+    try:
+        os.write(descriptor, f"{socket.gethostname()} pid {os.getpid()}\n".encode())
+        os.close(descriptor)
+        yield True
+    finally:
+        claim.unlink(missing_ok=True)

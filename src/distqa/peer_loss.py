@@ -14,7 +14,7 @@ itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on an
 newest checkpoint, and the line says so.
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
-create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.checkpoint.claimed`),
+create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.files.claimed`),
 the others leave it to that rank.
 A write cut short by another failure leaves no file, and the resume takes the newest complete one.
 """
