@@ -6,7 +6,8 @@ resume the step-2 checkpoints of the first two, in the same and in the other str
 the module (:func:`runs`) and each test reads several claims off them. Its 17 validation texts split unevenly over
 the ranks, so each rank's evaluator calls the model a different number of times (a sharded forward is a collective:
 the evaluation runs on gathered weights); the evaluation at step 2 is followed by training (resharded weights).
-The QA model sharded per transformer layer: tests/qa/test_sharding_qa.py.
+What sharding divides and adds in the memory estimate the doctor checks, on a bare encoder. The QA model sharded
+per transformer layer: tests/qa/test_sharding_qa.py.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from transformers import BertConfig, BertModel
 
 from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.distributed import local_runtime
+from distqa.encoders.memory import EncoderMemory, count_on_meta
+from distqa.memory import Step, shards_of
 from distqa.sharding import device_mesh, shard_model
 from distqa.tasks import make_task
 
@@ -216,3 +220,47 @@ def test_hsdp_refuses_nodes_with_unequal_process_counts() -> None:
     with pytest.raises(ConfigError, match=r"^data_parallel=hsdp needs the same number of processes on every node: "
                                           r"world size 3 .* use data_parallel=fsdp\.$"):
         device_mesh(runtime, "hsdp")
+
+
+def bert_large_memory() -> EncoderMemory:
+    """The estimate's view of bert-large-uncased's encoder (its hub config's sizes), counted on the meta device."""
+    config = BertConfig(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096,
+                        vocab_size=30522, max_position_embeddings=512)
+    model = count_on_meta(lambda: BertModel(config, add_pooling_layer=False))
+    return EncoderMemory.of_model(model, config, 512)
+
+
+def test_the_memory_estimate_divides_the_state_by_the_shards_adds_the_gathered_units_and_keeps_the_activations(
+) -> None:
+    """What the doctor's memory check expects of a sharded step (distqa.memory's ShardingUnits, on a bare encoder):
+    fsdp: weights, gradients and AdamW state each 1/W; the root (what lies outside the layers: here the embeddings)
+    and two layers gathered whole in bf16 in place of autocast's weight copies; activations and transients as under
+    ddp. hsdp divides by a node's processes, not the world."""
+    memory = bert_large_memory()
+    layer = 4 * (1024 * 1024 + 1024) + 2 * 1024 * 4096 + 4096 + 1024 + 2 * 2 * 1024  # q, k, v, o; FFN; 2 LayerNorms
+    assert memory.largest_layer == layer and memory.outside_layers == memory.parameters - 24 * layer
+    ddp = memory.estimate(Step(32, "bf16", "cuda"))
+    parameters, root = memory.parameters, memory.outside_layers
+    for world_size in (2, 8, 64):
+        fsdp = memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=world_size))
+        assert fsdp.moment == ddp.moment == "forward end"
+        assert fsdp.parts == {**ddp.parts, "weights": 4 * parameters // world_size,
+                              "AdamW moments": 8 * parameters // world_size,
+                              "gradients": 4 * parameters // world_size, "weight copies": 0,
+                              "gathered": 2 * root + 2 * 2 * layer}
+    # Accumulating without gradient sync, FSDP2 keeps every unsharded gradient until the last micro-batch.
+    accumulating = memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=8, accumulation_steps=2))
+    assert accumulating.parts["gradients"] == 4 * parameters
+    # In the backward two layers' gradients are in flight too, in bf16 and their fp32 copies for the reduce-scatter
+    # (checkpointing makes the backward the peak); fp32 gathers 4 bytes per weight.
+    checkpointed = memory.estimate(Step(32, "bf16", "cuda", True, data_parallel="fsdp", shards=8))
+    assert checkpointed.moment == "backward"
+    assert checkpointed.parts["gathered"] == 2 * root + 2 * 2 * layer + 2 * (2 + 4) * layer
+    full = memory.estimate(Step(32, "fp32", "cuda", data_parallel="fsdp", shards=8))
+    assert full.moment == "backward start" and full.parts["gathered"] == 4 * root + 2 * 4 * layer + 2 * 8 * layer
+    hybrid = Step(32, "bf16", "cuda", data_parallel="hsdp", shards=shards_of("hsdp", world_size=16,
+                                                                             processes_per_node=4))
+    assert memory.estimate(hybrid) == memory.estimate(dataclasses.replace(hybrid, data_parallel="fsdp", shards=4))
+    assert (shards_of("ddp", 16, 4), shards_of("fsdp", 16, 4), shards_of("hsdp", 16, 4)) == (1, 16, 4)
+    # ddp ignores the sharding fields: a whole replica whatever the accumulation.
+    assert memory.estimate(Step(32, "bf16", "cuda", accumulation_steps=4, shards=8)) == ddp

@@ -1,5 +1,6 @@
 """The memory estimate (distqa.memory) against the peak measured on CPU, the doctor's fixes, and the large
-presets' comments; what sharding (fsdp, hsdp) divides and adds, and the doctor's smallest sharded layout.
+presets' comments; the doctor's smallest sharded layout (what sharding divides and adds in the estimate, on a bare
+encoder: tests/test_sharding.py).
 
 The measurement: ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of the CPU
 allocator (c10's ProfiledCPUMemoryReporter: the bytes and address of each); the live bytes, summed in order,
@@ -29,7 +30,7 @@ from distqa.distributed import local_runtime
 from distqa.doctor import check_memory
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, shards_of, smallest_gpu
+from distqa.memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, smallest_gpu
 from distqa.optim import Precision, build_optimizer
 from distqa.preflight import rank_report
 from distqa.qa.config import QAConfig
@@ -254,41 +255,6 @@ def bert_large_memory(tmp_path: Path) -> EncoderMemory:
     config = large("bert-large", tmp_path)
     model = count_on_meta(lambda: build_model(config))
     return EncoderMemory.of_model(model, model.encoder.config, 512)
-
-
-def test_sharding_divides_the_state_by_the_shards_adds_the_gathered_units_and_keeps_the_activations(
-        tmp_path: Path) -> None:
-    """fsdp: weights, gradients and AdamW state each 1/W; the root (embeddings, heads) and two layers gathered whole
-    in bf16 in place of autocast's weight copies; activations and transients as under ddp. hsdp divides by a node's
-    processes, not the world."""
-    memory = bert_large_memory(tmp_path)
-    layer = 4 * (1024 * 1024 + 1024) + 2 * 1024 * 4096 + 4096 + 1024 + 2 * 2 * 1024  # q, k, v, o; FFN; 2 LayerNorms
-    assert memory.largest_layer == layer and memory.outside_layers == memory.parameters - 24 * layer
-    ddp = memory.estimate(Step(32, "bf16", "cuda"))
-    parameters, root = memory.parameters, memory.outside_layers
-    for world_size in (2, 8, 64):
-        fsdp = memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=world_size))
-        assert fsdp.moment == ddp.moment == "forward end"
-        assert fsdp.parts == {**ddp.parts, "weights": 4 * parameters // world_size,
-                              "AdamW moments": 8 * parameters // world_size,
-                              "gradients": 4 * parameters // world_size, "weight copies": 0,
-                              "gathered": 2 * root + 2 * 2 * layer}
-    # Accumulating without gradient sync, FSDP2 keeps every unsharded gradient until the last micro-batch.
-    accumulating = memory.estimate(Step(32, "bf16", "cuda", data_parallel="fsdp", shards=8, accumulation_steps=2))
-    assert accumulating.parts["gradients"] == 4 * parameters
-    # In the backward two layers' gradients are in flight too, in bf16 and their fp32 copies for the reduce-scatter
-    # (checkpointing makes the backward the peak); fp32 gathers 4 bytes per weight.
-    checkpointed = memory.estimate(Step(32, "bf16", "cuda", True, data_parallel="fsdp", shards=8))
-    assert checkpointed.moment == "backward"
-    assert checkpointed.parts["gathered"] == 2 * root + 2 * 2 * layer + 2 * (2 + 4) * layer
-    full = memory.estimate(Step(32, "fp32", "cuda", data_parallel="fsdp", shards=8))
-    assert full.moment == "backward start" and full.parts["gathered"] == 4 * root + 2 * 4 * layer + 2 * 8 * layer
-    hybrid = Step(32, "bf16", "cuda", data_parallel="hsdp", shards=shards_of("hsdp", world_size=16,
-                                                                             processes_per_node=4))
-    assert memory.estimate(hybrid) == memory.estimate(dataclasses.replace(hybrid, data_parallel="fsdp", shards=4))
-    assert (shards_of("ddp", 16, 4), shards_of("fsdp", 16, 4), shards_of("hsdp", 16, 4)) == (1, 16, 4)
-    # ddp ignores the sharding fields: a whole replica whatever the accumulation.
-    assert memory.estimate(Step(32, "bf16", "cuda", accumulation_steps=4, shards=8)) == ddp
 
 
 def doctor_line(config: QAConfig, world_size: int, gpu_memory_gb: float) -> tuple[str, list[str]]:
