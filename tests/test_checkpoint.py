@@ -96,7 +96,7 @@ def test_a_training_checkpoint_round_trips_through_its_schema(tmp_path: Path) ->
     assert on_disk["progress"] == {"step": 4, "epoch": 1, "samples_in_epoch": 16, "best_metric": "micro_f1",
                                    "best_mode": "max", "best_value": 0.5,
                                    "evaluations_without_improvement": 0, "tracking_run_id": None,
-                                   "pruned_at": 0}
+                                   "pruned_at": 0, "seeds_per_step": False}
     read = load_checkpoint(path)
     assert isinstance(read, TrainingCheckpoint)
     assert torch.equal(read.model["w"], written.model["w"])

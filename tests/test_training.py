@@ -129,7 +129,7 @@ def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list
     stopped = torch.load(tmp_path / "interrupted" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert stopped["progress"] == {"step": 3, "epoch": 0, "samples_in_epoch": 48, "best_metric": None,
                                    "best_mode": None, "best_value": None, "evaluations_without_improvement": 0,
-                                   "tracking_run_id": None, "pruned_at": 0}
+                                   "tracking_run_id": None, "pruned_at": 0, "seeds_per_step": True}
     assert len(stopped["rng"]) == 2
     assert not (tmp_path / "interrupted" / "checkpoints" / "step-00000006.pt").exists()
     again = run_training([*common, "--run-name", "interrupted", "--stop-at-step", "3"], nproc=2)
@@ -146,7 +146,7 @@ def test_resume_continues_exactly(tmp_path: Path, six_steps_straight: tuple[list
     assert ended["progress"] == straight["progress"] == {
         "step": 6, "epoch": 1, "samples_in_epoch": 32, "best_metric": "accuracy", "best_mode": "max",
         "best_value": straight["progress"]["best_value"], "evaluations_without_improvement": 0,
-        "tracking_run_id": None, "pruned_at": 0}
+        "tracking_run_id": None, "pruned_at": 0, "seeds_per_step": True}
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_run_still_ends_exactly(

@@ -85,16 +85,16 @@ class Progress:
     """The MLflow run this training run logs into (``--tracker mlflow``): a resumed run goes on in it."""
     pruned_at: int = 0
     """The step at whose evaluation a sweep's pruner stopped this trial (``--sweep-trial``); 0: not pruned."""
+    seeds_per_step: bool = False
+    """Each step seeds the generators from (seed, step, rank) (distqa.rng.seed_for_step); False: a run begun before."""
 
 
 @dataclass(kw_only=True)
 class ModelCheckpoint:
     """``best.pt``: a trained model and what inference needs to use it."""
 
-    model: dict[str, torch.Tensor]
-    """The QA model's ``state_dict`` (unwrapped: no DDP ``module.`` prefix)."""
-    config: dict[str, Any]
-    """The resolved training config (``Config.to_dict()``; its ``task`` names the task)."""
+    model: dict[str, torch.Tensor]  # the task model's state_dict, unwrapped (no DDP ``module.`` prefix)
+    config: dict[str, Any]  # the resolved training config (Config.to_dict(); its task names the task)
     task_state: dict[str, Any] | None
     """What the task's inference needs, from the latest evaluation (``Evaluation.state``); None before any."""
     evaluation: dict[str, Any] | None

@@ -104,7 +104,7 @@ class Trainer:
         self.model, self.ddp_model, self.optimizer, self.scheduler = model, ddp_model, optimizer, scheduler
         self.precision, self.loader, self.plan, self.evaluator = precision, loader, plan, evaluator
         self.sampler: ResumableDistributedSampler = loader.sampler
-        self.progress = resumed.progress if resumed else Progress()
+        self.progress = resumed.progress if resumed else Progress(seeds_per_step=True)
         self.task_state: dict[str, Any] | None = resumed.task_state if resumed else None
         """The task's inference state from the latest evaluation, saved with the checkpoints as it is."""
         self.evaluation: dict[str, Any] | None = resumed.evaluation if resumed else None
@@ -193,7 +193,8 @@ class Trainer:
     def _take_step(self, micro_batches: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> None:
         """One optimizer step, counted in the progress, the metrics window and the bar."""
         progress, started = self.progress, time.perf_counter()
-        seed_for_step(self.config.seed, progress.step + 1, self.runtime.rank)  # resumable without the RNG state
+        if progress.seeds_per_step:  # resumable without any rank's RNG state (a run begun before goes on its streams)
+            seed_for_step(self.config.seed, progress.step + 1, self.runtime.rank)
         loss, grad_norm = self.train_step(micro_batches)
         if progress.step == self.first_step and compile_enabled(self.config, self.runtime.device):
             log.info("torch.compile: the first step took %.1f s, compilation included (once per process; "
