@@ -10,8 +10,8 @@ step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gath
 step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
 (:func:`distqa.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run ends with
 the weights of one never interrupted, dropout included. Only the optimizer's update
-itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on any rank: its run goes back to the
-newest checkpoint, and the line says so.
+itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on any rank, and under NCCL the host cannot
+tell which step the GPU's weights are at: those runs go back to the newest checkpoint, and the line says so.
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
 create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.files.claimed`),
@@ -121,6 +121,10 @@ def _why_not_complete(trainer: Trainer) -> str | None:
     if trainer.config.data_parallel != "ddp":
         return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")
+    if trainer.runtime.backend == "nccl":
+        # The host queues a step's kernels ahead of the GPU: by the time an aborted communicator's error reaches
+        # Python, the next update may already have run on the GPU with partial gradients (docs/FAULT_TOLERANCE.md).
+        return "under NCCL the GPU runs behind the host, so this rank cannot tell that its weights are a whole step's"
     if trainer.survivable.updating:
         return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
     return None

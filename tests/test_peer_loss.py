@@ -1,0 +1,128 @@
+"""What a survivor of a lost peer decides, one process, no process group (distqa.peer_loss): which failures are a
+lost peer, when the state it holds is a whole step, and how two survivors share one checkpoint. The runs that lose
+a real peer are in test_elastic.py, test_training.py, test_faults.py and test_hangs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from distqa.checkpoint import Progress, checkpoint_path, load_checkpoint
+from distqa.distributed import CollectiveTimeoutError
+from distqa.peer_loss import LastCompleteStep, PeerLostError, lost_peer, save_what_survives
+
+GLOO_RESET = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41823: "
+              "Connection reset by peer")
+
+
+@pytest.mark.parametrize(("message", "reason"), [
+    (GLOO_RESET, "gloo: connection reset by peer"),
+    ("[../third_party/gloo/gloo/transport/tcp/pair.cc:589] Connection closed by peer [127.0.0.1]:5000",
+     "gloo: connection closed by peer"),
+    ("NCCL communicator was aborted on rank 1.", "NCCL: nccl communicator was aborted"),
+])
+def test_a_peer_gone_is_named_with_its_backend(message: str, reason: str) -> None:
+    assert lost_peer(RuntimeError(message)) == reason
+
+
+def test_other_failures_are_not_a_lost_peer() -> None:
+    assert lost_peer(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+    assert lost_peer(ValueError(GLOO_RESET)) is None  # only the collectives' RuntimeErrors are
+
+
+def test_a_collective_timeout_is_a_lost_peer() -> None:
+    timeout = CollectiveTimeoutError(rank=0, step=3, collective="all_gather", timeout_s=10, world_size=2,
+                                     timed_out=[0])
+    assert lost_peer(timeout) == "timed out"
+
+
+def survivor(run_dir: Path, *, rank: int = 1, step: int = 17, backend: str = "gloo", data_parallel: str = "ddp",
+             save_on_peer_loss: bool = True, first_step: int = 0) -> Any:
+    """What save_what_survives reads of a distqa.trainer.Trainer, with a real model, optimizer and scheduler."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    settings = {"seed": 1, "data_parallel": data_parallel}
+    return SimpleNamespace(
+        runtime=SimpleNamespace(rank=rank, world_size=3, backend=backend), run_dir=run_dir,
+        progress=Progress(step=step, seeds_per_step=True), first_step=first_step, survivable=LastCompleteStep(),
+        config=SimpleNamespace(data_parallel=data_parallel, save_on_peer_loss=save_on_peer_loss,
+                               to_dict=lambda: dict(settings)),
+        model=model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+        precision=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)),
+        task_state=None, evaluation=None)
+
+
+def test_a_ddp_survivor_saves_the_step_it_completed(tmp_path: Path) -> None:
+    trainer = survivor(tmp_path)
+    err = save_what_survives(trainer, RuntimeError(GLOO_RESET), "gloo: connection reset by peer")
+    assert isinstance(err, PeerLostError) and err.progressed
+    assert str(err) == ("rank 1: lost a peer during a collective after optimizer step 17 (gloo: connection reset by "
+                        "peer); saved step 17 for the resume")
+    saved = load_checkpoint(checkpoint_path(tmp_path, 17))
+    assert err.saved == checkpoint_path(tmp_path, 17)
+    assert saved.progress.step == 17 and saved.saved_by_rank == 1 and saved.rng == [None, None, None]
+    assert torch.equal(saved.model["weight"], trainer.model.weight.detach())
+    assert saved.optimizer["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    assert not list(tmp_path.glob("checkpoints/.*claim")), "the claim is released"
+
+
+def test_a_second_survivor_leaves_the_step_to_the_first(tmp_path: Path) -> None:
+    save_what_survives(survivor(tmp_path, rank=1), RuntimeError(GLOO_RESET), "gloo")
+    written = checkpoint_path(tmp_path, 17).stat().st_mtime_ns
+    err = save_what_survives(survivor(tmp_path, rank=0), RuntimeError(GLOO_RESET), "gloo")
+    assert str(err).endswith("step 17 is saved already (step-00000017.pt) for the resume")
+    assert checkpoint_path(tmp_path, 17).stat().st_mtime_ns == written
+
+
+def test_a_survivor_whose_peer_holds_the_claim_writes_nothing(tmp_path: Path) -> None:
+    claim = checkpoint_path(tmp_path, 17).with_name(".step-00000017.pt.claim")
+    claim.parent.mkdir(parents=True)
+    claim.write_text("another survivor\n")
+    err = save_what_survives(survivor(tmp_path), RuntimeError(GLOO_RESET), "gloo")
+    assert str(err).endswith("another survivor saves step 17 for the resume") and err.saved is None
+    assert not checkpoint_path(tmp_path, 17).exists()
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"data_parallel": "fsdp"}, "data_parallel=fsdp shards the model and its optimizer over the ranks"),
+    ({"data_parallel": "hsdp"}, "data_parallel=hsdp shards the model and its optimizer over the ranks"),
+    ({"backend": "nccl"}, "under NCCL the GPU runs behind the host"),
+    ({"save_on_peer_loss": False}, "save_on_peer_loss is off"),
+    ({"updating": True}, "the failure fell inside step 18's optimizer update"),
+])
+def test_a_survivor_without_a_whole_step_saves_nothing_and_says_why(tmp_path: Path, change: dict[str, Any],
+                                                                     why: str) -> None:
+    updating = change.pop("updating", False)
+    trainer = survivor(tmp_path, **change)
+    if updating:
+        trainer.survivable.update_begins()
+    err = save_what_survives(trainer, RuntimeError(GLOO_RESET), "gloo")
+    assert why in str(err) and str(err).endswith(": the resume goes back to the newest checkpoint")
+    assert err.saved is None and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_failed_save_is_one_line_and_leaves_no_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").write_text("a file where the folder goes\n")
+    err = save_what_survives(survivor(tmp_path), RuntimeError(GLOO_RESET), "gloo")
+    assert "saving step 17 failed too (" in str(err) and "\n" not in str(err) and err.saved is None
+
+
+def test_only_a_rank_that_progressed_reports_a_membership_change(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit 76 and the agent's report for a rank that completed a step in this start; exit 1 (a restart spent)
+    for one that did not, so that a node failing at every start cannot hold the others in restarts for ever."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.setenv("WORKER_STOP_REPORT_DIR", str(reports))
+    stuck = save_what_survives(survivor(tmp_path / "a", first_step=17), RuntimeError(GLOO_RESET), "gloo")
+    assert stuck.exit_code(rank=1) == 1 and not list(reports.iterdir())
+    moved = save_what_survives(survivor(tmp_path / "b", first_step=12), RuntimeError(GLOO_RESET), "gloo")
+    assert moved.exit_code(rank=1) == 76
+    assert (reports / "peer-lost-rank-1").read_text() == f"{moved}\n"
