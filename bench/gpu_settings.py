@@ -46,7 +46,7 @@ from gpu_common import (
     start_training_part,
     write_part,
 )
-from gpu_sharding import build_trainer, measure, runtime_with_a_group
+from gpu_sharding import gpu_trainer, measure, runtime_with_a_group
 from harness import add_common_arguments, bench_config, interleaved, median
 from torch.nn.parallel import DistributedDataParallel
 
@@ -65,7 +65,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "batched_grad_copy": ((), {"batched_grad_copy": True}),
     "bf16 comm hook": (("--ddp-comm-hook", "bf16"), {}),
 }
-"""Each row's flags of distqa.train and its options of gpu_sharding.build_trainer."""
+"""Each row's flags of distqa.train and its options of gpu_sharding.gpu_trainer."""
 
 
 def main() -> None:
@@ -127,7 +127,7 @@ def measure_checkpoints(config: Callable[..., Config], runtime: Runtime, args: a
     trainers: dict[str, Trainer] = {}
     try:
         for name, background in (("no saves", True), ("blocking", False), ("background", True)):
-            trainers[name] = build_trainer(
+            trainers[name] = gpu_trainer(
                 config("--checkpoint-in-background", "true" if background else "false"), runtime,
                 work / f"checkpoints-{name.replace(' ', '-')}")
         first = trainers["no saves"]

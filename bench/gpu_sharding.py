@@ -40,18 +40,18 @@ from gpu_common import (
     write_part,
 )
 from harness import add_common_arguments, bench_config, dummy_dataset, endless, median
+from torch import nn
 
 from distqa.config import Config
 from distqa.ddp import wrap_ddp
 from distqa.distributed import Runtime, all_reduce_max, distributed_runtime, join_process_group
 from distqa.encoders.pretrained import load_encoder_config
-from distqa.optim import Precision, build_optimizer, build_scheduler
-from distqa.rng import seed_everything
+from distqa.optim import Precision
 from distqa.sharding import shard_model
 from distqa.tasks import make_task
 from distqa.throughput import mfu, peak_bf16_flops
-from distqa.train import build_loader
-from distqa.trainer import StepPlan, Trainer
+from distqa.train import build_trainer
+from distqa.trainer import Trainer
 
 SEQ_LEN, QUICK_SEQ_LEN = 512, 64
 MICRO_BATCH, QUICK_MICRO_BATCH = 8, 2
@@ -108,36 +108,33 @@ def runtime_with_a_group(device: str) -> Iterator[Runtime]:
         yield runtime
 
 
-def build_trainer(config: Config, runtime: Runtime, work: Path, pin_memory: bool | None = None,
-                  **ddp_options: Any) -> Trainer:
-    """Our trainer as distqa.train builds it, wrapped by DDP or sharded whatever the world size; ``pin_memory`` and
-    ``ddp_options`` as :func:`distqa.train.build_loader` and :func:`distqa.ddp.wrap_ddp` take them."""
+def gpu_trainer(config: Config, runtime: Runtime, work: Path, pin_memory: bool | None = None,
+                **ddp_options: Any) -> Trainer:
+    """Our trainer as :func:`distqa.train.build_trainer` builds it (no evaluation), wrapped by DDP or sharded
+    whatever the world size; ``pin_memory`` and ``ddp_options`` as :func:`distqa.train.build_loader` and
+    :func:`distqa.ddp.wrap_ddp` take them."""
     task = make_task(config)
-    loader = build_loader(config, runtime, dummy_dataset(config), task.collate, pin_memory)
-    plan = StepPlan.of(config, loader.sampler, runtime.world_size)
-    seed_everything(0)
-    model = task.build_model().to(runtime.device)
-    precision = Precision.choose(config.precision, runtime.device)
-    training_model = wrap_ddp(model, runtime, config, task.sync_buffers, **ddp_options) \
-        if config.data_parallel == "ddp" \
-        else shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
-    optimizer = build_optimizer(model, config, runtime.device)
-    return Trainer(config=config, runtime=runtime, run_dir=work, task=task, model=model, ddp_model=training_model,
-                   optimizer=optimizer, scheduler=build_scheduler(optimizer, config, plan.total_steps),
-                   precision=precision, loader=loader, plan=plan, evaluator=None, resumed=None)
+
+    def wrap(model: nn.Module, precision: Precision) -> nn.Module:
+        if config.data_parallel == "ddp":
+            return wrap_ddp(model, runtime, config, task.sync_buffers, **ddp_options)
+        return shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
+
+    return build_trainer(config, runtime, work, task, dataset=dummy_dataset(config), evaluation=False,
+                         pin_memory=pin_memory, wrap=wrap)
 
 
 def measure(strategy: str, config: Config, runtime: Runtime, args: argparse.Namespace, work: Path,
             peak_flops: float | None, **build_options: Any) -> dict[str, Any]:
     """One row: samples/s of the job, MFU per GPU, the fullest GPU's peak memory (GiB); a failure in its note.
-    ``build_options`` go to :func:`build_trainer`."""
+    ``build_options`` go to :func:`gpu_trainer`."""
     row: dict[str, Any] = {"strategy": strategy, "samples_per_s": None, "tokens_per_s": None, "mfu": None,
                            "peak_memory_gib": None, "repeats": [], "note": ""}
     device = runtime.device
     reset_peak_memory(device)
     trainer = None
     try:
-        trainer = build_trainer(config, runtime, work, **build_options)
+        trainer = gpu_trainer(config, runtime, work, **build_options)
         batches = CountedBatches(endless(trainer.loader), load_encoder_config(config))
         _, repeats = timed_steps(trainer, batches, device, args)
         # Every rank runs the same number of samples per step; the slowest rank's time is the job's.

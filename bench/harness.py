@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from our_trainer import BENCH_SEED as BENCH_SEED  # re-exported: the benchmarks import them from here
-from our_trainer import build_our_trainer as build_our_trainer
+from our_trainer import build_our_trainer as build_our_trainer  # re-exported: the benchmarks import it from here
 from targets import Target  # re-exported: every benchmark imports it from here
 from torch.utils.data import Dataset
 
@@ -111,11 +110,16 @@ def spread(values: Sequence[float]) -> str:
 
 
 # --- our trainer (our_trainer.build_our_trainer), over the QA model's configurations -------------------
+BENCH_SEED = 0
+"""The seed of every benchmark's run (``--seed``), ours and transformers.Trainer's alike (bench/hf_trainer.py)."""
+
+
 def bench_config(*overrides: str) -> QAConfig:
     """The tiny-cpu preset (tiny BERT from data/tiny-bert's config, DummyDataset) with ``overrides``
     (command-line flags of ``python -m distqa.train``), never reading .env or DISTQA_* variables."""
     return load_config(["--preset", "tiny-cpu", "--progress-bar", "false", "--tensorboard", "false",
-                        "--max-steps", "1000000", *overrides], environ={}, dotenv_path=os.devnull)
+                        "--max-steps", "1000000", "--seed", str(BENCH_SEED), *overrides], environ={},
+                       dotenv_path=os.devnull)
 
 
 def hand_written_step(trainer: Trainer) -> Callable[[Iterator[dict[str, torch.Tensor]]], None]:

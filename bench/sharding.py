@@ -75,12 +75,10 @@ from distqa.distributed import (
     distributed_runtime,
     local_runtime,
 )
-from distqa.optim import Precision, build_optimizer, build_scheduler
-from distqa.rng import seed_everything
-from distqa.sharding import data_parallel_model, full_model_state, full_optimizer_state
+from distqa.sharding import full_model_state, full_optimizer_state
 from distqa.tasks import make_task
-from distqa.train import build_loader
-from distqa.trainer import StepPlan, Trainer
+from distqa.train import build_trainer
+from distqa.trainer import Trainer
 
 STATE_TARGET = 1.1
 """fsdp's parameters + gradients + AdamW state per rank ≤ 1.1 / W of DDP's (issue 33 part 7)."""
@@ -158,21 +156,9 @@ def trainer_config(strategy: str, runtime: Runtime, model_dir: Path, accumulatio
                           "--dummy-size", "256")
 
 
-def build_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path) -> Trainer:
-    """A Trainer over ``dataset``, wrapped as distqa.train wraps it for ``config.data_parallel`` (the bare model
-    in a single process)."""
-    task = make_task(config)
-    loader = build_loader(config, runtime, dataset, task.collate)
-    plan = StepPlan.of(config, loader.sampler, runtime.world_size)
-    seed_everything(0)
-    model = task.build_model()
-    precision = Precision.choose(config.precision, runtime.device)
-    training_model = data_parallel_model(model, task, runtime, config, precision)
-    optimizer = build_optimizer(model, config, runtime.device)
-    return Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
-                   ddp_model=training_model, optimizer=optimizer,
-                   scheduler=build_scheduler(optimizer, config, plan.total_steps), precision=precision,
-                   loader=loader, plan=plan, evaluator=None, resumed=None)
+def bench_trainer(config: Config, runtime: Runtime, dataset: Dataset, run_dir: Path) -> Trainer:
+    """A Trainer over ``dataset`` as distqa.train builds it for ``config.data_parallel`` (no evaluation)."""
+    return build_trainer(config, runtime, run_dir, make_task(config), dataset=dataset, evaluation=False)
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -199,7 +185,7 @@ def memory_figures(runtime: Runtime, model_dir: Path) -> dict[str, Any]:
             trace = Path(run_dir) / "trace.json"
             gc.collect()
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-                trainer = build_trainer(config, runtime, dataset, Path(run_dir))
+                trainer = bench_trainer(config, runtime, dataset, Path(run_dir))
                 batch = next(iter(trainer.loader))
                 with record_function("steps"):
                     trainer.train_step(iter([batch]))  # creates AdamW's state; gradients set to None after
@@ -241,7 +227,7 @@ def time_figures(runtime: Runtime, model_dir: Path, repeats: int, steps: int) ->
     try:
         configs = {strategy: trainer_config(strategy, runtime, model_dir, ACCUMULATION) for strategy in STRATEGIES}
         dataset = dummy_dataset(configs["ddp"])
-        trainers = {strategy: build_trainer(config, runtime, dataset, run_dir) for strategy, config in configs.items()}
+        trainers = {strategy: bench_trainer(config, runtime, dataset, run_dir) for strategy, config in configs.items()}
         batches = list(itertools.islice(iter(trainers["ddp"].loader), 4 * ACCUMULATION))
         step_times = interleaved({strategy: (lambda trainer=trainer: slowest(
             lambda: seconds_per_step(trainer.train_step, batches, steps)))

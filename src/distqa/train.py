@@ -31,8 +31,8 @@ Every setting (``python -m distqa.train --help``) can come from a preset, ``.env
 variables or flags; see ``distqa.config.sources``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
 
-:func:`train` is the story of a run: data, model, resume, the DDP wrap or the sharding (``--data-parallel``),
-optimizer and schedule, the loop.
+:func:`train` is the story of a run: the checks every rank passes, then :func:`build_trainer` (data, model, resume,
+the DDP wrap or the sharding (``--data-parallel``), optimizer and schedule), the loop.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 from dotenv import load_dotenv
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from distqa.checkpoint import Progress
@@ -135,9 +136,27 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
         log.info("%s", membership_line(os.environ.get(ROUND_VARIABLE, "?"), nodes, runtime.world_size,
                                        config.accumulation_steps(runtime.world_size)))
     task.setup(runtime)  # e.g. hub weights: rank 0 downloads, the others wait, then all read the cache
+    trainer = build_trainer(config, runtime, run_dir, task, hosts=hosts)
+    # The record: TensorBoard and the tracker on rank 0, closed with how the run ended.
+    with run_record(config, runtime, run_dir, trainer.progress) as record:
+        return trainer.fit(record)
 
+
+TrainingWrap = Callable[[nn.Module, Precision], nn.Module]
+"""The model as training steps run it, from the bare model and the precision (:func:`build_trainer`'s ``wrap``)."""
+
+
+def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *, dataset: Dataset | None = None,
+                  evaluation: bool = True, hosts: list[str] | None = None, pin_memory: bool | None = None,
+                  wrap: TrainingWrap | None = None) -> Trainer:
+    """Collective. The :class:`~distqa.trainer.Trainer` of a run, assembled in the order that makes it exact: data,
+    model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
+    evaluation. The benchmarks build theirs here too (``bench/our_trainer.py``): ``dataset`` replaces the task's
+    training split, ``evaluation=False`` leaves the task's evaluator out, ``pin_memory`` goes to
+    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.sharding.data_parallel_model`."""
     # Data: every rank reads a disjoint share of each epoch's permutation.
-    loader = build_loader(config, runtime, task.train_dataset(), task.collate)
+    loader = build_loader(config, runtime, task.train_dataset() if dataset is None else dataset, task.collate,
+                          pin_memory)
     plan = StepPlan.of(config, loader.sampler, runtime.world_size)
 
     # Model: identical initial weights on every rank; then each rank draws its own dropout masks.
@@ -155,7 +174,10 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     # backward and broadcasts rank 0's buffers before each forward unless the task's are constants; fsdp/hsdp
     # shard the weights, gradients and optimizer state over the ranks (the task's sharding units, then the root),
     # computing in the precision's dtype. Compiled on GPUs. One process has nothing to share: it runs the model.
-    training_model = data_parallel_model(model, task, runtime, config, precision)
+    if wrap is None:
+        training_model = data_parallel_model(model, task, runtime, config, precision)
+    else:
+        training_model = wrap(model, precision)
 
     # Optimisation: AdamW over the parameters as training holds them (sharded or not), warm-up then the
     # lr_schedule over the whole run; a resumed run's state restored into them, and the RNGs.
@@ -165,17 +187,14 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
         restore_training_state(resumed, config, runtime, model, optimizer, scheduler, precision)
 
     # Evaluation: the task's own, on all ranks; it picks best.pt and, with a patience, when to stop early.
-    evaluator = task.evaluator(runtime)
-    if evaluator is None and config.early_stopping_patience:
+    evaluator = task.evaluator(runtime) if evaluation else None
+    if evaluation and evaluator is None and config.early_stopping_patience:
         log.warning("early_stopping_patience %d is ignored: task %r has no evaluation", config.early_stopping_patience,
                     task.name)
 
-    trainer = Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
-                      ddp_model=training_model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-                      loader=loader, plan=plan, evaluator=evaluator, resumed=resumed, hosts=hosts)
-    # The record: TensorBoard and the tracker on rank 0, closed with how the run ended.
-    with run_record(config, runtime, run_dir, trainer.progress) as record:
-        return trainer.fit(record)
+    return Trainer(config=config, runtime=runtime, run_dir=run_dir, task=task, model=model,
+                   ddp_model=training_model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+                   loader=loader, plan=plan, evaluator=evaluator, resumed=resumed, hosts=hosts)
 
 
 def build_loader(config: Config, runtime: Runtime, dataset: Dataset, collate: Callable[..., Any],
