@@ -122,7 +122,7 @@ tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/to
 	$(PYTHON) -m distqa.encoders.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
 
 env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
-	$(PYTHON) -m distqa.config.sources > .env.example
+	$(PYTHON) -m distqa.settings.sources > .env.example
 
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all

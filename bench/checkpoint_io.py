@@ -52,9 +52,9 @@ from harness import (
 )
 from slow_storage import slow_checkpoint_storage
 
-from distqa.checkpoint import list_checkpoints
-from distqa.distributed import local_runtime
-from distqa.trainer import Trainer
+from distqa.checkpoint.run_folder import list_checkpoints
+from distqa.distributed.runtime import local_runtime
+from distqa.training.trainer import Trainer
 
 
 def main() -> None:

@@ -79,10 +79,10 @@ from harness import (
     spread,
 )
 
-from distqa.distributed import all_reduce_max, all_reduce_mean, barrier, distributed_runtime
+from distqa.distributed.rng import seed_everything
+from distqa.distributed.runtime import all_reduce_max, all_reduce_mean, barrier, distributed_runtime
 from distqa.encoders.config import TINY_MODEL_DIR
-from distqa.rng import seed_everything
-from distqa.trainer import Trainer
+from distqa.training.trainer import Trainer
 
 WORLD_SIZE, PER_RANK_BATCH, MAX_SEQ_LEN = 2, 2, 64  # little compute per step: the gradients' bytes dominate
 ADDRESSES = ("10.213.0.1", "10.213.0.2")  # one per namespace, a /24 of their own

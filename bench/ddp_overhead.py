@@ -5,10 +5,10 @@
 
 The script starts itself under ``torchrun --standalone --nproc-per-node 2`` (loopback, one torch thread
 per process) and, in one job, interleaves three contenders, each running
-``distqa.trainer.Trainer.train_step`` on the tiny-cpu model with per-rank batch 8 and 2 micro-batches
+``distqa.training.trainer.Trainer.train_step`` on the tiny-cpu model with per-rank batch 8 and 2 micro-batches
 per optimizer step, on pre-collated DummyDataset batches:
 
-  ddp         both ranks, the model wrapped by ``distqa.ddp.wrap_ddp`` (gloo all-reduce of the
+  ddp         both ranks, the model wrapped by ``distqa.parallel.ddp.wrap_ddp`` (gloo all-reduce of the
               gradients on the last micro-batch, ``no_sync`` before it): global batch 32
   1 process   rank 0 alone with the bare model (global batch 16) while rank 1 waits, blocked, in a barrier
   2 × alone   both ranks at once, each with the bare model and no communication: what sharing the
@@ -57,8 +57,8 @@ from harness import (
     step_time_rows,
 )
 
-from distqa.distributed import all_reduce_max, barrier, distributed_runtime
-from distqa.trainer import Trainer
+from distqa.distributed.runtime import all_reduce_max, barrier, distributed_runtime
+from distqa.training.trainer import Trainer
 
 TARGET = 1.10
 PER_RANK_BATCH, ACCUMULATION, WORLD_SIZE = 8, 2, 2

@@ -3,7 +3,7 @@
     .venv/bin/python bench/fault_times.py            # every scenario once, about 4 min on 2 cores
     .venv/bin/python bench/fault_times.py elastic    # only the scenarios whose name has this word
 
-Each scenario starts the real scripts (worker.sh → distqa.agent → distqa.train, the machinery task) in a
+Each scenario starts the real scripts (worker.sh → distqa.launch.agent → distqa.train, the machinery task) in a
 temporary folder, injects its fault and measures from the fault to the event that ends it: the one-line error and
 exit, or the first training step after the run resumed; where the run resumes, also the optimizer steps it does
 twice (those between the step it resumed at and the last one completed before the fault). Timeouts are set short
@@ -73,7 +73,7 @@ def worker_pid(rank: int, out: Path) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline and f"RANK={rank}".encode() in environ \
+        if b"distqa.train" in cmdline and b"distqa.launch.agent" not in cmdline and f"RANK={rank}".encode() in environ \
                 and str(out).encode() in cmdline:
             return int(proc.name)
     return None
@@ -172,7 +172,8 @@ def elastic_node_lost(out: Path, returns: bool) -> float:
     return resumed - started
 
 
-# A lost peer (distqa.peer_loss): the node of rank 2 lost after step 17 with checkpoints every 5, the survivors saving
+# A lost peer (distqa.training.peer_loss): the node of rank 2 lost after step 17 with checkpoints every 5, the
+# survivors saving
 # the step they completed, or not (save_on_peer_loss false: the resume goes back to the newest checkpoint, step 15).
 LOSS_TRAINER = ("--max-steps", "300", "--checkpoint-every", "5", "--global-batch-size", "12", "--per-rank-batch-size",
                 "2")

@@ -7,9 +7,9 @@ Model: BERT of bert-base-uncased's sizes with random weights (bench/gpu_common.p
 heads and loss; DummyDataset windows of the full sequence length (padded, as NQ windows of long documents
 are); ``--batch-size`` windows per optimizer step (no accumulation). For each sequence length (384, 512):
 
-  ours bf16            ``distqa.trainer.Trainer.train_step`` (bench/harness.py builds it as distqa.train does:
+  ours bf16            ``distqa.training.trainer.Trainer.train_step`` (bench/harness.py builds it as distqa.train does:
                        fused AdamW, clipping, schedule, ``Precision`` bf16 autocast) fed by ``build_loader``
-  ours bf16 compile    the same with ``--compile true`` (``distqa.ddp.training_module``); its compile time
+  ours bf16 compile    the same with ``--compile true`` (``distqa.parallel.ddp.training_module``); its compile time
                        is the warm-up column
   ours fp16            fp16 autocast + ``GradScaler`` (``Precision.choose("fp16")``), seq 512 only; the loss
                        scale at the end shows whether steps were skipped (it halves on every overflow)
@@ -21,7 +21,7 @@ Each contender is built, warmed up (``--warmup`` steps, where compile happens), 
 optimizer steps ``--repeats`` times (the figure is the median), and freed before the next one, so that
 its peak memory (``torch.cuda.max_memory_allocated``) is its own: on a dedicated GPU machine there is no
 other load for interleaving to even out. Tokens are every position the model runs on (padding included);
-MFU = tokens/s × ``model_flops_per_token`` / the device's dense bf16 peak (``distqa.throughput``).
+MFU = tokens/s × ``model_flops_per_token`` / the device's dense bf16 peak (``distqa.record.throughput``).
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ from harness import add_common_arguments, bench_config, build_our_trainer, dummy
 from hf_trainer import hf_samples_per_s
 from transformers import PretrainedConfig
 
-from distqa.distributed import local_runtime
+from distqa.distributed.runtime import local_runtime
 from distqa.encoders.flops import model_flops_per_token
 from distqa.encoders.pretrained import load_encoder_config
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
-from distqa.throughput import mfu, peak_bf16_flops
-from distqa.trainer import Trainer
+from distqa.record.throughput import mfu, peak_bf16_flops
+from distqa.training.trainer import Trainer
 
 SEQ_LENS = (384, 512)
 FP16_SEQ_LEN = 512
@@ -237,7 +237,8 @@ def main() -> None:
             try:
                 if contender.precision == "fp16" and device.type != "cuda":
                     row = Row(contender.name, contender.framework, contender.precision, contender.compile,
-                              contender.seq_len, note="n/a (fp16 needs a CUDA GPU: distqa.optim.Precision.choose)")
+                              contender.seq_len, note="n/a (fp16 needs a CUDA GPU: "
+                              "distqa.distributed.precision.Precision.choose)")
                 elif args.quick and device.type != "cuda" and contender.compile and contender.framework == "ours":
                     # A smoke run on CPU takes seconds; ours compiles with inductor, cold half a minute (HF's uses the
                     # eager backend on CPU: seconds). The CPU compile path is tests/qa/test_optimizations.py's; on a

@@ -30,8 +30,8 @@ from harness import pin_threads
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig, RobertaConfig
 from transformers.utils import logging as hf_logging
 
+from distqa.atomic_files import write_json
 from distqa.encoders.config import TINY_MODEL_DIR
-from distqa.files import write_json
 
 BERT_SIZES: dict[str, dict[str, int]] = {
     "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
@@ -126,7 +126,8 @@ def model_flags(name: str, tiny: bool = False) -> Iterator[list[str]]:
 
 
 def device_name(device: torch.device) -> str:
-    """What the figures ran on: the CUDA device name (what distqa.throughput's peak table matches), or the CPU."""
+    """What the figures ran on: the CUDA device name (what distqa.record.throughput's peak table matches), or
+    the CPU."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = platform.processor() or platform.machine()

@@ -35,14 +35,14 @@ from gpu_common import add_device_arguments, check_device, model_flags, model_na
 from harness import add_common_arguments, bench_config, median, pin_threads
 
 from distqa import evaluate, predict
-from distqa.checkpoint import ModelCheckpoint, Progress
+from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import REPO_ROOT
+from distqa.distributed.rng import seed_everything
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.model import build_model
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import find_features, prepare_nq
-from distqa.rng import seed_everything
-from distqa.rundir import versions
+from distqa.record.rundir import versions
 
 SAMPLE = REPO_ROOT / "data" / "nq-sample"
 TEST_FILE = SAMPLE / "simplified-nq-test.jsonl"

@@ -44,10 +44,10 @@ from gpu_common import (
 from harness import add_common_arguments, bench_config
 
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.memory import GiB, Step
 from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model
-from distqa.throughput import peak_bf16_flops
+from distqa.record.throughput import peak_bf16_flops
+from distqa.tasks.step_memory import GiB, Step
 
 SEQ_LEN, QUICK_SEQ_LEN = 512, 64
 MICRO_BATCHES, QUICK_MICRO_BATCHES = (8, 32), (2, 4)

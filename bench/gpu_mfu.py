@@ -62,12 +62,12 @@ from torch._dynamo.utils import counters
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from distqa.distributed import local_runtime
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import local_runtime
 from distqa.encoders.pretrained import load_encoder_config
-from distqa.optim import Precision
 from distqa.qa.config import QAConfig
-from distqa.throughput import peak_bf16_flops
-from distqa.trainer import Trainer
+from distqa.record.throughput import peak_bf16_flops
+from distqa.training.trainer import Trainer
 
 SEQ_LEN = 512
 MFU_GOAL = 0.45

@@ -49,15 +49,15 @@ from gpu_common import (
 from harness import add_common_arguments, bench_config, build_our_trainer, endless, median
 from transformers import PretrainedConfig
 
-from distqa.distributed import local_runtime
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import local_runtime
 from distqa.encoders.flops import model_flops_per_token
 from distqa.encoders.pretrained import load_encoder_config
-from distqa.optim import Precision
 from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model, forward, qa_loss
 from distqa.qa.squad.synthetic import write
+from distqa.record.throughput import peak_bf16_flops
 from distqa.tasks import make_task
-from distqa.throughput import peak_bf16_flops
 
 LAYOUTS = {"padded": ("--trim-padding", "false"), "trim": ("--trim-padding", "true"),
            "unpad": ("--trim-padding", "true", "--unpad", "true")}

@@ -6,7 +6,7 @@ gpu_sharding, gpu_settings, gpu_flight_recorder, gpu_mfu) and the goals.
 Goals (issue 13), each a PASS/MISS line (harness.Target):
 
 - MFU of our bf16 step on BERT-base at seq 512 (the better of eager and compiled) >= 40 % on one H100;
-  "n/a (CPU)" on CPU, and "n/a" on a GPU whose bf16 peak ``distqa.throughput`` does not know;
+  "n/a (CPU)" on CPU, and "n/a" on a GPU whose bf16 peak ``distqa.record.throughput`` does not know;
 - our samples/s at seq 512 bf16 (the better of eager and compiled) >= 1.3 × the Hugging Face Trainer's
   as run_qa.py configures it (with bf16).
 
@@ -41,7 +41,7 @@ def main() -> None:
     training = parts.get("training")
     peak = next((part["peak_flops"] for part in parts.values() if part.get("peak_flops")), None)
     print(f"device: {first['device']}; torch {first['torch']}, CUDA {first['cuda'] or 'none'}; "
-          + (f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s (distqa.throughput)" if peak else "no bf16 peak known"))
+          + (f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s (distqa.record.throughput)" if peak else "no bf16 peak known"))
     # A part bench/gpu.sh ran has its log beside its JSON: a log without JSON is a failed part; neither, a part
     # that --parts left out (or a report of JSON files written by the parts' scripts alone).
     ran = {name for name in PARTS + OPTIONAL_PARTS if (args.directory / f"{name}.log").is_file()}
@@ -98,7 +98,7 @@ def print_startup(part: dict[str, Any]) -> None:
     print(f"  launch → distqa runtime ready      {part['launch_to_runtime_s']:8.2f} s   (torchrun agent, imports, "
           "device; no group at world size 1)")
     print(f"  init_process_group, group of one   {part['init_process_group_s']:8.3f} s   "
-          "(distqa.distributed.join_process_group)")
+          "(distqa.distributed.runtime.join_process_group)")
     print(f"  first all-reduce                   {part['first_all_reduce_s']:8.3f} s")
 
 
@@ -243,7 +243,8 @@ def print_goals(training: dict[str, Any] | None) -> None:
     if best is None:
         print(f"n/a   {mfu_name}: no figure")
     elif best["mfu"] is None:
-        reason = "CPU" if training["device_type"] == "cpu" else "this GPU's bf16 peak is unknown: distqa.throughput"
+        reason = "CPU" if training["device_type"] == "cpu" else \
+            "this GPU's bf16 peak is unknown: distqa.record.throughput"
         print(f"n/a   {mfu_name:<52} n/a ({reason})")
     else:
         print(Target(mfu_name, best["mfu"], MFU_GOAL, at_most=False).line())

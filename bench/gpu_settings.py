@@ -50,11 +50,11 @@ from gpu_sharding import gpu_trainer, measure, runtime_with_a_group
 from harness import add_common_arguments, bench_config, interleaved, median
 from torch.nn.parallel import DistributedDataParallel
 
-from distqa.checkpoint import list_checkpoints
+from distqa.checkpoint.run_folder import list_checkpoints
 from distqa.config import Config
-from distqa.distributed import Runtime
-from distqa.throughput import peak_bf16_flops
-from distqa.trainer import Trainer
+from distqa.distributed.runtime import Runtime
+from distqa.record.throughput import peak_bf16_flops
+from distqa.training.trainer import Trainer
 
 SEQ_LEN, QUICK_SEQ_LEN = 512, 64
 MICRO_BATCH, QUICK_MICRO_BATCH = 32, 2

@@ -8,10 +8,10 @@ its first all-reduce.
 Three intervals, one process (the clock of the launch is the wall clock, since the launch is in the shell):
 
   launch → runtime ready    ``BENCH_LAUNCHED_AT`` (set by bench/gpu.sh just before torchrun) to the entry of
-                            ``distqa.distributed.distributed_runtime``'s block: the torchrun agent, Python,
+                            ``distqa.distributed.runtime.distributed_runtime``'s block: the torchrun agent, Python,
                             torch and distqa imports, the CUDA context. At world size 1 the runtime forms no
                             process group (by design: nothing to all-reduce), so this is distqa's start-up.
-  init_process_group        ``distqa.distributed.join_process_group`` for a group of one, as every rank of a
+  init_process_group        ``distqa.distributed.runtime.join_process_group`` for a group of one, as every rank of a
                             multi-GPU job calls it (NCCL bound to the GPU: the communicator connects here)
   first all-reduce          one float, synchronised: what remains of NCCL's set-up before the first step
 """
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from gpu_common import add_device_arguments, check_device, synchronize, write_part
 
-from distqa.distributed import distributed_runtime, join_process_group, read_torchrun_env, setup_logging
+from distqa.distributed.runtime import distributed_runtime, join_process_group, read_torchrun_env, setup_logging
 
 LAUNCHED_AT = "BENCH_LAUNCHED_AT"
 TIMEOUT_S = 120

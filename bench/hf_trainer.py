@@ -8,7 +8,7 @@ heads, ``distqa.qa.model.qa_loss``), fp32 on CPU, from the same initial weights.
 (windows of max_seq_len 128, about a third with a shorter document). Batch: 8 per micro-batch, 4
 micro-batches per optimizer step, the same lr, warm-up, weight decay and clipping. Contenders:
 
-  ours        ``distqa.trainer.Trainer.train_step`` fed by ``distqa.train.build_loader`` (the real loader)
+  ours        ``distqa.training.trainer.Trainer.train_step`` fed by ``distqa.train.build_loader`` (the real loader)
   hf-run_qa   ``transformers.Trainer`` as examples/pytorch/question-answering/run_qa.py configures it
               by default: ``pad_to_max_length`` true (every window padded to max_seq_length by the
               tokenizer), ``default_data_collator``, ``TrainingArguments`` defaults (optim
@@ -71,11 +71,11 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from distqa.distributed import local_runtime
+from distqa.distributed.rng import seed_everything
+from distqa.distributed.runtime import local_runtime
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model, forward, qa_loss
-from distqa.rng import seed_everything
 
 TARGET_VS_RUN_QA, TARGET_VS_BEST = 1.2, 1.0
 

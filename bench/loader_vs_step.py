@@ -8,7 +8,7 @@ own code into a temporary cache; then, interleaved:
 
   loader  windows/s out of ``distqa.train.build_loader`` over ``NQWindows`` (memory-mapped Arrow,
           ``ResumableDistributedSampler``, per-rank batch 8, the preset's workers: none), epoch after epoch
-  step    windows/s through ``distqa.trainer.Trainer.train_step`` (tiny BERT, fp32, 4 micro-batches
+  step    windows/s through ``distqa.training.trainer.Trainer.train_step`` (tiny BERT, fp32, 4 micro-batches
           of 8 per optimizer step) on batches of that loader collated beforehand
 
 Target: loader >= 10 × step, so the data never holds the model up (on one core each; GPUs raise the
@@ -43,10 +43,10 @@ from harness import (
 from torch.utils.data import DataLoader
 
 from distqa.config import Config
-from distqa.distributed import local_runtime
+from distqa.distributed.runtime import local_runtime
 from distqa.tasks import make_task
 from distqa.train import build_loader
-from distqa.trainer import Trainer
+from distqa.training.trainer import Trainer
 
 TARGET = 10.0
 

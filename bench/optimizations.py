@@ -5,7 +5,7 @@
 
 Model: the tiny-cpu preset (tiny BERT from data/tiny-bert's config, max_seq_len 128), per-rank batch 8,
 4 micro-batches per optimizer step, one process, one torch thread. Every contender is
-``distqa.trainer.Trainer.train_step`` fed by its own ``distqa.train.build_loader`` (so padding and loader
+``distqa.training.trainer.Trainer.train_step`` fed by its own ``distqa.train.build_loader`` (so padding and loader
 workers act as they do in training), built from the defaults with one setting changed:
 
   defaults            what ``python -m distqa.train`` does on a CPU: SDPA attention, fp32, no compile,
@@ -58,8 +58,8 @@ from harness import (
 )
 from torch.utils.data import Dataset
 
-from distqa.distributed import local_runtime
-from distqa.trainer import Trainer
+from distqa.distributed.runtime import local_runtime
+from distqa.training.trainer import Trainer
 
 CONTENDERS = {
     "defaults": (),

@@ -1,4 +1,4 @@
-"""Full sharding (``--data-parallel fsdp``, distqa.sharding) against DDP on CPU: memory per rank, step time, saves.
+"""Full sharding (``--data-parallel fsdp``, distqa.parallel.fsdp) against DDP on CPU: memory per rank, step time, saves.
 
     .venv/bin/python bench/sharding.py           # about 4 minutes on 2 cores
     .venv/bin/python bench/sharding.py --quick   # smoke test (tiny model, figures meaningless)
@@ -9,7 +9,7 @@ on pre-collated DummyDataset batches of max_seq_len 128. Each rank runs one torc
 
 (a) memory per rank, at 1, 2 and 4 ranks (1 rank in this process; 2 and 4 under ``torchrun --standalone``, the
     2-rank launch measuring (b) and (c) after it): the
-    model built, wrapped as distqa.train wraps it (``distqa.sharding.data_parallel_model``: DDP's wrap, or
+    model built, wrapped as distqa.train wraps it (``distqa.parallel.fsdp.data_parallel_model``: DDP's wrap, or
     ``shard_model`` per transformer layer then the root; at 1 rank both are the bare model), AdamW, one step,
     then a second forward, backward and optimizer step with the gradients kept. Counted: the bytes of the
     parameters, their gradients and AdamW's state as this rank holds them (``DTensor.to_local()`` for shards).
@@ -17,13 +17,14 @@ on pre-collated DummyDataset batches of max_seq_len 128. Each rank runs one torc
     it: the bytes still live at the end (which must be the counted state, to 5 %) and the peak over the two steps
     (the state plus activations and, for fsdp, the gathered units and unsharded gradients). Target: fsdp's counted
     state ≤ 1.1 / W of DDP's at W ranks.
-(b) step time on 2 ranks, ddp and fsdp side by side (interleaved repeats of ``distqa.trainer.Trainer.train_step``,
+(b) step time on 2 ranks, ddp and fsdp side by side (interleaved repeats of
+``distqa.training.trainer.Trainer.train_step``,
     per-rank batch 4 × 2 micro-batches, the slower rank's time): fsdp / ddp, target ≤ 1.3.
 (c) save time on 2 ranks, interleaved: the single-file save of distqa's checkpoints (``full_model_state`` and
     ``full_optimizer_state`` gathered to rank 0, then ``torch.save`` by rank 0; no CRC sidecar, no background
     thread) against a sharded one: ``torch.distributed.checkpoint.save`` of the sharded state dicts, each rank
     writing its own shards. This calls ``dcp.save`` directly, the save at the heart of distqa's sharded
-    checkpoints (distqa.sharded_checkpoint), without their background thread, digests and manifest. Reported, no
+    checkpoints (distqa.checkpoint.sharded), without their background thread, digests and manifest. Reported, no
     target (the issue sets none).
 """
 
@@ -66,7 +67,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import Dataset
 
 from distqa.config import Config
-from distqa.distributed import (
+from distqa.distributed.runtime import (
     Runtime,
     all_gather_objects,
     all_reduce_max,
@@ -75,10 +76,10 @@ from distqa.distributed import (
     distributed_runtime,
     local_runtime,
 )
-from distqa.sharding import full_model_state, full_optimizer_state
+from distqa.parallel.fsdp import full_model_state, full_optimizer_state
 from distqa.tasks import make_task
 from distqa.train import build_trainer
-from distqa.trainer import Trainer
+from distqa.training.trainer import Trainer
 
 STATE_TARGET = 1.1
 """fsdp's parameters + gradients + AdamW state per rank ≤ 1.1 / W of DDP's (issue 33 part 7)."""

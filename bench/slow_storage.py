@@ -1,11 +1,11 @@
 """A stand-in for slow storage (a network volume) under the checkpoint files, for bench/checkpoint_io.py and the tests.
 
-Every byte of a checkpoint still goes through :func:`distqa.files.atomic_write` (temporary name, CRC-32,
+Every byte of a checkpoint still goes through :func:`distqa.atomic_files.atomic_write` (temporary name, CRC-32,
 fsync, rename, the folder fsynced) into the real file; the stand-in only holds the writing thread for as long as
 the bytes take at the given bandwidth: once per MB written, and for the rest at the end, as a buffered file on a
 network volume blocks when it sends a block (``torch.save`` makes hundreds of small writes per checkpoint, which
 a file's buffer gathers; a pause for each would hand the GIL back and forth hundreds of times, which no real
-volume does). It sits where ``distqa.checkpoint.save_checkpoint`` finds ``atomic_write``, so a
+volume does). It sits where ``distqa.checkpoint.format.save_checkpoint`` finds ``atomic_write``, so a
 checkpoint's sidecar (a few dozen bytes) is throttled alike and other files (config.json, logs) are not.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-import distqa.checkpoint
-from distqa.files import Digest, atomic_write
+import distqa.checkpoint.format
+from distqa.atomic_files import Digest, atomic_write
 
 BLOCK_BYTES = 1 << 20
 
@@ -50,7 +50,7 @@ class ThrottledFile:
 
 def throttled_atomic_write(mb_per_s: float, on_write: Callable[[], None] | None = None,
                            ) -> Callable[[Path, Callable[[IO[bytes]], object]], Digest]:
-    """:func:`distqa.files.atomic_write` whose writer sees a :class:`ThrottledFile` at ``mb_per_s`` MB/s;
+    """:func:`distqa.atomic_files.atomic_write` whose writer sees a :class:`ThrottledFile` at ``mb_per_s`` MB/s;
     ``on_write`` runs before each write call (a test's hook: the moment a write is in progress)."""
 
     def write_slowly(path: Path, write: Callable[[IO[bytes]], object]) -> Digest:
@@ -67,9 +67,9 @@ def throttled_atomic_write(mb_per_s: float, on_write: Callable[[], None] | None 
 @contextlib.contextmanager
 def slow_checkpoint_storage(mb_per_s: float, on_write: Callable[[], None] | None = None) -> Iterator[None]:
     """Checkpoint files written at ``mb_per_s`` MB/s inside the block."""
-    real = distqa.checkpoint.atomic_write
-    distqa.checkpoint.atomic_write = throttled_atomic_write(mb_per_s, on_write)
+    real = distqa.checkpoint.format.atomic_write
+    distqa.checkpoint.format.atomic_write = throttled_atomic_write(mb_per_s, on_write)
     try:
         yield
     finally:
-        distqa.checkpoint.atomic_write = real
+        distqa.checkpoint.format.atomic_write = real

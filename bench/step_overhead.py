@@ -6,9 +6,9 @@
 Both contenders train the same model (the tiny-cpu preset: tiny BERT from data/tiny-bert's config,
 fp32 on CPU), from the same initial weights, on the same pre-collated DummyDataset micro-batches
 (per-rank batch 8, 4 micro-batches per step: global batch 32 on one process), with the same AdamW
-(``distqa.optim.build_optimizer``: fused, weight decay on matrices only), gradient clipping and schedule:
+(``distqa.training.optim.build_optimizer``: fused, weight decay on matrices only), gradient clipping and schedule:
 
-  ours   ``distqa.trainer.Trainer.train_step``, which ``Trainer.fit`` calls once per optimizer step
+  ours   ``distqa.training.trainer.Trainer.train_step``, which ``Trainer.fit`` calls once per optimizer step
   hand   forward, loss / accumulation, backward per micro-batch; clip, step, schedule, zero_grad
 
 The data are collated beforehand so that only the step is timed. Before timing, one step of each from
@@ -41,8 +41,8 @@ from harness import (
     step_time_rows,
 )
 
-from distqa.distributed import local_runtime
-from distqa.trainer import Trainer
+from distqa.distributed.runtime import local_runtime
+from distqa.training.trainer import Trainer
 
 TARGET = 1.05
 

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from distqa.distributed import all_reduce_max
+from distqa.distributed.rng import seed_everything
+from distqa.distributed.runtime import all_reduce_max
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import DummyConfig
 from distqa.qa.dummy import DummyDataset
 from distqa.qa.model import build_model, forward, qa_loss
-from distqa.rng import seed_everything
 
 
 def main() -> None:

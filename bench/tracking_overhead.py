@@ -8,7 +8,8 @@ The server is ``mlflow server`` from ``.venv-mlflow`` (``make setup``) on 127.0.
 that environment the script prints one SKIP line. Both contenders run the trainer's own step
 (``Trainer.train_step``, the tiny-cpu preset on DummyDataset batches collated beforehand) and then record what the
 trainer records at a log line, as if ``log_every`` were 1 (the worst case): the 7 ``train/*`` scalars and the 4
-per-rank step times through :class:`distqa.tracking.RunRecord`, then its ``flush``. The MLflow requests run on the
+per-rank step times through :class:`distqa.record.tracking.RunRecord`, then its ``flush``. The MLflow requests run on
+the
 tracker's own thread, so the step should not wait for them. Target: with MLflow <= 1.05 × without, in median
 seconds per step.
 """
@@ -40,9 +41,9 @@ from harness import (
 from mlflow_server import MLFLOW, mlflow_server
 from torch.utils.tensorboard import SummaryWriter
 
-from distqa.checkpoint import Progress
-from distqa.distributed import local_runtime
-from distqa.tracking import MLflowTracker, RunRecord, tracking_params
+from distqa.checkpoint.format import Progress
+from distqa.distributed.runtime import local_runtime
+from distqa.record.tracking import MLflowTracker, RunRecord, tracking_params
 
 TARGET = 1.05
 SCALARS = ("train/loss", "train/lr", "train/grad_norm", "train/samples_per_s", "train/step_time_s",

@@ -24,7 +24,7 @@
 # --min-nodes MIN (worker.sh --min-nodes): the run goes on while MIN nodes are alive; a node that ends
 # with an error then leaves the others running, and one started again by hand (scripts/worker.sh with the
 # same --nnodes, --min-nodes, --node-rank, --master-addr 127.0.0.1, --master-port and --run-id) rejoins it.
-# --external-store: the rendezvous store runs in a process of its own (python -m distqa.rendezvous_store on
+# --external-store: the rendezvous store runs in a process of its own (python -m distqa.launch.rendezvous_store on
 # 127.0.0.1:P, started first and stopped at the end) and every node is its client (worker.sh --external-store),
 # so that with --min-nodes the loss of any node, node 0 included, leaves the others going.
 # Environment: PYTHON (interpreter with distqa installed; default: .venv/bin/python if present,
@@ -100,7 +100,7 @@ if [[ "$entry_module" == distqa.train ]]; then
 fi
 
 agents=()      # each node's worker.sh
-store_pid=""   # python -m distqa.rendezvous_store (--external-store)
+store_pid=""   # python -m distqa.launch.rendezvous_store (--external-store)
 stop_store() {
     [[ -n "$store_pid" ]] || return 0
     kill -TERM "$store_pid" 2>/dev/null || true
@@ -117,7 +117,7 @@ stop_agents() {
     # torchrun starts every worker in a session of its own and stops them itself (SIGTERM, then SIGKILL
     # after 30 s). Signal the workers directly too: a worker blocked in a collective would outlive an
     # agent that is SIGKILLed first. This is the forceful stop (a failed node, a second interrupt): a
-    # worker that already got a SIGTERM ends at once on this one (distqa.stop).
+    # worker that already got a SIGTERM ends at once on this one (distqa.distributed.stop).
     # Each node is worker.sh → torchrun agent → workers: three generations.
     local pid targets=() generation=("${agents[@]}")
     for _ in 1 2 3; do
@@ -140,7 +140,7 @@ stop_agents() {
 }
 
 # A graceful stop passes exactly one signal to each worker: a second one ends a worker at once
-# (distqa.stop). A terminal's Ctrl-C goes to the launcher's whole process group, and torchrun's agent
+# (distqa.distributed.stop). A terminal's Ctrl-C goes to the launcher's whole process group, and torchrun's agent
 # passes every signal it gets on to its workers; so each node runs in a session of its own (setsid),
 # out of reach of the terminal, and this launcher alone decides what it gets: one SIGTERM to its
 # worker.sh, which passes it to its agent, which passes it to its workers.
@@ -183,12 +183,12 @@ trap stop_store EXIT
 worker_store_args=()
 if (( external_store )); then
     # The store first, in a session of its own (out of reach of the terminal's Ctrl-C, like the nodes): every
-    # node connects to it, and it outlives any of them. Its port is --port; the nodes wait for it (distqa.reach).
-    PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" setsid "$PYTHON" -m distqa.rendezvous_store \
+    # node connects to it, and it outlives any of them. Its port is --port; the nodes wait for it (distqa.launch.reachability).
+    PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" setsid "$PYTHON" -m distqa.launch.rendezvous_store \
         --host 127.0.0.1 --port "$port" &
     store_pid=$!
-    "$PYTHON" -m distqa.reach 127.0.0.1 "$port" 60 >/dev/null \
-        || { stop_store; die "the rendezvous store (python -m distqa.rendezvous_store --port $port) did not start; see above"; }
+    "$PYTHON" -m distqa.launch.reachability 127.0.0.1 "$port" 60 >/dev/null \
+        || { stop_store; die "the rendezvous store (python -m distqa.launch.rendezvous_store --port $port) did not start; see above"; }
     worker_store_args=(--external-store)
 fi
 
@@ -227,7 +227,7 @@ while (( ${#running[@]} > 0 )); do
     if (( code == 75 )); then
         # Stopped on a signal at a step boundary (see worker.sh): the checkpoint is complete and the
         # other nodes stop by the same agreement. Signalling them now would be a second signal, which
-        # ends a worker at once (distqa.stop), so they get 60 s to end by themselves.
+        # ends a worker at once (distqa.distributed.stop), so they get 60 s to end by themselves.
         echo "a node stopped with a checkpoint of the step reached (exit 75): waiting for the others;" \
              "run again with --run-id $run_id to resume" >&2
         status=$code

@@ -38,7 +38,7 @@
 #                      jobs are alive. Without a range a failed job ends the run, as ever
 #   --preset NAME      resource preset of every node; default: $PLATFORM_PRESET, .env, else gpu-small
 #   --external-store   host the rendezvous store in a CPU job of its own (`rendezvous_store <run id>`, running
-#                      python -m distqa.rendezvous_store --port P), submitted before the nodes and killed at the
+#                      python -m distqa.launch.rendezvous_store --port P), submitted before the nodes and killed at the
 #                      end, instead of on node 0 (default: $EXTERNAL_STORE, .env, else 0; 1 = on). Use it with
 #                      --min-nodes: node 0 is then a node like any other, whose job is submitted again when
 #                      lost. It costs one small CPU job for the run's length; losing that job ends the run
@@ -94,7 +94,7 @@ min_nodes="$(setting MIN_NODES "")"
 preset="$(setting PLATFORM_PRESET gpu-small)"
 external_store="$(setting EXTERNAL_STORE 0)"
 store_preset="$(setting STORE_PRESET cpu-small)"
-store_job=rendezvous_store  # .neuro/live.yml's job that runs python -m distqa.rendezvous_store (--external-store)
+store_job=rendezvous_store  # .neuro/live.yml's job that runs python -m distqa.launch.rendezvous_store (--external-store)
 run_id="${RUN_ID:-dq-$(date -u +%m%d-%H%M%S)}"
 port=29400
 max_restarts=3

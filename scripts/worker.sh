@@ -29,13 +29,13 @@
 #                       that joins later (started again with the same arguments) makes the run grow back.
 #                       Membership changes need --max-restarts >= 1 for each node lost; each is one log line
 #                       ("membership: round R: …"). Every world size in the range must split the global batch
-#                       (checked here before the rendezvous: python -m distqa.elastic)
+#                       (checked here before the rendezvous: python -m distqa.launch.elastic)
 #   --node-rank I       index of this node, 0..N-1; node 0 hosts the rendezvous (torchrun's
 #                       is_host) and needs no --master-addr
 #   --master-addr HOST  address of node 0 as the other nodes reach it (platform: its internal
 #                       hostname); required on nodes 1..N-1
 #   --master-port P     TCP port of the rendezvous on node 0 (default 29400)
-#   --external-store    the rendezvous store runs outside the training nodes (python -m distqa.rendezvous_store
+#   --external-store    the rendezvous store runs outside the training nodes (python -m distqa.launch.rendezvous_store
 #                       --port P on a CPU job, the Slurm batch host): every node, node 0 too, is its client at
 #                       --master-addr:--master-port (required on every node), so losing any node, node 0
 #                       included, leaves an elastic run (--min-nodes) going. Give it to every node or to none
@@ -307,7 +307,7 @@ if [[ -n "$life_span" ]]; then
     margin=$(( life_s / 10 < 900 ? life_s / 10 : 900 ))
     if (( stop_after == 0 && life_s > 0 )); then stop_after=$(( life_s - margin > 1 ? life_s - margin : 1 )); fi
     # The time the stop has before the job's end: the trainer warns at its first checkpoint when writing one
-    # takes longer (distqa.stop.graceful_stop_window).
+    # takes longer (distqa.distributed.stop.graceful_stop_window).
     if (( stop_after > 0 && life_s > stop_after )); then export WORKER_STOP_WINDOW_S=$(( life_s - stop_after )); fi
 fi
 min_nodes="${min_nodes:-$nnodes}"
@@ -333,7 +333,7 @@ done
 # A failed check is the doctor's finding, not a fault: a restart would only run it again and print its table again.
 if [[ "$entry_point" == distqa.doctor ]]; then max_restarts=0; fi
 if (( external_store )) && [[ -z "$master_addr" ]]; then
-    die "--external-store needs --master-addr: the address of the host running python -m distqa.rendezvous_store"
+    die "--external-store needs --master-addr: the address of the host running python -m distqa.launch.rendezvous_store"
 fi
 if (( node_rank > 0 )) && [[ -z "$master_addr" ]]; then
     die "--master-addr is required on node $node_rank: the address of node 0 (its internal hostname on the platform)"
@@ -366,7 +366,7 @@ fi
 # (docs/FAULT_TOLERANCE.md, "Reading the flight recorder"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and
 # TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a deprecation warning. The run directory is the trainer's own
 # (its settings resolved as it will resolve them); a setting it refuses is left for the trainer to report.
-if run_dir="$("$PYTHON" -m distqa.config.sources --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \
+if run_dir="$("$PYTHON" -m distqa.settings.sources --run-dir --run-name "$run_id" "${trainer_args[@]}" 2>/dev/null)" \
         && [[ -n "$run_dir" && "$run_dir" != *$'\n'* ]]; then
     flight_recorder="${TORCH_FR_DUMP_TEMP_FILE:-$run_dir/flight-recorder/rank_}"
     (( dry_run )) || mkdir -p "$(dirname "$flight_recorder")"
@@ -378,14 +378,14 @@ if run_dir="$("$PYTHON" -m distqa.config.sources --run-dir --run-name "$run_id" 
     export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}"
 fi
 
-# The node range, for the trainer's preflight and its membership lines (distqa.elastic): torchrun tells a
+# The node range, for the trainer's preflight and its membership lines (distqa.launch.elastic): torchrun tells a
 # worker the node count of its round (GROUP_WORLD_SIZE), not the range.
 export WORKER_NODE_RANGE="$min_nodes:$nnodes"
 export WORKER_NODE="node $node_rank at ${NODE_ADDR:-$(hostname)}"
 if (( min_nodes < nnodes )) && [[ "$entry_point" == distqa.train ]]; then
     # Before any rendezvous: a range with a world size that does not split the global batch is refused in one
     # line, instead of failing (and being restarted) at the first membership change.
-    "$PYTHON" -m distqa.elastic --procs-per-node "$nproc_per_node" -- --run-name "$run_id" "${trainer_args[@]}" \
+    "$PYTHON" -m distqa.launch.elastic --procs-per-node "$nproc_per_node" -- --run-name "$run_id" "${trainer_args[@]}" \
         || exit 2
 fi
 
@@ -400,9 +400,9 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
     export OMP_NUM_THREADS=$(( cores / nproc_per_node > 1 ? cores / nproc_per_node : 1 ))
 fi
 
-# distqa.agent is torchrun's agent (torch.distributed.run.main, same arguments) that says in one line
+# distqa.launch.agent is torchrun's agent (torch.distributed.run.main, same arguments) that says in one line
 # which node never joined when the rendezvous times out, instead of a bare RendezvousTimeoutError.
-launcher=("$PYTHON" -m distqa.agent "$node_rank" --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
+launcher=("$PYTHON" -m distqa.launch.agent "$node_rank" --nproc-per-node "$nproc_per_node" --max-restarts "$max_restarts")
 if (( nnodes == 1 )); then
     launcher+=(--standalone)
     where="1 node (standalone)"
@@ -442,15 +442,15 @@ fi
 # connections: a node started early just waits, and an unreachable one ends with one line naming
 # address:port and what to check, instead of torchrun's RendezvousConnectionError traceback after 60 s.
 if (( nnodes > 1 && (node_rank > 0 || external_store) )); then
-    if ! message=$("$PYTHON" -m distqa.reach "$master_addr" "$master_port" "$join_timeout" 2>&1); then
+    if ! message=$("$PYTHON" -m distqa.launch.reachability "$master_addr" "$master_port" "$join_timeout" 2>&1); then
         echo "worker.sh: run '$run_id' node $node_rank: $message" >&2
         exit 3
     fi
 fi
 
-rendezvous_timeout_status=4  # distqa.agent.RENDEZVOUS_TIMEOUT_EXIT_CODE
+rendezvous_timeout_status=4  # distqa.launch.agent.RENDEZVOUS_TIMEOUT_EXIT_CODE
 
-# Workers stopped by a signal (distqa.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
+# Workers stopped by a signal (distqa.distributed.stop: exit 75 after rank 0 wrote a checkpoint of the step reached)
 # each leave one line here: torchrun itself exits with 1 whatever its workers' codes were.
 stop_reports="$(mktemp -d "${TMPDIR:-/tmp}/distqa-stop.XXXXXX")"
 export WORKER_STOP_REPORT_DIR="$stop_reports"
@@ -487,13 +487,13 @@ if [[ -f "${reports[0]}" ]]; then
     exit 75
 fi
 # Workers that refused to run (a configuration or data error: distqa.errors.report_failure) said why and left
-# exit-<CODE>-rank-<R> here; distqa.agent then exits with their code instead of torchrun's 1 and its traceback.
+# exit-<CODE>-rank-<R> here; distqa.launch.agent then exits with their code instead of torchrun's 1 and its traceback.
 if (( status != 0 )) && compgen -G "$stop_reports/exit-$status-rank-*" >/dev/null; then
     echo "worker.sh: run '$run_id' node $node_rank: the workers refused to run (exit $status); why is above$(
         [[ -n "${run_dir:-}" ]] && echo " and in $run_dir/logs/rank-*.log")" >&2
     exit "$status"
 fi
-if (( status != 0 && status != rendezvous_timeout_status )); then  # distqa.agent said why in one line
+if (( status != 0 && status != rendezvous_timeout_status )); then  # distqa.launch.agent said why in one line
     echo "worker.sh: run '$run_id' node $node_rank: torchrun exited with status $status (see above)" >&2
 fi
 exit "$status"

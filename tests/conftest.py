@@ -21,8 +21,8 @@ import psutil
 import pytest
 import torch
 
-from distqa.config.sources import load_config
-from distqa.rng import seed_everything
+from distqa.distributed.rng import seed_everything
+from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ REVIEWS = REPO_ROOT / "examples" / "text_classification" / "reviews.tsv"
 
 AT_STEP = """
 import os, signal, sys, time
-from distqa.trainer import Trainer
+from distqa.training.trainer import Trainer
 from distqa.train import main
 
 train_step = Trainer.train_step
@@ -68,7 +68,8 @@ def act_once_at_step(self, micro_batches):  # the run's own step; at a known ste
         # The agent forwards it to this worker (AT_WAIT_STOP: so does the launcher the pid runs, a sweep's): hold the
         # step until it is here, however slow.
         if target == "parent" or os.environ.get("AT_WAIT_STOP"):
-            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.stop.StopSignal, installed
+            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.distributed.stop.StopSignal,
+            installed
             deadline = time.monotonic() + 120
             while not stop.received and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -239,7 +240,8 @@ def training_process(rank: int, output_dir: Path, module: str = "distqa.train") 
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if module.encode() in cmdline and b"distqa.agent" not in cmdline and b"torch.distributed.run" not in cmdline \
+        if module.encode() in cmdline and b"distqa.launch.agent" not in cmdline \
+                and b"torch.distributed.run" not in cmdline \
                 and f"RANK={rank}".encode() in environ and str(output_dir).encode() in cmdline:
             return int(proc.name)
     return None

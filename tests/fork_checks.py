@@ -16,9 +16,10 @@ RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every
             "--progress-bar", "false", "--tensorboard", "false")
 NODE_1_LOST = "kill-node:rank=1:step=30"
 """Node 1 goes down right after step 30 (after the checkpoint of step 20, before the next): its torchrun agent and
-its worker SIGKILLed by the supported fault injection (distqa.faults), which lands at that step on any machine (a
+its worker SIGKILLed by the supported fault injection (distqa.training.faults), which lands at that step on any machine
+(a
 small task trains a step in milliseconds, faster than a test can watch for a checkpoint). Node 0 saves step 30, the
-last it completed, before it leaves (distqa.peer_loss): the resume redoes no step."""
+last it completed, before it leaves (distqa.training.peer_loss): the resume redoes no step."""
 
 
 def launch(run_id: str, output_dir: Path, preset: Path, repo: Path = REPO_ROOT, **env: str) -> subprocess.Popen[str]:
@@ -54,7 +55,8 @@ def lose_a_node_then_resume(output_dir: Path, preset: Path, repo: Path = REPO_RO
     assert "fault injection (INJECT_FAULT): kill-node rank 1 after step 30 now" in rank_1_log.read_text()
     checkpoints = (output_dir / "killed" / "checkpoints").glob("step-*.pt")
     interrupted_at = max(int(p.stem.split("-")[1]) for p in checkpoints)
-    assert interrupted_at == 30, "node 0, the survivor, saved step 30, the last it completed (distqa.peer_loss)"
+    assert interrupted_at == 30, \
+        "node 0, the survivor, saved step 30, the last it completed (distqa.training.peer_loss)"
 
     # The same command and run id: --resume auto picks the newest intact checkpoint, and the fault, done in this
     # run directory already, does not fire again.

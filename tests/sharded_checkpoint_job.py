@@ -1,6 +1,6 @@
 """One rank of a sharded-checkpoint scenario (tests/test_sharded_checkpoints.py starts each rank as a process):
 a small model sharded with FSDP2 over gloo, one optimizer step, the step-2 checkpoint written in the background as
-a run writes it (distqa.sharded_checkpoint.ShardedCheckpointWriter), then the step-4 write meets the scenario's
+a run writes it (distqa.checkpoint.sharded.ShardedCheckpointWriter), then the step-4 write meets the scenario's
 fault. Prints one JSON line: what this rank saw.
 
 ``python tests/sharded_checkpoint_job.py SCENARIO RUN_DIR`` under RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
@@ -25,13 +25,13 @@ import torch.distributed.checkpoint.filesystem as dcp_filesystem
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-import distqa.sharded_checkpoint
-from distqa.checkpoint import MANIFEST, Progress, TrainingCheckpoint
+import distqa.checkpoint.sharded
+from distqa.checkpoint.format import MANIFEST, Progress, TrainingCheckpoint
+from distqa.checkpoint.sharded import ShardedCheckpointWriter
 from distqa.errors import DiskFullError
-from distqa.sharded_checkpoint import ShardedCheckpointWriter
 
 real_write_item = dcp_filesystem._write_item
-real_atomic_write = distqa.sharded_checkpoint.atomic_write
+real_atomic_write = distqa.checkpoint.sharded.atomic_write
 
 
 def full_disk_write_item(transforms, stream, data, write_item, storage_key, serialization_format):
@@ -75,7 +75,7 @@ def main(scenario: str, run_dir: Path) -> None:
         if scenario == "full-disk" and rank == 1:
             dcp_filesystem._write_item = full_disk_write_item
         if scenario == "kill" and rank == 0:
-            distqa.sharded_checkpoint.atomic_write = killed_writing_manifest
+            distqa.checkpoint.sharded.atomic_write = killed_writing_manifest
         writer.submit_sharded(4, model, optimizer, rest(4) if rank == 0 else None)
         try:
             writer.wait()

@@ -13,25 +13,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.checkpoint import (
+from distqa.atomic_files import atomic_write
+from distqa.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
     ModelCheckpoint,
     Progress,
     TrainingCheckpoint,
-    best_checkpoint_path,
-    checkpoint_path,
     digest_path,
-    latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
-    newest_intact_checkpoint,
-    prune_checkpoints,
     save_checkpoint,
     verify_checkpoint,
 )
+from distqa.checkpoint.run_folder import (
+    best_checkpoint_path,
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    newest_intact_checkpoint,
+    prune_checkpoints,
+)
 from distqa.errors import DiskFullError
-from distqa.files import atomic_write
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:
@@ -178,7 +180,7 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(
     damage(newest)
     with pytest.raises(CheckpointError, match=f"{newest} is (truncated|corrupted)"):
         load_checkpoint(newest)
-    with caplog.at_level(logging.ERROR, logger="distqa.checkpoint"):
+    with caplog.at_level(logging.ERROR, logger="distqa.checkpoint.format"):
         found = newest_intact_checkpoint(tmp_path)
     assert found is not None
     path, checkpoint = found.path, found.checkpoint

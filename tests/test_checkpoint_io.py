@@ -4,7 +4,7 @@ graceful stop on slow storage ending with complete checkpoints, exit 75 and an e
 checkpoint once per node (2 emulated nodes × 2 processes, opens and bytes read counted per rank), and the stop's
 deadline: the first write compared with the window torchrun or worker.sh leaves, with a warning naming both.
 
-The slow storage is bench/slow_storage.py: every byte still goes through distqa.files.atomic_write into the real
+The slow storage is bench/slow_storage.py: every byte still goes through distqa.atomic_files.atomic_write into the real
 file, each write call held for as long as its bytes take at the given bandwidth."""
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ import pytest
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager
 
-import distqa.checkpoint
-import distqa.checkpoint_writer
-from distqa.checkpoint import Progress, TrainingCheckpoint, checkpoint_path, list_checkpoints, verify_checkpoint
-from distqa.checkpoint_writer import CheckpointWriter
-from distqa.config.sources import load_config
-from distqa.distributed import local_runtime
+import distqa.checkpoint.format
+import distqa.checkpoint.writer
+from distqa.checkpoint.format import Progress, TrainingCheckpoint, verify_checkpoint
+from distqa.checkpoint.run_folder import checkpoint_path, list_checkpoints
+from distqa.checkpoint.writer import CheckpointWriter
+from distqa.distributed.runtime import local_runtime
+from distqa.distributed.stop import StopWindow, graceful_stop_window
 from distqa.errors import DiskFullError
-from distqa.stop import StopWindow, graceful_stop_window
+from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from conftest import (
@@ -87,7 +88,7 @@ def test_the_step_after_a_save_starts_before_its_write_ends(
                         "--checkpoint-in-background", str(background).lower())
     events: list[str] = []
     step_3_started = threading.Event()
-    train_step, save = trainer.train_step, distqa.checkpoint_writer.save_checkpoint
+    train_step, save = trainer.train_step, distqa.checkpoint.writer.save_checkpoint
 
     def recorded_step(micro_batches):
         events.append(f"step {trainer.progress.step + 1} starts")
@@ -102,7 +103,7 @@ def test_the_step_after_a_save_starts_before_its_write_ends(
         events.append(f"{path.name} written")
 
     trainer.train_step = recorded_step
-    monkeypatch.setattr(distqa.checkpoint_writer, "save_checkpoint", held_save)
+    monkeypatch.setattr(distqa.checkpoint.writer, "save_checkpoint", held_save)
     trainer.fit(SimpleNamespace(writer=None))
 
     step_3, written = events.index("step 3 starts"), events.index("step-00000002.pt written")
@@ -169,10 +170,10 @@ def test_a_write_slower_than_the_stop_window_is_warned_about_once_with_the_numbe
     own (1 s), more than a 0.6 s window in the background (blocking: one write, 0.5 s, fits)."""
     clock = StorageClock()
     monkeypatch.setattr(slow_storage, "time", SimpleNamespace(sleep=clock.sleep))
-    monkeypatch.setattr(distqa.checkpoint_writer, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(distqa.checkpoint.writer, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     window = StopWindow(0.6, "the 0.6 s of a test (NAME_OF_IT)", "a longer NAME_OF_IT")
     writer = CheckpointWriter(tmp_path, 3, torch.device("cpu"), background=background, stop_window=window)
-    with caplog.at_level(logging.INFO, logger="distqa.checkpoint_writer"), slow_checkpoint_storage(2.0), \
+    with caplog.at_level(logging.INFO, logger="distqa.checkpoint.writer"), slow_checkpoint_storage(2.0), \
             writer.finishing():
         for step in (1, 2):
             writer.submit({checkpoint_path(tmp_path, step): a_checkpoint(1.0, step)})
@@ -205,7 +206,7 @@ def test_background_saves_survive_a_torch_whose_stager_is_single_use(single_use:
         return staged
 
     monkeypatch.setattr(DefaultStager, "_stage", stage_then_close)
-    monkeypatch.setattr(distqa.checkpoint_writer, "_STAGER_IS_SINGLE_USE", single_use)
+    monkeypatch.setattr(distqa.checkpoint.writer, "_STAGER_IS_SINGLE_USE", single_use)
     writer = CheckpointWriter(tmp_path, 3, torch.device("cpu"))
     with writer.finishing():
         writer.submit({checkpoint_path(tmp_path, 1): a_checkpoint(0.1, 1)})
@@ -222,7 +223,7 @@ def test_background_saves_survive_a_torch_whose_stager_is_single_use(single_use:
 
 def test_a_write_within_the_window_is_one_info_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     writer = CheckpointWriter(tmp_path, 3, torch.device("cpu"), stop_window=StopWindow(1e6, "a long window", "n/a"))
-    with caplog.at_level(logging.INFO, logger="distqa.checkpoint_writer"), writer.finishing():
+    with caplog.at_level(logging.INFO, logger="distqa.checkpoint.writer"), writer.finishing():
         writer.submit({checkpoint_path(tmp_path, 1): a_checkpoint(0.1)})
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "checkpoint write: step-00000001.pt is 0.1 MB" in caplog.text and "within a long window" in caplog.text
@@ -252,7 +253,7 @@ def test_worker_sh_exports_the_time_between_its_stop_and_the_end_of_the_life_spa
     """A stand-in interpreter prints the agent's environment instead of starting it; the rest is the real worker.sh."""
     stand_in = tmp_path / "python"
     stand_in.write_text(f"""#!/usr/bin/env bash
-if [[ "$1 $2" == "-m distqa.agent" ]]; then echo "window=${{WORKER_STOP_WINDOW_S:-unset}}"; exit 0; fi
+if [[ "$1 $2" == "-m distqa.launch.agent" ]]; then echo "window=${{WORKER_STOP_WINDOW_S:-unset}}"; exit 0; fi
 exec {sys.executable} "$@"
 """)
     stand_in.chmod(0o755)
@@ -268,7 +269,7 @@ SIGTERM_MID_WRITE = """
 import os, signal, sys, threading, time
 sys.path.insert(0, os.environ["BENCH_DIR"])
 from slow_storage import slow_checkpoint_storage
-from distqa.stop import StopSignal
+from distqa.distributed.stop import StopSignal
 from distqa.train import main
 
 checked, sent, agreed, first_write = threading.Event(), threading.Event(), threading.Event(), []

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from distqa.config import ConfigError
-from distqa.distributed import (
+from distqa.distributed.runtime import (
     all_gather_objects,
     all_reduce_mean,
     choose_device,

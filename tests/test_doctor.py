@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distqa.preflight import PackageCode, RankReport, disagreements
+from distqa.launch.preflight import PackageCode, RankReport, disagreements
 
 from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port
 
@@ -138,8 +138,8 @@ def test_two_nodes_with_other_code_and_config_are_named_by_rank_0(tmp_path: Path
     assert table[1].split()[code] != table[2].split()[code] and table[1].split()[config] != table[2].split()[config]
     assert "all-reduce 1 MB float32 over 2 ranks (gloo):" in master_out and "bus bandwidth" in master_out
     found = failures(subprocess.CompletedProcess([], 1, master_out, ""))
-    assert any("rank 1 (" in f and "runs other code" in f and "package distqa differs in distqa/trainer.py (changed)"
-               in f for f in found), found
+    assert any("rank 1 (" in f and "runs other code" in f
+               and "package distqa differs in distqa/training/trainer.py (changed)" in f for f in found), found
     assert any("rank 1 (" in f and "lr 0.0005 on rank 0, 0.001 here" in f for f in found), found
     assert len(found) == 2, found
     assert "FAIL" not in outputs[1].stdout, "only rank 0 prints the report"
@@ -186,14 +186,14 @@ def test_training_on_a_node_with_other_code_stops_naming_the_file_with_exit_2_an
         assert output.returncode == 2, output.stderr
         assert output.stderr.count("distqa.train: configuration error: the ranks of this run disagree:") == 1
         assert (f"rank 1 ({socket.gethostname()}) runs other code than rank 0 ({socket.gethostname()}): package distqa "
-                f"differs in distqa/trainer.py (changed), imported from {stale / 'distqa'} on rank 1, "
+                f"differs in distqa/training/trainer.py (changed), imported from {stale / 'distqa'} on rank 1, "
                 f"{REPO_ROOT / 'src' / 'distqa'} on rank 0; both run on this host") in output.stderr
         assert "Traceback" not in output.stderr and "ChildFailedError" not in output.stderr, output.stderr
         assert f"worker.sh: run 'stale' node {node}: the workers refused to run (exit 2); why is above and in " \
             f"{run_dir}/logs/rank-*.log" in output.stderr
         log = (run_dir / "logs" / f"rank-{node}.log").read_text()
         assert f"[rank {node}] ERROR distqa: distqa.train: configuration error: the ranks of this run disagree" in log
-        assert "package distqa differs in distqa/trainer.py (changed)" in log
+        assert "package distqa differs in distqa/training/trainer.py (changed)" in log
     assert not (run_dir / "checkpoints").exists()
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from distqa.config import ConfigError
-from distqa.config.sources import load_config
-from distqa.elastic import NodeRange, check_node_range
+from distqa.launch.elastic import NodeRange, check_node_range
+from distqa.settings.sources import load_config
 
 from conftest import (
     MACHINERY_ARGS,
@@ -43,8 +43,9 @@ TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-
 # Short rendezvous timings (worker.sh passes them to torchrun's c10d rendezvous): a round completes 1 s after its
 # minimum has joined, and a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
 RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
-# One restart: the lost node and its return are membership changes, which spend none (distqa.agent gives back the
-# restart its survivors' exit 76 cost, distqa.peer_loss), so a run that lost a node and got it back still has it.
+# One restart: the lost node and its return are membership changes, which spend none (distqa.launch.agent gives back the
+# restart its survivors' exit 76 cost, distqa.training.peer_loss), so a run that lost a node and got it back still has
+# it.
 NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "1", "--join-timeout", "60")
 LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's, the survivors save step 6
 # Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the
@@ -53,14 +54,14 @@ RETURNED = f"{LOST},pause:rank=0:step=10"
 
 
 def survivors_said(output: str) -> list[str]:
-    """The one line each surviving rank printed when it lost its peer (distqa.peer_loss), in rank order."""
+    """The one line each surviving rank printed when it lost its peer (distqa.training.peer_loss), in rank order."""
     found = re.findall(r"distqa\.train: (rank \d+: lost a peer during .*)", output)
     return sorted(found)
 
 
 def assert_the_survivors_saved_step_6(output: str) -> None:
     """Both survivors name where the peer was lost and the step they hold; one wrote it, the other left it to that
-    rank (distqa.peer_loss's claim); no traceback on the way."""
+    rank (distqa.training.peer_loss's claim); no traceback on the way."""
     lines = survivors_said(output)
     assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], output
     assert all(" after optimizer step 6 (gloo: connection " in line for line in lines), lines

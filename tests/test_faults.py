@@ -1,4 +1,4 @@
-"""Fault injection (distqa.faults, INJECT_FAULT): a kill, a lost node or a hang on exactly the rank and after
+"""Fault injection (distqa.training.faults, INJECT_FAULT): a kill, a lost node or a hang on exactly the rank and after
 exactly the step named, nowhere else and once per run directory; and, through the trainer on 2 ranks, a killed
 worker restarted by torchrun that resumes to the weights of an uninterrupted run."""
 
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from distqa.config import ConfigError
-from distqa.faults import ArmedFault, Fault
+from distqa.training.faults import ArmedFault, Fault
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, final_weights, max_difference, run_training, wait_for
 
 STEPS = """
 import logging, sys
 from pathlib import Path
-from distqa.faults import ArmedFault
+from distqa.training.faults import ArmedFault
 logging.basicConfig(level=logging.INFO)
 fault = ArmedFault.from_environment(int(sys.argv[1]), Path(sys.argv[2]))
 for step in range(1, 7):  # as the trainer does: the step is done, then the fault may act
@@ -138,7 +138,7 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     assert logs[1].count("fault injection (INJECT_FAULT): kill rank 1 after step 7 now") == 1
     assert "done already in this run directory" in logs[1], "the restarted worker knew"
     assert "after step 7 now" not in logs[0], "rank 0 is untouched"
-    # Rank 0 lost its peer after step 7 and saved it, the last step both completed (distqa.peer_loss).
+    # Rank 0 lost its peer after step 7 and saved it, the last step both completed (distqa.training.peer_loss).
     assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / 'step-00000007.pt'}" in logs[0] + logs[1]
 
     run_training([*args, "--run-name", "uninterrupted"], nproc=2)
@@ -161,7 +161,8 @@ ELASTIC_1_TO_2 = {"WORKER_NODE_RANGE": "1:2", "LOCAL_WORLD_SIZE": "1"}
 @pytest.mark.parametrize("elastic", [{}, {**ELASTIC_1_TO_2, "WORLD_SIZE": "1"}], ids=["no-range", "a-node-missing"])
 def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_path: Path,
                                                                          elastic: dict[str, str]) -> None:
-    """The SIGTERM is handled as distqa.stop handles it (recorded, not fatal): the pause ends, the handler runs, and
+    """The SIGTERM is handled as distqa.distributed.stop handles it (recorded, not fatal): the pause ends, the handler
+    runs, and
     the steps go on. It waits outside worker.sh, and in an elastic run short of a node (world size 1 of 1:2)."""
     handled = "import signal\nsignal.signal(signal.SIGTERM, lambda *_: print('handled', flush=True))\n"
     paused = subprocess.Popen([sys.executable, "-c", handled + STEPS, "0", str(tmp_path / "run")], cwd=REPO_ROOT,

@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from distqa.checkpoint import checkpoint_path
+from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.config import Config, ConfigError
-from distqa.config.sources import load_config
-from distqa.ddp import training_module
-from distqa.distributed import local_runtime
+from distqa.distributed.runtime import local_runtime
+from distqa.parallel.ddp import training_module
+from distqa.settings.sources import load_config
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT, clean_env, run_training

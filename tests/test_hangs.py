@@ -22,7 +22,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from distqa.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE, RendezvousWatcher
+from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE, RendezvousWatcher
 
 from conftest import (
     MACHINERY_ARGS,
@@ -51,10 +51,11 @@ def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_
     outputs = [node_output(tmp_path, "never-joins", rank).read_text() for rank in (0, 1)]
     for rank, (node, output) in enumerate(zip(nodes, outputs, strict=True)):
         assert node.returncode == RENDEZVOUS_TIMEOUT_EXIT_CODE, output
-        lines = [line for line in output.splitlines() if "distqa.agent:" in line]
+        lines = [line for line in output.splitlines() if "distqa.launch.agent:" in line]
         assert len(lines) == 1, output
         # Node 1 may lose node 0's store a moment before its own deadline: node 0 ends at its deadline.
-        assert lines[0].startswith(f"distqa.agent: node {rank}: the rendezvous 'never-joins' at 127.0.0.1:{port} ")
+        assert lines[0].startswith(
+            f"distqa.launch.agent: node {rank}: the rendezvous 'never-joins' at 127.0.0.1:{port} ")
         assert ("2 of 3 nodes (--node-rank 0..2) joined (node 0 at 127.0.0.1, node 1 at 127.0.0.1); node 2 never "
                 "joined: check that every node was started (scripts/worker.sh --node-rank I) with --nnodes 3 --run-id "
                 f"never-joins --master-addr 127.0.0.1 --master-port {port}, that its job is running and not still "
@@ -100,7 +101,7 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
     assert "Check the log of rank(s) 1 for where it stopped" in lines[0] and "--dist-timeout-s" in lines[0]
     assert "Timed out waiting" not in output, "gloo's own error is not shown as a traceback"
     # Rank 0 held step 3 whole (checkpoint_every 0: no other checkpoint), so it saved it before it left: the resume
-    # loses no completed step (distqa.peer_loss).
+    # loses no completed step (distqa.training.peer_loss).
     assert lines[0].endswith("; saved step 3 for the resume"), lines[0]
     saved = torch.load(tmp_path / "stall" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert (saved["progress"]["step"], saved["saved_by_rank"]) == (3, 0)
@@ -112,7 +113,7 @@ def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_pa
     interpreter prints the agent's environment instead of starting it; everything else is the real one."""
     stand_in = tmp_path / "python"
     stand_in.write_text(f"""#!/usr/bin/env bash
-if [[ "$1 $2" == "-m distqa.agent" ]]; then env | grep -E '^TORCH_(NCCL|FR)_' | sort; exit 0; fi
+if [[ "$1 $2" == "-m distqa.launch.agent" ]]; then env | grep -E '^TORCH_(NCCL|FR)_' | sort; exit 0; fi
 exec {sys.executable} "$@"
 """)
     stand_in.chmod(0o755)
@@ -138,8 +139,8 @@ def test_a_node_that_left_the_round_at_its_own_deadline_still_counts_as_joined()
     backend = C10dRendezvousBackend(store, "left")
     watcher = RendezvousWatcher("127.0.0.1", store.port, "left", 1, 3, "10.0.0.2")
     node_0, node_1 = _NodeDesc("10.0.0.1", 4321, 0), _NodeDesc("10.0.0.2", os.getpid(), 0)
-    store.set("distqa.agent.left.node.0", json.dumps({"addr": "10.0.0.1", "pid": 4321}))
-    store.set("distqa.agent.left.node.1", json.dumps({"addr": "10.0.0.2", "pid": os.getpid()}))
+    store.set("distqa.launch.agent.left.node.0", json.dumps({"addr": "10.0.0.1", "pid": 4321}))
+    store.set("distqa.launch.agent.left.node.1", json.dumps({"addr": "10.0.0.2", "pid": os.getpid()}))
 
     def read(round_number: int, *nodes: _NodeDesc) -> list[int | None] | None:
         state = _RendezvousState()
@@ -159,7 +160,7 @@ def test_a_node_that_left_the_round_at_its_own_deadline_still_counts_as_joined()
 
 AGENT_ENDS_MID_STORE_CALL = """
 import socket, sys, threading, time
-from distqa.agent import POLL_S, RendezvousWatcher
+from distqa.launch.agent import POLL_S, RendezvousWatcher
 
 store = socket.create_server(("127.0.0.1", 0))  # node 0's store, as far as the watcher can tell: it never answers
 store.settimeout(60)
@@ -181,7 +182,7 @@ class SlowTeardown:  # an interpreter shutdown that outlasts the call, as a larg
 
 
 teardown = SlowTeardown()
-watcher.stop()  # what distqa.agent.main does as torchrun's agent returns
+watcher.stop()  # what distqa.launch.agent.main does as torchrun's agent returns
 sys.exit(0)
 """
 
@@ -203,7 +204,7 @@ import sys, threading
 from datetime import timedelta
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-from distqa import agent
+from distqa.launch import agent
 
 port = int(sys.argv[1])
 # node 0's rendezvous store as torch's c10d backend opens it on the host (_create_tcp_store: multi_tenant)
@@ -229,7 +230,7 @@ NODE_0_AGENT_RETURNS = NODE_0_STORE_AND_COUNTED_READS + """
 watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 0, 2, "127.0.0.1", hosts_store=True).start()
 assert reads.acquire(timeout=60)  # the watcher reads the rendezvous
 del store  # torchrun's agent returns; its rendezvous handler, the store's owner, goes
-assert reads.acquire(timeout=60)  # the watcher's next read, before distqa.agent.main stops it
+assert reads.acquire(timeout=60)  # the watcher's next read, before distqa.launch.agent.main stops it
 watcher.stop()
 """
 

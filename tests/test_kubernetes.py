@@ -370,14 +370,16 @@ print(json.dumps({"node_rank": sys.argv[1], "pet": sorted(k for k in os.environ 
 
 
 def probe_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
-    """worker.sh with a stand-in interpreter: ``-m distqa.agent`` runs :data:`AGENT_PROBE` (torchrun's parser under the
-    agent's environment), ``-m distqa.reach`` (node 0's store, which is not there) succeeds; the rest is real."""
+    """worker.sh with a stand-in interpreter: ``-m distqa.launch.agent`` runs :data:`AGENT_PROBE` (torchrun's parser
+    under the
+    agent's environment), ``-m distqa.launch.reachability`` (node 0's store, which is not there) succeeds; the rest is
+    real."""
     (tmp_path / "probe.py").write_text(AGENT_PROBE)
     stand_in = tmp_path / "python"
     stand_in.write_text(f"""#!/usr/bin/env bash
 case "$1 $2" in
-    "-m distqa.agent") shift 2; exec {sys.executable} {tmp_path / "probe.py"} "$@" ;;
-    "-m distqa.reach") exit 0 ;;
+    "-m distqa.launch.agent") shift 2; exec {sys.executable} {tmp_path / "probe.py"} "$@" ;;
+    "-m distqa.launch.reachability") exit 0 ;;
 esac
 exec {sys.executable} "$@"
 """)
@@ -495,7 +497,7 @@ def test_an_engines_node_0_address_serves_the_other_nodes_but_never_stands_for_a
         refused = dry_run("--external-store", "--node-rank", node_rank)
         assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stderr
         assert refused.stderr.startswith("worker.sh: --external-store needs --master-addr: the address of the host "
-                                         "running python -m distqa.rendezvous_store"), refused.stderr
+                                         "running python -m distqa.launch.rendezvous_store"), refused.stderr
 
 
 # --- emulated nodes: a kill and a resume on each engine --------------------------------------------------------------

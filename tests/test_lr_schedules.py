@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from distqa.config import Config, ConfigError
-from distqa.optim import build_scheduler
 from distqa.tasks.base import BestMetric
+from distqa.training.optim import build_scheduler
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
 

@@ -1,4 +1,5 @@
-"""The optimizer and the precision of a training step (distqa.optim): AdamW's weight decay on weight matrices only,
+"""The optimizer and the precision of a training step (distqa.training.optim): AdamW's weight decay on weight matrices
+only,
 and the precision each device allows."""
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import torch
 from torch import nn
 
 from distqa.config import ConfigError
-from distqa.config.sources import load_config
-from distqa.optim import Precision, build_optimizer
+from distqa.distributed.precision import Precision
+from distqa.settings.sources import load_config
+from distqa.training.optim import build_optimizer
 
 from conftest import MACHINERY_ARGS
 

@@ -1,4 +1,5 @@
-"""What a survivor of a lost peer decides, one process, no process group (distqa.peer_loss): which failures are a
+"""What a survivor of a lost peer decides, one process, no process group (distqa.training.peer_loss): which failures
+are a
 lost peer, when the state it holds is a whole step, and how two survivors share one checkpoint. The runs that lose
 a real peer are in test_elastic.py, test_training.py, test_faults.py and test_hangs.py."""
 
@@ -11,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from distqa.checkpoint import Progress, checkpoint_path, load_checkpoint
-from distqa.distributed import CollectiveTimeoutError
-from distqa.peer_loss import LastCompleteStep, PeerLostError, lost_peer, save_what_survives
+from distqa.checkpoint.format import Progress, load_checkpoint
+from distqa.checkpoint.run_folder import checkpoint_path
+from distqa.distributed.runtime import CollectiveTimeoutError
+from distqa.training.peer_loss import LastCompleteStep, PeerLostError, lost_peer, save_what_survives
 
 GLOO_RESET = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41823: "
               "Connection reset by peer")
@@ -42,7 +44,8 @@ def test_a_collective_timeout_is_a_lost_peer() -> None:
 
 def survivor(run_dir: Path, *, rank: int = 1, step: int = 17, backend: str = "gloo", data_parallel: str = "ddp",
              save_on_peer_loss: bool = True, first_step: int = 0) -> Any:
-    """What save_what_survives reads of a distqa.trainer.Trainer, with a real model, optimizer and scheduler."""
+    """What save_what_survives reads of a distqa.training.trainer.Trainer, with a real model, optimizer and
+    scheduler."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)

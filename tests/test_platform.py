@@ -318,7 +318,7 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
     assert "stopping every job of run 'fail'" in output
     statuses = {k: j["status"] for k, j in jobs(platform).items()}
     # The teardown of node 1's job SIGTERMs what its main process left (as a container stop does), so
-    # node 1's worker asks for a graceful stop (distqa.stop) and node 0's stops with it, checkpoint
+    # node 1's worker asks for a graceful stop (distqa.distributed.stop) and node 0's stops with it, checkpoint
     # written, exit 75: node 0's job may end by itself before the launcher's kill cancels it.
     assert statuses["distributed_training-fail-1"] == "failed"
     assert statuses["distributed_training-fail-0"] in {"cancelled", "failed"}, statuses
@@ -639,7 +639,8 @@ STORE = "rendezvous_store"
 
 def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl_c_kills_it_too(
         platform: dict[str, str]) -> None:
-    """The store's job runs (a CPU preset, python -m distqa.rendezvous_store on the launcher's port) before any node's
+    """The store's job runs (a CPU preset, python -m distqa.launch.rendezvous_store on the launcher's port) before any
+    node's
     job is submitted; then every node, node 0 too, is submitted at once with --external-store and the store job's
     internal hostname. The nodes wait for a platform node (held) when Ctrl-C comes: every job is cancelled, the
     store's as well. No training runs: the command lines are the claim (the next tests run them)."""
@@ -660,7 +661,8 @@ def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl
     assert {k: j["status"] for k, j in started.items()} == dict.fromkeys([f"{STORE}-xs", *nodes], "cancelled")
     store = started[f"{STORE}-xs"]
     port = store["params"]["port"]
-    assert store["command"] == [sys.executable, "-m", "distqa.rendezvous_store", "--port", port], store["command"]
+    assert store["command"] == [sys.executable, "-m", "distqa.launch.rendezvous_store", "--port", port], \
+        store["command"]
     assert store["preset"] == "cpu-tiny" and "run:xs" in store["tags"]  # STORE_PRESET from the environment
     order = [(e["key"], e["event"]) for e in events(platform)]
     for key in nodes:
@@ -804,7 +806,8 @@ def test_a_sweep_runs_two_trials_at_once_each_on_two_platform_jobs_and_records_a
 
 
 def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
-    """The trainer's settings (``python -m distqa.config.sources --run-dir``, which resolves them as train does) and the
+    """The trainer's settings (``python -m distqa.settings.sources --run-dir``, which resolves them as train does) and
+    the
     platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the working
     directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
     here = tmp_path / "here"
@@ -817,7 +820,7 @@ def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_worki
         launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
                                    "--run-id", "t"], cwd=here, env=clean_env(**env), capture_output=True, text=True,
                                   timeout=60)
-        trainer = subprocess.run([sys.executable, "-m", "distqa.config.sources", "--run-dir", "--preset", "none"],
+        trainer = subprocess.run([sys.executable, "-m", "distqa.settings.sources", "--run-dir", "--preset", "none"],
                                  cwd=here,
                                  env=clean_env(**env), capture_output=True, text=True, timeout=60)
         return launcher, trainer

@@ -242,7 +242,7 @@ def test_live_yml_and_the_standin_render_every_job_alike_under_neuro_flow_24_and
     assert training["schedule_timeout"] == 120 and shlex.split(training["cmd"])[-3:] == ["--", "--lr", "1e-3"]
     assert "--external-store" in shlex.split(training["cmd"])  # live.yml's conditional, evaluated by both
     store = new["jobs"]["rendezvous_store"]
-    assert shlex.split(store["cmd"]) == ["python", "-m", "distqa.rendezvous_store", "--port", "29555"]
+    assert shlex.split(store["cmd"]) == ["python", "-m", "distqa.launch.rendezvous_store", "--port", "29555"]
     assert store["schedule_timeout"] == 120 and store["detach"]
 
 

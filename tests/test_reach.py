@@ -1,5 +1,5 @@
 """An unreachable master: one line naming address:port and what to check, within the join timeout,
-instead of torch's RendezvousConnectionError traceback (``distqa.reach``, run by ``scripts/worker.sh``
+instead of torch's RendezvousConnectionError traceback (``distqa.launch.reachability``, run by ``scripts/worker.sh``
 on nodes 1..N-1). Loopback only."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import distqa.reach
-from distqa.reach import UNREACHABLE_EXIT_CODE, wait_for_rendezvous
+import distqa.launch.reachability
+from distqa.launch.reachability import UNREACHABLE_EXIT_CODE, wait_for_rendezvous
 
 from conftest import REPO_ROOT, clean_env, free_port
 
@@ -41,7 +41,7 @@ def test_a_node_started_before_node_0_waits_for_it(monkeypatch: pytest.MonkeyPat
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     outcomes: list[str | None] = []
     refused = threading.Event()
-    real_probe = distqa.reach.probe
+    real_probe = distqa.launch.reachability.probe
 
     def noted_probe(*args: Any, **kwargs: Any) -> str | None:
         outcome = real_probe(*args, **kwargs)
@@ -55,7 +55,7 @@ def test_a_node_started_before_node_0_waits_for_it(monkeypatch: pytest.MonkeyPat
             server.bind(("127.0.0.1", port))
             server.listen()
 
-    monkeypatch.setattr(distqa.reach, "probe", noted_probe)
+    monkeypatch.setattr(distqa.launch.reachability, "probe", noted_probe)
     starter = threading.Thread(target=listen_after_a_refusal)
     starter.start()
     try:

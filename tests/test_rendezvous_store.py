@@ -1,5 +1,6 @@
 """No node whose loss ends the run (issue 34 part 4): the c10d rendezvous store hosted outside the training nodes
-(``python -m distqa.rendezvous_store``, ``worker.sh --external-store``). Node 0, which by default hosts the store,
+(``python -m distqa.launch.rendezvous_store``, ``worker.sh --external-store``). Node 0, which by default hosts the
+store,
 is lost for good in a 3-node run with ``--min-nodes 2``: the other two go on from the newest checkpoint and end with
 the weights of an uninterrupted run. Real torchrun agents, a real SIGKILL of node 0's agent and worker
 (INJECT_FAULT kill-node), a real c10d rendezvous on 127.0.0.1. And the store entry point itself: it serves a client
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-from distqa.reach import probe
+from distqa.launch.reachability import probe
 
 from conftest import (
     MACHINERY_ARGS,
@@ -49,7 +50,8 @@ NODE_0_LOST = ",".join(f"kill-node:rank={rank}:step=6" for rank in range(3))
 
 def start_store(port: int, log: Path) -> subprocess.Popen[str]:
     with log.open("a") as sink:
-        return subprocess.Popen([sys.executable, "-m", "distqa.rendezvous_store", "--host", "127.0.0.1", "--port",
+        return subprocess.Popen([sys.executable, "-m", "distqa.launch.rendezvous_store", "--host", "127.0.0.1",
+                                 "--port",
                                  str(port)], cwd=REPO_ROOT, env=clean_env(), stdout=sink, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
 
@@ -91,7 +93,7 @@ def test_node_0_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(tmp_p
     assert f"rendezvous 127.0.0.1:{port} (an external store)" in outputs[0]
     assert re.search(r"fault injection \(INJECT_FAULT\): kill-node rank \d after step 6 now", outputs[0])
     run_dir = tmp_path / "lost"
-    # The survivors saved step 6, the last they completed (distqa.peer_loss): no step is done twice.
+    # The survivors saved step 6, the last they completed (distqa.training.peer_loss): no step is done twice.
     assert f"resumed from {run_dir / 'checkpoints' / 'step-00000006.pt'}" in everything
     rounds = re.findall(r"membership: round \d+: (\d+) node\(s\) \((.*?)\), world size (\d+)", everything)
     assert [(nodes_, size) for nodes_, _, size in rounds] == [("3", "3"), ("2", "2")], everything
@@ -126,7 +128,8 @@ def test_a_port_already_taken_is_one_line_and_exit_1(tmp_path: Path) -> None:
     first = start_store(port, tmp_path / "first.out")
     try:
         wait_for_line(tmp_path / "first.out", "serving the rendezvous store", first)
-        second = subprocess.run([sys.executable, "-m", "distqa.rendezvous_store", "--host", "127.0.0.1", "--port",
+        second = subprocess.run([sys.executable, "-m", "distqa.launch.rendezvous_store", "--host", "127.0.0.1",
+                                 "--port",
                                  str(port)], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True,
                                 timeout=60)
     finally:
@@ -134,7 +137,8 @@ def test_a_port_already_taken_is_one_line_and_exit_1(tmp_path: Path) -> None:
         finish(first, timeout=60)
     assert second.returncode == 1, second.stdout + second.stderr
     line = second.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"distqa.rendezvous_store: cannot serve on 127.0.0.1:{port}: ") and "another --port" in line
+    assert line.startswith(f"distqa.launch.rendezvous_store: cannot serve on 127.0.0.1:{port}: ") \
+        and "another --port" in line
 
 
 def test_the_local_launcher_starts_the_store_first_and_stops_it_at_the_end(tmp_path: Path) -> None:

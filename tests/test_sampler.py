@@ -1,11 +1,12 @@
-"""The resumable sampler (distqa.sampler): each rank's share of an epoch, and a resume at the exact example of the
+"""The resumable sampler (distqa.distributed.sampler): each rank's share of an epoch, and a resume at the exact example
+of the
 global order where the run stopped, for any world size."""
 
 from __future__ import annotations
 
 import pytest
 
-from distqa.sampler import ResumableDistributedSampler
+from distqa.distributed.sampler import ResumableDistributedSampler
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])

@@ -1,4 +1,4 @@
-"""Sharded checkpoints (``--checkpoint-format sharded``, distqa.sharded_checkpoint): each rank writes its own DCP
+"""Sharded checkpoints (``--checkpoint-format sharded``, distqa.checkpoint.sharded): each rank writes its own DCP
 shards in the background into ``step-N.dcp/``, and every promise of the single file holds for the directory.
 
 Real runs of the machinery task (fp32, global batch 16, fsdp on 2 ranks with accumulation), started once for the
@@ -22,25 +22,21 @@ import pytest
 import torch
 from torch import nn
 
-from distqa.checkpoint import (
-    MANIFEST,
-    STATE_FILE,
-    Progress,
-    TrainingCheckpoint,
+from distqa.checkpoint.format import MANIFEST, STATE_FILE, Progress, TrainingCheckpoint, verify_directory
+from distqa.checkpoint.run_folder import (
     checkpoint_path,
     list_checkpoints,
     newest_intact_checkpoint,
     remove_stale_temporaries,
-    verify_directory,
 )
-from distqa.config.sources import load_config
-from distqa.sharded_checkpoint import (
+from distqa.checkpoint.sharded import (
     ShardedCheckpointWriter,
     load_sharded,
     sharded_checkpoint_path,
     uses_sharded_checkpoints,
 )
-from distqa.stop import StopWindow
+from distqa.distributed.stop import StopWindow
+from distqa.settings.sources import load_config
 
 from conftest import (
     MACHINERY_ARGS,
@@ -155,7 +151,7 @@ def test_damaged_shards_are_detected_before_a_resume_uses_them(runs: dict[str, t
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with caplog.at_level(logging.ERROR, logger="distqa.checkpoint"):
+    with caplog.at_level(logging.ERROR, logger="distqa.checkpoint.format"):
         found = newest_intact_checkpoint(run_dir)
     assert found is not None and found.path == sharded_checkpoint_path(run_dir, 2)
     assert found.checkpoint.progress.step == 2
@@ -257,7 +253,7 @@ def test_a_sharded_write_longer_than_the_stop_window_is_warned_about(tmp_path: P
     optimizer = torch.optim.AdamW(model.parameters())
     writer = ShardedCheckpointWriter(tmp_path, 3, torch.device("cpu"), stop_window=StopWindow(0.0, "a 0 s window",
                                                                                               "a longer window"))
-    with caplog.at_level(logging.INFO, logger="distqa.checkpoint_writer"), writer.finishing():
+    with caplog.at_level(logging.INFO, logger="distqa.checkpoint.writer"), writer.finishing():
         for step in (1, 2):
             writer.submit_sharded(step, model, optimizer, training_state(step))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

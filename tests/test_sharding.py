@@ -1,4 +1,4 @@
-"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.sharding): the same model as DDP.
+"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.parallel.fsdp): the same model as DDP.
 
 Real runs of the machinery task, fp32, the same global batch of 16 with accumulation (2 micro-batches per rank) and
 clipping on: DDP and FSDP on 2 ranks, HSDP on 2 emulated nodes × 2 processes (the local launcher), then runs that
@@ -25,12 +25,12 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from distqa.config import ConfigError
-from distqa.config.sources import load_config
-from distqa.distributed import local_runtime
+from distqa.distributed.runtime import local_runtime
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.memory import Step, shards_of
-from distqa.sharding import device_mesh, shard_model
+from distqa.parallel.fsdp import device_mesh, shard_model
+from distqa.settings.sources import load_config
 from distqa.tasks import make_task
+from distqa.tasks.step_memory import Step, shards_of
 
 from conftest import (
     MACHINERY_ARGS,
@@ -232,7 +232,8 @@ def bert_large_memory() -> EncoderMemory:
 
 def test_the_memory_estimate_divides_the_state_by_the_shards_adds_the_gathered_units_and_keeps_the_activations(
 ) -> None:
-    """What the doctor's memory check expects of a sharded step (distqa.memory's ShardingUnits, on a bare encoder):
+    """What the doctor's memory check expects of a sharded step (distqa.tasks.step_memory's ShardingUnits, on a bare
+    encoder):
     fsdp: weights, gradients and AdamW state each 1/W; the root (what lies outside the layers: here the embeddings)
     and two layers gathered whole in bf16 in place of autocast's weight copies; activations and transients as under
     ddp. hsdp divides by a node's processes, not the world."""

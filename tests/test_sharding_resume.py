@@ -32,7 +32,7 @@ each instead of 1), the clipping norm is summed from other per-shard partial nor
 rounding (2e-9 measured here after 6 steps; 1e-5, as across strategies in tests/test_sharding.py, leaves room for
 Adam's division by small second moments, while a sample position not restored shows as 1e-3). Not 1e-6 as for an
 exact resume at the same world size (tests/test_sharding.py), whose arithmetic is identical. Dropout is 0 because
-the dropout generators are reseeded at another world size (distqa.resume.restore_training_state)."""
+the dropout generators are reseeded at another world size (distqa.checkpoint.resume.restore_training_state)."""
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def test_worker_takes_the_node_count_rank_addresses_and_gpus_from_skypilot() -> 
     node_1 = dry_run(**skypilot_node(1, gpus=8))
     assert node_1.returncode == 0, node_1.stderr
     command = shlex.split(node_1.stdout)
-    assert command[command.index("distqa.agent") + 1] == "1", "SKYPILOT_NODE_RANK"
+    assert command[command.index("distqa.launch.agent") + 1] == "1", "SKYPILOT_NODE_RANK"
     for flag, value in [("--nnodes", "2"), ("--nproc-per-node", "8"), ("--rdzv-endpoint", "10.0.0.1:29400"),
                         ("--local-addr", "10.0.0.2")]:
         assert command[command.index(flag) + 1] == value, (flag, node_1.stdout)
@@ -213,7 +213,8 @@ def test_two_skypilot_nodes_train_lose_one_and_resume_when_launched_again(tmp_pa
     assert nodes[1].returncode == 137, output_1  # the agent's SIGKILL, through worker.sh and SkyPilot's epilogue
     assert [process.returncode for process in again] == [0, 0], output_0 + output_1
     assert "node 1 of 2 at 127.0.0.1, rendezvous 127.0.0.1:" in output_1, "worker.sh read SKYPILOT_* itself"
-    # Node 0 saved step 6, the last both completed, before SkyPilot's job program cancelled it (distqa.peer_loss).
+    # Node 0 saved step 6, the last both completed, before SkyPilot's job program cancelled it
+    # (distqa.training.peer_loss).
     resumed = f"resumed from {results / 'sky' / 'checkpoints' / 'step-00000006.pt'}"
     assert resumed in output_0 and resumed in output_1, output_0 + output_1
     assert (results / "sky" / "checkpoints" / "step-00000010.pt").exists(), "the run went on to its last step"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distqa.reach import probe
+from distqa.launch.reachability import probe
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, final_weights, free_port
 

@@ -110,15 +110,16 @@ def test_modules_hold_one_concern() -> None:
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules and `score`'s dispatch stay importable without torch, so no caller needs a lazy
     import to stay light (the QA tasks' shared types and metrics: tests/qa/test_structure_qa.py)."""
-    code = ("import sys; import distqa.files, distqa.errors, distqa.score; "
+    code = ("import sys; import distqa.atomic_files, distqa.errors, distqa.score; "
             "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); print(heavy); sys.exit(bool(heavy))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-MACHINERY_TO_IMPORT = ("distqa.config.sources", "distqa.config.flags", "distqa.tasks", "distqa.tasks.base",
-                      "distqa.memory", "distqa.throughput", "distqa.doctor", "distqa.prepare", "distqa.train")
+MACHINERY_TO_IMPORT = ("distqa.settings.sources", "distqa.settings.flags", "distqa.tasks", "distqa.tasks.base",
+                      "distqa.tasks.step_memory", "distqa.record.throughput", "distqa.doctor", "distqa.prepare",
+                      "distqa.train")
 
 
 def test_the_machinery_imports_neither_the_qa_tasks_nor_the_encoder_helpers() -> None:
@@ -130,7 +131,7 @@ def test_the_machinery_imports_neither_the_qa_tasks_nor_the_encoder_helpers() ->
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
-    light = ("import sys, distqa.memory, distqa.throughput, distqa.config.sources; "
+    light = ("import sys, distqa.tasks.step_memory, distqa.record.throughput, distqa.settings.sources; "
              "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", light], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)

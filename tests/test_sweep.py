@@ -16,7 +16,7 @@ import pytest
 
 from distqa import sweep
 from distqa.config import Config, ConfigError
-from distqa.config.sources import load_config
+from distqa.settings.sources import load_config
 from distqa.sweeps import results
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import Launcher, failure_reason
@@ -254,7 +254,7 @@ def test_with_mlflow_the_sweep_has_one_run_and_each_trials_run_is_its_child(tmp_
     tracker opens its run as that run's child. Against MLflow's own file store (no server)."""
     from mlflow.tracking import MlflowClient
 
-    from distqa.tracking import MLflowTracker
+    from distqa.record.tracking import MLflowTracker
 
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -7,7 +7,7 @@ import torch
 from transformers import BertConfig, BertModel, ModernBertConfig
 
 from distqa.encoders.flops import encoder_on_meta, model_flops_per_token, non_embedding_parameters
-from distqa.throughput import mfu, peak_bf16_flops
+from distqa.record.throughput import mfu, peak_bf16_flops
 
 BERT_BASE = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                        intermediate_size=3072, max_position_embeddings=512)

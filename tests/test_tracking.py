@@ -191,7 +191,7 @@ def test_a_run_stopped_before_its_first_checkpoint_and_launched_again_is_one_run
 OPENED_BEFORE_EACH_STEP = """
 import os, time
 from pathlib import Path
-from distqa.trainer import Trainer
+from distqa.training.trainer import Trainer
 
 opened_step = Trainer.train_step
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.stop import STOPPED_EXIT_CODE
+from distqa.distributed.stop import STOPPED_EXIT_CODE
 
 from conftest import (
     AT_STEP,
@@ -307,7 +307,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(
     finally:
         kill_launcher(launcher, tmp_path)
     assert launcher.returncode == 0, output
-    # Rank 0 lost its peer in step 8's collective and saved step 7, the last both completed (distqa.peer_loss).
+    # Rank 0 lost its peer in step 8's collective and saved step 7, the last both completed (distqa.training.peer_loss).
     assert "resumed from" in output and "at step 7" in output, output
     difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "launcher-test"))
     assert difference < 1e-6, f"the restarted run differs by {difference:.2e}"
@@ -390,7 +390,7 @@ def _training_process_with_rank(rank: int, output_dir: Path) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"distqa.train" in cmdline and b"distqa.agent" not in cmdline \
+        if b"distqa.train" in cmdline and b"distqa.launch.agent" not in cmdline \
                 and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ \
                 and str(output_dir).encode() in cmdline:
             return int(proc.name)

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.flops import model_flops_per_token
-from distqa.training_metrics import (
+from distqa.record.metrics import (
     STRAGGLER_MIN_STEPS,
     MetricsWindow,
     RankWindow,

@@ -211,7 +211,7 @@ def edit(path: Path, old: str, new: str) -> None:
 def template_moves_on(template: Path) -> None:
     """Commits of the template after the fork was made: the machinery, the QA package, a page, the README,
     .neuro/live.yml, the Dockerfile and the Makefile change; a QA preset, a QA test and a machinery test arrive."""
-    edit(template / "src/distqa/stop.py", '"""', '# Changed upstream after the fork.\n"""')
+    edit(template / "src/distqa/distributed/stop.py", '"""', '# Changed upstream after the fork.\n"""')
     edit(template / "src/distqa/qa/model.py", '"""', '# Changed upstream after the fork.\n"""')
     edit(template / "docs/CONFIGURATION.md", "\n", "\n\nChanged upstream after the fork.\n")
     edit(template / "README.md", "\n", "\n\nChanged upstream after the fork.\n")
@@ -225,7 +225,8 @@ def template_moves_on(template: Path) -> None:
     (template / "tests" / "qa" / "test_upstream_qa.py").write_text(
         "from distqa.qa.model import QAModel\n\n\ndef test_upstream_qa() -> None:\n    assert QAModel\n")
     (template / "tests" / "test_upstream_machinery.py").write_text(
-        "from distqa.stop import StopSignal\n\n\ndef test_upstream_machinery() -> None:\n    assert StopSignal\n")
+        "from distqa.distributed.stop import StopSignal\n\n\n"
+        "def test_upstream_machinery() -> None:\n    assert StopSignal\n")
     git(template, "add", "--all")
     git(template, "commit", "--quiet", "-m", "platform, image and targets; a QA preset, a QA test, a machinery test")
 

@@ -26,7 +26,7 @@ NQ's feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAM
 interfaces that exist and are up; the estimated peak memory of a training step against each rank's GPU
 (``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine) for the run's
 ``data_parallel`` layout, with the fixes when it does not fit, and one line naming the smallest sharded layout
-that fits (the task's ``training_memory``, checked by :mod:`distqa.memory`).
+that fits (the task's ``training_memory``, checked by :mod:`distqa.tasks.step_memory`).
 
 Exit status: 0 when every check passed, 1 when one failed (every rank exits so, and torchrun with it),
 2 for a setting that is wrong in itself.
@@ -50,14 +50,11 @@ import torch.distributed as dist
 from dotenv import load_dotenv
 
 from distqa.config import Config, ConfigError
-from distqa.config.flags import build_arg_parser
-from distqa.config.sources import SettingSources, dotenv_file, load_config
-from distqa.distributed import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.elastic import NodeRange, range_report
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
 from distqa.errors import DataError, print_error
-from distqa.memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
-from distqa.optim import Precision
-from distqa.preflight import (
+from distqa.launch.elastic import NodeRange, range_report
+from distqa.launch.preflight import (
     GB,
     RankReport,
     check_interfaces,
@@ -68,8 +65,11 @@ from distqa.preflight import (
     node_problems,
     rank_report,
 )
+from distqa.settings.flags import build_arg_parser
+from distqa.settings.sources import SettingSources, dotenv_file, load_config
 from distqa.tasks import make_task, task_class
 from distqa.tasks.base import Task
+from distqa.tasks.step_memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
 
 PROG = "python -m distqa.doctor"
 FAILED_EXIT_CODE = 1
@@ -77,7 +77,7 @@ log = logging.getLogger("distqa.doctor")
 
 
 def add_doctor_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The doctor's own flags (the run's settings are parsed by :func:`distqa.config.sources.load_config`)."""
+    """The doctor's own flags (the run's settings are parsed by :func:`distqa.settings.sources.load_config`)."""
     group = parser.add_argument_group("doctor")
     group.add_argument("--expect-world-size", type=int, default=0, metavar="N",
                        help="Fail unless the job has N ranks (nodes × processes per node); 0 = no expectation.")

@@ -10,8 +10,13 @@ from pathlib import Path
 
 WORKER_REPORT_DIR_VARIABLE = "WORKER_STOP_REPORT_DIR"
 """The node-local folder scripts/worker.sh gives its workers for a one-line report of why they ended (torchrun
-itself exits with 1 whatever their codes were): distqa.stop's ``rank-<R>`` after a graceful stop, and
+itself exits with 1 whatever their codes were): distqa.distributed.stop's ``rank-<R>`` after a graceful stop, and
 ``exit-<CODE>-rank-<R>`` from :func:`report_failure`."""
+
+PEER_LOST_REPORT = "peer-lost-rank-{rank}"
+"""A worker's report in that folder when it left because a peer was lost, after saving what it held
+(distqa.training.peer_loss): distqa.launch.agent then restarts the workers into a new rendezvous round without
+spending one of ``--max-restarts`` (a membership change, as in torchrun)."""
 
 
 class DataError(ValueError):
@@ -43,10 +48,10 @@ def report_failure(message: str, exit_code: int) -> int:
     """An entry point's refusal, said once everywhere it is looked for: ``message`` on stderr
     (:func:`print_error`), in this process's log files (``logs/rank-<R>.log`` once the run directory exists),
     and, under ``scripts/worker.sh``, in ``$WORKER_STOP_REPORT_DIR/exit-<CODE>-rank-<R>``: worker.sh then exits
-    with ``exit_code`` instead of torchrun's 1, and distqa.agent leaves out torchrun's ChildFailedError
+    with ``exit_code`` instead of torchrun's 1, and distqa.launch.agent leaves out torchrun's ChildFailedError
     traceback. Returns ``exit_code``."""
     # The report first: once the line is out, the agent may stop this process at any moment (the other nodes
-    # refused too and took the rendezvous store with them, distqa.agent.main), and it reads the report then.
+    # refused too and took the rendezvous store with them, distqa.launch.agent.main), and it reads the report then.
     folder = os.environ.get(WORKER_REPORT_DIR_VARIABLE)
     if folder and Path(folder).is_dir():
         rank = os.environ.get("RANK", "0")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from distqa.tasks.commands import run_checkpoint_command
+from distqa.settings.task_commands import run_checkpoint_command
 
 HELP_TASK = "nq"
 """The task whose command answers ``--help`` and usage errors when no ``--checkpoint`` is given (the question-answering

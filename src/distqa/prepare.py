@@ -31,15 +31,15 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.config.flags import prepare_sections, train_sections
-from distqa.config.sources import dotenv_file, load_config
 from distqa.errors import SKIP_ADVICE, BadRecordError, DataError
+from distqa.settings.flags import prepare_sections, train_sections
+from distqa.settings.sources import dotenv_file, load_config
 from distqa.tasks import available_tasks, make_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     load_dotenv(dotenv_file(), override=False)
-    # Not distqa.distributed's logging: that imports torch, and each featurising process re-imports
+    # Not distqa.distributed.runtime's logging: that imports torch, and each featurising process re-imports
     # this module (multiprocessing's spawn), which should stay light.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from distqa.tasks.commands import run_named_command
+from distqa.settings.task_commands import run_named_command
 
 QA_SCORE_COMMANDS = {"nq": "distqa.qa.commands.score:main", "squad": "distqa.qa.commands.score:main"}
 """The score command the nq and squad task classes declare (tests/test_commands.py checks that they agree), named

@@ -39,9 +39,9 @@ from typing import IO, Any
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.config.sources import SettingSources, dotenv_file, load_config
+from distqa.distributed.stop import STOPPED_EXIT_CODE
 from distqa.errors import report_failure
-from distqa.stop import STOPPED_EXIT_CODE
+from distqa.settings.sources import SettingSources, dotenv_file, load_config
 from distqa.sweeps import results
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import LAUNCHERS, Launcher, Running, ended_process, failure_reason
@@ -102,7 +102,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     environ = {**os.environ, "WORLD_SIZE": str(launcher.world_size)}
     # Every corner of the space through the trainer's own checks, for the world size the trials run on (a notice
     # of the settings' loading said once, not once per corner).
-    with said_once(logging.getLogger("distqa.config.sources")):
+    with said_once(logging.getLogger("distqa.settings.sources")):
         check_trial_configs(spec, lambda flags: load_config(flags, environ, prog="distqa.sweep (a trial)",
                                                             check_data_paths=args.launcher == "local"),
                             args.trainer_args)

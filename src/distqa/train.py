@@ -28,7 +28,7 @@ and at the end, on all ranks, and its best model kept in ``checkpoints/best.pt``
         --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
 
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
-variables or flags; see ``distqa.config.sources``. A restart with the same ``--run-name`` resumes from its
+variables or flags; see ``distqa.settings.sources``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
 
 :func:`train` is the story of a run: the checks every rank passes, then :func:`build_trainer` (data, model, resume,
@@ -49,32 +49,33 @@ from dotenv import load_dotenv
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from distqa.checkpoint import Progress
+from distqa.checkpoint.format import Progress
+from distqa.checkpoint.resume import restore_training_state, resume
 from distqa.config import Config, ConfigError
-from distqa.config.sources import dotenv_file, load_config
-from distqa.distributed import (
+from distqa.distributed.precision import Precision
+from distqa.distributed.rng import seed_everything
+from distqa.distributed.runtime import (
     CollectiveTimeoutError,
     Runtime,
     distributed_runtime,
     read_torchrun_env,
     setup_logging,
 )
-from distqa.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
+from distqa.distributed.sampler import ResumableDistributedSampler
+from distqa.distributed.stop import STOPPED_EXIT_CODE, TrainingStoppedError
 from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
-from distqa.optim import Precision, build_optimizer, build_scheduler
-from distqa.peer_loss import PeerLostError
-from distqa.preflight import check_at_training_start
-from distqa.resume import restore_training_state, resume
-from distqa.rng import seed_everything
-from distqa.rundir import prepare_run_dir
-from distqa.sampler import ResumableDistributedSampler
-from distqa.sharding import data_parallel_model
-from distqa.stop import STOPPED_EXIT_CODE, TrainingStoppedError
+from distqa.launch.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
+from distqa.launch.preflight import check_at_training_start
+from distqa.parallel.fsdp import data_parallel_model
+from distqa.record.metrics import count_with_unit
+from distqa.record.rundir import prepare_run_dir
+from distqa.record.tracking import run_record
+from distqa.settings.sources import dotenv_file, load_config
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
-from distqa.tracking import run_record
-from distqa.trainer import StepPlan, Trainer
-from distqa.training_metrics import count_with_unit
+from distqa.training.optim import build_optimizer, build_scheduler
+from distqa.training.peer_loss import PeerLostError
+from distqa.training.trainer import StepPlan, Trainer
 
 log = logging.getLogger("distqa.train")
 
@@ -111,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as err:
         advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
         return report_failure(f"distqa.train: data error: {err}{advice}", 2)
-    except PeerLostError as err:  # a peer gone or stalled: this rank saved what it held, and leaves (distqa.peer_loss)
+    except PeerLostError as err:  # a peer gone or stalled: this rank saved what it held, and leaves
+                                  # (distqa.training.peer_loss)
         print_error(f"distqa.train: {err}")
         return err.exit_code(int(os.environ.get("RANK", "0")))
     except CollectiveTimeoutError as err:  # a peer stalled outside the training loop; this rank leaves
@@ -149,11 +151,12 @@ TrainingWrap = Callable[[nn.Module, Precision], nn.Module]
 def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *, dataset: Dataset | None = None,
                   evaluation: bool = True, hosts: list[str] | None = None, pin_memory: bool | None = None,
                   wrap: TrainingWrap | None = None) -> Trainer:
-    """Collective. The :class:`~distqa.trainer.Trainer` of a run, assembled in the order that makes it exact: data,
+    """Collective. The :class:`~distqa.training.trainer.Trainer` of a run, assembled in the order that makes it exact:
+    data,
     model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
     evaluation. The benchmarks build theirs here too (``bench/our_trainer.py``): ``dataset`` replaces the task's
     training split, ``evaluation=False`` leaves the task's evaluator out, ``pin_memory`` goes to
-    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.sharding.data_parallel_model`."""
+    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.parallel.fsdp.data_parallel_model`."""
     # Data: every rank reads a disjoint share of each epoch's permutation.
     loader = build_loader(config, runtime, task.train_dataset() if dataset is None else dataset, task.collate,
                           pin_memory)

@@ -58,7 +58,7 @@ def test_training_evaluates_on_every_rank_and_keeps_the_best_model(trained: tupl
     evals = [(int(step), float(f1)) for step, f1 in EVAL_LINE.findall(log)]
     assert [step for step, _ in evals] == [5, 10, 15, 20]
     # Both ranks scored windows (the sampler deals them out); only rank 0 logs the result.
-    assert "[rank 1]" in log and "[rank 1] INFO distqa.trainer: eval" not in log
+    assert "[rank 1]" in log and "[rank 1] INFO distqa.training.trainer: eval" not in log
 
     best = torch.load(run_dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
     best_step, best_f1 = max(evals, key=lambda e: (e[1], -e[0]))  # the first evaluation that reached the max

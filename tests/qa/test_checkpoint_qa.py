@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from distqa.checkpoint import ModelCheckpoint, Progress, TrainingCheckpoint, checkpoint_path, load_checkpoint
+from distqa.checkpoint.format import ModelCheckpoint, Progress, TrainingCheckpoint, load_checkpoint
+from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.qa.nq.decode import Decoding, Thresholds
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from distqa import score
-from distqa.checkpoint import save_checkpoint
+from distqa.checkpoint.format import save_checkpoint
+from distqa.settings.task_commands import checkpoint_task
 from distqa.tasks import task_class
-from distqa.tasks.commands import checkpoint_task
 
 from conftest import REPO_ROOT, clean_env
 
@@ -39,4 +39,4 @@ def test_format_2_checkpoints_name_their_task(tmp_path: Path) -> None:
     state = torch.load(FORMAT_2_BEST, weights_only=True)
     del state["config"]["dataset"]
     save_checkpoint(state, tmp_path / "no-dataset.pt")
-    assert checkpoint_task(tmp_path / "no-dataset.pt") == "dummy"  # as distqa.checkpoint.from_format_2 reads it
+    assert checkpoint_task(tmp_path / "no-dataset.pt") == "dummy"  # as distqa.checkpoint.format.from_format_2 reads it

@@ -16,12 +16,11 @@ import torch
 from torch import nn
 
 from distqa.config import ConfigError
-from distqa.config.sources import load_config
-from distqa.distributed import local_runtime
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import local_runtime
 from distqa.encoders.flops import non_embedding_parameters
 from distqa.encoders.pretrained import check_sources, load_tokenizer
 from distqa.encoders.template import PairTemplate
-from distqa.optim import Precision
 from distqa.qa.answers import Span
 from distqa.qa.dummy import DummyDataset
 from distqa.qa.inference import score_windows
@@ -34,7 +33,8 @@ from distqa.qa.nq.windows import Featurizer, WindowSettings, token_span_to_piece
 from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.cache import open_examples as open_squad_examples
 from distqa.qa.squad.inference import decode_answers
-from distqa.rundir import prepare_run_dir
+from distqa.record.rundir import prepare_run_dir
+from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.train import train
 

@@ -1,4 +1,4 @@
-"""The memory estimate (distqa.memory) against the peak measured on CPU, the doctor's fixes, and the large
+"""The memory estimate (distqa.tasks.step_memory) against the peak measured on CPU, the doctor's fixes, and the large
 presets' comments; the doctor's smallest sharded layout (what sharding divides and adds in the estimate, on a bare
 encoder: tests/test_sharding.py).
 
@@ -24,18 +24,19 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig, XLMRobertaXLConfig
 
-from distqa.config.sources import load_config
-from distqa.ddp import wrap_ddp
-from distqa.distributed import local_runtime
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import local_runtime
 from distqa.doctor import check_memory
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, smallest_gpu
-from distqa.optim import Precision, build_optimizer
-from distqa.preflight import rank_report
+from distqa.launch.preflight import rank_report
+from distqa.parallel.ddp import wrap_ddp
 from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model, qa_loss
+from distqa.settings.sources import load_config
 from distqa.tasks import make_task
+from distqa.tasks.step_memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, smallest_gpu
+from distqa.training.optim import build_optimizer
 
 from conftest import REPO_ROOT, clean_env
 
@@ -73,7 +74,8 @@ def estimated(config: QAConfig, step: Step) -> int:
 
 
 def measured_peak(config: QAConfig, ddp: bool, trace: Path, steps: int = 2) -> int:
-    """Peak bytes of live CPU tensors over ``steps`` training steps as distqa.trainer runs them (autocast forward,
+    """Peak bytes of live CPU tensors over ``steps`` training steps as distqa.training.trainer runs them (autocast
+    forward,
     loss, backward, clipping, fused AdamW, gradients set to None), everything allocated inside the profiler."""
     gc.collect()
     batch, seq = config.per_rank_batch_size, config.max_seq_len
@@ -197,7 +199,8 @@ PRESET_ENCODERS = {"bert-large-nq": "bert-large", "roberta-large-nq": "roberta-l
 
 @pytest.mark.parametrize("preset", PRESET_ENCODERS)
 def test_the_large_presets_state_their_estimated_memory_and_smallest_gpu(preset: str, tmp_path: Path) -> None:
-    """The comment's figures are what distqa.memory estimates for the preset (its micro-batch, checkpointing and
+    """The comment's figures are what distqa.tasks.step_memory estimates for the preset (its micro-batch, checkpointing
+    and
     precision, with DDP) on the encoder's published sizes, with and without activation checkpointing."""
     text = (REPO_ROOT / "configs" / f"{preset}.toml").read_text()
     given = load_config(["--preset", preset, "--model-name-or-path", str(TINY_MODEL_DIR)],
@@ -309,7 +312,8 @@ def test_the_doctor_says_what_to_change_when_no_sharding_fits(tmp_path: Path) ->
 
 def test_the_xlm_roberta_xl_preset_states_its_estimate_per_gpu_count(tmp_path: Path) -> None:
     """configs/xlm-roberta-xl-squad.toml: the fsdp row, the smallest GPUs, the ddp figure and the doctor's line in
-    its comment are what distqa.memory estimates on XLM-RoBERTa-XL's published sizes (XLMRobertaXLConfig's defaults
+    its comment are what distqa.tasks.step_memory estimates on XLM-RoBERTa-XL's published sizes (XLMRobertaXLConfig's
+    defaults
     are facebook/xlm-roberta-xl's), at the preset's global batch and micro-batch on 1 to 64 GPUs."""
     text = (REPO_ROOT / "configs" / "xlm-roberta-xl-squad.toml").read_text()
     XLMRobertaXLConfig().save_pretrained(tmp_path / "encoder")

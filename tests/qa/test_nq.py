@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from distqa.config import REPO_ROOT
+from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType, Span
@@ -26,7 +27,6 @@ from distqa.qa.nq.windows import (
     token_span_to_pieces,
     window_span_to_tokens,
 )
-from distqa.sampler import ResumableDistributedSampler
 
 from qa.nq_examples import (
     UNDECODABLE_LINES,

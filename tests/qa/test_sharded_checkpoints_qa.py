@@ -1,4 +1,4 @@
-"""A QA checkpoint written as a sharded directory (distqa.sharded_checkpoint) serves ``export``, ``predict`` and
+"""A QA checkpoint written as a sharded directory (distqa.checkpoint.sharded) serves ``export``, ``predict`` and
 ``evaluate`` as the file does (the sharded checkpoints themselves: tests/test_sharded_checkpoints.py)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from distqa.checkpoint import ModelCheckpoint, TrainingCheckpoint, load_checkpoint
-from distqa.config.sources import saved_config
+from distqa.checkpoint.format import ModelCheckpoint, TrainingCheckpoint, load_checkpoint
+from distqa.checkpoint.sharded import ShardedCheckpointWriter, sharded_checkpoint_path
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 from distqa.qa.model import build_model
-from distqa.sharded_checkpoint import ShardedCheckpointWriter, sharded_checkpoint_path
+from distqa.settings.sources import saved_config
 
 from conftest import REPO_ROOT, clean_env, max_difference
 

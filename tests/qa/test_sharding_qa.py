@@ -1,4 +1,4 @@
-"""The QA model sharded (``--data-parallel fsdp``, distqa.sharding): the QA tasks shard their encoder's transformer
+"""The QA model sharded (``--data-parallel fsdp``, distqa.parallel.fsdp): the QA tasks shard their encoder's transformer
 layers, and an encoder checkpointed and sharded by layer gives the gradients of the bare model (sharding itself, on
 the machinery task: tests/test_sharding.py)."""
 
@@ -8,10 +8,10 @@ import os
 
 import torch
 
-from distqa.config.sources import load_config
-from distqa.distributed import local_runtime
+from distqa.distributed.runtime import local_runtime
+from distqa.parallel.fsdp import shard_model
 from distqa.qa.model import build_model as build_qa_model
-from distqa.sharding import shard_model
+from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from qa.qa_helpers import TinyEncoder

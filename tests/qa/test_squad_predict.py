@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distqa import evaluate, predict, prepare, score
-from distqa.checkpoint import ModelCheckpoint, Progress
+from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.qa.model import build_model
 from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import read_gold

@@ -10,7 +10,7 @@ the machinery's (:data:`SECTIONS`, shown first in a fixed order); a task's own c
 
 A config checks its values (types, ranges, consistency) when it is built, and nothing else: what the
 machine must provide (paths that exist, network access to the hub) is checked by the entry points
-through :func:`distqa.config.sources.load_config`, which also says where values come from (defaults < preset
+through :func:`distqa.settings.sources.load_config`, which also says where values come from (defaults < preset
 < .env and ``DISTQA_*`` variables < flags) and which sections each entry point accepts. A settings class adds
 its own rules there through two hooks: :meth:`Config.settle_sources` (values that depend on which source set
 them) and :meth:`Config.check_machine` (what the machine must provide besides the ``must_exist`` paths).
@@ -209,7 +209,7 @@ class Config:
     log_every: int = LOGGING(10, "Log loss, lr, samples/s and step time every N optimizer steps.")
     peak_tflops: float | None = LOGGING(
         None, "Dense bf16 peak TFLOP/s of one device, for the model-FLOPs utilisation (MFU) in the logs; none = "
-        "looked up by GPU name (H100, H200, A100, L4, A10G, V100: distqa.throughput), no MFU on CPUs and "
+        "looked up by GPU name (H100, H200, A100, L4, A10G, V100: distqa.record.throughput), no MFU on CPUs and "
         "unknown GPUs.")
     tensorboard: bool = LOGGING(True, "Write TensorBoard scalars to <run dir>/tensorboard (rank 0).")
     tracker: Literal["none", "mlflow"] = LOGGING(
@@ -300,7 +300,7 @@ class Config:
 
     def check_machine(self) -> None:
         """A ConfigError when this machine lacks what these settings need, besides the ``must_exist`` paths that
-        :func:`distqa.config.sources.check_environment` checks for every settings class (a local model that is
+        :func:`distqa.settings.sources.check_environment` checks for every settings class (a local model that is
         missing, a hub name while offline). Runs in the entry points, not for a config rebuilt from a checkpoint.
         A subclass calls super() first. Default: nothing."""
 

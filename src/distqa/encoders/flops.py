@@ -1,5 +1,5 @@
 """Training FLOPs per token of a transformers encoder, for the MFU in the logs (what an encoder task's
-``flops_per_token`` returns; the MFU itself is :mod:`distqa.throughput`'s).
+``flops_per_token`` returns; the MFU itself is :mod:`distqa.record.throughput`'s).
 
 The FLOPs of one training token (forward + backward) follow the PaLM paper's appendix B (Chowdhery et
 al. 2022) and Megatron-LM (Narayanan et al. 2021):

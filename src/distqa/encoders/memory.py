@@ -1,6 +1,6 @@
 """The peak memory of one training step on one rank of a model around a transformers encoder, estimated from
 the encoder's architecture: :class:`EncoderMemory`, what an encoder task's ``training_memory`` returns for the
-doctor (:mod:`distqa.memory`).
+doctor (:mod:`distqa.tasks.step_memory`).
 
 Nothing is allocated: the parameters are counted on a model built on the meta device (:func:`count_on_meta`)
 and the activations are derived from the encoder's sizes. One rank of a step holds:
@@ -21,7 +21,7 @@ and the activations are derived from the encoder's sizes. One rank of a step hol
   (:func:`backward_transient`).
 
 Sharded (``data_parallel`` fsdp or hsdp) the weights, gradients and AdamW moments are each rank's shard plus the
-all-gathered units in flight (:class:`distqa.memory.ShardingUnits`: a unit per encoder layer, the rest in the
+all-gathered units in flight (:class:`distqa.tasks.step_memory.ShardingUnits`: a unit per encoder layer, the rest in the
 root), which replace autocast's weight copies (FSDP2 gathers the weights in the compute dtype); the activations
 and transients are counted as under autocast, an upper bound: without autocast the residual stream, the
 LayerNorms and CUDA's softmax stay in bf16 instead of fp32.
@@ -49,7 +49,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from distqa.memory import ShardingUnits, Step, StepMemory
+from distqa.tasks.step_memory import ShardingUnits, Step, StepMemory
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Encoder:
                 if getattr(config, name, None) is not None:
                     return getattr(config, name)
             raise ValueError(f"model config ({type(config).__name__}) has none of {', '.join(names)}: cannot "
-                             "estimate its activations; distqa.memory knows BERT-style encoder configs")
+                             "estimate its activations; distqa.tasks.step_memory knows BERT-style encoder configs")
 
         span, terms = 0, 0
         if getattr(config, "relative_attention", False):  # DeBERTa-v2/v3 (modeling_deberta_v2.py)
@@ -106,8 +106,9 @@ class Encoder:
 class EncoderMemory:
     """One rank's memory in a training step of a model around a transformers encoder, as a function of the step's
     settings: the model's counted parameters, its encoder's sizes and the longest batch it runs on (a
-    :class:`distqa.memory.TrainingMemory`). :meth:`estimate` gives the figure for one :class:`~distqa.memory.Step`;
-    :func:`distqa.memory.fixes` what to change when it does not fit."""
+    :class:`distqa.tasks.step_memory.TrainingMemory`). :meth:`estimate` gives the figure for one
+    :class:`~distqa.tasks.step_memory.Step`;
+    :func:`distqa.tasks.step_memory.fixes` what to change when it does not fit."""
 
     parameters: int
     """Trainable parameters, counted."""

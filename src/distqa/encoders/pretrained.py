@@ -70,7 +70,7 @@ def fetch_once(config: EncoderConfig, rank: int, share: Callable[[str | None], s
     reads the cache, or every rank raises the same one-line ConfigError where rank 0 could not fetch a source.
 
     Call it on every rank, inside the process group, before any loader; ``share`` gives every rank rank 0's value
-    (:func:`distqa.distributed.broadcast_object`). Without it every rank of every node would download the same
+    (:func:`distqa.distributed.runtime.broadcast_object`). Without it every rank of every node would download the same
     files into the shared HF_HOME at once, or, without network, each would retry for a minute. Afterwards the
     loaders read the cache only (``local_files_only``); a rank whose HF_HOME is not the one rank 0 filled (a
     node-local disk) falls back to a download of its own.
@@ -91,7 +91,7 @@ def fetch(name: str, setting: str) -> str | None:
     """Put the hub model ``name`` (the value of ``setting``) into the hub cache: None when it is there, else the
     one line saying why it is not (:func:`distqa.encoders.hub.not_available`).
 
-    Offline (``HF_HUB_OFFLINE``) nothing is asked: the name must be cached (as :func:`~distqa.config.sources.
+    Offline (``HF_HUB_OFFLINE``) nothing is asked: the name must be cached (as :func:`~distqa.settings.sources.
     check_environment` has checked). Otherwise ``snapshot_download`` asks the hub for its newest commit and
     downloads what the cache lacks of it; where the hub cannot be reached it returns the cached snapshot, and
     fails at once (no retries) where there is none. "downloaded" is logged only when files were."""

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from distqa.distributed import Runtime
+from distqa.distributed.runtime import Runtime
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
 from distqa.qa.config import DummyConfig

@@ -12,7 +12,7 @@ and ``pipeline("question-answering", model=DIR)`` serves:
 - what transformers has no place for, beside them: ``distqa_heads.safetensors`` (the answer-type head) and
   ``distqa.json`` (the run's config, the task's inference state, e.g. NQ's decoding thresholds, the validation
   metrics and the versions). With those, :func:`load_model_checkpoint` gives back the
-  :class:`~distqa.checkpoint.ModelCheckpoint` that ``best.pt`` holds, so predict writes the same file from both.
+  :class:`~distqa.checkpoint.format.ModelCheckpoint` that ``best.pt`` holds, so predict writes the same file from both.
 
 An encoder family whose question-answering class has no ``qa_outputs`` (ModernBERT puts a dense layer and a
 norm before its classifier) cannot hold our heads; export refuses it in one line.
@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForQuestionAnswering, PreTrainedModel
 
-from distqa.checkpoint import (
+from distqa.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
     ModelCheckpoint,
@@ -41,13 +41,15 @@ from distqa.checkpoint import (
     is_sharded_checkpoint,
     load_checkpoint,
 )
+from distqa.checkpoint.sharded import load_sharded
 from distqa.config import ConfigError
-from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
-from distqa.sharded_checkpoint import load_sharded
-from distqa.tasks.commands import RUN_FILE  # the run's config, inference state and metrics: the commands read its task
+from distqa.settings.sources import saved_config
+from distqa.settings.task_commands import (
+    RUN_FILE,  # the run's config, inference state and metrics: the commands read its task
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +136,9 @@ def _hf_question_answering(model: QAModel) -> PreTrainedModel:
 
 
 def load_model_checkpoint(path: Path) -> ModelCheckpoint:
-    """``best.pt`` or a ``step-*.pt`` (:func:`~distqa.checkpoint.load_checkpoint`), a sharded ``step-*.dcp``
-    (:func:`~distqa.sharded_checkpoint.load_sharded`, whole weights in this process), or a directory written by
-    :func:`export_model`, as the :class:`~distqa.checkpoint.ModelCheckpoint` it holds. An exported directory's
+    """``best.pt`` or a ``step-*.pt`` (:func:`~distqa.checkpoint.format.load_checkpoint`), a sharded ``step-*.dcp``
+    (:func:`~distqa.checkpoint.sharded.load_sharded`, whole weights in this process), or a directory written by
+    :func:`export_model`, as the :class:`~distqa.checkpoint.format.ModelCheckpoint` it holds. An exported directory's
     config names the directory as the model and tokenizer source, so nothing else is read."""
     if is_sharded_checkpoint(path):
         try:

@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 from transformers import PreTrainedTokenizerBase
 
 from distqa.config import ConfigError
-from distqa.distributed import Runtime, broadcast_object
+from distqa.distributed.runtime import Runtime, broadcast_object
 from distqa.encoders.flops import model_flops_per_token
 from distqa.encoders.memory import EncoderMemory, count_on_meta
 from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer

@@ -31,7 +31,7 @@ from distqa.config import REPO_ROOT
 LauncherName = Literal["local", "platform", "slurm"]
 LAUNCHERS: tuple[LauncherName, ...] = ("local", "platform", "slurm")
 STOPPED_LOCALLY = 75
-"""The local launcher's and a Slurm job's exit status after a graceful stop (distqa.stop)."""
+"""The local launcher's and a Slurm job's exit status after a graceful stop (distqa.distributed.stop)."""
 
 
 @dataclass

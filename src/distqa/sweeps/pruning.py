@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.distributed import broadcast_object
+from distqa.distributed.runtime import broadcast_object
 from distqa.tasks.base import BestMetric
 
 log = logging.getLogger(__name__)

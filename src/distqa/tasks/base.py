@@ -35,11 +35,11 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from distqa.config import Config, Section
-from distqa.distributed import Runtime
-from distqa.optim import Precision
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import Runtime
 
 if TYPE_CHECKING:
-    from distqa.memory import TrainingMemory
+    from distqa.tasks.step_memory import TrainingMemory
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ class Task:
     commands: ClassVar[Mapping[str, str]] = {}
     """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
     name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
-    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.tasks.commands`); only that module is imported.
+    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.settings.task_commands`); only that module is
+    imported.
     A command the task leaves out says so in one line."""
 
     def __init__(self, config: Config) -> None:
@@ -149,7 +150,7 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} must define loss()")
 
     def sharding_units(self, model: nn.Module) -> list[nn.Module]:
-        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.sharding`): each
+        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.parallel.fsdp`): each
         one's weights are gathered just before its forward and backward and freed after, so the largest unit
         sets the peak, and each is one compiled region. Default: the blocks of the model's largest
         ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold
@@ -171,7 +172,7 @@ class Task:
 
     def training_memory(self) -> TrainingMemory | None:
         """How a training step's memory depends on its settings, for the doctor's memory check (a
-        :class:`distqa.memory.TrainingMemory`: the estimate for a step and what it assumed). A transformers
+        :class:`distqa.tasks.step_memory.TrainingMemory`: the estimate for a step and what it assumed). A transformers
         encoder's task returns ``EncoderMemory.of_model`` (``encoders/memory.py``) of its model built by
         ``count_on_meta`` (no weights loaded). None: the doctor prints no estimate."""
         return None

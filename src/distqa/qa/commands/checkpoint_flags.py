@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 from dotenv import load_dotenv
 
-from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags
-from distqa.config.sources import dotenv_file
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.squad.config import SquadConfig
-from distqa.tasks.commands import checkpoint_task
+from distqa.settings.flags import add_setting_flags, refuse_other_tasks_flags
+from distqa.settings.sources import dotenv_file
+from distqa.settings.task_commands import checkpoint_task
 
 
 def add_checkpoint_settings(parser: argparse.ArgumentParser, title: str, nq_settings: Sequence[str],
@@ -33,7 +33,7 @@ def start_checkpoint_command(args: argparse.Namespace, nq_settings: Sequence[str
     the flags that only the other task's checkpoint takes (ConfigError)."""
     # Here, not at the top: predict's featurising processes start with multiprocessing's spawn, which re-imports
     # the modules their work is defined in, and should not import torch for nothing.
-    from distqa.distributed import read_torchrun_env, setup_logging
+    from distqa.distributed.runtime import read_torchrun_env, setup_logging
 
     load_dotenv(dotenv_file(), override=False)
     setup_logging(read_torchrun_env()["RANK"])

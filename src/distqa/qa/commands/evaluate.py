@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.config.flags import setting_overrides
-from distqa.distributed import distributed_runtime
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import distributed_runtime
 from distqa.errors import DataError, print_error
-from distqa.optim import Precision
 from distqa.qa.commands.checkpoint_flags import add_checkpoint_settings, start_checkpoint_command
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.inference import Evaluator, Predictor
@@ -30,6 +29,7 @@ from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.inference import SquadEvaluator, SquadPredictor
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.prepared import find_squad_features
+from distqa.settings.flags import setting_overrides
 
 DESCRIPTION = "Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON."
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.distributed import setup_logging
+from distqa.distributed.runtime import setup_logging
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 
 log = logging.getLogger("distqa.export")

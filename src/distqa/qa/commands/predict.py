@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.config.flags import setting_overrides
 from distqa.errors import DataError, print_error
 from distqa.qa.commands.checkpoint_flags import add_checkpoint_settings, start_checkpoint_command
 from distqa.qa.nq.config import NQConfig
@@ -35,6 +34,7 @@ from distqa.qa.nq.reader import require_file
 from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import write_predictions
 from distqa.qa.squad.reader import hub_name, source_path
+from distqa.settings.flags import setting_overrides
 
 log = logging.getLogger("distqa.predict")
 
@@ -65,7 +65,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     # Here, not at the top: featurising processes start with multiprocessing's spawn, which re-imports the
     # modules their work is defined in, and should not import torch and transformers for nothing.
-    from distqa.distributed import distributed_runtime
+    from distqa.distributed.runtime import distributed_runtime
     from distqa.qa.nq.inference import Predictor
 
     args = build_arg_parser().parse_args(argv)
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def predict_squad(args: argparse.Namespace) -> int:
     """The predictions JSON of a squad checkpoint (ConfigError and DataError reach main's handler)."""
     # Here, not at the top, for the reason main gives.
-    from distqa.distributed import distributed_runtime
+    from distqa.distributed.runtime import distributed_runtime
     from distqa.qa.squad.inference import SquadPredictor
 
     if not hub_name(str(args.input)):

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from distqa.distributed import Runtime, barrier
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import Runtime, barrier
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.optim import Precision
 from distqa.qa.answers import Answer
 from distqa.qa.inference import load_trained, score_windows
 from distqa.qa.nq.cache import NQWindows, open_examples

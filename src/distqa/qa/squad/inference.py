@@ -24,9 +24,9 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from distqa.distributed import Runtime, barrier
+from distqa.distributed.precision import Precision
+from distqa.distributed.runtime import Runtime, barrier
 from distqa.encoders.pretrained import load_tokenizer
-from distqa.optim import Precision
 from distqa.qa.inference import load_trained, score_windows
 from distqa.qa.spans import WindowSpans
 from distqa.qa.squad.cache import SquadWindows, open_examples

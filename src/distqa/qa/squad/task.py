@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from torch.utils.data import Dataset
 
 from distqa.config import CONSOLE
-from distqa.distributed import Runtime
+from distqa.distributed.runtime import Runtime
 from distqa.encoders.config import ENCODER
 from distqa.errors import DataError
 from distqa.qa.config import WINDOWS

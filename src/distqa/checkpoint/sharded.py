@@ -1,0 +1,258 @@
+"""Sharded checkpoints (``checkpoint_format = sharded``): every rank writes its own shards with
+``torch.distributed.checkpoint`` (DCP), in the background, into one directory per step.
+
+::
+
+    checkpoints/step-00000100.dcp/
+        __0_0.distcp  __1_0.distcp …   each rank's shards of {"model", "optimizer"} (sharded state dicts: the
+                                        DTensor slices the rank holds; DCP writes a replicated tensor once)
+        .metadata                      DCP's index of the shards (rank 0)
+        state.pt                       rank 0: the rest of a TrainingCheckpoint (progress, scheduler, scaler, every
+                                       rank's RNG, config, versions, task state, evaluation, world size), its
+                                       ``model`` and ``optimizer`` left empty
+        manifest.json                  size and CRC-32 of every file above, gathered from the ranks, written last
+
+The promises of the single file hold for the directory as a whole:
+
+- complete or ignored: the ranks write into ``.step-00000100.dcp.tmp``; once every rank has finished (the gather of
+  their files' digests is the agreement), rank 0 writes ``state.pt`` and then the manifest, and renames the
+  directory into place. A kill before the rename leaves a temporary that
+  :func:`~distqa.checkpoint.run_folder.remove_stale_temporaries` deletes at the next start, and the previous checkpoint
+  in use;
+- full disk: a rank whose write fails with ENOSPC fails DCP's save on every rank (DCP gathers every rank's write
+  result and broadcasts the outcome), each raises :class:`~distqa.errors.DiskFullError`, rank 0 removes the
+  temporary; the previous checkpoint is intact;
+- damaged shards: :func:`~distqa.checkpoint.format.verify_directory` compares each file's size, then its CRC-32, with
+the
+  manifest before a resume reads any of it; :func:`~distqa.checkpoint.run_folder.newest_intact_checkpoint` renames a
+  damaged one
+  ``*.corrupt``;
+- rotation: :func:`~distqa.checkpoint.run_folder.prune_checkpoints` counts files and directories together, by step;
+- the graceful stop's deadline: the first write's bytes (all ranks') and seconds go through the same check as a
+  file's (:class:`~distqa.checkpoint.writer.CheckpointWriter`).
+
+The background write is a thread of each rank over a host copy of its shards (the stager the file writer uses),
+running ``dcp.save`` on a gloo group of its own, so its collectives never interleave with training's. Why not
+``dcp.async_save``: its future ends with the save, and the digests, the manifest and the rename must follow it on
+the same thread, in order. ``best.pt`` stays a single file gathered to rank 0 (:mod:`distqa.checkpoint.writer`): it
+holds the weights only (no optimizer state), it is what leaves the cluster (predict, export, the notebook), and it is
+written only when an evaluation improves. ``predict``, ``evaluate`` and ``export`` also take a step directory
+(:func:`load_sharded`, in one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from distqa.atomic_files import OUT_OF_SPACE, atomic_write, file_digest, free_space, fsync_folder
+from distqa.checkpoint.format import MANIFEST, STATE_FILE, CheckpointError, ModelCheckpoint, read_sharded
+from distqa.checkpoint.run_folder import checkpoint_dir, prune_checkpoints
+from distqa.checkpoint.writer import CheckpointWriter
+from distqa.errors import DiskFullError
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".dcp"
+
+
+def sharded_checkpoint_path(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step-{step:08d}{SUFFIX}"
+
+
+def load_sharded(directory: Path) -> ModelCheckpoint:
+    """In one process (predict, evaluate, export): the checkpoint in ``directory`` with its whole weights."""
+    checkpoint = read_sharded(directory, ModelCheckpoint)
+    with warnings.catch_warnings():  # "no process group: loading in this process", which is the point
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            state = _load_state_dict_from_keys({"model"}, checkpoint_id=str(directory))
+        except Exception as err:  # DCP's reader: a foreign or damaged directory, in one line
+            raise CheckpointError(f"{directory} holds no readable weights ({type(err).__name__}: {err}).") from err
+    return replace(checkpoint, model=state["model"])
+
+
+def load_model(directory: Path, model: nn.Module) -> None:
+    """Collective where a process group exists. The weights in ``directory`` into ``model`` (bare, or sharded by
+    :func:`~distqa.parallel.fsdp.shard_model`): DCP reads into each rank's tensors the parts they hold, whatever the
+    world
+    size that wrote them."""
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, storage_reader=FileSystemReader(str(directory)))
+    set_model_state_dict(model, state["model"])
+
+
+def load_optimizer(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective where a process group exists. The optimizer state in ``directory`` into ``optimizer`` (built over
+    ``model`` as training runs it: each rank of a sharded run reads its slices, a replicated one the whole)."""
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, storage_reader=FileSystemReader(str(directory)))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+# --- writing ---------------------------------------------------------------------------------------
+class ShardedCheckpointWriter(CheckpointWriter):
+    """Every rank's writer: step checkpoints as DCP directories (:meth:`submit_sharded`, collective), ``best.pt`` as
+    the file writer writes it (rank 0, :meth:`submit`). Create it on every rank, in the same order (it makes a gloo
+    group for the background write)."""
+
+    def __init__(self, run_dir: Path, keep_checkpoints: int, device: torch.device, **kwargs: Any) -> None:
+        super().__init__(run_dir, keep_checkpoints, device, **kwargs)
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.group = dist.new_group(backend="gloo") if distributed else None
+        """The background write's collectives (DCP's plan and results, the digests): never those of training."""
+        self._shards_stager: DefaultStager | None = None
+        self._shards_thread: threading.Thread | None = None
+        self._shards_error: BaseException | None = None
+
+    def step_path(self, step: int) -> Path:
+        return sharded_checkpoint_path(self.run_dir, step)
+
+    def submit_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                       state: ModelCheckpoint | None) -> Path:
+        """Collective. This rank's shards of ``model`` and ``optimizer`` as they are now into step ``step``'s
+        directory (returned), with
+        ``state`` (rank 0: the rest of the checkpoint; its model and optimizer are not read) beside them. Returns
+        once the shards are copied to host memory, after the previous sharded write is complete (its error raised)."""
+        self.wait_sharded()
+        directory = sharded_checkpoint_path(self.run_dir, step)
+        shards = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        rest = None if state is None else {**state.to_state(), "model": {}, "optimizer": {}}
+        if not self.background:
+            self._write_sharded(shards, directory, rest)
+            return directory
+        if self._shards_stager is None:
+            self._shards_stager = DefaultStager(StagingOptions(use_pinned_memory=self._cuda, use_shared_memory=False,
+                                                               use_async_staging=False,
+                                                               use_non_blocking_copy=self._cuda))
+        snapshot = self._shards_stager.stage(shards)
+        self._shards_thread = threading.Thread(target=self._write_sharded_in_background,
+                                               args=(snapshot, directory, rest), name="distqa-sharded-writer")
+        self._shards_thread.start()
+        return directory
+
+    def wait_sharded(self) -> None:
+        if self._shards_thread is not None:
+            self._shards_thread.join()
+            self._shards_thread = None
+        if self._shards_error is not None:
+            error, self._shards_error = self._shards_error, None
+            raise error
+
+    def wait(self) -> None:
+        """Both writes in flight complete (the sharded one first: it is every rank's); their errors raised."""
+        try:
+            self.wait_sharded()
+        finally:
+            super().wait()
+
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[CheckpointWriter]:
+        try:
+            with super().finishing():
+                yield self
+        finally:
+            if self._shards_stager is not None:
+                self._shards_stager.close()
+                self._shards_stager = None
+
+    def _write_sharded_in_background(self, shards: dict[str, Any], directory: Path,
+                                     rest: dict[str, Any] | None) -> None:
+        try:
+            self._write_sharded(shards, directory, rest)
+        except BaseException as err:  # raised in the main thread by wait()
+            self._shards_error = err
+
+    def _write_sharded(self, shards: dict[str, Any], directory: Path, rest: dict[str, Any] | None) -> None:
+        started = time.perf_counter()
+        temporary = directory.with_name(f".{directory.name}.tmp")
+        try:
+            try:
+                with warnings.catch_warnings():  # one process: "saving in a single process", which is the point
+                    warnings.simplefilter("ignore", UserWarning)
+                    dcp.save(shards, storage_writer=FileSystemWriter(str(temporary), sync_files=True),
+                             process_group=self.group, no_dist=self.group is None)
+            except CheckpointException as err:  # every rank gets it: DCP gathers each rank's write result
+                raise _disk_full_or(err, temporary) from err
+            mine = {path.name: file_digest(path) for path in temporary.glob(f"__{self.rank}_*")}
+            every = [mine]
+            if self.group is not None:
+                every = [None] * dist.get_world_size(self.group)  # type: ignore[list-item]
+                dist.all_gather_object(every, mine, group=self.group)  # the agreement: every rank's shards are durable
+            if rest is None:
+                return
+            files = {name: digest for digests in every for name, digest in digests.items()}
+            files[".metadata"] = file_digest(temporary / ".metadata")
+            files[STATE_FILE] = atomic_write(temporary / STATE_FILE, lambda f: torch.save(rest, f))
+            text = json.dumps({"files": {name: {"size": d.size, "crc32": d.crc32} for name, d in files.items()}},
+                              indent=1, sort_keys=True) + "\n"
+            atomic_write(temporary / MANIFEST, lambda f: f.write(text.encode()))  # last: a complete directory
+            if directory.exists():  # the same step written again (a resumed run that stops where it resumed)
+                shutil.rmtree(directory)
+            os.replace(temporary, directory)
+            fsync_folder(directory.parent)
+        except BaseException:
+            if rest is not None:  # rank 0 removes what the ranks wrote
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        seconds, size = time.perf_counter() - started, sum(d.size for d in files.values())
+        log.info("saved checkpoint %s (%.1f MB from %d rank(s), %.2f s%s)", directory, size / 1e6, len(every),
+                 seconds, ", in the background" if self.background else "")
+        if not self._timed:
+            self._timed = True
+            self._check_deadline(directory, size, seconds)
+        prune_checkpoints(self.run_dir, self.keep_checkpoints)
+
+
+def _disk_full_or(error: CheckpointException, temporary: Path) -> BaseException:
+    """A :class:`DiskFullError` when a rank's write ran out of space (naming the rank), else ``error``."""
+    for rank, (failure, _) in sorted(error.failures.items()):
+        if isinstance(failure, OSError) and failure.errno in OUT_OF_SPACE:
+            return DiskFullError(failure.errno, f"no space left in {temporary.parent} ({free_space(temporary.parent)} "
+                                 f"free) while rank {rank} wrote its shards of {temporary.name}; the previous "
+                                 "checkpoint is intact. Free space there or write elsewhere")
+    return error
+
+
+
+
+def uses_sharded_checkpoints(checkpoint_format: str, data_parallel: str, world_size: int) -> bool:
+    """Whether a run writes sharded step checkpoints (``checkpoint_format``; auto: a sharded run of several ranks)."""
+    if checkpoint_format == "auto":
+        return data_parallel in ("fsdp", "hsdp") and world_size > 1
+    return checkpoint_format == "sharded"
+
+
+def checkpoint_writer(config: Any, world_size: int, run_dir: Path, device: torch.device,
+                      **kwargs: Any) -> CheckpointWriter:
+    """Collective for the sharded format. The writer of a run: :class:`ShardedCheckpointWriter` on every rank when it
+    writes sharded checkpoints, else :class:`~distqa.checkpoint.writer.CheckpointWriter` (rank 0's files)."""
+    sharded = uses_sharded_checkpoints(config.checkpoint_format, config.data_parallel, world_size)
+    kind = ShardedCheckpointWriter if sharded else CheckpointWriter
+    return kind(run_dir, config.keep_checkpoints, device, background=config.checkpoint_in_background, **kwargs)

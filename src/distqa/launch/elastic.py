@@ -1,0 +1,129 @@
+"""Elastic membership: a run on any node count in ``MIN:MAX`` (``scripts/worker.sh --min-nodes``).
+
+torchrun's agents (``--nnodes MIN:MAX``) meet in a new rendezvous round after a node is lost, or when one joins;
+every round restarts the workers, which resume from the newest checkpoint at the round's world size. The global
+batch stays the same at any world size (the accumulation steps change), so every world size of the range must
+split it: :func:`check_node_range`, run by ``worker.sh`` before the rendezvous (``python -m distqa.launch.elastic``) and
+by every worker before its process group. :func:`membership_line` is the one line rank 0 logs for each round.
+
+``worker.sh`` exports the range as :data:`RANGE_VARIABLE` (torchrun tells a worker the node count of its round,
+``GROUP_WORLD_SIZE``, not the range), and ``distqa.launch.agent`` the rendezvous round as :data:`ROUND_VARIABLE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from distqa.config import Config, ConfigError
+
+RANGE_VARIABLE = "WORKER_NODE_RANGE"
+"""``MIN:MAX`` nodes, exported by ``worker.sh`` (not DISTQA_*: those are settings, which enter the config hash)."""
+ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
+"""The c10d rendezvous round the workers were started in, exported by ``distqa.launch.agent`` (the same on every
+node)."""
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """The node counts a run may have, and the processes on each node."""
+
+    min_nodes: int
+    max_nodes: int
+    procs_per_node: int
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> NodeRange | None:
+        """The range ``worker.sh`` exported, with torchrun's ``LOCAL_WORLD_SIZE``; None outside worker.sh."""
+        environ = os.environ if environ is None else environ
+        text = environ.get(RANGE_VARIABLE, "")
+        low, _, high = text.partition(":")
+        if not (low.isdigit() and high.isdigit()):
+            return None
+        return cls(int(low), int(high), int(environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.max_nodes
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return [nodes * self.procs_per_node for nodes in range(self.min_nodes, self.max_nodes + 1)]
+
+    def __str__(self) -> str:
+        return (f"{self.min_nodes}:{self.max_nodes} nodes × {self.procs_per_node} process(es) = world sizes "
+                f"{', '.join(map(str, self.world_sizes))}")
+
+
+def check_node_range(config: Config, node_range: NodeRange | None) -> None:
+    """A one-line :class:`ConfigError` unless every world size of the range splits the global batch into
+    ``per_rank_batch_size × world size × accumulation``, with the arithmetic and a global batch that works for
+    all (the least common multiple). ``grow_global_batch`` cannot help here: it would grow the batch at some
+    world sizes and not others, and a resumed run would then train another global batch than the one it
+    started with."""
+    if node_range is None or not node_range.elastic:
+        return
+    batch, micro = config.global_batch_size, config.per_rank_batch_size
+    failing = [size for size in node_range.world_sizes if batch % (micro * size)]
+    if not failing:
+        return
+    lcm = math.lcm(*(micro * size for size in node_range.world_sizes))
+    suggestion = lcm * max(1, round(batch / lcm))
+    arithmetic = "; ".join(f"{batch} % ({micro} × {size}) = {batch % (micro * size)}" for size in failing)
+    grow = " (grow_global_batch cannot apply over a range: the batch would change with the membership)" \
+        if config.grow_global_batch else ""
+    raise ConfigError(
+        f"the node range {node_range} does not split global_batch_size {batch} for world size "
+        f"{', '.join(map(str, failing))}: {arithmetic}{grow}; use a global_batch_size that is a multiple of "
+        f"{lcm} (per_rank_batch_size × the least common multiple of the world sizes), e.g. {suggestion}, or "
+        "another --min-nodes.")
+
+
+def range_report(config: Config, node_range: NodeRange | None) -> tuple[str, list[str]]:
+    """The doctor's line about the node range, and its problem when the range does not split the global batch."""
+    if node_range is None:
+        return "nodes: no range (not started by scripts/worker.sh)", []
+    if not node_range.elastic:
+        return f"nodes: fixed at {node_range.max_nodes} (worker.sh --min-nodes sets a range)", []
+    try:
+        check_node_range(config, node_range)
+    except ConfigError as err:
+        return f"nodes: {node_range}, elastic", [str(err)]
+    steps = ", ".join(f"{config.accumulation_steps(size)} at {size}" for size in node_range.world_sizes)
+    return (f"nodes: {node_range}, elastic: global batch {config.global_batch_size} in accumulation steps "
+            f"{steps} ranks"), []
+
+
+def membership_line(round_number: str, node_addresses: Sequence[str], world_size: int, accumulation: int) -> str:
+    """What rank 0 logs when the workers of a rendezvous round start."""
+    return (f"membership: round {round_number}: {len(node_addresses)} node(s) ({', '.join(node_addresses)}), "
+            f"world size {world_size}, accumulation {accumulation} step(s) per optimizer step")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m distqa.launch.elastic --procs-per-node P -- [TRAINER ARGS]``: worker.sh's check of the range it
+    exports, before the rendezvous. Exit 2 with one line when the range does not split the global batch."""
+    # The settings' loader brings the task registry in; only this entry point needs it.
+    from distqa.settings.sources import load_config
+
+    parser = argparse.ArgumentParser(prog="python -m distqa.launch.elastic")
+    parser.add_argument("--procs-per-node", type=int, required=True)
+    parser.add_argument("trainer_args", nargs="*")
+    options = parser.parse_args(argv)
+    node_range = NodeRange.from_environment()
+    try:
+        if node_range is not None:
+            node_range = NodeRange(node_range.min_nodes, node_range.max_nodes, options.procs_per_node)
+        check_node_range(load_config(options.trainer_args, check_data_paths=False), node_range)
+    except ConfigError as err:
+        print(f"worker.sh: configuration error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
