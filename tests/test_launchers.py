@@ -26,7 +26,7 @@ def code_lines(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(("what", "pattern", "home"), [
-    ("the torchrun command line", r"torch\.distributed\.run|distqa\.agent|(^\s*|exec\s+|[;&|]\s*)torchrun\s",
+    ("the torchrun command line", r"torch\.distributed\.run|distqa\.launch\.agent|(^\s*|exec\s+|[;&|]\s*)torchrun\s",
      "scripts/worker.sh"),
     ("the thread settings", r"OMP_NUM_THREADS=", "scripts/worker.sh"),
     ("the rendezvous environment", r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE|rdzv", "scripts/worker.sh"),

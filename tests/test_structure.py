@@ -107,6 +107,16 @@ def test_modules_hold_one_concern() -> None:
     assert not large, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {large}"
 
 
+def test_a_task_written_before_the_machinery_moved_into_families_still_finds_precision() -> None:
+    """The example's task imported Precision from distqa.optim; a fork's copy of it keeps working across the update
+    and is told the line to write instead (docs/LAYOUT.md)."""
+    code = "from distqa.optim import Precision; from distqa.distributed import Precision as P; assert Precision is P"
+    result = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c", code], cwd=REPO_ROOT,
+                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "write `from distqa.distributed import Precision`" in result.stderr, result.stderr
+
+
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules and `score`'s dispatch stay importable without torch, so no caller needs a lazy
     import to stay light (the QA tasks' shared types and metrics: tests/qa/test_structure_qa.py)."""

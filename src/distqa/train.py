@@ -75,7 +75,8 @@ from distqa.tasks import make_task
 from distqa.tasks.base import Task
 from distqa.training.optim import build_optimizer, build_scheduler
 from distqa.training.peer_loss import PeerLostError
-from distqa.training.trainer import StepPlan, Trainer
+from distqa.training.step_plan import StepPlan
+from distqa.training.trainer import Trainer
 
 log = logging.getLogger("distqa.train")
 

@@ -1,24 +1,23 @@
-"""The training loop: accumulate (no_sync) → step → schedule → log (rank 0) → evaluate (all ranks)
-→ checkpoint (rank 0, atomic, written in the background: :mod:`distqa.checkpoint.writer`).
+"""The training loop: accumulate (no_sync) → step → schedule → log (rank 0) → evaluate (all ranks) → checkpoint
+(rank 0, atomic, written in the background: :mod:`distqa.checkpoint.writer`).
 
-The job consumes one global batch per optimizer step whatever its world size: every rank runs
-``accumulation`` micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.parallel.fsdp`)
-averages the gradients once, on the last micro-batch. Progress is counted in optimizer steps and in
-examples consumed by the whole job in the current epoch, which together with the RNG states makes a
-resumed run continue exactly where the interrupted one stopped.
+The job consumes one global batch per optimizer step whatever its world size: every rank runs ``accumulation``
+micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.parallel.fsdp`) averages the
+gradients once, on the last micro-batch. Progress is counted in optimizer steps and in examples consumed by the
+whole job in the current epoch, which together with the RNG states makes a resumed run continue exactly where the
+interrupted one stopped.
 
-``distqa.train`` builds every object the loop uses, in order (:class:`StepPlan`, :func:`distqa.checkpoint.resume.resume`
-into the model, the DDP wrap of :mod:`distqa.parallel.ddp` or the sharding, the optimizer, scheduler and precision), and
-hands them to :class:`Trainer`, which only runs.
+``distqa.train.build_trainer`` builds every object the loop uses, in order (:class:`StepPlan`,
+:func:`distqa.checkpoint.resume.resume` into the model, the DDP wrap of :mod:`distqa.parallel.ddp` or the sharding,
+the optimizer, scheduler and precision), and hands them to :class:`Trainer`, which only runs.
 
-The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model
-reads, the loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and
-at the end, by all ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding
-thresholds) goes into the following checkpoints as it is, and the model with the best value of the
-evaluator's best metric so far is kept in ``checkpoints/best.pt``. With ``early_stopping_patience`` the run
-ends after that many evaluations without improvement (or a sweep's pruner's verdict), on every rank at once.
+The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model reads, the
+loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and at the end, by all
+ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding thresholds) goes into the
+following checkpoints as it is, and the model with the best value of the evaluator's best metric so far is kept in
+``checkpoints/best.pt``. With ``early_stopping_patience`` the run ends after that many evaluations without
+improvement (or a sweep's pruner's verdict), on every rank at once.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +25,6 @@ import logging
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ from tqdm.auto import tqdm
 from distqa.checkpoint.format import ModelCheckpoint, Progress, TrainingCheckpoint, why_it_ends
 from distqa.checkpoint.run_folder import best_checkpoint_path
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, checkpoint_writer
-from distqa.config import Config, ConfigError
+from distqa.config import Config
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import capture_rng_state, seed_for_step
 from distqa.distributed.runtime import (
@@ -54,37 +52,25 @@ from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.distributed.stop import StopSignal, TrainingStoppedError, graceful_stop_window
 from distqa.parallel import fsdp
 from distqa.parallel.ddp import broadcast_buffers, compile_enabled
-from distqa.record import metrics as training_metrics
-from distqa.record.metrics import MetricsWindow, RankWindow, StragglerWatch, progress_bar, summarise, tracked_scalars
+from distqa.record.metrics import (
+    MetricsWindow,
+    RankWindow,
+    StragglerWatch,
+    device_name,
+    peak_flops,
+    progress_bar,
+    summarise,
+    tracked_scalars,
+)
 from distqa.record.rundir import versions
 from distqa.record.tracking import RunRecord
 from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.training.faults import ArmedFault
 from distqa.training.peer_loss import LastCompleteStep, lost_peer, save_what_survives
+from distqa.training.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How many optimizer steps the run takes, and micro-batches per step, for this world size."""
-
-    accumulation: int
-    """Micro-batches per optimizer step on each rank."""
-    steps_per_epoch: int
-    total_steps: int
-    """Where the learning-rate schedule ends: max_steps, or epochs × steps_per_epoch."""
-
-    @classmethod
-    def of(cls, config: Config, sampler: ResumableDistributedSampler, world_size: int) -> StepPlan:
-        accumulation = config.accumulation_steps(world_size)
-        steps_per_epoch = sampler.min_samples_per_rank // config.per_rank_batch_size // accumulation
-        if steps_per_epoch == 0:
-            raise ConfigError(
-                f"the dataset ({len(sampler.dataset)} examples) is smaller than one global batch "
-                f"({config.global_batch_size}); use more data or a smaller global_batch_size.")
-        return cls(accumulation, steps_per_epoch, config.max_steps or config.epochs * steps_per_epoch)
 
 
 class Trainer:
@@ -113,7 +99,7 @@ class Trainer:
         """Step and metrics of the latest evaluation, saved with the checkpoints."""
         self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
         """Every rank's host name, to name a slow one in the log."""
-        self.peak_flops = training_metrics.peak_flops(config.peak_tflops, runtime.device)
+        self.peak_flops = peak_flops(config.peak_tflops, runtime.device)
         self._told_no_peak = False
         self.stragglers = StragglerWatch()
         """Which window stragglers are worth a warning (the same rank for many steps, rate-limited)."""
@@ -382,7 +368,7 @@ class Trainer:
             self._told_no_peak = True  # said once, where the task counts FLOPs (no MFU is possible otherwise)
             log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.record.throughput's table; "
                      "set --peak-tflops",
-                     training_metrics.device_name(self.runtime.device))
+                     device_name(self.runtime.device))
         shown = range(len(ranks)) if len(ranks) <= 8 else sorted({0, *window.extremes})  # one line, even at 64
         per_rank = ", ".join(f"{r}: {1000 * ranks[r].step_p50:.0f}/{1000 * ranks[r].step_p95:.0f} local "
                              f"{1000 * ranks[r].local_p50:.0f}/{1000 * ranks[r].local_p95:.0f}" for r in shown)
