@@ -149,8 +149,8 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
         "python -m distqa.predict: error: task 'nq': no module named 'distqa.qa'"), err
     code, _, err = said["score"]
     assert code == 2 and one_error_line(err).startswith(
-        "distqa.score: error: task 'nq': its score command distqa.qa.commands.score:main: importing "
-        "distqa.qa.commands.score failed (ModuleNotFoundError: No module named 'distqa.qa')"), err
+        "distqa.score: error: task 'nq': its score command distqa.qa.nq.commands:score: importing "
+        "distqa.qa.nq.commands failed (ModuleNotFoundError: No module named 'distqa.qa')"), err
     code, out, _ = said["help"]
     assert code == 0 and "--checkpoint CHECKPOINT" in out, out
 

@@ -15,8 +15,8 @@ and ``python -m distqa.predict --checkpoint results/nq-sample/model …`` writes
 directory holds: :mod:`distqa.qa.hf_format`. To publish it on a model hub: ``hf upload ORG/NAME DIR`` (the
 ``huggingface_hub`` CLI, after ``hf auth login``), or ``model.push_to_hub`` after loading it.
 
-The checkpoint's task runs it (its ``export`` command, :attr:`distqa.tasks.base.Task.commands`; for the
-question-answering tasks :mod:`distqa.qa.commands.export`). A task without one is one line on stderr and exit
+The checkpoint's task runs it (its ``export`` command, :attr:`distqa.tasks.base.Task.commands`; for every
+question-answering task :mod:`distqa.qa.commands.export`). A task without one is one line on stderr and exit
 status 2, as is a checkpoint that cannot be read.
 
 Exit status: 0 when written; 2 with one line on stderr when the checkpoint cannot be read or exported.

@@ -21,9 +21,10 @@ Hugging Face schema, or hf:NAME:SPLIT; answers in it are ignored) and writes the
         --input data/squad-sample/dev.json --output predictions.json
     python -m distqa.score --format squad --gold data/squad-sample/dev.json --predictions predictions.json
 
-The checkpoint's task runs it (its ``predict`` command, :attr:`distqa.tasks.base.Task.commands`): for the
-question-answering tasks :mod:`distqa.qa.commands.predict`, which says what the input may be and what the file
-holds. A task without one is one line on stderr and exit status 2.
+The checkpoint's task runs it (its ``predict`` command, :attr:`distqa.tasks.base.Task.commands`): for an ``nq``
+(or ``dummy``) checkpoint :func:`distqa.qa.nq.commands.predict`, for a ``squad`` one
+:func:`distqa.qa.squad.commands.predict`; their modules say what the input may be and what the file holds. A task
+without one is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from distqa.settings.task_commands import run_checkpoint_command
 
 HELP_TASK = "nq"
 """The task whose command answers ``--help`` and usage errors when no ``--checkpoint`` is given (the question-answering
-tasks share one; it lists their flags)."""
+tasks share one command line; it lists their flags)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,7 +111,7 @@ def test_predict_and_evaluate_show_only_the_settings_they_take_from_flags(module
     The QA tasks' commands, which ``python -m distqa.predict|evaluate`` run for their checkpoints."""
     entry_point = importlib.import_module(module)
     help_text = entry_point.build_arg_parser().format_help()
-    taken_from_flags = tuple(dict.fromkeys(entry_point.NQ_SETTINGS + entry_point.SQUAD_SETTINGS))
+    taken_from_flags = tuple(dict.fromkeys(name for names in entry_point.SETTINGS.values() for name in names))
     assert flags_in(help_text) == setting_flags(taken_from_flags)
     assert "--batch-size" in help_text  # the short name, kept for eval_batch_size
     with pytest.raises(ConfigError, match="eval_batch_size: invalid value 'many' from flag --eval-batch-size"):

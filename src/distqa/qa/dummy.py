@@ -31,7 +31,7 @@ from distqa.distributed.runtime import Runtime
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
 from distqa.qa.config import DummyConfig
-from distqa.qa.task import QATask
+from distqa.qa.task import QATask, qa_commands
 from distqa.tasks.base import Evaluator
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class DummyDataset(Dataset):
 class DummyTask(QATask):
     name = "dummy"
     config_class = DummyConfig
+    commands = qa_commands("distqa.qa.nq.commands")  # its windows are NQ's: nq's commands read its checkpoints
     config: DummyConfig
 
     def train_dataset(self) -> Dataset:

@@ -41,9 +41,8 @@ class QATask(Task):
     # The encoders' buffers (position and token type ids, ModernBERT's rotary frequencies) are constants, outside
     # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
     sync_buffers = False
-    # One module per command serves every QA task (it reads nq or squad from the checkpoint, as before the seam).
-    commands: ClassVar[Mapping[str, str]] = {
-        name: f"distqa.qa.commands.{name}:main" for name in ("predict", "evaluate", "score", "export")}
+    # Export is the same for every QA task; each subclass adds its own predict, evaluate and score (qa_commands).
+    commands: ClassVar[Mapping[str, str]] = {"export": "distqa.qa.commands.export:main"}
     config: QAConfig
 
     def __init__(self, config: QAConfig) -> None:
@@ -111,3 +110,9 @@ class QATask(Task):
         model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
         return EncoderMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
                                        self.config.attn_implementation)
+
+
+def qa_commands(module: str) -> dict[str, str]:
+    """The commands of a QA task whose predict, evaluate and score are the functions of those names in ``module``
+    (:mod:`distqa.qa.nq.commands`, :mod:`distqa.qa.squad.commands`), with the export every QA task shares."""
+    return {**QATask.commands, **{name: f"{module}:{name}" for name in ("predict", "evaluate", "score")}}

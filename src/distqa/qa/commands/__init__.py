@@ -1,3 +1,6 @@
-"""What ``python -m distqa.predict|evaluate|score|export`` run for the QA tasks' checkpoints and answer files: one
-module per command, serving every QA task (``QATask.commands`` declares them; :mod:`distqa.settings.task_commands`
-dispatches). Each has the command line and the one-line errors the entry point documents."""
+"""What the question-answering tasks' commands share (``python -m distqa.predict|evaluate|score|export`` over their
+checkpoints and answer files): one command line per command, its first steps and its one-line errors, and export,
+which is the same for every QA task. Each task's predict, evaluate and score are its own module's
+(:mod:`distqa.qa.nq.commands`, the dummy task's too; :mod:`distqa.qa.squad.commands`), which its class's ``commands``
+names (:mod:`distqa.settings.task_commands` dispatches); they parse their command line here and run their own
+answers."""

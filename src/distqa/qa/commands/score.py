@@ -1,5 +1,8 @@
-"""The score command of the question-answering tasks (``python -m distqa.score`` runs it for ``--format nq`` and
-``--format squad``): the Kaggle NQ micro-F1 of a submission CSV, or the official SQuAD metrics of a predictions JSON.
+"""The command line of ``python -m distqa.score`` for the question-answering tasks' answer files, one for all:
+``--format`` names the task (``python -m distqa.score`` runs that task's score command,
+:mod:`distqa.settings.task_commands`),
+whose score parses it here: the Kaggle NQ micro-F1 of a submission CSV (:func:`distqa.qa.nq.commands.score`), or the
+official SQuAD metrics of a predictions JSON (:func:`distqa.qa.squad.commands.score`).
 
 Natural Questions (the default ``--format nq``): a submission CSV against a train-format jsonl holding the same
 examples with their annotations::
@@ -27,21 +30,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from distqa.errors import DataError
-from distqa.qa.nq.metric import SubmissionError, read_gold, read_submission, score_answers
-from distqa.qa.squad import metric as squad_metric
 
-# --- command line ----------------------------------------------------------------------------------
+ANSWERS = {"nq": "submission", "squad": "predictions"}
+"""``--format`` -> the flag of its answers file (a format's score refuses the others')."""
+
+Scorer = Callable[[Path, Path], Mapping[str, float | int]]
+"""A format's metrics of (gold file, answers file)."""
+
 
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distqa.score", description="Score a Kaggle NQ submission CSV (micro F1 over long and short rows) or "
         "SQuAD predictions (the official exact match and F1).",
         epilog="Prints one JSON object on stdout. Errors: one line on stderr, exit status 2.")
-    parser.add_argument("--format", choices=("nq", "squad"), default="nq",
+    parser.add_argument("--format", choices=tuple(ANSWERS), default="nq",
                         help="nq: a Kaggle submission CSV (the default); squad: the official predictions JSON")
     parser.add_argument("--gold", required=True, type=Path,
                         help="nq: train-format jsonl of the submission's examples, with annotations; squad: the "
@@ -53,37 +59,24 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None, format_: str, scorer: Scorer, errors: tuple[type[Exception], ...] = ()) -> int:
+    """Score's command line ``argv`` for ``--format format_``: ``scorer(gold, answers)`` printed as JSON; a
+    DataError, OSError or one of ``errors`` is one line, exit status 2."""
     parser = build_arg_parser()
     args = parser.parse_args(argv)
-    answers, unused = ("submission", "predictions") if args.format == "nq" else ("predictions", "submission")
+    answers = ANSWERS[format_]
     if getattr(args, answers) is None:
         parser.error(f"the following arguments are required: --{answers}")
-    if getattr(args, unused) is not None:
-        parser.error(f"--{unused} is for --format {'squad' if unused == 'predictions' else 'nq'}; give --{answers}")
+    for other, unused in ANSWERS.items():
+        if unused != answers and getattr(args, unused) is not None:
+            parser.error(f"--{unused} is for --format {other}; give --{answers}")
     try:
         for path, what in ((args.gold, "gold"), (getattr(args, answers), answers.rstrip("s"))):
             if not path.is_file():
                 raise DataError(f"{path}: no such {what} file")
-        result = score_squad(args.gold, args.predictions) if args.format == "squad" else \
-            score_nq(args.gold, args.submission)
-    except (DataError, SubmissionError, OSError) as err:
+        result = scorer(args.gold, getattr(args, answers))
+    except (DataError, OSError, *errors) as err:
         print(f"{parser.prog}: error: {str(err).replace(chr(10), ' ')}", file=sys.stderr)
         return 2
     print(json.dumps(result))
     return 0
-
-
-def score_nq(gold: Path, submission: Path) -> dict[str, float | int]:
-    read_submission(submission)  # the format first: reading a large gold file takes minutes
-    golds = read_gold(gold)
-    return score_answers(golds, read_submission(submission, expected_ids=golds.keys()))
-
-
-def score_squad(gold: Path, predictions: Path) -> dict[str, float | int]:
-    golds = squad_metric.read_gold(gold)
-    return squad_metric.score_predictions(golds, squad_metric.read_predictions(predictions, golds.keys()))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ from distqa.qa.config import WINDOWS
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.config import NQ_FILES, NQConfig
 from distqa.qa.nq.prepared import find_features, prepare_nq, require_nq_features
-from distqa.qa.task import QATask
+from distqa.qa.task import QATask, qa_commands
 
 if TYPE_CHECKING:  # the model side, imported where evaluation starts (distqa.qa.task's docstring)
     from distqa.qa.nq.inference import Evaluator
@@ -30,6 +30,7 @@ class NQTask(QATask):
     name = "nq"
     config_class = NQConfig
     prepare_sections = (ENCODER, WINDOWS, NQ_FILES, CONSOLE)
+    commands = qa_commands("distqa.qa.nq.commands")
     config: NQConfig
 
     def check_inputs(self, may_build: bool) -> None:

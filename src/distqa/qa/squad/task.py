@@ -19,7 +19,7 @@ from distqa.qa.config import WINDOWS
 from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.config import SQUAD_FILES, SquadConfig
 from distqa.qa.squad.prepared import find_squad_features, prepare_squad, require_squad_features
-from distqa.qa.task import QATask
+from distqa.qa.task import QATask, qa_commands
 
 if TYPE_CHECKING:  # the model side, imported where evaluation starts (distqa.qa.task's docstring)
     from distqa.qa.squad.inference import SquadEvaluator
@@ -31,6 +31,7 @@ class SquadTask(QATask):
     name = "squad"
     config_class = SquadConfig
     prepare_sections = (ENCODER, WINDOWS, SQUAD_FILES, CONSOLE)
+    commands = qa_commands("distqa.qa.squad.commands")
     config: SquadConfig
 
     def check_inputs(self, may_build: bool) -> None:
