@@ -173,8 +173,8 @@ def elastic_node_lost(out: Path, returns: bool) -> float:
 
 
 # A lost peer (distqa.training.peer_loss): the node of rank 2 lost after step 17 with checkpoints every 5, the
-# survivors saving
-# the step they completed, or not (save_on_peer_loss false: the resume goes back to the newest checkpoint, step 15).
+# survivors saving the step they completed, or not (save_on_peer_loss false: the resume goes back to the newest
+# checkpoint, step 15).
 LOSS_TRAINER = ("--max-steps", "300", "--checkpoint-every", "5", "--global-batch-size", "12", "--per-rank-batch-size",
                 "2")
 LOSS_ENV = ELASTIC_ENV | {"INJECT_FAULT": "kill-node:rank=2:step=17"}

@@ -9,9 +9,8 @@ Model: BERT-large at its published sizes with random weights (bench/gpu_common.p
 compile of each sharding unit against one of the DDP module would add the compilers' differences to the wrap's).
 Rows: ``ddp`` (``distqa.parallel.ddp.wrap_ddp``: torch's DistributedDataParallel even on one GPU) and ``fsdp``
 (``distqa.parallel.fsdp.shard_model``: each transformer layer, then the root, bf16 weights gathered, fp32 reductions),
-each
-``Trainer.train_step`` timed as bench/gpu_bert.py times it (warm-up, then ``--repeats`` × ``--steps`` steps); samples/s
-of the whole job, MFU per GPU, and the peak of ``torch.cuda.max_memory_allocated`` on the fullest GPU.
+each ``Trainer.train_step`` timed as bench/gpu_bert.py times it (warm-up, then ``--repeats`` × ``--steps`` steps);
+samples/s of the whole job, MFU per GPU, and the peak of ``torch.cuda.max_memory_allocated`` on the fullest GPU.
 
 On one GPU full sharding is pointless (one shard holds everything): the fsdp row then measures only what the wrap
 costs (its hooks, the copies into and out of the flat gather buffers, the bf16 casts), and its memory the same

@@ -9,10 +9,8 @@ that environment the script prints one SKIP line. Both contenders run the traine
 (``Trainer.train_step``, the tiny-cpu preset on DummyDataset batches collated beforehand) and then record what the
 trainer records at a log line, as if ``log_every`` were 1 (the worst case): the 7 ``train/*`` scalars and the 4
 per-rank step times through :class:`distqa.record.tracking.RunRecord`, then its ``flush``. The MLflow requests run on
-the
-tracker's own thread, so the step should not wait for them. Target: with MLflow <= 1.05 × without, in median
-seconds per step.
-"""
+the tracker's own thread, so the step should not wait for them. Target: with MLflow <= 1.05 × without, in median seconds
+per step."""
 
 from __future__ import annotations
 

@@ -68,8 +68,8 @@ def act_once_at_step(self, micro_batches):  # the run's own step; at a known ste
         # The agent forwards it to this worker (AT_WAIT_STOP: so does the launcher the pid runs, a sweep's): hold the
         # step until it is here, however slow.
         if target == "parent" or os.environ.get("AT_WAIT_STOP"):
-            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # distqa.distributed.stop.StopSignal,
-            installed
+            # the StopSignal distqa.distributed.stop installed
+            stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
             deadline = time.monotonic() + 120
             while not stop.received and time.monotonic() < deadline:
                 time.sleep(0.01)

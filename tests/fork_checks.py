@@ -17,8 +17,7 @@ RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every
 NODE_1_LOST = "kill-node:rank=1:step=30"
 """Node 1 goes down right after step 30 (after the checkpoint of step 20, before the next): its torchrun agent and
 its worker SIGKILLed by the supported fault injection (distqa.training.faults), which lands at that step on any machine
-(a
-small task trains a step in milliseconds, faster than a test can watch for a checkpoint). Node 0 saves step 30, the
+(a small task trains a step in milliseconds, faster than a test can watch for a checkpoint). Node 0 saves step 30, the
 last it completed, before it leaves (distqa.training.peer_loss): the resume redoes no step."""
 
 

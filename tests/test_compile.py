@@ -1,6 +1,5 @@
 """``--compile`` and ``--compile-mode`` (distqa.parallel.ddp): compiled by default on GPUs only, in the mode asked for
-(that
-compiling leaves the results as they were: tests/qa/test_optimizations.py; its speed: bench/optimizations.py)."""
+(that compiling leaves the results as they were: tests/qa/test_optimizations.py; its speed: bench/optimizations.py)."""
 
 from __future__ import annotations
 

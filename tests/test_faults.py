@@ -162,8 +162,8 @@ ELASTIC_1_TO_2 = {"WORKER_NODE_RANGE": "1:2", "LOCAL_WORLD_SIZE": "1"}
 def test_pause_holds_the_named_rank_after_the_named_step_until_a_sigterm(tmp_path: Path,
                                                                          elastic: dict[str, str]) -> None:
     """The SIGTERM is handled as distqa.distributed.stop handles it (recorded, not fatal): the pause ends, the handler
-    runs, and
-    the steps go on. It waits outside worker.sh, and in an elastic run short of a node (world size 1 of 1:2)."""
+    runs, and the steps go on. It waits outside worker.sh, and in an elastic run short of a node (world size 1 of
+    1:2)."""
     handled = "import signal\nsignal.signal(signal.SIGTERM, lambda *_: print('handled', flush=True))\n"
     paused = subprocess.Popen([sys.executable, "-c", handled + STEPS, "0", str(tmp_path / "run")], cwd=REPO_ROOT,
                               env=clean_env(INJECT_FAULT="pause:rank=0:step=3", **elastic), stdout=subprocess.PIPE,

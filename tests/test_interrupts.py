@@ -68,8 +68,7 @@ def test_one_interrupt_checkpoints_the_step_reached_on_every_node_shows_their_li
     alone, once rank 0 has logged step 6 (after the periodic checkpoint of step 4): every node's workers stop at one
     step with a checkpoint of it, each node's "stopped by" line reaches the launcher's output, and the launcher exits
     75. Each worker gets one signal: a second would end it at once (distqa.distributed.stop). The run started again
-    after the
-    Ctrl-C resumes from that checkpoint."""
+    after the Ctrl-C resumes from that checkpoint."""
     output = tmp_path / "launcher.out"
     launcher = launch(tmp_path, output, "--max-steps", "100000", *RUN_ARGS)
     try:
@@ -150,8 +149,7 @@ sys.exit(75)
 
 def test_an_agent_that_got_the_signal_passes_it_to_its_workers_once(tmp_path: Path) -> None:
     """distqa.launch.agent SIGTERMs itself once a worker has reported a graceful stop, so that torchrun restarts
-    nothing;
-    when the agent got the signal itself it must not: torchrun would pass the second one on to workers still on
+    nothing; when the agent got the signal itself it must not: torchrun would pass the second one on to workers still on
     their way out (ElasticAgent.run shuts the workers down again when a signal interrupts the first shutdown)."""
     (tmp_path / "slow_to_end.py").write_text(SLOW_TO_END)
     with (tmp_path / "node.out").open("ab") as sink:

@@ -371,9 +371,8 @@ print(json.dumps({"node_rank": sys.argv[1], "pet": sorted(k for k in os.environ 
 
 def probe_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
     """worker.sh with a stand-in interpreter: ``-m distqa.launch.agent`` runs :data:`AGENT_PROBE` (torchrun's parser
-    under the
-    agent's environment), ``-m distqa.launch.reachability`` (node 0's store, which is not there) succeeds; the rest is
-    real."""
+    under the agent's environment), ``-m distqa.launch.reachability`` (node 0's store, which is not there) succeeds; the
+    rest is real."""
     (tmp_path / "probe.py").write_text(AGENT_PROBE)
     stand_in = tmp_path / "python"
     stand_in.write_text(f"""#!/usr/bin/env bash

@@ -1,6 +1,5 @@
 """The optimizer and the precision of a training step (distqa.training.optim): AdamW's weight decay on weight matrices
-only,
-and the precision each device allows."""
+only, and the precision each device allows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What a survivor of a lost peer decides, one process, no process group (distqa.training.peer_loss): which failures
-are a
-lost peer, when the state it holds is a whole step, and how two survivors share one checkpoint. The runs that lose
+are a lost peer, when the state it holds is a whole step, and how two survivors share one checkpoint. The runs that lose
 a real peer are in test_elastic.py, test_training.py, test_faults.py and test_hangs.py."""
 
 from __future__ import annotations

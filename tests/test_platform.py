@@ -640,10 +640,9 @@ STORE = "rendezvous_store"
 def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl_c_kills_it_too(
         platform: dict[str, str]) -> None:
     """The store's job runs (a CPU preset, python -m distqa.launch.rendezvous_store on the launcher's port) before any
-    node's
-    job is submitted; then every node, node 0 too, is submitted at once with --external-store and the store job's
-    internal hostname. The nodes wait for a platform node (held) when Ctrl-C comes: every job is cancelled, the
-    store's as well. No training runs: the command lines are the claim (the next tests run them)."""
+    node's job is submitted; then every node, node 0 too, is submitted at once with --external-store and the store job's
+    internal hostname. The nodes wait for a platform node (held) when Ctrl-C comes: every job is cancelled, the store's
+    as well. No training runs: the command lines are the claim (the next tests run them)."""
     held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
     held.mkdir(parents=True)
     nodes = [f"distributed_training-xs-{rank}" for rank in range(2)]
@@ -807,9 +806,8 @@ def test_a_sweep_runs_two_trials_at_once_each_on_two_platform_jobs_and_records_a
 
 def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
     """The trainer's settings (``python -m distqa.settings.sources --run-dir``, which resolves them as train does) and
-    the
-    platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the working
-    directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
+    the platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the
+    working directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
     here = tmp_path / "here"
     here.mkdir()
     (here / ".env").write_text("NODES=3\nDISTQA_RUN_NAME=from-here\n")

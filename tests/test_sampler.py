@@ -1,6 +1,5 @@
 """The resumable sampler (distqa.distributed.sampler): each rank's share of an epoch, and a resume at the exact example
-of the
-global order where the run stopped, for any world size."""
+of the global order where the run stopped, for any world size."""
 
 from __future__ import annotations
 

@@ -233,10 +233,9 @@ def bert_large_memory() -> EncoderMemory:
 def test_the_memory_estimate_divides_the_state_by_the_shards_adds_the_gathered_units_and_keeps_the_activations(
 ) -> None:
     """What the doctor's memory check expects of a sharded step (distqa.tasks.step_memory's ShardingUnits, on a bare
-    encoder):
-    fsdp: weights, gradients and AdamW state each 1/W; the root (what lies outside the layers: here the embeddings)
-    and two layers gathered whole in bf16 in place of autocast's weight copies; activations and transients as under
-    ddp. hsdp divides by a node's processes, not the world."""
+    encoder): fsdp: weights, gradients and AdamW state each 1/W; the root (what lies outside the layers: here the
+    embeddings) and two layers gathered whole in bf16 in place of autocast's weight copies; activations and transients
+    as under ddp. hsdp divides by a node's processes, not the world."""
     memory = bert_large_memory()
     layer = 4 * (1024 * 1024 + 1024) + 2 * 1024 * 4096 + 4096 + 1024 + 2 * 2 * 1024  # q, k, v, o; FFN; 2 LayerNorms
     assert memory.largest_layer == layer and memory.outside_layers == memory.parameters - 24 * layer

@@ -153,8 +153,7 @@ def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *
                   evaluation: bool = True, hosts: list[str] | None = None, pin_memory: bool | None = None,
                   wrap: TrainingWrap | None = None) -> Trainer:
     """Collective. The :class:`~distqa.training.trainer.Trainer` of a run, assembled in the order that makes it exact:
-    data,
-    model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
+    data, model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
     evaluation. The benchmarks build theirs here too (``bench/our_trainer.py``): ``dataset`` replaces the task's
     training split, ``evaluation=False`` leaves the task's evaluator out, ``pin_memory`` goes to
     :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.parallel.fsdp.data_parallel_model`."""

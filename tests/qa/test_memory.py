@@ -75,8 +75,7 @@ def estimated(config: QAConfig, step: Step) -> int:
 
 def measured_peak(config: QAConfig, ddp: bool, trace: Path, steps: int = 2) -> int:
     """Peak bytes of live CPU tensors over ``steps`` training steps as distqa.training.trainer runs them (autocast
-    forward,
-    loss, backward, clipping, fused AdamW, gradients set to None), everything allocated inside the profiler."""
+    forward, loss, backward, clipping, fused AdamW, gradients set to None), everything allocated inside the profiler."""
     gc.collect()
     batch, seq = config.per_rank_batch_size, config.max_seq_len
     threads = torch.get_num_threads()
@@ -200,8 +199,7 @@ PRESET_ENCODERS = {"bert-large-nq": "bert-large", "roberta-large-nq": "roberta-l
 @pytest.mark.parametrize("preset", PRESET_ENCODERS)
 def test_the_large_presets_state_their_estimated_memory_and_smallest_gpu(preset: str, tmp_path: Path) -> None:
     """The comment's figures are what distqa.tasks.step_memory estimates for the preset (its micro-batch, checkpointing
-    and
-    precision, with DDP) on the encoder's published sizes, with and without activation checkpointing."""
+    and precision, with DDP) on the encoder's published sizes, with and without activation checkpointing."""
     text = (REPO_ROOT / "configs" / f"{preset}.toml").read_text()
     given = load_config(["--preset", preset, "--model-name-or-path", str(TINY_MODEL_DIR)],
                         environ={"DISTQA_NQ_TRAIN_FILE": "data/nq-sample/simplified-nq-train.jsonl"},

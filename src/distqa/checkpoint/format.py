@@ -140,11 +140,9 @@ def digest_path(path: Path) -> Path:
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> bool:
     """``torch.save`` through :func:`~distqa.atomic_files.atomic_write`, then its sidecar (the old sidecar goes first:
-    a kill
-    between the renames leaves a complete checkpoint loaded unverified, never a sidecar that does not match it).
+    a kill between the renames leaves a complete checkpoint loaded unverified, never a sidecar that does not match it).
     False, writing nothing, while another writer holds the path (:func:`~distqa.atomic_files.claimed`): rank 0's write
-    and a
-    survivor's save after a lost peer (distqa.training.peer_loss) never interleave their files and sidecars."""
+    and a survivor's save after a lost peer (distqa.training.peer_loss) never interleave their files and sidecars."""
     with claimed(path) as ours:
         if not ours:
             return False

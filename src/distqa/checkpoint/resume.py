@@ -113,8 +113,7 @@ def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runti
     scheduler.load_state_dict(checkpoint.scheduler)
     precision.scaler.load_state_dict(checkpoint.scaler)
     # Each step seeds the generators from (seed, step, rank) (distqa.distributed.rng.seed_for_step): what a checkpoint
-    # holds of
-    # them matters only before the first step (a survivor's save after a lost peer holds none).
+    # holds of them matters only before the first step (a survivor's save after a lost peer holds none).
     if len(checkpoint.rng) == runtime.world_size and checkpoint.rng[runtime.rank] is not None:
         restore_rng_state(checkpoint.rng[runtime.rank])
     else:

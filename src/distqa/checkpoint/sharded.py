@@ -25,8 +25,7 @@ The promises of the single file hold for the directory as a whole:
 - damaged shards: :func:`~distqa.checkpoint.format.verify_directory` compares each file's size, then its CRC-32, with
 the
   manifest before a resume reads any of it; :func:`~distqa.checkpoint.run_folder.newest_intact_checkpoint` renames a
-  damaged one
-  ``*.corrupt``;
+  damaged one ``*.corrupt``;
 - rotation: :func:`~distqa.checkpoint.run_folder.prune_checkpoints` counts files and directories together, by step;
 - the graceful stop's deadline: the first write's bytes (all ranks') and seconds go through the same check as a
   file's (:class:`~distqa.checkpoint.writer.CheckpointWriter`).
@@ -100,8 +99,7 @@ def load_sharded(directory: Path) -> ModelCheckpoint:
 def load_model(directory: Path, model: nn.Module) -> None:
     """Collective where a process group exists. The weights in ``directory`` into ``model`` (bare, or sharded by
     :func:`~distqa.parallel.fsdp.shard_model`): DCP reads into each rank's tensors the parts they hold, whatever the
-    world
-    size that wrote them."""
+    world size that wrote them."""
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, storage_reader=FileSystemReader(str(directory)))
     set_model_state_dict(model, state["model"])

@@ -272,17 +272,15 @@ def membership_rounds(report_dir: str | None, signals: SignalsSeen | None) -> It
     """torchrun's restarts of the worker group, told apart (``SimpleElasticAgent._restart_workers``).
 
     Workers that stopped on a signal (:mod:`distqa.distributed.stop`: a checkpoint of the step reached, exit 75, a
-    report in
-    ``report_dir``) look failed to torchrun, which with ``--max-restarts`` left would start them again into a
+    report in ``report_dir``) look failed to torchrun, which with ``--max-restarts`` left would start them again into a
     rendezvous that the stopped nodes never join. So such a restart ends this agent with a SIGTERM, as the platform or
-    Slurm would (not when the agent got a signal itself: it is stopping its workers already, and a second signal
-    would make it signal them again, ending a worker still on its way out at once) — unless a node is waiting to join
+    Slurm would (not when the agent got a signal itself: it is stopping its workers already, and a second signal would
+    make it signal them again, ending a worker still on its way out at once) — unless a node is waiting to join
     (``--nnodes MIN:MAX``): then another node's agent stopped its workers for the round that node joins, and these
     stopped by the ranks' agreement. That, and torchrun's own restart when it sees a node waiting, is the end of a
-    round: the reports are removed, the restart is given back (a membership change spends none, as in torchrun)
-    and the workers of the next round start. After each rendezvous the round's number (torch's
-    ``_RendezvousState.round``, the same on every node) goes into the environment that torchrun gives the workers
-    it starts next."""
+    round: the reports are removed, the restart is given back (a membership change spends none, as in torchrun) and the
+    workers of the next round start. After each rendezvous the round's number (torch's ``_RendezvousState.round``, the
+    same on every node) goes into the environment that torchrun gives the workers it starts next."""
     restart_workers, stop_workers = SimpleElasticAgent._restart_workers, LocalElasticAgent._stop_workers
     rendezvous = SimpleElasticAgent._rendezvous
     in_a_new_round = threading.Event()

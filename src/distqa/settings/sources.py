@@ -31,8 +31,7 @@ setting wrongly is refused by :func:`~distqa.config.values.check_declarations`, 
 Which ``.env``, for every entry point and script (``scripts/common.sh``): ``$ENV_FILE`` (refused when it names no
 file), else ``.env`` in the working directory (:func:`dotenv_file`). Print every setting with its meaning:
 ``python -m distqa.train --help``; regenerate ``.env.example`` with ``python -m distqa.settings.sources >
-.env.example``.
-"""
+.env.example``."""
 
 from __future__ import annotations
 

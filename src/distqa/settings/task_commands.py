@@ -102,8 +102,7 @@ def checkpoint_task(path: Path) -> str:
 
 def _load_for_the_reason(path: Path) -> object:
     """The checkpoint at ``path`` loaded in full, for the one line :func:`~distqa.checkpoint.format.load_checkpoint`
-    raises
-    about a damaged or foreign file (a digest that does not match, a version this distqa does not read)."""
+    raises about a damaged or foreign file (a digest that does not match, a version this distqa does not read)."""
     # Here, not at the top: only a checkpoint that does not memory-map needs the checkpoint module (and torch).
     from distqa.checkpoint.format import CheckpointError, ModelCheckpoint, load_checkpoint
 

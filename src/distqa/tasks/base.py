@@ -107,8 +107,7 @@ class Task:
     """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
     name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
     ``python -m distqa.<name>`` once it found the task (:mod:`distqa.settings.task_commands`); only that module is
-    imported.
-    A command the task leaves out says so in one line."""
+    imported. A command the task leaves out says so in one line."""
 
     def __init__(self, config: Config) -> None:
         if not isinstance(config, self.config_class):

@@ -9,10 +9,9 @@ step's forward or backward (DDP's gradient all-reduce) leaves the model as the p
 step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gather, the stop check) leaves that
 step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
 (:func:`distqa.distributed.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run
-ends with
-the weights of one never interrupted, dropout included. Only the optimizer's update
-itself is no place to save from. A sharded model (fsdp, hsdp) is not whole on any rank, and under NCCL the host cannot
-tell which step the GPU's weights are at: those runs go back to the newest checkpoint, and the line says so.
+ends with the weights of one never interrupted, dropout included. Only the optimizer's update itself is no place to save
+from. A sharded model (fsdp, hsdp) is not whole on any rank, and under NCCL the host cannot tell which step the GPU's
+weights are at: those runs go back to the newest checkpoint, and the line says so.
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
 create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.atomic_files.claimed`),

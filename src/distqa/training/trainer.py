@@ -367,8 +367,7 @@ class Trainer:
         if window.counts_flops and self.peak_flops is None and not self._told_no_peak:
             self._told_no_peak = True  # said once, where the task counts FLOPs (no MFU is possible otherwise)
             log.info("no MFU in the logs: the bf16 peak of %s is not in distqa.record.throughput's table; "
-                     "set --peak-tflops",
-                     device_name(self.runtime.device))
+                     "set --peak-tflops", device_name(self.runtime.device))
         shown = range(len(ranks)) if len(ranks) <= 8 else sorted({0, *window.extremes})  # one line, even at 64
         per_rank = ", ".join(f"{r}: {1000 * ranks[r].step_p50:.0f}/{1000 * ranks[r].step_p95:.0f} local "
                              f"{1000 * ranks[r].local_p50:.0f}/{1000 * ranks[r].local_p95:.0f}" for r in shown)
