@@ -113,7 +113,7 @@ def stale_distqa(tmp_path: Path) -> Path:
     stale = tmp_path / "stale"
     shutil.copytree(REPO_ROOT / "src" / "distqa", stale / "src" / "distqa",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    with (stale / "src" / "distqa" / "trainer.py").open("a") as trainer:  # machinery every task runs
+    with (stale / "src" / "distqa" / "training" / "trainer.py").open("a") as trainer:  # machinery every task runs
         trainer.write("# an edit that reached one node only\n")
     for shared in ("configs", "data"):  # the copy finds presets and the tiny model beside it, as a checkout
         (stale / shared).symlink_to(REPO_ROOT / shared)

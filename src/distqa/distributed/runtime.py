@@ -30,6 +30,9 @@ from distqa.config import ConfigError
 
 log = logging.getLogger(__name__)
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""The distqa package's folder: the frames of a failed collective's traceback inside it are the caller's."""
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -269,8 +272,8 @@ def collective_of(err: BaseException) -> str:
     backward."""
     frames = traceback.extract_tb(err.__traceback__)
     calls = [frame.name for frame in frames if Path(frame.filename).name == "distributed_c10d.py"]
-    ours = [frame for frame in frames if Path(frame.filename).parent.name == "distqa"
-            and Path(frame.filename).name != "distributed.py"]
+    ours = [frame for frame in frames if PACKAGE_DIR in Path(frame.filename).resolve().parents
+            and Path(frame.filename).resolve() != Path(__file__).resolve()]
     caller = f" (from {ours[-1].name}, {Path(ours[-1].filename).name}:{ours[-1].lineno})" if ours else ""
     if calls:
         return f"the collective {calls[-1]}(){caller}"
