@@ -425,3 +425,10 @@ See `src/distqa/no_such_file.py`, `tests/test_config.py::test_no_such_test` and 
         "README.md has no heading with the anchor #no-such-heading",
     ]:
         assert expected in problems, f"not refused: {expected}\n--- the checker said:\n{problems}"
+
+
+def test_the_tests_page_reads_in_lines_of_at_most_120_characters() -> None:
+    """tests/README.md maps the tiers claim by claim: a bullet per claim, no table row thousands of characters long."""
+    long = [number for number, line in enumerate((REPO_ROOT / "tests" / "README.md").read_text().splitlines(), 1)
+            if len(line) > 120]
+    assert not long, f"tests/README.md lines over 120 characters: {long}"
