@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_runs import ELASTIC_NODE_ARGS, ELASTIC_TRAINER_ARGS, RENDEZVOUS, elastic_reference
 
 from distqa.config import ConfigError
 from distqa.launch.elastic import NodeRange, check_node_range
@@ -32,21 +33,10 @@ from conftest import (
     max_difference,
     node_output,
     start_node,
-    start_training,
     wait_for,
 )
 
-# 12 examples per step: 2 per rank × 3 ranks × 2 micro-batches, or × 2 ranks × 3. Dropout off: the weights of
-# a run that changed its world size equal the uninterrupted run's (dropout masks are drawn per rank).
-TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-size", "12", "--per-rank-batch-size",
-                "2", "--classifier-dropout", "0", "--stop-check-every", "1")
-# Short rendezvous timings (worker.sh passes them to torchrun's c10d rendezvous): a round completes 1 s after its
-# minimum has joined, and a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
-RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
-# One restart: the lost node and its return are membership changes, which spend none (distqa.launch.agent gives back the
-# restart its survivors' exit 76 cost, distqa.training.peer_loss), so a run that lost a node and got it back still has
-# it.
-NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "1", "--join-timeout", "60")
+TRAINER_ARGS, NODE_ARGS = ELASTIC_TRAINER_ARGS, ELASTIC_NODE_ARGS
 LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's, the survivors save step 6
 # Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the
 # round the returned node joins, so the run grows back at a known step whatever the machine's speed.
@@ -95,14 +85,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     node lost for good (through the local launcher), the node lost and returned (worker.sh per node, so that the
     test can start the lost one again)."""
     root = tmp_path_factory.mktemp("elastic")
-    reference = start_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(root), "--run-name",
-                                "uninterrupted"], root / "uninterrupted.out", nproc=3)
     lost = launch_locally(root, "lost", LOST)
     port = free_port()
     nodes = [start_node(rank, 3, port, "returned", root, *NODE_ARGS, trainer_args=TRAINER_ARGS, INJECT_FAULT=RETURNED,
                         **RENDEZVOUS) for rank in range(3)]
-    processes = [reference, lost, *nodes]
+    processes = [lost, *nodes]
     try:
+        # The uninterrupted run, shared with tests/test_rendezvous_store.py, trains beside these (or is done already).
+        reference = elastic_reference(tmp_path_factory)
         # The node whose agent the fault killed is started again with the same arguments once the other two hold at
         # step 10 (rank 0's pause).
         wait_for((root / "returned" / "logs" / "rank-0.fault").exists, timeout=240)
@@ -116,12 +106,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for process in processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-    assert reference.returncode == 0, (root / "uninterrupted.out").read_text()
     assert lost.returncode == 0, (root / "lost.out").read_text()
     # Every node ended well but the one the fault killed (its worker.sh reports the agent's SIGKILL).
     codes = sorted(process.returncode for process in [*nodes, again])
     assert codes == [0, 0, 0, 137], f"exit codes {codes}"
-    return {"root": root, "reference": root / "uninterrupted"}
+    return {"root": root, "reference": reference}
 
 
 @pytest.mark.distributed

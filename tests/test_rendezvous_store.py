@@ -17,6 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from shared_runs import ELASTIC_NODE_ARGS, RENDEZVOUS, elastic_reference
+from shared_runs import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
 from torch.distributed import TCPStore
 
 from distqa.launch.reachability import probe
@@ -32,11 +34,8 @@ from conftest import (
     max_difference,
     node_output,
     start_node,
-    start_training,
     wait_for,
 )
-from test_elastic import NODE_ARGS as ELASTIC_NODE_ARGS
-from test_elastic import RENDEZVOUS, TRAINER_ARGS
 
 # tests/test_elastic.py's runs (12 examples per step split by 3 ranks and by 2, dropout off, short rendezvous
 # timings), every node a client of the store.
@@ -64,18 +63,19 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen[str], timeout:
 
 
 @pytest.mark.distributed
-def test_node_0_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(tmp_path: Path) -> None:
-    reference = start_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(tmp_path), "--run-name",
-                                "uninterrupted"], tmp_path / "uninterrupted.out", nproc=3)
+def test_node_0_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     port = free_port()
     store = start_store(port, tmp_path / "store.out")
-    processes = [reference, store]
+    processes = [store]
     try:
         wait_for_line(tmp_path / "store.out", "serving the rendezvous store", store)
         nodes = [start_node(rank, 3, port, "lost", tmp_path, *NODE_ARGS, trainer_args=TRAINER_ARGS, **RENDEZVOUS,
                             **({"INJECT_FAULT": NODE_0_LOST} if rank == 0 else {})) for rank in range(3)]
         processes += nodes
-        for process in [reference, *nodes]:
+        # The uninterrupted run, shared with tests/test_elastic.py, trains beside these (or is done already).
+        reference = elastic_reference(tmp_path_factory)
+        for process in nodes:
             finish(process, timeout=240)
     finally:
         for process in processes:
@@ -84,7 +84,6 @@ def test_node_0_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(tmp_p
         store.send_signal(signal.SIGTERM)
         finish(store, timeout=60)
     outputs = [node_output(tmp_path, "lost", rank).read_text() for rank in range(3)]
-    assert reference.returncode == 0, (tmp_path / "uninterrupted.out").read_text()
     assert [node.returncode for node in nodes] == [137, 0, 0], "\n".join(outputs)
     assert store.returncode == 0, (tmp_path / "store.out").read_text()
     everything = "\n".join(outputs)
@@ -99,7 +98,7 @@ def test_node_0_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(tmp_p
     # The new rank 0 (on node 1 or 2) wrote the checkpoints after the loss, in the same run directory.
     checkpoints = sorted(path.name for path in (run_dir / "checkpoints").glob("step-*.pt"))
     assert checkpoints[-1] == "step-00000014.pt", checkpoints
-    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(run_dir))
+    difference = max_difference(final_weights(reference), final_weights(run_dir))
     assert difference < 1e-5, f"the run that lost node 0 differs from the uninterrupted one by {difference:.2e}"
 
 

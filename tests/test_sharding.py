@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_runs import SHARDING_MAX_GRAD_NORM as MAX_GRAD_NORM
+from shared_runs import SHARDING_STEPS as STEPS
+from shared_runs import sharding_run_args as run_args
 from torch import nn
 from transformers import BertConfig, BertModel
 
@@ -43,20 +46,10 @@ from conftest import (
     run_training,
 )
 
-STEPS = 4
-MAX_GRAD_NORM = 0.3
 ACROSS_STRATEGIES = 1e-5
 """DDP against a sharded run: they sum the same gradients in another order (all-reduce against reduce-scatter, the
 clipping norm from per-shard partial norms), which differs in float rounding by ~1e-7 after a few steps."""
 SAME_STRATEGY = 1e-6
-
-
-def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra: str) -> list[str]:
-    return [*MACHINERY_ARGS, *data, "--output-dir", str(output_dir), "--run-name", name, "--global-batch-size", "16",
-            "--per-rank-batch-size", str(per_rank), "--max-steps", str(STEPS), "--checkpoint-every", "2",
-            "--classifier-dropout", "0", "--lr", "5e-4", "--max-grad-norm", str(MAX_GRAD_NORM),
-            "--eval-every", "2", "--eval-batch-size", "4", "--dist-timeout-s", "60",
-            "--checkpoint-format", "file", *extra]  # DDP's file layout for every strategy: compared key by key
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sharding import run_args
+from shared_runs import sharding_run_args as run_args
 
 from conftest import final_weights, max_difference, reviews, run_training
 

@@ -117,6 +117,20 @@ def test_a_task_written_before_the_machinery_moved_into_families_still_finds_pre
     assert "write `from distqa.distributed import Precision`" in result.stderr, result.stderr
 
 
+def test_no_test_file_imports_another() -> None:
+    """What two test files share (a reference run, arguments, helpers) lives in conftest.py or a helper module such as
+    tests/shared_runs.py: a test file is never a library, so a fork may delete one without breaking another."""
+    tests = REPO_ROOT / "tests"
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(REPO_ROOT)} imports {name}" for name in names
+                      if name.split(".")[-1].startswith("test_")]
+    assert not found, found
+
+
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules and `score`'s dispatch stay importable without torch, so no caller needs a lazy
     import to stay light (the QA tasks' shared types and metrics: tests/qa/test_structure_qa.py)."""

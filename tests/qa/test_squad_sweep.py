@@ -11,10 +11,8 @@ the sweep prints.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -25,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from shared_runs import once_per_session
 
 from distqa.sweeps import study as studies
 
@@ -43,17 +42,9 @@ def run(command: list[str], env: dict[str, str], timeout: int) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The sweep, stopped and resumed, once per test session: under pytest-xdist the workers share it (the first runs
-    it, the others wait for its record), since worksteal may hand this module's tests to two workers."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's folder either way
-    root = shared / "squad-sweep"
-    with (shared / "squad-sweep.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "record.json").exists():
-            root.mkdir(exist_ok=True)
-            (root / "record.json").write_text(json.dumps(run_the_sweep(root)))
-    record = json.loads((root / "record.json").read_text())
+    """The sweep, stopped and resumed, once per test session (shared_runs.once_per_session): worksteal may hand this
+    module's tests to two xdist workers."""
+    root, record = once_per_session(tmp_path_factory, "squad-sweep", run_the_sweep)
     outcome = {name: SimpleNamespace(**result) for name, result in record.items()}
     sweep_dir = root / "sweep"
     records = {r.number: r for r in studies.records(studies.load_study(sweep_dir), running_now=False)}
