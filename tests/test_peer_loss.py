@@ -4,6 +4,8 @@ a real peer are in test_elastic.py, test_training.py, test_faults.py and test_ha
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +16,7 @@ import torch
 from distqa.checkpoint.format import Progress, load_checkpoint
 from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.distributed.runtime import CollectiveTimeoutError
+from distqa.training import trainer as trainer_module
 from distqa.training.peer_loss import LastCompleteStep, PeerLostError, lost_peer, save_what_survives
 
 GLOO_RESET = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41823: "
@@ -128,3 +131,31 @@ def test_only_a_rank_that_progressed_reports_a_membership_change(tmp_path: Path,
     moved = save_what_survives(survivor(tmp_path / "b", first_step=12), RuntimeError(GLOO_RESET), "gloo")
     assert moved.exit_code(rank=1) == 76
     assert (reports / "peer-lost-rank-1").read_text() == f"{moved}\n"
+
+
+def test_the_stop_signals_stay_handled_while_a_survivor_saves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent sees the lost peer too and sends the survivors SIGTERM: during the save it is recorded, not the
+    default action that would end the save half written (found beside two CPU hogs: rank 0 died with only its
+    .step-N.pt.tmp and claim written, and the resume went back to the newest checkpoint)."""
+    handlers = []
+
+    def save(trainer: Any, err: BaseException, reason: str) -> Exception:
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        return PeerLostError("saved", None, progressed=True)
+
+    def lose_the_peer(*_: Any) -> bool:
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+
+    monkeypatch.setattr(trainer_module, "save_what_survives", save)
+    runtime = SimpleNamespace(device=torch.device("cpu"), is_distributed=True, is_main_process=False, rank=1,
+                              world_size=2)
+    fake = SimpleNamespace(
+        _log_plan=lambda: None, _already_done=lambda: False, runtime=runtime, progress=Progress(step=3),
+        config=SimpleNamespace(stop_check_every=1, progress_bar=False), plan=SimpleNamespace(total_steps=10),
+        checkpoints=SimpleNamespace(finishing=contextlib.nullcontext), _train_epoch=lose_the_peer)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(PeerLostError, match="saved"):
+        trainer_module.Trainer.fit(fake, SimpleNamespace(writer=None))  # type: ignore[arg-type]
+    assert len(handlers) == 1 and handlers[0] not in (signal.SIG_DFL, before), handlers
+    assert getattr(handlers[0], "__self__", None).__class__.__name__ == "StopSignal"
+    assert signal.getsignal(signal.SIGTERM) == before, "the handlers before the loop come back after it"

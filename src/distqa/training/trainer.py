@@ -123,18 +123,21 @@ class Trainer:
             return self.progress
         stop = StopSignal(self.runtime.device, self.config.stop_check_every)
         scalars = record.writer  # rank 0's TensorBoard and tracker; None elsewhere
-        try:
-            with progress_bar(self.runtime.is_main_process and self.config.progress_bar, self.plan.total_steps,
-                              self.progress.step) as bar, stop.installed(), self.checkpoints.finishing(), \
-                    collective_timeouts_named(self.runtime, lambda: self.progress.step):
-                while self.progress.step < self.plan.total_steps:
-                    if self._train_epoch(bar, scalars, stop):
-                        return self.progress
-                self.finish_checkpoints()
-        except (RuntimeError, CollectiveTimeoutError) as err:  # a peer gone: save what this rank holds (PeerLostError)
-            if (reason := lost_peer(err)) is None or not self.runtime.is_distributed:
-                raise
-            raise save_what_survives(self, err, reason) from None
+        # The stop signals stay handled while a survivor saves: the agent that saw the lost peer too sends SIGTERM,
+        # which must not end the save half written.
+        with stop.installed():
+            try:
+                with progress_bar(self.runtime.is_main_process and self.config.progress_bar, self.plan.total_steps,
+                                  self.progress.step) as bar, self.checkpoints.finishing(), \
+                        collective_timeouts_named(self.runtime, lambda: self.progress.step):
+                    while self.progress.step < self.plan.total_steps:
+                        if self._train_epoch(bar, scalars, stop):
+                            return self.progress
+                    self.finish_checkpoints()
+            except (RuntimeError, CollectiveTimeoutError) as err:  # a peer gone: save what this rank holds
+                if (reason := lost_peer(err)) is None or not self.runtime.is_distributed:
+                    raise
+                raise save_what_survives(self, err, reason) from None
         log.info("training finished at step %d", self.progress.step)
         return self.progress
 
