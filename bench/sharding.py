@@ -18,8 +18,8 @@ on pre-collated DummyDataset batches of max_seq_len 128. Each rank runs one torc
     (the state plus activations and, for fsdp, the gathered units and unsharded gradients). Target: fsdp's counted
     state ≤ 1.1 / W of DDP's at W ranks.
 (b) step time on 2 ranks, ddp and fsdp side by side (interleaved repeats of
-``distqa.training.trainer.Trainer.train_step``,
-    per-rank batch 4 × 2 micro-batches, the slower rank's time): fsdp / ddp, target ≤ 1.3.
+    ``distqa.training.trainer.Trainer.train_step``, per-rank batch 4 × 2 micro-batches, the slower rank's time):
+    fsdp / ddp, target ≤ 1.3.
 (c) save time on 2 ranks, interleaved: the single-file save of distqa's checkpoints (``full_model_state`` and
     ``full_optimizer_state`` gathered to rank 0, then ``torch.save`` by rank 0; no CRC sidecar, no background
     thread) against a sharded one: ``torch.distributed.checkpoint.save`` of the sharded state dicts, each rank

@@ -28,6 +28,7 @@ from torch.distributed.fsdp import fully_shard
 import distqa.checkpoint.sharded
 from distqa.checkpoint.format import MANIFEST, Progress, TrainingCheckpoint
 from distqa.checkpoint.sharded import ShardedCheckpointWriter
+from distqa.distributed.runtime import leave_together
 from distqa.errors import DiskFullError
 
 real_write_item = dcp_filesystem._write_item
@@ -83,11 +84,10 @@ def main(scenario: str, run_dir: Path) -> None:
         except DiskFullError as err:
             outcome = f"DiskFullError: {err.strerror}"
         print(json.dumps({"rank": rank, "outcome": outcome}), flush=True)
-        # Both ranks leave together: a rank that tears its gloo groups down while its peer is still on them can end
-        # that peer with SIGABRT ("terminate called without an active exception": rank 1 of the full-disk
-        # scenario, 2 runs in 16 beside two CPU hogs; none in 24 with this barrier). Rank 0 of "kill" is gone.
+        # Both ranks leave together, as distributed_runtime has them do (rank 1 of the full-disk scenario ended with
+        # SIGABRT at exit in 2 runs of 16 beside two CPU hogs without it). Rank 0 of "kill" is gone by now.
         if scenario != "kill":
-            dist.barrier()
+            leave_together()
     finally:
         dcp_filesystem._write_item = real_write_item
         dist.destroy_process_group()

@@ -113,8 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as err:
         advice = f" {SKIP_ADVICE}" if isinstance(err, BadRecordError) else ""
         return report_failure(f"distqa.train: data error: {err}{advice}", 2)
-    except PeerLostError as err:  # a peer gone or stalled: this rank saved what it held, and leaves
-                                  # (distqa.training.peer_loss)
+    except PeerLostError as err:  # a peer gone or stalled: this rank saved what it held, and leaves (peer_loss)
         print_error(f"distqa.train: {err}")
         return err.exit_code(int(os.environ.get("RANK", "0")))
     except CollectiveTimeoutError as err:  # a peer stalled outside the training loop; this rank leaves

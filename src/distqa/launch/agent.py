@@ -294,8 +294,8 @@ def membership_rounds(report_dir: str | None, signals: SignalsSeen | None) -> It
 
     def restart_workers_for_a_new_round(agent: SimpleElasticAgent, worker_group: Any) -> None:
         lost_peer = list(Path(report_dir).glob(PEER_LOST_REPORT.format(rank="*"))) if report_dir else []
-        if lost_peer:  # its workers saved the last step and left for the round without the lost one
-                       # (distqa.training.peer_loss)
+        # Its workers saved the last step and left for the round without the lost one (distqa.training.peer_loss).
+        if lost_peer:
             for report in lost_peer:
                 report.unlink(missing_ok=True)
             agent._remaining_restarts += 1  # a membership change spends no restart
