@@ -16,10 +16,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from distqa.launch.platform import options as usage
-from distqa.launch.platform.jobs import JOB, STORE_JOB, Flow, FlowNotFound, find_flow_cli, job_name, project_id, \
-    valid_job_name
+from distqa.launch.platform.jobs import (
+    JOB,
+    STORE_JOB,
+    Flow,
+    FlowMissingError,
+    find_flow_cli,
+    job_name,
+    project_id,
+    valid_job_name,
+)
 from distqa.launch.platform.options import PROG, Options, UsageError, parse_options
-from distqa.launch.platform.run import Interrupted, Launch, RunFailed, log, signals_ignored
+from distqa.launch.platform.run import Launch, LaunchInterruptedError, RunFailedError, log, signals_ignored
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 """The checkout whose .neuro/ the flow CLI reads (src/distqa/launch/platform/cli.py → the repository)."""
@@ -78,7 +86,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except UsageError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
-    except FlowNotFound as error:
+    except FlowMissingError as error:
         print(error, file=sys.stderr)
         return 2
     flow = Flow(cli, options, repo_root)
@@ -88,13 +96,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     launch = Launch(flow)
     try:
         launch.run()
-    except RunFailed as failure:
+    except RunFailedError as failure:
         with signals_ignored():
             log(str(failure))
             log(f"stopping every job of run '{options.run_id}'")
             launch.kill_all()
         return 1
-    except Interrupted:
+    except LaunchInterruptedError:
         with signals_ignored():
             log(f"interrupted: killing every job of run '{options.run_id}' (a second Ctrl-C changes nothing)")
             launch.kill_all()

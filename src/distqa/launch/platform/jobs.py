@@ -35,7 +35,7 @@ ENDED = ("succeeded", "failed", "cancelled")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class FlowNotFound(Exception):
+class FlowMissingError(Exception):
     """No flow CLI to run: the line says how to install one."""
 
 
@@ -124,12 +124,12 @@ def find_flow_cli(environ: Mapping[str, str]) -> str:
     path = environ.get("PATH")
     if named:
         if shutil.which(named, path=path) is None:
-            raise FlowNotFound(f"FLOW_CLI={named} is not on PATH")
+            raise FlowMissingError(f"FLOW_CLI={named} is not on PATH")
         return named
     for name in ("apolo-flow", "neuro-flow"):
         if shutil.which(name, path=path):
             return name
-    raise FlowNotFound("neither apolo-flow nor neuro-flow is on PATH: 'make setup' installs it into .venv (then "
+    raise FlowMissingError("neither apolo-flow nor neuro-flow is on PATH: 'make setup' installs it into .venv (then "
                        "'source .venv/bin/activate'), or 'pip install neuro-flow'; log in with 'apolo login'")
 
 

@@ -242,7 +242,8 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
                          "(environment or .env)")
     external_store = raw.external_store == "1"
     checks = (
-        (not external_store or nodes > 1, "--external-store needs --nodes 2 or more: one node has no rendezvous to host"),
+        (not external_store or nodes > 1,
+         "--external-store needs --nodes 2 or more: one node has no rendezvous to host"),
         (nodes >= 1, f"--nodes must be at least 1, got {nodes}"),
         (1 <= min_nodes <= nodes, f"--min-nodes must be in 1..{nodes} (--nodes), got {min_nodes}"),
         (1024 <= port <= 65535, f"--port must be in 1024..65535, got {port}"),

@@ -3,7 +3,8 @@ that ends the run when a job ends, or, with a node range, submits a lost node's 
 
 :class:`Watch` holds the run's state between two looks at the jobs and decides (no process, no clock: the unit
 tests call it); :class:`Launch` runs the flow CLI and carries the decisions out. Ctrl-C or SIGTERM kills every job
-of the run (:class:`Interrupted`), a failure too (:class:`RunFailed`): the caller turns them into exit statuses.
+of the run (:class:`LaunchInterruptedError`), a failure too (:class:`RunFailedError`): the caller turns them into
+exit statuses.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ UNKNOWN_LIMIT = 20
 twenty times the job is gone."""
 
 
-class RunFailed(Exception):
+class RunFailedError(Exception):
     """A job failed, never started, or the store's job ended: every job of the run is killed, exit status 1."""
 
 
-class Interrupted(Exception):
+class LaunchInterruptedError(Exception):
     """Ctrl-C or SIGTERM: every job of the run is killed, exit status 130."""
 
 
@@ -103,14 +104,15 @@ class Watch:
         return succeeded > 0 and succeeded + len(self.lost) == self.options.nodes
 
     def count_unknown(self, unknown: int) -> None:
-        """Note how many statuses this look could not read; :class:`RunFailed` after UNKNOWN_LIMIT looks in a row."""
+        """Note how many statuses this look could not read; :class:`RunFailedError` after UNKNOWN_LIMIT looks in a
+        row."""
         self.unknown_streak = self.unknown_streak + 1 if unknown else 0
         if self.unknown_streak >= UNKNOWN_LIMIT:
-            raise RunFailed(f"the status of {unknown} job(s) could not be read {UNKNOWN_LIMIT} times in a row")
+            raise RunFailedError(f"the status of {unknown} job(s) could not be read {UNKNOWN_LIMIT} times in a row")
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise Interrupted
+    raise LaunchInterruptedError
 
 
 @contextmanager
@@ -141,7 +143,8 @@ class Launch:
         return self.flow.options
 
     def run(self) -> None:
-        """The whole run; returns once every node has finished. Ctrl-C and SIGTERM raise :class:`Interrupted`."""
+        """The whole run; returns once every node has finished. Ctrl-C and SIGTERM raise
+        :class:`LaunchInterruptedError`."""
         o, flow = self.options, self.flow
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, _interrupt)
@@ -170,7 +173,7 @@ class Launch:
             if state == "failed" and code == EX_PLATFORMERROR:
                 self.not_scheduled(what, o.preset)
             if state not in ("failed", "cancelled", "succeeded"):
-                raise RunFailed(f"could not start {what}, status {state} (see above)")
+                raise RunFailedError(f"could not start {what}, status {state} (see above)")
             # it ran and has ended already: the watch reports it or submits it again
             log(f"{what} started and has already ended ({state})")
             ended_early += 1
@@ -200,8 +203,8 @@ class Launch:
         return submitted
 
     def not_scheduled(self, what: str, preset: str) -> None:
-        raise RunFailed(f"{what} was not started within {self.options.timeout_s} s; is preset '{preset}' available "
-                        "('apolo config show')? Raise --timeout to wait longer for a node.")
+        raise RunFailedError(f"{what} was not started within {self.options.timeout_s} s; is preset '{preset}' "
+                             "available ('apolo config show')? Raise --timeout to wait longer for a node.")
 
     def wait_running(self, what: str, job_id: str, suffix: str, submitted: subprocess.Popen[bytes],
                      preset: str) -> str:
@@ -219,16 +222,16 @@ class Launch:
             if status.state == "running" and status.host:
                 break
             if status.state in ("succeeded", "cancelled"):
-                raise RunFailed(f"{what} ended ({status.state}) before the other jobs started; see "
+                raise RunFailedError(f"{what} ended ({status.state}) before the other jobs started; see "
                                 f"'{flow.cli} logs {job_id} {suffix}'")
             if status.state == "failed":
                 if code is not None and code != EX_PLATFORMERROR:
-                    raise RunFailed(f"{what} failed before the other jobs started; see '{flow.cli} logs {job_id} "
+                    raise RunFailedError(f"{what} failed before the other jobs started; see '{flow.cli} logs {job_id} "
                                     f"{suffix}'")
                 if code is not None or time.monotonic() >= deadline:
                     self.not_scheduled(f"{what} ({job_id} {suffix})", preset)
             if code:
-                raise RunFailed(f"could not start {what}: '{flow.cli} run {job_id} --suffix {suffix} ...' failed "
+                raise RunFailedError(f"could not start {what}: '{flow.cli} run {job_id} --suffix {suffix} ...' failed "
                                 "(see above)")
             if time.monotonic() >= deadline:
                 self.not_scheduled(f"{what} (last status: {status.state})", preset)
@@ -251,7 +254,7 @@ class Launch:
             if o.external_store:  # first: the nodes' own failures follow from its loss
                 store = flow.status(STORE_JOB, o.run_id)
                 if store.ended:
-                    raise RunFailed(
+                    raise RunFailedError(
                         f"the rendezvous store's job ({STORE_JOB} {o.run_id}, job {store.job_id or '-'}) ended: "
                         f"{store.describe()}; every node's rendezvous is gone with it; its logs: '{flow.cli} logs "
                         f"{STORE_JOB} {o.run_id}'. Run again with --run-id {o.run_id} to resume from the newest "
@@ -272,7 +275,7 @@ class Launch:
                 unknown += status.state == "unknown"
             for decision in watch.decide(ended, succeeded):
                 if decision.action == "fail":
-                    raise RunFailed(decision.line)
+                    raise RunFailedError(decision.line)
                 log(decision.line)
                 if decision.action == "resubmit":
                     replaced[decision.rank] = (ended[decision.rank].job_id, self.start_node(decision.rank, master))
