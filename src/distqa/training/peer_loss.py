@@ -10,8 +10,10 @@ step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gath
 step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
 (:func:`distqa.distributed.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run
 ends with the weights of one never interrupted, dropout included. Only the optimizer's update itself is no place to save
-from. A sharded model (fsdp, hsdp) is not whole on any rank, and under NCCL the host cannot tell which step the GPU's
-weights are at: those runs go back to the newest checkpoint, and the line says so.
+from. Under NCCL the GPU runs behind the host, so each update first waits for the collectives queued before it and
+checks the error NCCL's watchdog recorded (:mod:`distqa.distributed.nccl_errors`): no update is made from gradients a
+lost peer left partial. A sharded model (fsdp, hsdp) is not whole on any rank: those runs go back to the newest
+checkpoint, and the line says so.
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
 create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.atomic_files.claimed`),
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint
 from distqa.checkpoint.run_folder import checkpoint_path
+from distqa.distributed.nccl_errors import reported_error
 from distqa.distributed.runtime import CollectiveTimeoutError, collective_of
 from distqa.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.record.rundir import versions
@@ -117,10 +120,11 @@ def _why_not_complete(trainer: Trainer) -> str | None:
     if trainer.config.data_parallel != "ddp":
         return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")
-    if trainer.runtime.backend == "nccl":
-        # The host queues a step's kernels ahead of the GPU: by the time an aborted communicator's error reaches
-        # Python, the next update may already have run on the GPU with partial gradients (docs/FAULT_TOLERANCE.md).
-        return "under NCCL the GPU runs behind the host, so this rank cannot tell that its weights are a whole step's"
+    if trainer.runtime.backend == "nccl" and reported_error() is None:
+        # Each update waits for the collectives before it and checks NCCL's recorded error (distqa.distributed.
+        # nccl_errors.wait_for_collectives): without that error, an update from partial gradients cannot be ruled out.
+        return ("this torch's ProcessGroupNCCL does not report NCCL's errors (get_error), so this rank cannot tell "
+                "that its weights are a whole step's")
     if trainer.survivable.updating:
         return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
     return None
