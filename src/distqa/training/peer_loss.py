@@ -266,4 +266,5 @@ def _save_shards(trainer: Trainer, replica: ReplicaGroup, step: int) -> tuple[Pa
         return directory, f"step {step} is saved already ({directory.name}) for the resume"
     if first:
         log.info("saved %s, the last step this replica group completed, after a peer was lost", directory)
-    return directory, f"saved step {step} for the resume with its replica group (ranks {_listed(replica.ranks)})"
+    members = f"rank {replica.ranks[0]}" if len(replica.ranks) == 1 else f"ranks {_listed(replica.ranks)}"
+    return directory, f"saved step {step} for the resume with its replica group ({members})"
