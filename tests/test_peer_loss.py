@@ -26,10 +26,13 @@ from distqa.checkpoint.format import (
 )
 from distqa.checkpoint.run_folder import checkpoint_path, newest_intact_checkpoint
 from distqa.checkpoint.sharded import load_sharded, sharded_checkpoint_path
+from distqa.distributed import nccl_errors
+from distqa.distributed.nccl_errors import NCCLCollectiveError, survive_nccl_errors, wait_for_collectives
 from distqa.distributed.runtime import CollectiveTimeoutError, local_runtime
 from distqa.parallel.fsdp import shard_model
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
+from distqa.training import peer_loss
 from distqa.training import trainer as trainer_module
 from distqa.training.peer_loss import (
     LastCompleteStep,
@@ -123,7 +126,6 @@ def test_a_survivor_whose_peer_holds_the_claim_writes_nothing(tmp_path: Path) ->
     # hsdp without a replica group: under NCCL (ReplicaGroup.of makes one under gloo only)
     ({"data_parallel": "hsdp", "backend": "nccl"},
      "data_parallel=hsdp shards the model and its optimizer over the ranks"),
-    ({"backend": "nccl"}, "under NCCL the GPU runs behind the host"),
     ({"save_on_peer_loss": False}, "save_on_peer_loss is off"),
     ({"updating": True}, "the failure fell inside step 18's optimizer update"),
 ])
@@ -136,6 +138,106 @@ def test_a_survivor_without_a_whole_step_saves_nothing_and_says_why(tmp_path: Pa
     err = save_what_survives(trainer, RuntimeError(GLOO_RESET), "gloo")
     assert why in str(err) and str(err).endswith(": the resume goes back to the newest checkpoint")
     assert err.saved is None and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(("reported", "saved"), [("SUCCESS", True), (None, False)])
+def test_an_nccl_survivor_saves_its_step_only_where_nccl_reports_its_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reported: str | None, saved: bool) -> None:
+    """Under NCCL every update waited for the collectives before it and for NCCL's recorded error
+    (nccl_errors.wait_for_collectives), so a survivor's weights are a whole step's. A torch whose ProcessGroupNCCL
+    reports no error state leaves that open: such a survivor saves nothing and says why."""
+    monkeypatch.setattr(peer_loss, "reported_error", lambda: reported)
+    failure = NCCLCollectiveError("NCCL communicator was aborted (REMOTE_ERROR) before optimizer step 18's update")
+    err = save_what_survives(survivor(tmp_path, backend="nccl"), failure, lost_peer(failure) or "")
+    assert str(err).startswith("rank 1: lost a peer during a collective after optimizer step 17 (NCCL: nccl "
+                               "communicator was aborted)")
+    assert (err.saved == checkpoint_path(tmp_path, 17)) is saved
+    if not saved:
+        assert "does not report NCCL's errors (get_error)" in str(err)
+
+
+class GPUQueue:
+    """torch.cuda.Event as wait_for_collectives uses it: recorded, then done after ``busy`` queries (None: never)."""
+
+    def __init__(self, busy: int | None) -> None:
+        self.busy, self.queries = busy, 0
+
+    def __call__(self) -> GPUQueue:
+        return self
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.busy is not None and self.queries > self.busy
+
+
+NCCL_RUNTIME = SimpleNamespace(backend="nccl")
+
+
+def test_the_wait_before_an_update_is_nccl_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_gpu() -> None:
+        raise AssertionError("gloo raises where the collective is called: no wait, no CUDA call")
+
+    monkeypatch.setattr(torch.cuda, "Event", no_gpu)
+    wait_for_collectives(SimpleNamespace(backend="gloo"), 10, 17)  # type: ignore[arg-type]
+
+
+def test_an_update_waits_for_the_gpu_then_for_nccls_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = GPUQueue(busy=3)
+    monkeypatch.setattr(torch.cuda, "Event", queue)
+    monkeypatch.setattr(nccl_errors, "reported_error", lambda: "SUCCESS")
+    wait_for_collectives(NCCL_RUNTIME, 10, 17)  # type: ignore[arg-type]
+    assert queue.queries == 4, "it returns only once the GPU has run what was queued"
+
+    monkeypatch.setattr(torch.cuda, "Event", GPUQueue(busy=0))
+    monkeypatch.setattr(nccl_errors, "reported_error", lambda: "REMOTE_ERROR")
+    with pytest.raises(NCCLCollectiveError, match=r"aborted \(REMOTE_ERROR\) before optimizer step 18's update") as err:
+        wait_for_collectives(NCCL_RUNTIME, 10, 17)  # type: ignore[arg-type]
+    assert lost_peer(err.value) == "NCCL: nccl communicator was aborted", "a lost peer: the survivor's path"
+
+
+def test_a_wait_that_nccls_watchdog_never_ends_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", GPUQueue(busy=None))
+    monkeypatch.setattr(nccl_errors, "WATCHDOG_GRACE_S", 0.05)
+    with pytest.raises(NCCLCollectiveError, match=r"did not finish within 0\.05 s"):
+        wait_for_collectives(NCCL_RUNTIME, 0, 17)  # type: ignore[arg-type]
+
+
+def test_save_on_peer_loss_has_nccls_watchdog_abort_the_collective_not_the_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # what worker.sh exports: the watchdog ends the process
+    survive_nccl_errors()
+    assert nccl_errors.os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+
+
+def test_the_step_waits_for_the_collectives_before_its_update_is_marked_or_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trainer.train_step: the wait comes after backward (the gradients' all-reduce queued) and before the update
+    mark, so a failure there leaves the weights and the mark as the last complete step left them."""
+    model = torch.nn.Linear(3, 1)
+    before = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    seen: list[bool] = []
+
+    def the_peer_is_gone(runtime: Any, timeout_s: float, step: int) -> None:
+        seen.append(trainer.survivable.updating)
+        raise NCCLCollectiveError("NCCL communicator was aborted (TIMEOUT) before optimizer step 18's update")
+
+    monkeypatch.setattr(trainer_module, "wait_for_collectives", the_peer_is_gone)
+    metrics = SimpleNamespace(start_step=lambda: None, count_batch=lambda batch: None, local_work_done=lambda: None)
+    trainer = SimpleNamespace(
+        runtime=SimpleNamespace(device=torch.device("cpu"), is_distributed=False), metrics=metrics,
+        plan=SimpleNamespace(accumulation=1), ddp_model=model, autocast=contextlib.nullcontext, model=model,
+        task=SimpleNamespace(input_names=["input"], loss=lambda output, batch: output.sum()),
+        precision=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)), optimizer=optimizer,
+        config=SimpleNamespace(max_grad_norm=0, save_on_peer_loss=True, dist_timeout_s=10),
+        survivable=LastCompleteStep(), progress=Progress(step=17))
+    with pytest.raises(NCCLCollectiveError):
+        trainer_module.Trainer.train_step(trainer, iter([{"input": torch.ones(2, 3)}]))  # type: ignore[arg-type]
+    assert seen == [False] and not trainer.survivable.updating
+    assert model.weight.grad is not None and torch.equal(model.weight.detach(), before), "no update was made"
 
 
 def test_a_failed_save_is_one_line_and_leaves_no_checkpoint(tmp_path: Path) -> None:

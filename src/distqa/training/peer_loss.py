@@ -10,18 +10,20 @@ step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gath
 step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
 (:func:`distqa.distributed.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run
 ends with the weights of one never interrupted, dropout included. Only the optimizer's update itself is no place to save
-from. Under NCCL the host cannot tell which step the GPU's weights are at: those runs go back to the newest checkpoint,
-and the line says so.
+from. Under NCCL the GPU runs behind the host, so each update first waits for the collectives queued before it and
+checks the error NCCL's watchdog recorded (:mod:`distqa.distributed.nccl_errors`): no update is made from gradients a
+lost peer left partial.
 
 A sharded model is not whole on any rank. Under fsdp the lost ranks held shards no one else has: the run goes back to
 the newest checkpoint. Under hsdp every node's ranks hold one replica, sharded over them (the mesh's ``shard``
 dimension, :func:`distqa.parallel.fsdp.device_mesh`): the ranks of a node none of whose ranks is lost hold every
-shard of the last complete step. They find so together (:class:`ReplicaGroup`: each tells the others its step and
-whether it holds it whole, on a gloo group of the node's ranks that training never uses, each collective bounded by
-``dist_timeout_s``) and write it as a sharded checkpoint with that group alone, the default group being broken: DCP
-(:func:`distqa.checkpoint.sharded.write_shards`) writes each chunk of the replica once, the group's first rank writes
-what rank 0 writes (``state.pt``, the manifest) and renames the directory into place. A node that lost a rank, or
-whose ranks do not all hold the same whole step, saves nothing and says why.
+shard of the last complete step. Under gloo they find so together (:class:`ReplicaGroup`: each tells the others its
+step and whether it holds it whole, on a gloo group of the node's ranks that training never uses, each collective
+bounded by ``dist_timeout_s``) and write it as a sharded checkpoint with that group alone, the default group being
+broken: DCP (:func:`distqa.checkpoint.sharded.write_shards`) writes each chunk of the replica once, the group's first
+rank writes what rank 0 writes (``state.pt``, the manifest) and renames the directory into place. A node that lost a
+rank, or whose ranks do not all hold the same whole step, saves nothing and says why; so does an hsdp run under NCCL
+(no replica group: it goes back to the newest checkpoint).
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
 create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.atomic_files.claimed`),
@@ -47,6 +49,7 @@ from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint, veri
 from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.checkpoint.sharded import sharded_checkpoint_path, shards_of, write_shards
 from distqa.config import Config
+from distqa.distributed.nccl_errors import reported_error
 from distqa.distributed.runtime import GLOO_TIMEOUT, CollectiveTimeoutError, Runtime, collective_of, node_local_group
 from distqa.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.record.rundir import versions
@@ -207,10 +210,11 @@ def _why_not_complete(trainer: Trainer) -> str | None:
     if trainer.config.data_parallel != "ddp" and trainer.replica_group is None:  # fsdp (hsdp: ReplicaGroup)
         return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")
-    if trainer.runtime.backend == "nccl":
-        # The host queues a step's kernels ahead of the GPU: by the time an aborted communicator's error reaches
-        # Python, the next update may already have run on the GPU with partial gradients (docs/FAULT_TOLERANCE.md).
-        return "under NCCL the GPU runs behind the host, so this rank cannot tell that its weights are a whole step's"
+    if trainer.runtime.backend == "nccl" and reported_error() is None:
+        # Each update waits for the collectives before it and checks NCCL's recorded error (distqa.distributed.
+        # nccl_errors.wait_for_collectives): without that error, an update from partial gradients cannot be ruled out.
+        return ("this torch's ProcessGroupNCCL does not report NCCL's errors (get_error), so this rank cannot tell "
+                "that its weights are a whole step's")
     if trainer.survivable.updating:
         return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
     return None

@@ -37,6 +37,7 @@ from distqa.checkpoint.format import ModelCheckpoint, Progress, TrainingCheckpoi
 from distqa.checkpoint.run_folder import best_checkpoint_path
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, checkpoint_writer
 from distqa.config import Config
+from distqa.distributed.nccl_errors import wait_for_collectives
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import capture_rng_state, seed_for_step
 from distqa.distributed.runtime import (
@@ -252,6 +253,8 @@ class Trainer:
         self.precision.scaler.unscale_(self.optimizer)
         grad_norm = fsdp.local_norm(torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.max_grad_norm or float("inf")))
+        if self.config.save_on_peer_loss:  # NCCL: no update from gradients that a lost peer left partial
+            wait_for_collectives(self.runtime, self.config.dist_timeout_s, self.progress.step)
         self.survivable.update_begins()  # until step_done, no complete step to save (distqa.training.peer_loss)
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
