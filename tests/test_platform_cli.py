@@ -195,7 +195,8 @@ def test_the_launcher_accepts_exactly_the_life_spans_neuro_flow_accepts(capsys: 
 
 def test_the_launcher_works_from_any_directory_and_its_help_is_the_documented_text(tmp_path: Path) -> None:
     """The script (a shim: it finds a Python and execs python -m distqa.launch.platform) from another directory;
-    its --help prints the options, the environment and the exit statuses (the launcher's docstring)."""
+    its --help prints the options, the environment and the exit statuses (the launcher's docstring); a PYTHON
+    without python-dotenv is refused in one line."""
     from distqa.launch.platform import options
 
     result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "anywhere"], cwd=tmp_path,
@@ -208,6 +209,13 @@ def test_the_launcher_works_from_any_directory_and_its_help_is_the_documented_te
     for part in ("Usage:", "Options:", "--max-resubmits K", "--external-store", "Environment: FLOW_CLI",
                  "ENV_FILE", "Exit status: 0 when every node succeeded", "130 after Ctrl-C or SIGTERM"):
         assert part in shown.stdout, part
+    python = tmp_path / "python"  # an interpreter without python-dotenv (PYTHON picks the launcher's interpreter)
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    refused = subprocess.run(["bash", str(LAUNCH), "--dry-run"], cwd=tmp_path, env=clean_env(PYTHON=str(python)),
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"{python} cannot import dotenv (python-dotenv): run 'make setup'" in refused.stderr
 
 
 # --- 10. neuro-flow 24.12 and its successor apolo-flow 26.7 -------------------------------------

@@ -76,7 +76,9 @@ task is one of them: -- --task examples.text_classification.task:TextClassificat
 Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
 first), NODES, MIN_NODES, PLATFORM_PRESET, EXTERNAL_STORE, STORE_PRESET, RUN_ID, SCHEDULE_TIMEOUT,
 POLL_INTERVAL; ENV_FILE (default .env in the working directory, as for every script and entry point: NODES=,
-MIN_NODES=, PLATFORM_PRESET=, EXTERNAL_STORE= and STORE_PRESET= are read from it).
+MIN_NODES=, PLATFORM_PRESET=, EXTERNAL_STORE= and STORE_PRESET= are read from it); PYTHON, the interpreter the
+script runs this launcher with (python -m distqa.launch.platform; default: the repository's .venv/bin/python, else
+python3; it needs python-dotenv).
 Exit status: 0 when every node succeeded; 1 when a job failed or never started, or the store's job
 ended (all jobs of the run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all
 jobs killed: each job's worker.sh gets SIGTERM from the platform, so its workers checkpoint the step
