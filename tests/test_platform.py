@@ -590,13 +590,16 @@ def test_a_node_that_fails_before_its_run_returns_is_a_lost_node_not_an_unschedu
     status reply comes late (the stand-in's late/ file), and `run` then ends with the job's exit code, not 125. The
     launcher says that the node started and ended, never that the platform could not start it. With a fixed node
     count the run stops on that node's failure; with --min-nodes the node is submitted again."""
-    key = "distributed_training-fe-1"
+    # A run id of each case's own: the stand-in finds a job's supervisor by its name, so two cases running at once
+    # under one name (pytest-xdist) would kill each other's jobs.
+    run_id = "fr" if node_range else "fe"
+    key = f"distributed_training-{run_id}-1"
     late = Path(platform["STANDIN_PLATFORM_DIR"]) / "late"
     late.mkdir(parents=True)
     (late / key).touch()
     out = tmp_path / "launcher.out"
     node_range_flags = ("--min-nodes", "1") if node_range else ()
-    launcher = launch({**platform, **RENDEZVOUS}, "fe", *node_range_flags, "--", *MACHINERY_ARGS, "--max-steps",
+    launcher = launch({**platform, **RENDEZVOUS}, run_id, *node_range_flags, "--", *MACHINERY_ARGS, "--max-steps",
                       "100000", "--checkpoint-every", "0", output=out)
     try:
         kill_when_running(platform, key)
@@ -609,16 +612,16 @@ def test_a_node_that_fails_before_its_run_returns_is_a_lost_node_not_an_unschedu
         (late / key).unlink(missing_ok=True)
         finish(launcher, timeout=120)
     output = out.read_text()
-    assert "node 1 (distributed_training fe-1) started and has already ended (failed)" in output, output
+    assert f"node 1 (distributed_training {run_id}-1) started and has already ended (failed)" in output, output
     assert "was not started within" not in output and "all 2 nodes were started" in output, output
     if node_range:
         assert launcher.returncode == 130, output
-        assert [line[1:4] for line in RESUBMITTED.findall(output)] == [("fe", "137", "Error")], output
+        assert [line[1:4] for line in RESUBMITTED.findall(output)] == [("fr", "137", "Error")], output
     else:
         assert launcher.returncode == 1, output
         assert "node 1 (distributed_training fe-1) failed; its logs: " in output, output
         assert submissions(platform, key) == 1
-    wait_for(lambda: not run_processes("fe"), timeout=60)
+    wait_for(lambda: not run_processes(run_id), timeout=60)
 
 
 @pytest.mark.distributed
