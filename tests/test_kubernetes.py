@@ -18,6 +18,7 @@ import contextlib
 import copy
 import functools
 import json
+import logging
 import os
 import re
 import shlex
@@ -27,6 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -348,45 +350,48 @@ def test_the_derived_environments_are_the_controllers() -> None:
         == "4"
 
 
-AGENT_PROBE = """
-import json, logging, os, sys
-warnings = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        warnings.append(record.getMessage())
-logging.basicConfig(level=logging.WARNING, handlers=[Keep()])
-from torch.distributed.run import config_from_args, parse_args
-options = parse_args(sys.argv[2:])  # torchrun's own parser, under the environment worker.sh gives it
-if options.standalone:  # as torch.distributed.run.run does before config_from_args
-    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"
-config, _, _ = config_from_args(options)
-print(json.dumps({"node_rank": sys.argv[1], "pet": sorted(k for k in os.environ if k.startswith("PET_")),
-                  "left": sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK") if k in os.environ),
-                  "warnings": warnings, "nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
-                  "endpoint": config.rdzv_endpoint, "run_id": config.run_id, "max_restarts": config.max_restarts,
-                  "conf": config.rdzv_configs, "standalone": options.standalone}))
-"""
-"""What torchrun makes of worker.sh's command line and environment, printed instead of starting the agent."""
+def probe_agent(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str],
+                env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """The node (distqa.launch.node, in this process) under the pod's command line and environment, its agent replaced
+    by torchrun's own parser under the environment the node leaves it (what torchrun makes of it: PET_* variables
+    left, its warnings); node 0's store, which is not there, counts as reached. The rest is real."""
+    from torch.distributed.run import config_from_args, parse_args
 
+    from distqa.launch import node, reachability
 
-def probe_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
-    """worker.sh with a stand-in interpreter: ``-m distqa.launch.agent`` runs :data:`AGENT_PROBE` (torchrun's parser
-    under the agent's environment), ``-m distqa.launch.reachability`` (node 0's store, which is not there) succeeds; the
-    rest is real."""
-    (tmp_path / "probe.py").write_text(AGENT_PROBE)
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"""#!/usr/bin/env bash
-case "$1 $2" in
-    "-m distqa.launch.agent") shift 2; exec {sys.executable} {tmp_path / "probe.py"} "$@" ;;
-    "-m distqa.launch.reachability") exit 0 ;;
-esac
-exec {sys.executable} "$@"
-""")
-    stand_in.chmod(0o755)
-    result = subprocess.run(argv, cwd=REPO_ROOT, env=env | {"PYTHON": str(stand_in)}, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+    environ = dict(env)
+    seen: dict[str, Any] = {}
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen["warnings"].append(record.getMessage())
+
+    def agent(args: list[str]) -> int:
+        seen["warnings"] = []
+        keep = Keep(logging.WARNING)
+        logging.getLogger().addHandler(keep)
+        try:
+            with mock.patch.dict(os.environ, environ, clear=True):
+                options = parse_args(args[1:])  # torchrun's own parser, under the environment the node gives it
+                if options.standalone:  # as torch.distributed.run.run does before config_from_args
+                    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"
+                config, _, _ = config_from_args(options)
+                seen.update(node_rank=args[0], pet=sorted(k for k in os.environ if k.startswith("PET_")),
+                            left=sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+                                        if k in os.environ),
+                            nodes=[config.min_nodes, config.max_nodes], nproc=config.nproc_per_node,
+                            endpoint=config.rdzv_endpoint, run_id=config.run_id, max_restarts=config.max_restarts,
+                            conf=config.rdzv_configs, standalone=options.standalone)
+        finally:
+            logging.getLogger().removeHandler(keep)
+        return 0
+
+    monkeypatch.setattr(node, "run_agent", agent)
+    monkeypatch.setattr(reachability, "wait_for_rendezvous", lambda *_: None)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    checked = node.read_node(argv[2:], environ)
+    assert checked is not None and node.start(checked, environ, REPO_ROOT) == 0
+    return seen, capsys.readouterr().err
 
 
 SMALL_RUN = [*MACHINERY_ARGS, "--global-batch-size", "8", "--per-rank-batch-size", "4"]
@@ -400,11 +405,12 @@ def engine_cases(nodes: int) -> list[Any]:
 
 @pytest.mark.parametrize(("name", "node"), engine_cases(2))
 def test_worker_sh_under_each_engines_variables_gives_torchrun_its_own_flags_only(
-        tmp_path: Path, name: str, node: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str,
+        node: int) -> None:
     resource = manifest(name)
     port = free_port()
     argv, env = on_this_machine(resource, *pod(resource, node), port, tmp_path, SMALL_RUN)
-    agent, stderr = probe_agent(tmp_path, argv, env)
+    agent, stderr = probe_agent(monkeypatch, capsys, argv, env)
     elastic = name == "pytorchjob-elastic.yaml"
     assert agent["pet"] == [] and agent["left"] == [] and agent["warnings"] == [], agent
     assert agent["node_rank"] == str(node) and agent["nodes"] == ([1, 2] if elastic else [2, 2])
@@ -415,7 +421,7 @@ def test_worker_sh_under_each_engines_variables_gives_torchrun_its_own_flags_onl
 
 
 def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_never_reaches_torchrun(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """elasticPolicy.standalone gives PET_STANDALONE="" (elastic.go line 114): torch 2.13's torchrun reads it as
     ``bool(int(""))``, a ValueError, when it reaches torchrun's parser."""
     resource = manifest("pytorchjob-elastic.yaml")
@@ -423,7 +429,7 @@ def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_nev
     resource["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
     argv, env = on_this_machine(resource, *pod(resource, 0), free_port(), tmp_path, SMALL_RUN)
     assert env["PET_STANDALONE"] == ""
-    agent, _ = probe_agent(tmp_path, argv, env)
+    agent, _ = probe_agent(monkeypatch, capsys, argv, env)
     assert agent["standalone"] and agent["nodes"] == [1, 1] and agent["pet"] == [] and agent["warnings"] == []
     torchrun = subprocess.run([sys.executable, "-c", "from torch.distributed.run import parse_args; parse_args(['x'])"],
                               env=clean_env(PET_STANDALONE=""), capture_output=True, text=True, timeout=60)
@@ -445,12 +451,23 @@ WRONG = {
 
 
 @pytest.mark.parametrize("case", list(WRONG))
-def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line(case: str) -> None:
+def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line(
+        case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The node's reading of the variables (distqa.launch.node.main, in this process); the first case through
+    worker.sh itself."""
+    from distqa.launch import node
+
     variables, expected = WRONG[case]
-    result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
-                            **variables), capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("worker.sh: ") and expected in result.stderr, result.stderr
+    if case == next(iter(WRONG)):
+        result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
+                                **variables), capture_output=True, text=True, timeout=60)
+        status, stderr = result.returncode, result.stderr
+    else:
+        with mock.patch.dict(os.environ, clean_env(**variables), clear=True):
+            status = node.main(["--dry-run"])
+        stderr = capsys.readouterr().err
+    assert status == 2 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith("worker.sh: ") and expected in stderr, stderr
 
 
 def test_a_flag_given_to_worker_sh_wins_over_the_engines_variable(tmp_path: Path) -> None:

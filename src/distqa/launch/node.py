@@ -27,8 +27,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
-from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, project_words
 from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here, require_writable
+from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, project_words
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout (src/distqa/launch/node.py): its project.toml, and the PYTHONPATH entry a fork's packages import
