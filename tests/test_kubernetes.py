@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import json
 import logging
 import os
 import re

@@ -97,5 +97,6 @@ def test_on_a_node_without_a_gpu_driver_worker_sh_runs_one_process_without_impor
     assert "worker.sh: run 'count': " in result.stderr and ", 1 process(es), " in result.stderr, result.stderr
     assert "--nproc-per-node 1 " in result.stdout, result.stdout
     assert calls.read_text().splitlines() == ["started"]
-    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time")]
     assert "distqa.launch.node" in imported and "torch" not in imported, result.stderr[-2000:]
