@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
+from unittest import mock
 
 import psutil
 import pytest
@@ -114,6 +116,19 @@ def clean_env(**extra: str) -> dict[str, str]:
                                                          "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
     return env
+
+
+def node_in_process(argv: Sequence[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``scripts/worker.sh ARGV`` under ``env`` as what it runs, distqa.launch.node.main, in this process (no bash, no
+    interpreter start): its exit status and output. For what ends before the agent starts (--dry-run, a refusal);
+    tests/test_launchers.py and each engine's file keep cases through worker.sh itself."""
+    from distqa.launch import node
+
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(sys, "path", list(sys.path)), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = node.main(list(argv))
+    return subprocess.CompletedProcess(["scripts/worker.sh", *argv], status, out.getvalue(), err.getvalue())
 
 
 def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout: int = 240,

@@ -163,7 +163,11 @@ def module_file(module: str) -> Path | None:
 @functools.cache
 def usage_text(script: str) -> str:
     """A script's usage: its leading comment block (what its `--help` prints), and `--help` itself when
-    the script handles it."""
+    the script handles it; worker.sh's is distqa.launch.node's (the module it runs prints it)."""
+    if script == "scripts/worker.sh":
+        from distqa.launch.node_options import USAGE
+
+        return f"{USAGE}\n--help"
     source = (REPO_ROOT / script).read_text()
     lines = []
     for line in source.splitlines():

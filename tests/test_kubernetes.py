@@ -32,7 +32,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, wait_for
+from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, node_in_process, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import kubeflow  # tests/standin is not a package
@@ -450,30 +450,21 @@ WRONG = {
 
 
 @pytest.mark.parametrize("case", list(WRONG))
-def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line(
-        case: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """The node's reading of the variables (distqa.launch.node.main, in this process); the first case through
+def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line(case: str) -> None:
+    """The node's reading of the variables in this process (conftest.node_in_process); the first case through
     worker.sh itself."""
-    from distqa.launch import node
-
     variables, expected = WRONG[case]
-    if case == next(iter(WRONG)):
-        result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
-                                **variables), capture_output=True, text=True, timeout=60)
-        status, stderr = result.returncode, result.stderr
-    else:
-        with mock.patch.dict(os.environ, clean_env(**variables), clear=True):
-            status = node.main(["--dry-run"])
-        stderr = capsys.readouterr().err
-    assert status == 2 and stderr.count("\n") == 1, stderr
-    assert stderr.startswith("worker.sh: ") and expected in stderr, stderr
+    env = clean_env(PYTHON=sys.executable, **variables)
+    result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=60) if case == next(iter(WRONG)) else node_in_process(["--dry-run"], env)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("worker.sh: ") and expected in result.stderr, result.stderr
 
 
 def test_a_flag_given_to_worker_sh_wins_over_the_engines_variable(tmp_path: Path) -> None:
-    result = subprocess.run(["bash", WORKER, "--dry-run", "--nnodes", "1", "--node-rank", "0", "--", *SMALL_RUN,
-                             "--output-dir", str(tmp_path)], cwd=REPO_ROOT, timeout=60, capture_output=True, text=True,
-                            env=clean_env(PYTHON=sys.executable, PET_NNODES="2", PET_NODE_RANK="1",
-                                          PET_MASTER_ADDR="job-node-0-0.job", PET_MASTER_PORT="29500"))
+    result = node_in_process(["--dry-run", "--nnodes", "1", "--node-rank", "0", "--", *SMALL_RUN, "--output-dir",
+                              str(tmp_path)], clean_env(PYTHON=sys.executable, PET_NNODES="2", PET_NODE_RANK="1",
+                                                        PET_MASTER_ADDR="job-node-0-0.job", PET_MASTER_PORT="29500"))
     assert result.returncode == 0, result.stderr
     assert "--standalone" in result.stdout and "1 node (standalone)" in result.stderr
 
@@ -495,9 +486,8 @@ def test_an_engines_node_0_address_serves_the_other_nodes_but_never_stands_for_a
     port = "29500" if engine == "kubeflow" else "29400"
 
     def dry_run(*flags: str) -> subprocess.CompletedProcess[str]:
-        env = clean_env(PYTHON=sys.executable, NODE_ADDR="10.0.0.2", **ENGINE_NODE_1[engine])
-        return subprocess.run(["bash", WORKER, "--dry-run", "--run-id", "engine", *flags, "--", "--preset", "none"],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+        return node_in_process(["--dry-run", "--run-id", "engine", *flags, "--", "--preset", "none"],
+                               clean_env(PYTHON=sys.executable, NODE_ADDR="10.0.0.2", **ENGINE_NODE_1[engine]))
 
     def endpoint(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
         assert result.returncode == 0, result.stderr
