@@ -107,9 +107,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     assert lost.returncode == 0, (root / "lost.out").read_text()
-    # Every node ended well but the one the fault killed (its worker.sh reports the agent's SIGKILL).
+    # Every node ended well but the one the fault killed (its worker.sh, exec'd into its agent, SIGKILLed).
     codes = sorted(process.returncode for process in [*nodes, again])
-    assert codes == [0, 0, 0, 137], f"exit codes {codes}"
+    assert codes == [-signal.SIGKILL, 0, 0, 0], f"exit codes {codes}"
     return {"root": root, "reference": reference}
 
 

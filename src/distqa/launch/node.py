@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import sys
 import tempfile
@@ -26,9 +27,12 @@ from collections.abc import Iterator, MutableMapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from distqa.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here, require_writable
 from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, project_words
+from distqa.settings.sources import run_dir_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout (src/distqa/launch/node.py): its project.toml, and the PYTHONPATH entry a fork's packages import
@@ -114,8 +118,6 @@ def flight_recorder(node: Node, environ: MutableMapping[str, str]) -> Path | Non
     was in. Read it with `torchfrtrace <run dir>/flight-recorder` (docs/FAULT_TOLERANCE.md, "Reading the flight
     recorder"). 2.13's names; it still reads TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE, with a
     deprecation warning."""
-    from distqa.settings.sources import run_dir_of
-
     try:
         run_dir = run_dir_of(["--run-name", node.run_id, *node.trainer_args], environ)
     except Exception:
@@ -162,11 +164,10 @@ def run_agent(args: list[str]) -> int:
     platform ending the job, Slurm's --signal, Ctrl-C, --stop-after) reach torchrun's agent as SIGTERM, which it
     sends to its workers (who stop at the next check step), SIGKILLing them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT s
     (default 30); a signal before the workers start ends the agent the same way."""
-    import signal
-
+    # torch for the agent alone: what comes before it (--dry-run, a refusal, the checks) never waits for its import.
     from torch.distributed.elastic.multiprocessing import api as processes
 
-    from distqa.launch import agent
+    from distqa.launch import agent  # torchrun's agent: torch too
 
     def stop_as_sigterm(signum: int, frame: object) -> None:  # torch's _terminate_process_handler, SIGINT as SIGTERM
         raise processes.SignalException(f"Process {os.getpid()} got signal: {signal.Signals(signum)}",
@@ -187,6 +188,8 @@ def run_agent(args: list[str]) -> int:
         return 1
     finally:
         processes._terminate_process_handler = real_handler
+        for number in (signal.SIGTERM, signal.SIGINT):  # the agent has ended: a late signal cuts no report short
+            signal.signal(number, signal.SIG_IGN)
 
 
 def outcome(node: Node, status: int, reports: Path, run_dir: Path | None) -> int:
@@ -203,7 +206,8 @@ def outcome(node: Node, status: int, reports: Path, run_dir: Path | None) -> int
         logs = f" and in {run_dir}/logs/rank-*.log" if run_dir else ""
         say(f"{where}: the workers refused to run (exit {status}); why is above{logs}")
         return status
-    from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE  # torch is here already: the agent ran
+    # the agent's module imports torch, which is here already: the agent ran
+    from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE
 
     if status not in (0, RENDEZVOUS_TIMEOUT_EXIT_CODE):  # the agent said why in one line
         say(f"{where}: torchrun exited with status {status} (see above)")
@@ -245,13 +249,9 @@ def start(node: Node, environ: MutableMapping[str, str], repo_root: Path) -> int
     # A node other than 0 (every node, with --external-store) first waits (up to the join timeout) until the
     # rendezvous store accepts connections: a node started early just waits, and an unreachable one ends with one
     # line naming address:port and what to check, instead of torchrun's RendezvousConnectionError after 60 s.
-    if node.nnodes > 1 and (node.node_rank > 0 or node.external_store):
-        from distqa.launch.reachability import UNREACHABLE_EXIT_CODE, wait_for_rendezvous
-
-        if message := wait_for_rendezvous(node.master_addr, node.master_port, node.join_timeout):
-            raise NodeError(f"run '{node.run_id}' node {node.node_rank}: {message}", UNREACHABLE_EXIT_CODE)
-    from distqa.errors import WORKER_REPORT_DIR_VARIABLE
-
+    waits = node.nnodes > 1 and (node.node_rank > 0 or node.external_store)
+    if waits and (message := reachability.wait_for_rendezvous(node.master_addr, node.master_port, node.join_timeout)):
+        raise NodeError(f"run '{node.run_id}' node {node.node_rank}: {message}", reachability.UNREACHABLE_EXIT_CODE)
     reports = Path(tempfile.mkdtemp(prefix="distqa-stop.", dir=environ.get("TMPDIR")))
     environ[WORKER_REPORT_DIR_VARIABLE] = str(reports)
     try:

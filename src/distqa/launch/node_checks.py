@@ -13,6 +13,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from distqa.config import ConfigError
+from distqa.launch.elastic import NodeRange, check_trainer_range
 from distqa.launch.node_options import Node, NodeError
 
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -60,6 +62,7 @@ def processes_here(device_nodes: Sequence[str] = GPU_DEVICE_NODES) -> int:
     importing torch just to count none (about 1.5 CPU-seconds a start)."""
     if not any(Path(node).exists() for node in device_nodes):
         return 1
+    # torch only to count GPUs where a driver is: about 1.5 CPU-seconds a start.
     import torch
 
     return max(torch.cuda.device_count(), 1)
@@ -69,9 +72,6 @@ def node_range_check(node: Node, nproc: int) -> None:
     """An elastic range (--min-nodes below --nnodes) of the trainer whose world sizes do not all split its global
     batch stops the node before any rendezvous, instead of failing (and being restarted) at the first membership
     change (:func:`distqa.launch.elastic.check_trainer_range`)."""
-    from distqa.config import ConfigError
-    from distqa.launch.elastic import NodeRange, check_trainer_range
-
     try:
         check_trainer_range(NodeRange(node.min_nodes, node.nnodes, nproc),
                             ["--run-name", node.run_id, *node.trainer_args])
