@@ -68,7 +68,7 @@ from distqa.record.tracking import RunRecord
 from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.training.faults import ArmedFault
-from distqa.training.peer_loss import LastCompleteStep, lost_peer, save_what_survives
+from distqa.training.peer_loss import LastCompleteStep, ReplicaGroup, lost_peer, save_what_survives
 from distqa.training.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,8 @@ class Trainer:
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
         self.pruner = TrialPruner(config.sweep_trial, runtime.is_main_process) if config.sweep_trial else None
         self.survivable = LastCompleteStep()
+        self.replica_group = ReplicaGroup.of(runtime, config)
+        """hsdp: this rank's replica, whose ranks save the last complete step together after a lost peer."""
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
