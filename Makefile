@@ -38,7 +38,7 @@ SIDE_VENVS := $(if $(wildcard requirements-apolo-flow.txt),$(FLOW26)) $(MLFLOW_S
 PYTHON_DIRS := $(wildcard src tests bench notebooks examples)
 SHELL_SCRIPTS := $(wildcard scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh) .ci/run
 # A package's own import contracts beside it (the QA tasks', a fork's task's), besides pyproject.toml's layers.
-CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml)
+CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml src/*/*/*/contracts.toml)
 
 .DEFAULT_GOAL := help
 .PHONY: help setup run train doctor test test-fast test-docker lint tiny-model env-example tensorboard clean \

@@ -177,6 +177,14 @@ def print_settings(part: dict[str, Any]) -> bool:
     if "no saves" in per_step and len(per_step) > 1:
         print("  " + ", ".join(f"{name} / no saves {value / per_step['no saves']:.3f}" for name, value in
                                per_step.items() if name != "no saves"))
+    handler = part.get("peer_loss")
+    if handler is not None:
+        print(f"  a lost peer's survivors ({handler['backend']}): NCCL error handling {handler['error_handling']} "
+              "(2 = CleanUpOnly: the watchdog aborts the collective, the process lives on), NCCL's reported error "
+              + (f"{handler['reported_error'] or 'not available'}" if handler["backend"] == "nccl" else "n/a"))
+        if rates.get("ddp") and rates.get("save_on_peer_loss off"):
+            print(f"  the wait for the collectives before each update: ddp / save_on_peer_loss off "
+                  f"{rates['ddp'] / rates['save_on_peer_loss off']:.3f} (goal: >= 0.99)")
     return any(row["note"].startswith("FAILED") for row in part["rows"]) or "FAILED" in checkpoints["note"]
 
 

@@ -15,6 +15,9 @@ training loader (``distqa.train.build_loader``, 4 workers), each row timed as be
   batched_grad_copy    DDP copies and divides the gradients per bucket, not per parameter (torch 2.12 and later;
                        the row says so on an older torch)
   bf16 comm hook       ``--ddp-comm-hook bf16``: the buckets cast to bf16 for the all-reduce and back
+  save_on_peer_loss off  no wait for the collectives before each update (distqa.distributed.nccl_errors), which the
+                       defaults make so that a survivor of a lost peer can save its last step; the part also
+                       records the NCCL error handling the runtime set and whether NCCL reports its error state
 
 Then the checkpoint writes: the same DDP step with a checkpoint every ``--every`` steps (``Trainer.save_checkpoint``,
 as ``Trainer.fit`` saves: model, AdamW state, RNG) on this machine's disk, written by the step itself
@@ -29,6 +32,7 @@ import argparse
 import gc
 import inspect
 import itertools
+import os
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -52,6 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distqa.checkpoint.run_folder import list_checkpoints
 from distqa.config import Config
+from distqa.distributed.nccl_errors import ERROR_HANDLING_VARIABLE, reported_error
 from distqa.distributed.runtime import Runtime
 from distqa.record.throughput import peak_bf16_flops
 from distqa.training.trainer import Trainer
@@ -64,6 +69,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "pin_memory off": ((), {"pin_memory": False}),
     "batched_grad_copy": ((), {"batched_grad_copy": True}),
     "bf16 comm hook": (("--ddp-comm-hook", "bf16"), {}),
+    "save_on_peer_loss off": (("--save-on-peer-loss", "false"), {}),
 }
 """Each row's flags of distqa.train and its options of gpu_sharding.gpu_trainer."""
 
@@ -108,14 +114,22 @@ def main() -> None:
                 failed |= row["note"].startswith("FAILED")
                 rows.append(row)
             checkpoints = measure_checkpoints(config, runtime, args, Path(work))
+            peer_loss = peer_loss_handler(runtime)
             failed |= "FAILED" in checkpoints["note"]
         if runtime.rank == 0:
             write_part(args.json, "settings", device, model=model_name(args),
                        world_size=runtime.world_size, seq_len=seq_len, micro_batch=micro_batch, steps=args.steps,
                        repeats=args.repeats, warmup=args.warmup, compiled=False, peak_flops=peak_flops, rows=rows,
-                       checkpoints=checkpoints)
+                       checkpoints=checkpoints, peer_loss=peer_loss)
     if failed:
         raise SystemExit(1)
+
+
+def peer_loss_handler(runtime: Runtime) -> dict[str, Any]:
+    """What a survivor of a lost peer relies on under NCCL: the watchdog's error handling (2, CleanUpOnly, set by
+    distqa.distributed.nccl_errors.survive_nccl_errors) and the error state NCCL reports (None: not reported)."""
+    return {"error_handling": os.environ.get(ERROR_HANDLING_VARIABLE),
+            "reported_error": reported_error() if runtime.backend == "nccl" else None, "backend": runtime.backend}
 
 
 def measure_checkpoints(config: Callable[..., Config], runtime: Runtime, args: argparse.Namespace,

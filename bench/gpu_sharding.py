@@ -43,6 +43,7 @@ from harness import add_common_arguments, bench_config, dummy_dataset, endless, 
 from torch import nn
 
 from distqa.config import Config
+from distqa.distributed.nccl_errors import survive_nccl_errors
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_reduce_max, distributed_runtime, join_process_group
 from distqa.encoders.pretrained import load_encoder_config
@@ -102,6 +103,7 @@ def runtime_with_a_group(device: str) -> Iterator[Runtime]:
     """distqa's runtime under torchrun, with a process group even at world size 1, where distqa.train makes none
     (it does not wrap a single process); the rows of this part and of bench/gpu_settings.py measure DDP's and
     FSDP's wraps, which need one."""
+    survive_nccl_errors()  # as distqa.train does with save_on_peer_loss (the default)
     with distributed_runtime(device) as runtime:
         if not dist.is_initialized():
             join_process_group(runtime, timeout_s=600)

@@ -10,13 +10,13 @@
 #   scripts/worker.sh --nnodes 2 --node-rank 0 --run-id r1                # the master
 #   scripts/worker.sh --nnodes 2 --node-rank 1 --master-addr job-1234.platform-jobs --run-id r1
 #
-# This script finds the interpreter and hands its arguments to `python -m distqa.launch.node`, which does the rest in
-# one process, torchrun's agent included (src/distqa/launch/: node.py; the options and the --help text:
-# node_options.py; Kubeflow's and SkyPilot's variables: engines.py; the checks: node_checks.py). It is exec'd, so
-# the process the engine started (and signals: SIGTERM/SIGINT to the node reach torchrun's agent as SIGTERM) is
-# Python's. Exit status: 0 when the run finished; 75 when the workers stopped on a signal after a checkpoint of the
-# step reached; 3 when node 0's rendezvous could not be reached; 4 when it did not fill up; 2 for a wrong option;
-# the workers' own when they refused to run; torchrun's otherwise.
+# This script finds the interpreter, checks that it imports distqa (a start that imports nothing else), and execs
+# `python -m distqa.launch.node` with its arguments, which does the rest in one process, torchrun's agent included
+# (src/distqa/launch/: node.py; the options and the --help text: node_options.py; Kubeflow's and SkyPilot's
+# variables: engines.py; the checks: node_checks.py). So the process the engine started is the node's Python, and
+# SIGTERM/SIGINT to it reach torchrun's agent as SIGTERM. Exit status: 0 when the run finished; 75 when the workers
+# stopped on a signal after a checkpoint of the step reached; 3 when node 0's rendezvous could not be reached; 4 when
+# it did not fill up; 2 for a wrong option; the workers' own when they refused to run; torchrun's otherwise.
 #
 # Environment: PYTHON, the interpreter with distqa installed (default: the repository's .venv/bin/python if there is
 # one, else python3, else python); the rest: --help.
@@ -26,15 +26,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/common.sh
 source "$repo_root/scripts/common.sh"
 find_python "$repo_root"
-# One Python process: an interpreter without distqa says so in one line (exit 2) instead of a traceback.
-exec "$PYTHON" -c '
-import sys
-try:
-    from distqa.launch.node import main
-except ModuleNotFoundError as err:
-    if not (err.name or "").startswith("distqa"):
-        raise
-    print(f"worker.sh: {sys.argv[1]} cannot import distqa; run inside the image, or \"make setup\" and"
-          " PYTHON=.venv/bin/python", file=sys.stderr)
-    sys.exit(2)
-sys.exit(main(sys.argv[2:]))' "$PYTHON" "$@"
+"$PYTHON" -c "import distqa" 2>/dev/null || {
+    echo "worker.sh: $PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python" >&2
+    exit 2
+}
+exec "$PYTHON" -m distqa.launch.node "$@"

@@ -163,11 +163,7 @@ def module_file(module: str) -> Path | None:
 @functools.cache
 def usage_text(script: str) -> str:
     """A script's usage: its leading comment block (what its `--help` prints), and `--help` itself when
-    the script handles it; worker.sh's is distqa.launch.node's (the module it runs prints it)."""
-    if script == "scripts/worker.sh":
-        from distqa.launch.node_options import USAGE
-
-        return f"{USAGE}\n--help"
+    the script handles it; for a shim that execs `"$PYTHON" -m MODULE "$@"`, the module's `--help` too."""
     source = (REPO_ROOT / script).read_text()
     lines = []
     for line in source.splitlines():
@@ -177,6 +173,9 @@ def usage_text(script: str) -> str:
             break
     if re.search(r"^\s*(-h\|)?--help\)", source, flags=re.M):
         lines.append("--help")
+    shim = re.search(r'^exec "\$PYTHON" -m ([\w.]+) "\$@"$', source, flags=re.M)
+    if shim:
+        lines += ["--help", help_texts({shim[1]})[shim[1]]]
     return "\n".join(lines)
 
 

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE, RendezvousWatcher
+from distqa.launch import agent
+from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE, STORE_LOST_EXIT_CODE, JoinedNode, RendezvousWatcher
 
 from conftest import (
     MACHINERY_ARGS,
@@ -156,6 +158,36 @@ def test_a_node_that_left_the_round_at_its_own_deadline_still_counts_as_joined()
     assert "2 of 3 nodes (--node-rank 0..2) joined (node 0 at 10.0.0.1, node 1 at 10.0.0.2); node 2 never " \
         in watcher.timeout_message("8", store_closed=True)
     assert read(1, node_1) == [1], "a new round starts afresh"
+
+
+def test_a_store_lost_after_the_rendezvous_filled_is_one_line_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Node 0 (the store's host without --external-store) lost for good during a run: torchrun's agent on node 1
+    ends with a RendezvousConnectionError when it tries a new round. The agent says so in one line (the store's
+    address, the run id to resume with, --external-store for a run that outlives node 0) with torchrun's status,
+    instead of the error's traceback. Seen in a real run: node 0's session killed at step 300, node 1's worker
+    saved that step on the agent's SIGTERM, and this line followed."""
+    def a_full_round_seen(watcher: RendezvousWatcher) -> RendezvousWatcher:
+        watcher.joined = [JoinedNode(0, "10.0.0.1"), JoinedNode(1, "10.0.0.2")]
+        return watcher
+
+    def the_store_goes(args: list[str]) -> None:
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(RendezvousWatcher, "start", a_full_round_seen)
+    monkeypatch.setattr(agent, "torchrun_main", the_store_goes)
+    code = agent.main(["1", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                       "10.0.0.1:29400", "--rdzv-id", "lost-store", "--local-addr", "10.0.0.2", "-m", "distqa.train"])
+    err = capsys.readouterr().err
+    assert code == STORE_LOST_EXIT_CODE == 1
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("distqa.launch.agent: node 1: lost the rendezvous store at 10.0.0.1:29400 during the run")
+    assert "--run-id lost-store" in err and "--external-store with --min-nodes" in err
+
+    monkeypatch.setattr(RendezvousWatcher, "start", lambda watcher: watcher)  # no state ever seen: torchrun's own
+    with pytest.raises(RendezvousConnectionError):
+        agent.main(["1", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    "10.0.0.1:29400", "--rdzv-id", "lost-store", "--local-addr", "10.0.0.2", "-m", "distqa.train"])
 
 
 AGENT_ENDS_MID_STORE_CALL = """

@@ -82,11 +82,12 @@ def test_on_a_node_without_a_gpu_driver_worker_sh_runs_one_process_without_impor
         tmp_path: Path) -> None:
     """With no --nproc-per-node, a node runs one process per GPU torch sees. Without a GPU driver's device node
     torch sees none, so the node does not import torch only to count them; and worker.sh starts one interpreter
-    for all it does before the agent: here, every interpreter it starts is logged by a stand-in PYTHON, and each
-    import by Python's own -X importtime (PYTHONPROFILEIMPORTTIME)."""
+    for all the node does before its agent (and one that imports distqa alone, its check): here, every interpreter
+    it starts is logged by a stand-in PYTHON, and each import by Python's own -X importtime
+    (PYTHONPROFILEIMPORTTIME)."""
     calls = tmp_path / "calls"
     stand_in = tmp_path / "python"
-    stand_in.write_text(f'#!/usr/bin/env bash\necho started >> {calls}\nexec {sys.executable} "$@"\n')
+    stand_in.write_text(f'#!/usr/bin/env bash\necho "$1 $2" >> {calls}\nexec {sys.executable} "$@"\n')
     stand_in.chmod(0o755)
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nnodes", "1", "--master-port", str(free_port()),
@@ -96,7 +97,7 @@ def test_on_a_node_without_a_gpu_driver_worker_sh_runs_one_process_without_impor
     assert result.returncode == 0, result.stdout + result.stderr
     assert "worker.sh: run 'count': " in result.stderr and ", 1 process(es), " in result.stderr, result.stderr
     assert "--nproc-per-node 1 " in result.stdout, result.stdout
-    assert calls.read_text().splitlines() == ["started"]
+    assert calls.read_text().splitlines() == ["-c import distqa", "-m distqa.launch.node"]
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time")]
     assert "distqa.launch.node" in imported and "torch" not in imported, result.stderr[-2000:]

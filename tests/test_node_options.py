@@ -336,7 +336,7 @@ def test_an_interpreter_without_distqa_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=tmp_path, env=clean_env(PYTHON=str(bare)),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
-    assert result.stderr == (f"worker.sh: {bare} cannot import distqa; run inside the image, or \"make setup\" and "
+    assert result.stderr == (f"worker.sh: {bare} cannot import distqa; run inside the image, or 'make setup' and "
                              "PYTHON=.venv/bin/python\n")
 
 

@@ -1,6 +1,8 @@
-"""The platform recipe without the platform: live.yml through neuro-flow's own parser, and
-scripts/run_distributed_on_platform.sh driving a stand-in neuro-flow that runs each job's rendered
-command as a local process with its own loopback address (tests/standin/platform_cli.py)."""
+"""The platform recipe without the platform: live.yml through neuro-flow's own parser, and the platform launcher
+(python -m distqa.launch.platform, which scripts/run_distributed_on_platform.sh execs) driving a stand-in neuro-flow
+that runs each job's rendered command as a local process with its own loopback address
+(tests/standin/platform_cli.py). Dry runs and refusals run the launcher in this process; runs start it once per
+case, through the script itself where the claim is about the script (the two-node run, ENV_FILE, the sweep)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from shared_runs import once_per_session
+
+from distqa.launch.platform.cli import main as launcher_main
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, sigint_as_in_a_terminal, wait_for
 
@@ -26,6 +32,8 @@ STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 PROJECT_ID = re.search(r"^id: (\S+)", (REPO_ROOT / ".neuro" / "project.yml").read_text(), re.MULTILINE)[1]
 """The project's id (its storage folder on the platform: a fork names its own)."""
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"
+LAUNCHER = [sys.executable, "-m", "distqa.launch.platform"]
+"""What the script execs: the launcher without the shim (one process less per case)."""
 JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendezvous_store", "jupyter", "tensorboard",
         "filebrowser", "remote_debug"}
 TRAIN_ARGS = [*MACHINERY_ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--global-batch-size", "8",
@@ -115,12 +123,18 @@ def test_a_nodes_job_stops_itself_with_a_checkpoint_before_its_life_span(
     assert f", stop after {stop_after_s}s" in result.stderr, result.stderr
 
 
-def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
+def dry_run(capsys: pytest.CaptureFixture[str], *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The launcher's dry run in this process: its exit status and output."""
+    code = launcher_main(["--dry-run", *args], clean_env(**env))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+def test_dry_run_prints_commands_whose_params_live_yml_defines(capsys: pytest.CaptureFixture[str]) -> None:
     from apolo_flow.parser import parse_live
 
-    result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "3", "--run-id", "t1", "--preset", "gpu-xl",
-                             "--entry-module", "mytask.train", "--", "--max-steps", "5", "--lr", "1e-4"],
-                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    result = dry_run(capsys, "--nodes", "3", "--run-id", "t1", "--preset", "gpu-xl", "--entry-module", "mytask.train",
+                     "--", "--max-steps", "5", "--lr", "1e-4")
     assert result.returncode == 0, result.stderr
     runs = [shlex.split(line) for line in result.stdout.splitlines() if " run " in line]
     assert len(runs) == 3
@@ -137,35 +151,30 @@ def test_dry_run_prints_commands_whose_params_live_yml_defines() -> None:
     assert "logs distributed_training t1-0" in result.stdout
 
 
-def test_nodes_come_from_flag_then_environment_then_dotenv(tmp_path: Path) -> None:
+def test_nodes_come_from_flag_then_environment_then_dotenv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env_file = tmp_path / ".env"
     env_file.write_text("# comment\nNODES=3  # three nodes\nDISTQA_LR=1e-4\n")
 
     def nodes(*flags: str, **env: str) -> int:
-        result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "t2", *flags],
-                                env=clean_env(ENV_FILE=str(env_file), **env), capture_output=True, text=True,
-                                timeout=60)
+        result = dry_run(capsys, "--run-id", "t2", *flags, ENV_FILE=str(env_file), **env)
         assert result.returncode == 0, result.stderr
         return result.stdout.count(" run distributed_training ")
 
     assert nodes() == 3
     assert nodes(NODES="4") == 4
     assert nodes("--nodes", "5", NODES="4") == 5
-    bad = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "two"], env=clean_env(),
-                         capture_output=True, text=True, timeout=60)
+    bad = dry_run(capsys, "--nodes", "two")
     assert bad.returncode == 2 and "nodes must be a whole number, got 'two'" in bad.stderr
 
 
 def test_external_store_comes_from_flag_then_environment_then_dotenv_and_a_bad_value_is_refused(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """EXTERNAL_STORE (environment, else .env; empty is unset) is 0 or 1; anything else, or a store for one node,
     stops the launcher in one line before any job is submitted."""
     env_file = tmp_path / ".env"
 
     def launch(*flags: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "st", "--nodes", "2", *flags],
-                              env=clean_env(ENV_FILE=str(env_file), **env), capture_output=True, text=True,
-                              timeout=60)
+        return dry_run(capsys, "--run-id", "st", "--nodes", "2", *flags, ENV_FILE=str(env_file), **env)
 
     def store_jobs(*flags: str, **env: str) -> int:
         result = launch(*flags, **env)
@@ -189,8 +198,7 @@ def test_external_store_comes_from_flag_then_environment_then_dotenv_and_a_bad_v
 
 # --- the launcher against the stand-in platform -------------------------------------------------
 
-@pytest.fixture
-def platform(tmp_path: Path) -> Iterator[dict[str, str]]:
+def start_platform(tmp_path: Path) -> dict[str, str]:
     """PATH with stand-in neuro-flow / apolo-flow first, volumes created and uploaded as a user would."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -203,18 +211,29 @@ def platform(tmp_path: Path) -> Iterator[dict[str, str]]:
                     STANDIN_PENDING_S="1")
     for command in (["mkvolumes"], ["upload", "ALL"]):
         subprocess.run(["neuro-flow", *command], cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=120)
-    yield env
+    return env
+
+
+def stop_platform(env: dict[str, str]) -> None:
     subprocess.run(["neuro-flow", "kill", "ALL"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=120)
 
 
+@pytest.fixture
+def platform(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A stand-in platform of the test's own (:func:`start_platform`); every job left is killed at the end."""
+    env = start_platform(tmp_path)
+    yield env
+    stop_platform(env)
+
+
 def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2, cwd: Path = REPO_ROOT,
-           output: Path | None = None) -> subprocess.Popen[str]:
-    """The launcher in the background; its output to a pipe that :func:`finish` reads, or to ``output`` (a file a
-    test can read while the launcher runs)."""
+           output: Path | None = None, script: bool = False) -> subprocess.Popen[str]:
+    """The launcher in the background (``script``: through scripts/run_distributed_on_platform.sh); its output to a
+    pipe that :func:`finish` reads, or to ``output`` (a file a test can read while the launcher runs)."""
     with contextlib.ExitStack() as files:
         sink = files.enter_context(output.open("w")) if output else subprocess.PIPE
-        return subprocess.Popen(["bash", str(LAUNCH), "--nodes", str(nodes), "--run-id", run_id, "--port",
-                                 str(free_port()), "--poll", "0.5", *extra],
+        return subprocess.Popen([*(["bash", str(LAUNCH)] if script else LAUNCHER), "--nodes", str(nodes), "--run-id",
+                                 run_id, "--port", str(free_port()), "--poll", "0.5", *extra],
                                 cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 
@@ -246,21 +265,6 @@ def events(env: dict[str, str]) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def interrupt_when_running(launcher: subprocess.Popen[str], platform: dict[str, str], nodes: int) -> str:
-    """Ctrl-C to the launcher (SIGINT to its process group, as a terminal sends it) once all ``nodes`` jobs run;
-    the launcher's output once it has ended."""
-    try:
-        def all_running() -> bool:
-            started = jobs(platform)
-            return len(started) == nodes and all(j["status"] == "running" for j in started.values())
-
-        wait_for(all_running, timeout=120)
-        os.killpg(launcher.pid, signal.SIGINT)
-    finally:
-        output = finish(launcher, timeout=120)
-    return output
-
-
 def run_processes(run_id: str) -> list[int]:
     """Live processes (agents or workers) of the run, found by torchrun's run id in their environment."""
     found = []
@@ -278,7 +282,7 @@ def run_processes(run_id: str) -> list[int]:
 
 @pytest.mark.distributed
 def test_launcher_runs_two_nodes_to_a_checkpoint_on_the_results_volume(platform: dict[str, str]) -> None:
-    launcher = launch(platform, "e2e", "--", *TRAIN_ARGS, "--tensorboard", "true")
+    launcher = launch(platform, "e2e", "--", *TRAIN_ARGS, "--tensorboard", "true", script=True)
     output = finish(launcher, timeout=300)
     assert launcher.returncode == 0, output
     results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / PROJECT_ID / "results" / "e2e"
@@ -326,37 +330,91 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
     wait_for(lambda: not run_processes("fail"), timeout=30)
 
 
+# One run that two tests check (started once per session, tests/shared_runs.py): 3 nodes, whose workers the platform
+# holds pending until both are submitted; once node 0 trains, Ctrl-C. A batch that 3 ranks split evenly: the jobs
+# train until the Ctrl-C instead of failing on their own, which would race the interrupt (the launcher's own failure
+# path exits 1, not 130).
+INTERRUPTED_WORKERS = [f"distributed_training-intr-{rank}" for rank in (1, 2)]
+
+
+def interrupted_run_record(folder: Path) -> dict[str, Any]:
+    platform = start_platform(folder)
+    try:
+        held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
+        held.mkdir(parents=True)
+        for key in INTERRUPTED_WORKERS:
+            (held / key).touch()
+        launcher = launch(platform, "intr", "--timeout", "300", "--", *MACHINERY_ARGS, "--max-steps", "100000",
+                          "--checkpoint-every", "0", "--stop-check-every", "1", "--global-batch-size", "24",
+                          "--per-rank-batch-size", "8", nodes=3)
+        logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
+        try:
+            wait_for(lambda: set(INTERRUPTED_WORKERS) <= set(jobs(platform)), timeout=120)  # seconds when quiet
+            pending = [jobs(platform)[key]["status"] for key in INTERRUPTED_WORKERS]
+            for key in INTERRUPTED_WORKERS:
+                (held / key).unlink()
+            wait_for(lambda: (logs / "distributed_training-intr-0.log").exists()
+                     and "step 2/" in (logs / "distributed_training-intr-0.log").read_text(), timeout=240)
+            os.killpg(launcher.pid, signal.SIGINT)
+        finally:
+            output = finish(launcher, timeout=120)
+        statuses = {k: j["status"] for k, j in jobs(platform).items()}
+        # the jobs' processes stop after the launcher has returned, as on the platform; each main process exits 75
+        wait_for(lambda: all("exit_code" in j for j in jobs(platform).values()), timeout=60)
+        wait_for(lambda: not run_processes("intr"), timeout=60)
+        results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / PROJECT_ID / "results" / "intr"
+        return {"returncode": launcher.returncode, "output": output, "pending": pending, "statuses": statuses,
+                "jobs": jobs(platform), "events": events(platform),
+                "logs": {rank: (logs / f"distributed_training-intr-{rank}.log").read_text() for rank in range(3)},
+                "checkpoints": sorted(p.name for p in (results / "checkpoints").glob("step-*.pt"))}
+    finally:
+        stop_platform(platform)
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return once_per_session(tmp_path_factory, "platform-interrupted-run", interrupted_run_record)[1]
+
+
 @pytest.mark.distributed
-def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_reached(platform: dict[str, str]) -> None:
+def test_ctrl_c_kills_every_job_and_each_stops_with_a_checkpoint_of_the_step_reached(
+        interrupted_run: dict[str, Any]) -> None:
     """Ctrl-C (SIGINT to the launcher's process group) once node 0 trains: every job is cancelled and the launcher
     exits 130. Each job's worker.sh gets SIGTERM alone, as the platform's pod deletion sends it (the stand-in
     follows platform-api and Kubernetes), so the workers stop gracefully: each job's command exits 75, one
     checkpoint, of the step reached (no periodic one), is on the results volume, and each node's "stopped by"
     line is in its job's log."""
-    launcher = launch(platform, "intr", "--", *MACHINERY_ARGS, "--max-steps", "100000", "--checkpoint-every", "0",
-                      "--stop-check-every", "1")
-    logs = Path(platform["STANDIN_PLATFORM_DIR"]) / "jobs"
-    try:
-        wait_for(lambda: (logs / "distributed_training-intr-0.log").exists()
-                 and "step 2/" in (logs / "distributed_training-intr-0.log").read_text(), timeout=240)
-        os.killpg(launcher.pid, signal.SIGINT)
-    finally:
-        output = finish(launcher, timeout=120)
-    assert launcher.returncode == 130, output
+    output = interrupted_run["output"]
+    assert interrupted_run["returncode"] == 130, output
     assert "each job got SIGTERM: its workers checkpoint the step they reach and stop" in output
-    assert {j["status"] for j in jobs(platform).values()} == {"cancelled"}
-    # the jobs' processes stop after the launcher has returned, as on the platform; each main process exits 75
-    wait_for(lambda: all("exit_code" in j for j in jobs(platform).values()), timeout=60)
-    assert [j["exit_code"] for j in jobs(platform).values()] == [75, 75]
-    assert not run_processes("intr")
+    assert set(interrupted_run["statuses"].values()) == {"cancelled"}
+    assert [j["exit_code"] for j in interrupted_run["jobs"].values()] == [75, 75, 75]
+    logs = interrupted_run["logs"]
     stops = [re.search(rf"worker.sh: run 'intr' node {rank}: stopped by SIGTERM at step (\d+), checkpoint .* "
-                       r"written; exit code 75", (logs / f"distributed_training-intr-{rank}.log").read_text())
-             for rank in (0, 1)]
-    assert all(stops), [(logs / f"distributed_training-intr-{rank}.log").read_text()[-3000:] for rank in (0, 1)]
+                       r"written; exit code 75", logs[str(rank)]) for rank in range(3)]
+    assert all(stops), [text[-3000:] for text in logs.values()]
     step = int(stops[0][1])
-    assert int(stops[1][1]) == step >= 2
-    results = Path(platform["STANDIN_PLATFORM_DIR"]) / "storage" / PROJECT_ID / "results" / "intr"
-    assert sorted(p.name for p in (results / "checkpoints").glob("step-*.pt")) == [f"step-{step:08d}.pt"]
+    assert int(stops[1][1]) == int(stops[2][1]) == step >= 2
+    assert interrupted_run["checkpoints"] == [f"step-{step:08d}.pt"]
+
+
+@pytest.mark.distributed
+def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(interrupted_run: dict[str, Any]) -> None:
+    """Each `run` returns only when its job has started. The platform holds both workers pending until both
+    are submitted: a launcher that submitted one worker after another's `run` returned would never submit
+    the second. The master's rendezvous join timeout is the schedule timeout plus a margin."""
+    assert interrupted_run["pending"] == ["pending", "pending"]
+    assert interrupted_run["returncode"] == 130, interrupted_run["output"]
+    order = [(e["key"], e["event"]) for e in interrupted_run["events"]]
+    master, workers = "distributed_training-intr-0", INTERRUPTED_WORKERS
+    for worker in workers:  # each worker is pointed at the master's address, known once it runs
+        assert order.index((master, "running")) < order.index((worker, "submitted")), order
+    for submitted, other in (workers, workers[::-1]):  # both submitted before either started
+        assert order.index((submitted, "submitted")) < order.index((other, "running")), order
+    started = interrupted_run["jobs"]
+    assert started[master]["schedule_timeout"] == 300
+    command = started[master]["command"]
+    assert command[command.index("--join-timeout") + 1] == "600"
 
 
 def test_a_master_that_is_never_scheduled_fails_after_the_timeout_from_any_directory(
@@ -375,44 +433,6 @@ def test_a_master_that_is_never_scheduled_fails_after_the_timeout_from_any_direc
     assert [(e["key"], e["event"], e.get("reason")) for e in events(platform)] == [
         ("distributed_training-slow-0", "submitted", None),
         ("distributed_training-slow-0", "failed", "not scheduled within the schedule timeout (2 s)")]
-
-
-@pytest.mark.distributed
-def test_workers_start_together_and_the_rendezvous_outwaits_their_scheduling(platform: dict[str, str]) -> None:
-    """Each `run` returns only when its job has started. The platform holds both workers pending until both
-    are submitted: a launcher that submitted one worker after another's `run` returned would never submit
-    the second. The master's rendezvous join timeout is the schedule timeout plus a margin."""
-    workers = [f"distributed_training-par-{rank}" for rank in (1, 2)]
-    held = Path(platform["STANDIN_PLATFORM_DIR"]) / "held"
-    held.mkdir(parents=True)
-    for key in workers:
-        (held / key).touch()
-    # A batch that 3 ranks split evenly: the jobs train until the Ctrl-C instead of failing on their own, which
-    # would race the interrupt (the launcher's own failure path exits 1, not 130).
-    launcher = launch(platform, "par", "--timeout", "300", "--", *MACHINERY_ARGS, "--max-steps", "100000",
-                      "--global-batch-size", "24", "--per-rank-batch-size", "8", nodes=3)
-    def both_workers_submitted() -> bool:
-        return set(workers) <= set(jobs(platform))
-
-    try:
-        wait_for(both_workers_submitted, timeout=120)  # a hang guard: seconds on a quiet machine
-        assert [jobs(platform)[key]["status"] for key in workers] == ["pending", "pending"]
-    finally:
-        for key in workers:
-            (held / key).unlink()
-        output = interrupt_when_running(launcher, platform, nodes=3)
-    assert launcher.returncode == 130, output
-    order = [(e["key"], e["event"]) for e in events(platform)]
-    master = "distributed_training-par-0"
-    for worker in workers:  # each worker is pointed at the master's address, known once it runs
-        assert order.index((master, "running")) < order.index((worker, "submitted")), order
-    for submitted, other in (workers, workers[::-1]):  # both submitted before either started
-        assert order.index((submitted, "submitted")) < order.index((other, "running")), order
-    started = jobs(platform)
-    assert started[master]["schedule_timeout"] == 300
-    command = started[master]["command"]
-    assert command[command.index("--join-timeout") + 1] == "600"
-    wait_for(lambda: not run_processes("par"), timeout=30)
 
 
 def test_rebuilding_after_a_change_replaces_the_image(platform: dict[str, str], tmp_path: Path) -> None:
@@ -460,16 +480,15 @@ def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> N
 
 
 def test_the_training_jobs_take_the_tracker_and_a_token_only_from_a_platform_secret(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """--tracker mlflow reaches every node as params (the launcher's dry run) and, rendered by neuro-flow's own
     evaluator, as the jobs' environment; a token given as itself, not as secret:NAME, is refused."""
     monkeypatch.chdir(REPO_ROOT)
     sys.path.insert(0, str(STANDIN.parent))
     import platform_cli
 
-    result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", "2", "--run-id", "t1", "--tracker", "mlflow",
-                             "--mlflow-uri", "https://mlflow.example", "--mlflow-token", "secret:mlflow-token"],
-                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    result = dry_run(capsys, "--nodes", "2", "--run-id", "t1", "--tracker", "mlflow", "--mlflow-uri",
+                     "https://mlflow.example", "--mlflow-token", "secret:mlflow-token")
     assert result.returncode == 0, result.stderr
     for line in (line for line in result.stdout.splitlines() if " run " in line):
         words = shlex.split(line)
@@ -483,9 +502,7 @@ def test_the_training_jobs_take_the_tracker_and_a_token_only_from_a_platform_sec
                 "MLFLOW_TRACKING_TOKEN": "secret:mlflow-token"}
     default = platform_cli.render("distributed_training", "t1-0", {})
     assert default.env["DISTQA_TRACKER"] == "none" and default.env["MLFLOW_TRACKING_TOKEN"] == ""
-    refused = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--tracker", "mlflow", "--mlflow-uri", "https://m.x",
-                              "--mlflow-token", "a-raw-token"], env=clean_env(), capture_output=True, text=True,
-                             timeout=60)
+    refused = dry_run(capsys, "--tracker", "mlflow", "--mlflow-uri", "https://m.x", "--mlflow-token", "a-raw-token")
     assert refused.returncode == 2 and "secret:NAME" in refused.stderr
 
 
@@ -815,9 +832,8 @@ def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_worki
     other.write_text("NODES=4\nDISTQA_RUN_NAME=from-other\n")
 
     def read(**env: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-        launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
-                                   "--run-id", "t"], cwd=here, env=clean_env(**env), capture_output=True, text=True,
-                                  timeout=60)
+        launcher = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "t"], cwd=here, env=clean_env(**env),
+                                  capture_output=True, text=True, timeout=60)
         trainer = subprocess.run([sys.executable, "-m", "distqa.settings.sources", "--run-dir", "--preset", "none"],
                                  cwd=here,
                                  env=clean_env(**env), capture_output=True, text=True, timeout=60)
@@ -845,7 +861,7 @@ def test_the_jobs_start_every_node_through_worker_sh() -> None:
 
 @pytest.mark.parametrize(("min_nodes", "nnodes"), [("2", "2:3"), ("", "3")])
 def test_the_platform_launcher_passes_the_range_to_every_nodes_worker_sh(
-        monkeypatch: pytest.MonkeyPatch, min_nodes: str, nnodes: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], min_nodes: str, nnodes: str) -> None:
     """run_distributed_on_platform.sh --min-nodes → the job's min_nodes param (.neuro/live.yml, read by the real
     neuro-flow parser through tests/standin) → worker.sh --min-nodes → torchrun --nnodes MIN:MAX; without it the
     node count stays fixed, as before."""
@@ -853,9 +869,7 @@ def test_the_platform_launcher_passes_the_range_to_every_nodes_worker_sh(
     sys.path.insert(0, str(STANDIN.parent))
     import platform_cli
 
-    launcher = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"), "--dry-run",
-                               "--nodes", "3", *(["--min-nodes", min_nodes] if min_nodes else []), "--run-id", "e1"],
-                              env=clean_env(), capture_output=True, text=True, timeout=60)
+    launcher = dry_run(capsys, "--nodes", "3", *(["--min-nodes", min_nodes] if min_nodes else []), "--run-id", "e1")
     assert launcher.returncode == 0, launcher.stderr
     runs = [shlex.split(line) for line in launcher.stdout.splitlines() if " run " in line]
     params = {runs[1][i + 1]: runs[1][i + 2] for i, w in enumerate(runs[1]) if w == "--param"}

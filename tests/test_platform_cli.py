@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from distqa.launch.platform.cli import main as launcher_main
+
 from conftest import IN_A_FORK, REPO_ROOT, clean_env
 
 STANDIN_DIR = REPO_ROOT / "tests" / "standin"
@@ -130,13 +132,16 @@ def test_every_volume_uploads_from_a_fresh_clone_and_data_is_where_the_download_
 
 # --- 5. job names --------------------------------------------------------------------------------
 
-def launcher_accepts(nodes: int, run_id: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(LAUNCH), "--dry-run", "--nodes", str(nodes), "--run-id", run_id],
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The launcher's dry run in this process (python -m distqa.launch.platform, which the script execs)."""
+    code = launcher_main(["--dry-run", *args], clean_env())
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 @pytest.mark.parametrize("nodes", [2, 11, 101])
-def test_the_launcher_accepts_a_run_id_exactly_when_every_nodes_job_name_is_valid(nodes: int) -> None:
+def test_the_launcher_accepts_a_run_id_exactly_when_every_nodes_job_name_is_valid(
+        capsys: pytest.CaptureFixture[str], nodes: int) -> None:
     from apolo_cli.click_types import JOB_NAME
 
     def valid(name: str) -> bool:
@@ -149,7 +154,7 @@ def test_the_launcher_accepts_a_run_id_exactly_when_every_nodes_job_name_is_vali
     for length in range(12, 19):
         run_id = ("dq-" + "a1b2c3d4e5f6g7h8")[:length]
         names = [platform_cli.job_name("distqa", "distributed_training", f"{run_id}-{rank}") for rank in range(nodes)]
-        result = launcher_accepts(nodes, run_id)
+        result = dry_run(capsys, "--nodes", str(nodes), "--run-id", run_id)
         assert (result.returncode == 0) == all(valid(n) for n in names), (run_id, result.stderr)
         if result.returncode != 0:
             assert result.returncode == 2 and "is not a valid platform job name" in result.stderr
@@ -167,7 +172,7 @@ def test_the_standin_refuses_a_job_name_the_platform_refuses(tmp_path: Path) -> 
 
 # --- 9. --life-span as neuro-flow reads it -------------------------------------------------------
 
-def test_the_launcher_accepts_exactly_the_life_spans_neuro_flow_accepts() -> None:
+def test_the_launcher_accepts_exactly_the_life_spans_neuro_flow_accepts(capsys: pytest.CaptureFixture[str]) -> None:
     """neuro-flow converts a job's life_span with apolo_flow.expr.OptTimeDeltaExpr and passes
     `--life-span=<int seconds>s` to `apolo run`."""
     from apolo_flow.expr import OptTimeDeltaExpr
@@ -182,17 +187,27 @@ def test_the_launcher_accepts_exactly_the_life_spans_neuro_flow_accepts() -> Non
     samples = ["1d", "6h", "1d12h", "90m", "45s", "1d2h3m4s", "3600", "1.5", "0", "1h1d", "1d1d", "1w", "6 h",
                "1D", "h", "-5", "2h30", "12h0m", "100000", "1e3", "+60", ".5", "7.", "inf", "nan", "1e400", "d"]
     for value in samples:
-        result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "ls", "--life-span", value],
-                                env=clean_env(), capture_output=True, text=True, timeout=60)
+        result = dry_run(capsys, "--run-id", "ls", "--life-span", value)
         assert (result.returncode == 0) == flow_accepts(value), (value, result.stderr)
         if result.returncode:
             assert "--life-span must be" in result.stderr
 
 
-def test_the_launcher_works_from_any_directory(tmp_path: Path) -> None:
+def test_the_launcher_works_from_any_directory_and_its_help_is_the_documented_text(tmp_path: Path) -> None:
+    """The script (a shim: it finds a Python and execs python -m distqa.launch.platform) from another directory;
+    its --help prints the options, the environment and the exit statuses (the launcher's docstring)."""
+    from distqa.launch.platform import options
+
     result = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "anywhere"], cwd=tmp_path,
                             env=clean_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    assert result.stdout.count(" run distributed_training --suffix anywhere-") == 2, result.stdout
+    shown = subprocess.run(["bash", str(LAUNCH), "--help"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0 and shown.stdout == options.__doc__, shown.stderr
+    for part in ("Usage:", "Options:", "--max-resubmits K", "--external-store", "Environment: FLOW_CLI",
+                 "ENV_FILE", "Exit status: 0 when every node succeeded", "130 after Ctrl-C or SIGTERM"):
+        assert part in shown.stdout, part
 
 
 # --- 10. neuro-flow 24.12 and its successor apolo-flow 26.7 -------------------------------------

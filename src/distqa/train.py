@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 from distqa.checkpoint.format import Progress
 from distqa.checkpoint.resume import restore_training_state, resume
 from distqa.config import Config, ConfigError
+from distqa.distributed.nccl_errors import survive_nccl_errors
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import seed_everything
 from distqa.distributed.runtime import (
@@ -95,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before any process group, so that no rank waits in a collective meanwhile: a model that cannot load
         # fails here, and a single process builds a missing feature cache itself.
         task.check_inputs(may_build=ranks["WORLD_SIZE"] == 1)
+        if config.save_on_peer_loss:  # NCCL's watchdog then aborts a lost peer's collective, not the process
+            survive_nccl_errors()
         with distributed_runtime(config.device, config.dist_timeout_s) as runtime:
             run_dir = prepare_run_dir(config, runtime)
             if config != given:

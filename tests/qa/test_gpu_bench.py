@@ -69,7 +69,8 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
 
     settings = json.loads((out / "settings.json").read_text())  # DDP's settings alone, checkpoints under the step
     assert [row["setting"] for row in settings["rows"]] == ["ddp", "pin_memory off", "batched_grad_copy",
-                                                             "bf16 comm hook"]
+                                                             "bf16 comm hook", "save_on_peer_loss off"]
+    assert settings["peer_loss"] == {"error_handling": "2", "reported_error": None, "backend": "gloo"}
     assert all(row["samples_per_s"] > 0 and "FAILED" not in row["note"] for row in settings["rows"]), settings
     checkpoints = settings["checkpoints"]
     assert checkpoints["note"] == "" and checkpoints["checkpoint_mb"] > 0, checkpoints
@@ -88,7 +89,8 @@ def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> N
     headings = ("training: tiny", "process-group start-up", "evaluation and prediction", "useful tokens: tiny",
                 "large encoders at seq 64", "sharding: bert-large (tiny sizes) on 1 process(es)",
                 "DDP settings: tiny on 1 process(es)", "flight recorder: a one-rank NCCL all-reduce",
-                "MFU attempts: tiny at seq 64")
+                "MFU attempts: tiny at seq 64", "a lost peer's survivors (gloo): NCCL error handling 2",
+                "the wait for the collectives before each update: ddp / save_on_peer_loss off")
     for heading in headings:
         assert heading in report, report
     assert re.search(r"^(PASS|MISS)  ours / hf \(run_qa \+ bf16\), seq 512, samples/s +[0-9.]+", report, re.MULTILINE)

@@ -122,7 +122,6 @@ class ShardedCheckpointWriter(CheckpointWriter):
     def __init__(self, run_dir: Path, keep_checkpoints: int, device: torch.device, **kwargs: Any) -> None:
         super().__init__(run_dir, keep_checkpoints, device, **kwargs)
         distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if distributed else 0
         self.group = dist.new_group(backend="gloo") if distributed else None
         """The background write's collectives (DCP's plan and results, the digests): never those of training."""
         self._shards_stager: DefaultStager | None = None
@@ -140,7 +139,7 @@ class ShardedCheckpointWriter(CheckpointWriter):
         once the shards are copied to host memory, after the previous sharded write is complete (its error raised)."""
         self.wait_sharded()
         directory = sharded_checkpoint_path(self.run_dir, step)
-        shards = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        shards = shards_of(model, optimizer)
         rest = None if state is None else {**state.to_state(), "model": {}, "optimizer": {}}
         if not self.background:
             self._write_sharded(shards, directory, rest)
@@ -189,43 +188,69 @@ class ShardedCheckpointWriter(CheckpointWriter):
 
     def _write_sharded(self, shards: dict[str, Any], directory: Path, rest: dict[str, Any] | None) -> None:
         started = time.perf_counter()
-        temporary = directory.with_name(f".{directory.name}.tmp")
-        try:
-            try:
-                with warnings.catch_warnings():  # one process: "saving in a single process", which is the point
-                    warnings.simplefilter("ignore", UserWarning)
-                    dcp.save(shards, storage_writer=FileSystemWriter(str(temporary), sync_files=True),
-                             process_group=self.group, no_dist=self.group is None)
-            except CheckpointException as err:  # every rank gets it: DCP gathers each rank's write result
-                raise _disk_full_or(err, temporary) from err
-            mine = {path.name: file_digest(path) for path in temporary.glob(f"__{self.rank}_*")}
-            every = [mine]
-            if self.group is not None:
-                every = [None] * dist.get_world_size(self.group)  # type: ignore[list-item]
-                dist.all_gather_object(every, mine, group=self.group)  # the agreement: every rank's shards are durable
-            if rest is None:
-                return
-            files = {name: digest for digests in every for name, digest in digests.items()}
-            files[".metadata"] = file_digest(temporary / ".metadata")
-            files[STATE_FILE] = atomic_write(temporary / STATE_FILE, lambda f: torch.save(rest, f))
-            text = json.dumps({"files": {name: {"size": d.size, "crc32": d.crc32} for name, d in files.items()}},
-                              indent=1, sort_keys=True) + "\n"
-            atomic_write(temporary / MANIFEST, lambda f: f.write(text.encode()))  # last: a complete directory
-            if directory.exists():  # the same step written again (a resumed run that stops where it resumed)
-                shutil.rmtree(directory)
-            os.replace(temporary, directory)
-            fsync_folder(directory.parent)
-        except BaseException:
-            if rest is not None:  # rank 0 removes what the ranks wrote
-                shutil.rmtree(temporary, ignore_errors=True)
-            raise
-        seconds, size = time.perf_counter() - started, sum(d.size for d in files.values())
-        log.info("saved checkpoint %s (%.1f MB from %d rank(s), %.2f s%s)", directory, size / 1e6, len(every),
+        written = write_shards(shards, directory, rest, self.group)
+        if written is None:  # not the rank that writes the rest
+            return
+        seconds, (size, ranks) = time.perf_counter() - started, written
+        log.info("saved checkpoint %s (%.1f MB from %d rank(s), %.2f s%s)", directory, size / 1e6, ranks,
                  seconds, ", in the background" if self.background else "")
         if not self._timed:
             self._timed = True
             self._check_deadline(directory, size, seconds)
         prune_checkpoints(self.run_dir, self.keep_checkpoints)
+
+
+def shards_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's part of ``model`` and ``optimizer`` for DCP (sharded state dicts: the DTensor slices it holds, or
+    the whole tensors of a replicated model). Local: no collective."""
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+def write_shards(shards: dict[str, Any], directory: Path, rest: dict[str, Any] | None,
+                 group: dist.ProcessGroup | None, temporary: Path | None = None,
+                 replace: bool = True) -> tuple[int, int] | None:
+    """Collective over ``group`` (None: this process alone). Every rank's ``shards`` (:func:`shards_of`) into the
+    directory ``temporary`` (default ``.<name>.tmp`` beside ``directory``), then, on the one rank given ``rest`` (the
+    rest of the checkpoint, its model and optimizer empty), ``state.pt`` and the manifest, and the rename into
+    ``directory``. ``replace``: whether a ``directory`` there already is replaced (the same step written again), or
+    kept (the temporary removed). Returns on that rank (bytes, ranks) once written; None on the others and when kept.
+    A failure on any rank raises on every rank of the group (DCP gathers each rank's write result), and the rank with
+    ``rest`` removes the temporary."""
+    temporary = temporary or directory.with_name(f".{directory.name}.tmp")
+    rank = dist.get_rank(group) if group is not None else 0  # DCP names each rank's file by its rank in the group
+    try:
+        try:
+            with warnings.catch_warnings():  # one process: "saving in a single process", which is the point
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.save(shards, storage_writer=FileSystemWriter(str(temporary), sync_files=True),
+                         process_group=group, no_dist=group is None)
+        except CheckpointException as err:  # every rank gets it: DCP gathers each rank's write result
+            raise _disk_full_or(err, temporary) from err
+        mine = {path.name: file_digest(path) for path in temporary.glob(f"__{rank}_*")}
+        every = [mine]
+        if group is not None:
+            every = [None] * dist.get_world_size(group)  # type: ignore[list-item]
+            dist.all_gather_object(every, mine, group=group)  # the agreement: every rank's shards are durable
+        if rest is None:
+            return None
+        files = {name: digest for digests in every for name, digest in digests.items()}
+        files[".metadata"] = file_digest(temporary / ".metadata")
+        files[STATE_FILE] = atomic_write(temporary / STATE_FILE, lambda f: torch.save(rest, f))
+        text = json.dumps({"files": {name: {"size": d.size, "crc32": d.crc32} for name, d in files.items()}},
+                          indent=1, sort_keys=True) + "\n"
+        atomic_write(temporary / MANIFEST, lambda f: f.write(text.encode()))  # last: a complete directory
+        if directory.exists():
+            if not replace:
+                shutil.rmtree(temporary)
+                return None
+            shutil.rmtree(directory)  # the same step written again (a resumed run that stops where it resumed)
+        os.replace(temporary, directory)
+        fsync_folder(directory.parent)
+    except BaseException:
+        if rest is not None:  # this rank removes what the ranks wrote
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return sum(d.size for d in files.values()), len(every)
 
 
 def _disk_full_or(error: CheckpointException, temporary: Path) -> BaseException:

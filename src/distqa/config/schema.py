@@ -184,8 +184,9 @@ class Config:
     keep_checkpoints: int = CHECKPOINTS(3, "Newest step checkpoints kept in the run directory.")
     save_on_peer_loss: bool = CHECKPOINTS(
         True, "When a collective fails because a peer is gone or stalled, each surviving rank that holds the last "
-        "complete step whole (DDP) saves it before it leaves, so the resume redoes at most the step in flight "
-        "(docs/FAULT_TOLERANCE.md, 'A lost peer').")
+        "complete step whole (DDP; under hsdp with gloo, the ranks of a node that lost none of them, together) "
+        "saves it before it leaves, so the resume redoes at most the step in flight (docs/FAULT_TOLERANCE.md, "
+        "'A lost peer').")
     checkpoint_in_background: bool = CHECKPOINTS(
         True, "Rank 0 copies the step's state to host memory and writes the checkpoint in a background thread "
         "while training goes on (one write at a time; a stop and the end wait for it). false: training waits "

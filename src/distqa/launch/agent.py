@@ -66,6 +66,8 @@ ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
 
 RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
+STORE_LOST_EXIT_CODE = 1
+"""The rendezvous store went during the run: the status torchrun itself ends with then, said in one line."""
 
 POLL_S = 2.0
 """How often the watcher reads the rendezvous state, and the timeout of each of its store calls."""
@@ -182,6 +184,13 @@ class RendezvousWatcher:
     def incomplete(self) -> bool:
         """A state with this node but fewer than the expected nodes was the last one seen."""
         return self.joined is not None and len(self.joined) < self.nnodes
+
+    def store_lost_message(self) -> str:
+        """The one line for a store lost after the rendezvous filled up (node 0 lost, or the external store)."""
+        return (f"lost the rendezvous store at {self.host}:{self.port} during the run (node 0 serves it, unless "
+                f"--external-store runs it apart), so no new round can form: start the nodes again with --run-id "
+                f"{self.run_id} to resume from the newest checkpoint; for a run that outlives node 0, use "
+                "--external-store with --min-nodes (docs/FAULT_TOLERANCE.md)")
 
     def timeout_message(self, join_timeout_s: str, store_closed: bool = False) -> str:
         """The one line for a rendezvous that did not fill up in time. ``store_closed``: this node lost the
@@ -366,8 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Node 0 ends at its own deadline, a moment before this node's, and on its way out torchrun closes the
         # rendezvous (DynamicRendezvousHandler.shutdown): this node then finds it closed, or the store gone.
         store_closed = isinstance(err, RendezvousConnectionError | RendezvousClosedError)
-        # A lost store is only this diagnosis while the rendezvous was still filling up; otherwise (node 0
-        # died mid-run, a network fault) torchrun's own report stays.
+        if watcher is not None and store_closed and watcher.joined is not None and not watcher.incomplete:
+            # The rendezvous had filled, and its store went during the run: node 0 (its host, without
+            # --external-store) or the store's own job is gone. No new round can form without it.
+            print(f"distqa.launch.agent: node {node_rank}: {watcher.store_lost_message()}", file=sys.stderr)
+            return STORE_LOST_EXIT_CODE
+        # A lost store is only a timeout's diagnosis while the rendezvous was still filling up; otherwise (a
+        # network fault before any state was seen) torchrun's own report stays.
         if watcher is None or (store_closed and (node_rank == 0 or not watcher.incomplete)):
             raise
         message = watcher.timeout_message(rendezvous_conf(options.rdzv_conf).get("join_timeout", "600"), store_closed)

@@ -10,26 +10,47 @@ step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gath
 step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
 (:func:`distqa.distributed.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run
 ends with the weights of one never interrupted, dropout included. Only the optimizer's update itself is no place to save
-from. A sharded model (fsdp, hsdp) is not whole on any rank, and under NCCL the host cannot tell which step the GPU's
-weights are at: those runs go back to the newest checkpoint, and the line says so.
+from. Under NCCL the GPU runs behind the host, so each update first waits for the collectives queued before it and
+checks the error NCCL's watchdog recorded (:mod:`distqa.distributed.nccl_errors`): no update is made from gradients a
+lost peer left partial.
+
+A sharded model is not whole on any rank. Under fsdp the lost ranks held shards no one else has: the run goes back to
+the newest checkpoint. Under hsdp every node's ranks hold one replica, sharded over them (the mesh's ``shard``
+dimension, :func:`distqa.parallel.fsdp.device_mesh`): the ranks of a node none of whose ranks is lost hold every
+shard of the last complete step. Under gloo they find so together (:class:`ReplicaGroup`: each tells the others its
+step and whether it holds it whole, on a gloo group of the node's ranks that training never uses, each collective
+bounded by ``dist_timeout_s``) and write it as a sharded checkpoint with that group alone, the default group being
+broken: DCP (:func:`distqa.checkpoint.sharded.write_shards`) writes each chunk of the replica once, the group's first
+rank writes what rank 0 writes (``state.pt``, the manifest) and renames the directory into place. A node that lost a
+rank, or whose ranks do not all hold the same whole step, saves nothing and says why; so does an hsdp run under NCCL
+(no replica group: it goes back to the newest checkpoint).
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
 create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.atomic_files.claimed`),
-the others leave it to that rank.
-A write cut short by another failure leaves no file, and the resume takes the newest complete one.
+the others leave it to that rank. Replica groups likewise: the first rank of the first group to create
+``.step-<N>.dcp.claim`` has its group write the directory, through a temporary of the group's own that rank 0's
+background write, failing meanwhile, cannot remove.
+A write cut short by another failure leaves no file or directory, and the resume takes the newest complete one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint
+import torch.distributed as dist
+
+from distqa.atomic_files import claimed
+from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint, verify_directory
 from distqa.checkpoint.run_folder import checkpoint_path
-from distqa.distributed.runtime import CollectiveTimeoutError, collective_of
+from distqa.checkpoint.sharded import sharded_checkpoint_path, shards_of, write_shards
+from distqa.config import Config
+from distqa.distributed.nccl_errors import reported_error
+from distqa.distributed.runtime import GLOO_TIMEOUT, CollectiveTimeoutError, Runtime, collective_of, node_local_group
 from distqa.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.record.rundir import versions
 
@@ -92,6 +113,73 @@ def lost_peer(err: BaseException) -> str | None:
     return None
 
 
+class ReplicaGroup:
+    """The ranks of this rank's HSDP replica (its node's), on a gloo group of their own that training never uses:
+    after a lost peer its collectives meet no collective of training left half done on another rank. Each is bounded
+    by the group's timeout, ``dist_timeout_s``: a rank of it that is gone fails it at once (its connection closed),
+    one that stalls within that time."""
+
+    def __init__(self, group: dist.ProcessGroup | None, ranks: list[int]) -> None:
+        self.group, self.ranks = group, ranks
+        """``group`` None: the replica is this rank alone (one process per node)."""
+
+    @classmethod
+    def of(cls, runtime: Runtime, config: Config) -> ReplicaGroup | None:
+        """Collective (every rank, in the same order). The replica group of a run whose survivors save with one
+        (hsdp under gloo, ``save_on_peer_loss`` on); None for any other."""
+        if not (runtime.is_distributed and config.data_parallel == "hsdp" and config.save_on_peer_loss
+                and runtime.backend == "gloo"):
+            return None
+        group, first = node_local_group(runtime, config.dist_timeout_s)
+        return cls(group, dist.get_process_group_ranks(group) if group is not None else [first])
+
+    def agree(self, step: int, why_not: str | None) -> str | None:
+        """Collective over the group, bounded. None when every rank of it answered that it holds step ``step`` whole;
+        else why the group saves nothing (``why_not``: this rank's own reason, or None)."""
+        answers = [(step, why_not)]
+        if self.group is not None:
+            answers = [None] * len(self.ranks)  # type: ignore[list-item]
+            try:
+                dist.all_gather_object(answers, (step, why_not), group=self.group)
+            except RuntimeError as err:  # a rank of the group is gone (or stalled past dist_timeout_s)
+                return f"its replica group (ranks {_listed(self.ranks)}) lost a rank too ({_in_a_few_words(err)})"
+        return replica_verdict(self.ranks, answers)
+
+    def first_says(self, value: Any) -> Any:
+        """Collective over the group, bounded: the group's first rank's ``value`` on every rank of it."""
+        if self.group is None:
+            return value
+        holder = [value]
+        dist.broadcast_object_list(holder, src=self.ranks[0], group=self.group)
+        return holder[0]
+
+
+def replica_verdict(ranks: list[int], answers: list[tuple[int, str | None]]) -> str | None:
+    """None when every rank of a replica group (``ranks``, with their ``answers``: the step each completed last, and
+    why it does not hold it whole or None) holds the same whole step; else why the group saves nothing."""
+    for rank, (_, why_not) in zip(ranks, answers, strict=True):
+        if why_not is not None and len(ranks) == 1:
+            return why_not
+        if why_not is not None:
+            return f"rank {rank} of its replica group (ranks {_listed(ranks)}): {why_not}"
+    steps = sorted({step for step, _ in answers})
+    if len(steps) > 1:
+        return f"its replica group (ranks {_listed(ranks)}) holds steps {_listed(steps)}, not one"
+    return None
+
+
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers))
+
+
+def _in_a_few_words(err: BaseException) -> str:
+    if (reason := lost_peer(err)) is not None:
+        return reason
+    if (timed_out := GLOO_TIMEOUT.search(str(err))) is not None:
+        return f"gloo: timed out after {int(timed_out[1]) / 1000:g} s"
+    return type(err).__name__
+
+
 def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> PeerLostError:
     """This rank's one line, once it saved the last complete step (or says why it could not); never raises."""
     rank, step = trainer.runtime.rank, trainer.progress.step
@@ -102,8 +190,13 @@ def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> Pee
     saved: Path | None = None
     try:
         why_not = _why_not_complete(trainer)
+        replica = trainer.replica_group
+        if replica is not None:  # hsdp: the ranks of this rank's replica decide, and save, together
+            why_not = replica.agree(step, why_not)
         if why_not is not None:
             outcome = f"{why_not}: the resume goes back to the newest checkpoint"
+        elif replica is not None:
+            saved, outcome = _save_shards(trainer, replica, step)
         else:
             saved, outcome = _save(trainer, step)
     except Exception as failure:  # the line is all that is left to say; the previous checkpoint stays
@@ -114,13 +207,14 @@ def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> Pee
 def _why_not_complete(trainer: Trainer) -> str | None:
     if not trainer.config.save_on_peer_loss:
         return "save_on_peer_loss is off"
-    if trainer.config.data_parallel != "ddp":
+    if trainer.config.data_parallel != "ddp" and trainer.replica_group is None:  # fsdp (hsdp: ReplicaGroup)
         return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")
-    if trainer.runtime.backend == "nccl":
-        # The host queues a step's kernels ahead of the GPU: by the time an aborted communicator's error reaches
-        # Python, the next update may already have run on the GPU with partial gradients (docs/FAULT_TOLERANCE.md).
-        return "under NCCL the GPU runs behind the host, so this rank cannot tell that its weights are a whole step's"
+    if trainer.runtime.backend == "nccl" and reported_error() is None:
+        # Each update waits for the collectives before it and checks NCCL's recorded error (distqa.distributed.
+        # nccl_errors.wait_for_collectives): without that error, an update from partial gradients cannot be ruled out.
+        return ("this torch's ProcessGroupNCCL does not report NCCL's errors (get_error), so this rank cannot tell "
+                "that its weights are a whole step's")
     if trainer.survivable.updating:
         return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
     return None
@@ -128,20 +222,63 @@ def _why_not_complete(trainer: Trainer) -> str | None:
 
 def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
     """Write step ``step``'s checkpoint unless it is on disk already or another survivor claimed it."""
+    if (on_disk := _saved_already(trainer.run_dir, step)) is not None:
+        return on_disk, f"step {step} is saved already ({on_disk.name}) for the resume"
     path = checkpoint_path(trainer.run_dir, step)
-    if path.is_file() and verify_checkpoint(path):
-        return path, f"step {step} is saved already ({path.name}) for the resume"
-    rank = trainer.runtime.rank
-    # No rank's random state: each step seeds every generator from (seed, step, rank)
-    # (distqa.distributed.rng.seed_for_step).
-    rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
-    checkpoint = TrainingCheckpoint(
-        model=trainer.model.state_dict(), config=trainer.config.to_dict(), task_state=trainer.task_state,
-        evaluation=trainer.evaluation, progress=trainer.progress, versions=versions(),
-        optimizer=trainer.optimizer.state_dict(), scheduler=trainer.scheduler.state_dict(),
-        scaler=trainer.precision.scaler.state_dict(), rng=rng, world_size=trainer.runtime.world_size,
-        saved_by_rank=rank)
+    checkpoint = _checkpoint(trainer, trainer.model.state_dict(), trainer.optimizer.state_dict())
     if not checkpoint.save(path):
         return None, f"another survivor saves step {step} for the resume"
     log.info("saved %s, the last step this rank completed, after a peer was lost", path)
     return path, f"saved step {step} for the resume"
+
+
+def _saved_already(run_dir: Path, step: int) -> Path | None:
+    """Step ``step``'s checkpoint, file or directory, when one is on disk and intact (raises, naming the file, when it
+    is damaged)."""
+    file, directory = checkpoint_path(run_dir, step), sharded_checkpoint_path(run_dir, step)
+    if file.is_file() and verify_checkpoint(file):
+        return file
+    if directory.is_dir():
+        verify_directory(directory)
+        return directory
+    return None
+
+
+def _checkpoint(trainer: Trainer, model: dict[str, Any], optimizer: dict[str, Any]) -> TrainingCheckpoint:
+    # No rank's random state: each step seeds every generator from (seed, step, rank)
+    # (distqa.distributed.rng.seed_for_step).
+    rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
+    return TrainingCheckpoint(
+        model=model, config=trainer.config.to_dict(), task_state=trainer.task_state, evaluation=trainer.evaluation,
+        progress=trainer.progress, versions=versions(), optimizer=optimizer, scheduler=trainer.scheduler.state_dict(),
+        scaler=trainer.precision.scaler.state_dict(), rng=rng, world_size=trainer.runtime.world_size,
+        saved_by_rank=trainer.runtime.rank)
+
+
+def _save_shards(trainer: Trainer, replica: ReplicaGroup, step: int) -> tuple[Path | None, str]:
+    """Collective over ``replica``, bounded: its ranks write step ``step``'s sharded checkpoint, each its shards, its
+    first rank the rest (``state.pt``, the manifest, the rename), unless the step is on disk already or another replica
+    group claimed it. The first rank decides, and says what came of it, for the group."""
+    directory = sharded_checkpoint_path(trainer.run_dir, step)
+    first = trainer.runtime.rank == replica.ranks[0]
+    with claimed(directory) if first else contextlib.nullcontext(False) as ours:
+        decision = None  # "write", "claimed", or the name of the step's checkpoint on disk
+        if first:  # in the claim: a directory renamed into place before is there now
+            on_disk = _saved_already(trainer.run_dir, step)
+            decision = on_disk.name if on_disk is not None else "write" if ours else "claimed"
+        decision = replica.first_says(decision)
+        if decision not in ("write", "claimed"):
+            return directory.with_name(decision), f"step {step} is saved already ({decision}) for the resume"
+        if decision == "claimed":
+            return None, f"another replica group saves step {step} for the resume"
+        rest = _checkpoint(trainer, {}, {}).to_state() if first else None  # the weights go in the shards
+        temporary = directory.with_name(f".{directory.name}.group-{replica.ranks[0]}.tmp")
+        written = write_shards(shards_of(trainer.model, trainer.optimizer), directory, rest, replica.group,
+                               temporary, replace=False)
+        kept = replica.first_says(first and written is None)  # the directory was renamed into place meanwhile
+    if kept:
+        return directory, f"step {step} is saved already ({directory.name}) for the resume"
+    if first:
+        log.info("saved %s, the last step this replica group completed, after a peer was lost", directory)
+    members = f"rank {replica.ranks[0]}" if len(replica.ranks) == 1 else f"ranks {_listed(replica.ranks)}"
+    return directory, f"saved step {step} for the resume with its replica group ({members})"

@@ -37,6 +37,7 @@ from distqa.checkpoint.format import ModelCheckpoint, Progress, TrainingCheckpoi
 from distqa.checkpoint.run_folder import best_checkpoint_path
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, checkpoint_writer
 from distqa.config import Config
+from distqa.distributed.nccl_errors import wait_for_collectives
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import capture_rng_state, seed_for_step
 from distqa.distributed.runtime import (
@@ -67,7 +68,7 @@ from distqa.record.tracking import RunRecord
 from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.training.faults import ArmedFault
-from distqa.training.peer_loss import LastCompleteStep, lost_peer, save_what_survives
+from distqa.training.peer_loss import LastCompleteStep, ReplicaGroup, lost_peer, save_what_survives
 from distqa.training.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,8 @@ class Trainer:
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
         self.pruner = TrialPruner(config.sweep_trial, runtime.is_main_process) if config.sweep_trial else None
         self.survivable = LastCompleteStep()
+        self.replica_group = ReplicaGroup.of(runtime, config)
+        """hsdp: this rank's replica, whose ranks save the last complete step together after a lost peer."""
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -250,6 +253,8 @@ class Trainer:
         self.precision.scaler.unscale_(self.optimizer)
         grad_norm = fsdp.local_norm(torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.max_grad_norm or float("inf")))
+        if self.config.save_on_peer_loss:  # NCCL: no update from gradients that a lost peer left partial
+            wait_for_collectives(self.runtime, self.config.dist_timeout_s, self.progress.step)
         self.survivable.update_begins()  # until step_done, no complete step to save (distqa.training.peer_loss)
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()

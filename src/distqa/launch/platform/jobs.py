@@ -1,0 +1,205 @@
+"""The platform's side of a launch: the name each job gets, the flow CLI's commands, and the status it prints.
+
+Nothing here decides anything about a run (:mod:`distqa.launch.platform.run` does): these are the facts of
+neuro-flow / apolo-flow (both ship the package ``apolo_flow``) and of the platform client they call, each citing
+the function it follows, so that the launcher refuses before submitting what the platform would refuse after.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from distqa.launch.platform.options import Options
+
+JOB = "distributed_training"
+"""The job of .neuro/live.yml that runs one node: ``run distributed_training --suffix <run id>-<node rank>``."""
+STORE_JOB = "rendezvous_store"
+"""The job of .neuro/live.yml that runs python -m distqa.launch.rendezvous_store (--external-store)."""
+EX_PLATFORMERROR = 125
+"""`<flow> run` ends with the exit status of `apolo run` (apolo_flow.utils.run_subproc), which returns at its first
+look at the job after it left pending (apolo_cli.job.run_job): for a job that has already ended, with the job's own
+exit code, or with EX_PLATFORMERROR (apolo_cli.const) for one that failed without one: the platform never started
+it."""
+JOB_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+"""What `apolo run --name` accepts, 3..40 characters long (apolo_cli.click_types.JOB_NAME)."""
+JOB_NAME_LENGTH = range(3, 41)
+ENDED = ("succeeded", "failed", "cancelled")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class FlowMissingError(Exception):
+    """No flow CLI to run: the line says how to install one."""
+
+
+def _collapse(text: str) -> str:
+    text = text.replace("_", "-").strip("-")
+    while "--" in text:
+        text = text.replace("--", "-")
+    return text
+
+
+def job_name(project_id: str, job_id: str, suffix: str) -> str:
+    """The platform name of the job `run JOB_ID --suffix SUFFIX`, built as neuro-flow builds it in
+    ``apolo_flow.live_runner.LiveExecutor.run`` (inline there, so not importable): the project id, ``-``, then job id
+    and suffix with ``_`` as ``-``, the project id cut so that the whole is at most 40 characters."""
+    second = _collapse(f"{job_id}-{suffix}")
+    name = _collapse(project_id)[: 40 - len(second) - 1] + "-" + second
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
+
+
+def valid_job_name(name: str) -> bool:
+    """Whether `apolo run` takes ``name`` (apolo_cli.click_types.JobNameType.convert)."""
+    return len(name) in JOB_NAME_LENGTH and JOB_NAME.fullmatch(name) is not None
+
+
+def project_id(repo_root: Path) -> str:
+    """The ``id:`` of the project.yml neuro-flow reads: ``.apolo/`` before ``.neuro/`` (apolo_flow.parser.
+    find_workspace); an empty string when there is none."""
+    config = repo_root / (".apolo" if (repo_root / ".apolo").is_dir() else ".neuro") / "project.yml"
+    text = config.read_text() if config.is_file() else ""
+    found = re.search(r"^id:[ \t]*([A-Za-z0-9_-]*)", text, re.MULTILINE)
+    return found[1] if found else ""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What `<flow> status JOB SUFFIX` says of one job."""
+
+    state: str
+    """pending, running, succeeded, failed, cancelled; "unknown" when the job cannot be found or the output read."""
+    host: str = ""
+    """Its Internal Hostname, once it has one."""
+    job_id: str = ""
+    """The platform's id of the job (job-…): a job submitted again under the same name has a new one."""
+    how: str = ""
+    """How it ended as far as the platform says: "exit code 137 (OOMKilled)", "(reason)", or empty."""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    def describe(self) -> str:
+        """The state and how it ended: "failed: exit code 137 (Error)", or "cancelled"."""
+        return f"{self.state}: {self.how}" if self.how else self.state
+
+
+def parse_status(output: str) -> JobStatus:
+    """The job in `<flow> status`'s output: the platform's job table (apolo_cli.formatters.jobs.JobStatusFormatter),
+    one row per field: ``Job``, ``Status`` with the reason in parentheses, ``Exit code`` and ``Internal Hostname``.
+    `apolo status` has no machine-readable output (its only option is --full-uri) and neuro-flow's
+    ``LiveExecutor.status`` passes none, so the rows are read as words; colours are dropped first."""
+    state = host = job_id = code = reason = ""
+    for line in ANSI.sub("", output).splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "Status" and len(words) > 1 and not state:
+            state = words[1]
+            found = re.fullmatch(r" *Status +[a-z]* *\((.*)\) *", line)
+            reason = found[1] if found else ""
+        elif words[:2] == ["Internal", "Hostname"] and len(words) == 3 and not host:
+            host = words[2]
+        elif words[0] == "Job" and len(words) == 2 and not job_id:
+            job_id = words[1]
+        elif words[:2] == ["Exit", "code"] and len(words) == 3 and not code:
+            code = words[2]
+    how = " ".join(part for part in (f"exit code {code}" if code else "", f"({reason})" if reason else "") if part)
+    return JobStatus(state or "unknown", host, job_id, how)
+
+
+def find_flow_cli(environ: Mapping[str, str]) -> str:
+    """$FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old name); as
+    scripts/common.sh's find_flow_cli, which kill_distributed.sh uses."""
+    named = environ.get("FLOW_CLI")
+    path = environ.get("PATH")
+    if named:
+        if shutil.which(named, path=path) is None:
+            raise FlowMissingError(f"FLOW_CLI={named} is not on PATH")
+        return named
+    for name in ("apolo-flow", "neuro-flow"):
+        if shutil.which(name, path=path):
+            return name
+    raise FlowMissingError("neither apolo-flow nor neuro-flow is on PATH: 'make setup' installs it into .venv (then "
+                       "'source .venv/bin/activate'), or 'pip install neuro-flow'; log in with 'apolo login'")
+
+
+def _sigint_ignored() -> None:
+    # As bash starts a background command: a terminal's Ctrl-C reaches the launcher, which stops the CLI itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@dataclass
+class Flow:
+    """The flow CLI's commands for one launch, run in the repository (the CLI finds .neuro/live.yml from its working
+    directory up: apolo_flow.parser.find_workspace)."""
+
+    cli: str
+    options: Options
+    repo_root: Path
+
+    def suffix(self, rank: int) -> str:
+        return f"{self.options.run_id}-{rank}"
+
+    def node_command(self, rank: int, master: str) -> list[str]:
+        """The command that starts node ``rank``'s job, pointed at ``master`` (empty on node 0 without a store). The
+        trainer flags travel as one param, split again by neuro-flow as a shell would (shlex), so each is quoted."""
+        o = self.options
+        params = {"nodes": o.nodes, "min_nodes": o.min_nodes, "node_rank": rank, "master_addr": master,
+                  "master_port": o.port, "external_store": "true" if o.external_store else "false",
+                  "run_id": o.run_id, "max_restarts": o.max_restarts, "preset": o.preset, "life_span": o.life_span,
+                  "schedule_timeout": o.timeout_s, "join_timeout": o.join_timeout_s, "entry_module": o.entry_module,
+                  "tracker": o.tracker, "mlflow_uri": o.mlflow_uri, "mlflow_token": o.mlflow_token,
+                  "args": shlex.join(o.trainer_args)}
+        return [self.cli, "run", JOB, "--suffix", self.suffix(rank), *_params(params)]
+
+    def store_command(self) -> list[str]:
+        """The command that starts the store's job. It lives as long as a node's: it starts before every node, and
+        the run stops itself (each node's worker.sh, a tenth of the life span early) before the first node's life
+        span ends."""
+        o = self.options
+        params = {"port": o.port, "run_id": o.run_id, "preset": o.store_preset, "life_span": o.life_span,
+                  "schedule_timeout": o.timeout_s}
+        return [self.cli, "run", STORE_JOB, "--suffix", o.run_id, *_params(params)]
+
+    def submit(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start ``command`` (a `run`) in the background, its output on the launcher's stderr: `<flow> run` returns
+        only once its job has started (apolo run waits while the job is pending)."""
+        return subprocess.Popen(command, cwd=self.repo_root, stdout=sys.stderr.fileno(), stdin=subprocess.DEVNULL,
+                                preexec_fn=_sigint_ignored)
+
+    def status(self, job_id: str, suffix: str) -> JobStatus:
+        """The job's status; "unknown" when the CLI cannot say (a network hiccup, a job not found)."""
+        try:
+            done = subprocess.run([self.cli, "status", job_id, suffix], cwd=self.repo_root, capture_output=True,
+                                  text=True, errors="replace", stdin=subprocess.DEVNULL, timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return JobStatus("unknown")
+        return parse_status(done.stdout + done.stderr)
+
+    def kill(self, job_id: str, suffix: str) -> bool:
+        """`<flow> kill JOB SUFFIX`: returns once the platform has the job cancelled; whether that worked."""
+        try:
+            done = subprocess.run([self.cli, "kill", job_id, suffix], cwd=self.repo_root, capture_output=True,
+                                  stdin=subprocess.DEVNULL, timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    def follow_logs(self, rank: int) -> subprocess.Popen[bytes]:
+        """`<flow> logs` of node ``rank``'s job on the launcher's stdout, until the job ends."""
+        return subprocess.Popen([self.cli, "logs", JOB, self.suffix(rank)], cwd=self.repo_root,
+                                stdin=subprocess.DEVNULL, preexec_fn=_sigint_ignored)
+
+
+def _params(params: dict[str, object]) -> list[str]:
+    return [word for name, value in params.items() for word in ("--param", name, str(value))]

@@ -1,0 +1,270 @@
+r"""One command, N-node DDP training on the Apolo (ex-Neu.ro) platform: checks the platform job name of
+every node, starts the master job, waits until it runs and reads its internal hostname, starts the
+N-1 worker jobs pointed at it all at once (all jobs of .neuro/live.yml's `distributed_training`,
+sharing one run id), streams the master's logs, and kills every job of the run as soon as one
+fails or you press Ctrl-C. With --external-store a CPU job (`rendezvous_store`) hosts the rendezvous
+instead: it starts first, and all N nodes then start together pointed at it. Works from any directory
+(the flow CLI runs in the repository).
+
+Usage:
+  scripts/run_distributed_on_platform.sh [--nodes N] [--min-nodes MIN] [--max-resubmits K] [--preset NAME]
+      [--external-store] [--store-preset NAME]
+      [--run-id ID] [--port P] [--max-restarts R] [--life-span SPAN] [--timeout S] [--poll S] [--entry-module M]
+      [--tracker none|mlflow] [--mlflow-uri URI] [--mlflow-token secret:NAME] [--dry-run] [--] [TRAINER ARGS...]
+
+  scripts/run_distributed_on_platform.sh --nodes 2                       # DummyDataset, tiny model
+  scripts/run_distributed_on_platform.sh --nodes 4 --preset gpu-large -- --preset bert-base
+  scripts/run_distributed_on_platform.sh --nodes 4 -- --preset bert-base-nq \
+      --nq-train-file /data/simplified-nq-train.jsonl --nq-cache-dir /project/results/nq-cache
+                                            # NQ, after `neuro-flow run prepare` (docs/PLATFORM.md)
+  scripts/run_distributed_on_platform.sh --run-id dq-0612 -- --preset bert-base   # resume that run
+  scripts/run_distributed_on_platform.sh --nodes 4 --min-nodes 3 --external-store -- --preset bert-base
+                                            # elastic: the loss of any node, node 0 too, leaves the run going
+
+Before the first run: neuro-flow build myimage; neuro-flow mkvolumes; neuro-flow upload ALL.
+
+Options:
+  --nodes N          jobs (nodes) in the run; default: $NODES, else NODES= in .env, else 2
+  --min-nodes MIN    elastic (worker.sh --min-nodes; default: $MIN_NODES, else .env, else N): the run goes
+                     on while MIN jobs are alive. A job that fails or is cancelled then does not end the
+                     run: the others resume at the smaller world size, and the launcher submits that
+                     node's job again (same arguments, same node rank; --max-resubmits), whose worker
+                     joins the next rendezvous round: the run grows back (docs/FAULT_TOLERANCE.md).
+                     Node 0 hosts the rendezvous store: its job is not submitted again, and its loss ends
+                     the run, unless --external-store
+  --max-resubmits K  with --min-nodes below --nodes: submit each node's job again at most K times
+                     (default 3; 0: never); after that the run goes on without the node while MIN
+                     jobs are alive. Without a range a failed job ends the run, as ever
+  --preset NAME      resource preset of every node; default: $PLATFORM_PRESET, .env, else gpu-small
+  --external-store   host the rendezvous store in a CPU job of its own (`rendezvous_store <run id>`, running
+                     python -m distqa.launch.rendezvous_store --port P), submitted before the nodes and killed at the
+                     end, instead of on node 0 (default: $EXTERNAL_STORE, .env, else 0; 1 = on). Use it with
+                     --min-nodes: node 0 is then a node like any other, whose job is submitted again when
+                     lost. It costs one small CPU job for the run's length; losing that job ends the run
+  --store-preset P   resource preset of the store's job (default: $STORE_PRESET, .env, else cpu-small)
+  --run-id ID        job suffix, rendezvous id and run directory (results/ID); the same id
+                     resumes that run. Default: dq-<UTC date-time>. Lowercase letters and digits
+                     in groups joined by single '-'; short enough that every node's platform job
+                     name (<project id>-distributed-training-<ID>-<node>, cut as neuro-flow cuts
+                     it) fits the platform's 40 characters: at most 15 characters below 10 nodes.
+  --port P           rendezvous port on the master, or on the store's job (default 29400)
+  --max-restarts R   torchrun restarts of every worker from the newest checkpoint after one fails,
+                     inside the jobs (default 3: a crashed process costs a restart, not the run; a
+                     job that ends still ends the run; docs/FAULT_TOLERANCE.md "Restart defaults")
+  --life-span SPAN   each job is killed by the platform after SPAN (default 1d): a safety net.
+                     As neuro-flow reads it: [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m)
+                     or a number of seconds (3600)
+  --timeout S        seconds the platform may take to start each node (default 900: autoscaled
+                     GPU nodes can take minutes); a node not started by then fails (the job's
+                     schedule_timeout) and the run stops. The master's rendezvous waits S + 300 s
+                     for the others to join, so a worker queued up to S still makes it.
+  --poll S           seconds between status checks of the jobs (default 15)
+  --entry-module M   the module every process of every node runs (python -m M; default distqa.train):
+                     a fork's own entry point (worker.sh --entry-module); the image must hold it
+  --tracker T        'mlflow': rank 0 logs the run to the MLflow server at --mlflow-uri (one MLflow run
+                     across restarts; docs/PLATFORM.md "Tracking with MLflow"); default: DISTQA_TRACKER
+                     (environment or .env), else none
+  --mlflow-uri URI   the MLflow tracking server, e.g. the platform's MLflow app; default: MLFLOW_TRACKING_URI
+                     (environment or .env)
+  --mlflow-token S   a platform secret holding the server's token, as secret:NAME (`apolo secret add NAME
+                     TOKEN`); the jobs get it as MLFLOW_TRACKING_TOKEN. Default: MLFLOW_TOKEN_SECRET
+                     (environment or .env), else none. Never the token itself: job params are visible
+  --dry-run          print the commands instead of running them
+Arguments after -- go to the trainer (python -m distqa.train, or --entry-module) on every node; a fork's
+task is one of them: -- --task examples.text_classification.task:TextClassification.
+
+Environment: FLOW_CLI (apolo-flow or neuro-flow; default: whichever is installed, apolo-flow
+first), NODES, MIN_NODES, PLATFORM_PRESET, EXTERNAL_STORE, STORE_PRESET, RUN_ID, SCHEDULE_TIMEOUT,
+POLL_INTERVAL; ENV_FILE (default .env in the working directory, as for every script and entry point: NODES=,
+MIN_NODES=, PLATFORM_PRESET=, EXTERNAL_STORE= and STORE_PRESET= are read from it).
+Exit status: 0 when every node succeeded; 1 when a job failed or never started, or the store's job
+ended (all jobs of the run are killed first); 2 for a usage error; 130 after Ctrl-C or SIGTERM (all
+jobs killed: each job's worker.sh gets SIGTERM from the platform, so its workers checkpoint the step
+reached and stop within the platform's grace period; run again with the same --run-id to resume).
+"""
+
+# The text above is `scripts/run_distributed_on_platform.sh --help` (the script is a shim that runs this package:
+# python -m distqa.launch.platform). Below: its options, read as the script always read them, and checked before
+# anything is submitted.
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+PROG = "run_distributed_on_platform.sh"
+"""The name usage errors start with: the documented command."""
+JOIN_MARGIN_S = 300
+"""Seconds the master's rendezvous waits beyond --timeout: image pull, container start, python imports."""
+RUN_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+ENTRY_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+SECRET = re.compile(r"secret:[A-Za-z0-9_-]+")
+# The flow CLI reads a job's life_span as a number of seconds (Python's float, then int) or as d/h/m/s parts in
+# that order (apolo_flow.expr.OptTimeDeltaExpr); anything else fails there after some nodes have started. Of float's
+# rarer spellings (blanks, '_', 3-digit exponents: 1e400 is inf, which int refuses) none is taken.
+LIFE_SPAN_SECONDS = re.compile(r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?")
+LIFE_SPAN_PARTS = re.compile(r"([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?")
+
+
+class UsageError(Exception):
+    """A bad option or setting: one line after ``run_distributed_on_platform.sh:``, exit status 2."""
+
+
+@dataclass
+class Options:
+    """One launch, as the user asked for it (flags > environment > .env > defaults)."""
+
+    nodes: int
+    min_nodes: int
+    preset: str
+    external_store: bool
+    store_preset: str
+    run_id: str
+    port: int = 29400
+    max_restarts: int = 3
+    max_resubmits: int = 3
+    life_span: str = "1d"
+    timeout_s: int = 900
+    poll_s: float = 15.0
+    entry_module: str = "distqa.train"
+    tracker: str = "none"
+    mlflow_uri: str = ""
+    mlflow_token: str = ""
+    dry_run: bool = False
+    trainer_args: list[str] = field(default_factory=list)
+
+    @property
+    def join_timeout_s(self) -> int:
+        """The master's rendezvous join timeout: a worker queued up to --timeout still makes it."""
+        return self.timeout_s + JOIN_MARGIN_S
+
+    @property
+    def elastic(self) -> bool:
+        """A node range: a lost job is submitted again while --min-nodes others go on."""
+        return self.min_nodes < self.nodes
+
+
+def env_file(environ: Mapping[str, str]) -> Path:
+    """The .env every entry point and script reads (distqa.settings.sources.dotenv_file, scripts/common.sh):
+    ``$ENV_FILE``, refused when it names no file, else ``.env`` in the working directory."""
+    named = environ.get("ENV_FILE")
+    if named and not Path(named).is_file():
+        raise UsageError(f"ENV_FILE={named}: no such file; name an existing file, or unset ENV_FILE to read .env in "
+                         "the working directory")
+    return Path(named or ".env")
+
+
+def settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's variables: the environment's, else the .env file's (read by python-dotenv, as the trainer
+    reads it); an empty value counts as unset. RUN_ID, SCHEDULE_TIMEOUT and POLL_INTERVAL come from the
+    environment alone."""
+    path = env_file(environ)
+    from_file = {k: v for k, v in dotenv_values(path).items() if v} if path.is_file() else {}
+    names = ("NODES", "MIN_NODES", "PLATFORM_PRESET", "EXTERNAL_STORE", "STORE_PRESET", "DISTQA_TRACKER",
+             "MLFLOW_TRACKING_URI", "MLFLOW_TOKEN_SECRET")
+    found = {name: environ.get(name) or from_file.get(name, "") for name in names}
+    found |= {name: environ.get(name, "") for name in ("RUN_ID", "SCHEDULE_TIMEOUT", "POLL_INTERVAL")}
+    return found
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """One line, as the script always said it: "--nodes needs a value (see --help)"."""
+        missing = re.fullmatch(r"argument (--[a-z-]+): (expected one argument|needs a value)", message)
+        raise UsageError(f"{missing[1]} needs a value (see --help)" if missing else f"{message} (see --help)")
+
+
+def _value(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("needs a value")
+    return text
+
+
+def build_parser(defaults: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The options before ``--``; every value a string, checked by :func:`parse_options`."""
+    parser = _Parser(prog=PROG, add_help=False, allow_abbrev=False)
+    for flag, default in (("--nodes", defaults["NODES"] or "2"), ("--min-nodes", defaults["MIN_NODES"]),
+                          ("--preset", defaults["PLATFORM_PRESET"] or "gpu-small"),
+                          ("--store-preset", defaults["STORE_PRESET"] or "cpu-small"),
+                          ("--run-id", defaults["RUN_ID"] or time.strftime("dq-%m%d-%H%M%S", time.gmtime())),
+                          ("--port", "29400"), ("--max-restarts", "3"), ("--max-resubmits", "3"),
+                          ("--life-span", "1d"), ("--timeout", defaults["SCHEDULE_TIMEOUT"] or "900"),
+                          ("--poll", defaults["POLL_INTERVAL"] or "15"), ("--entry-module", "distqa.train"),
+                          ("--tracker", defaults["DISTQA_TRACKER"] or "none"),
+                          ("--mlflow-uri", defaults["MLFLOW_TRACKING_URI"]),
+                          ("--mlflow-token", defaults["MLFLOW_TOKEN_SECRET"])):
+        parser.add_argument(flag, type=_value, default=default or None)  # argparse would check a default too
+    parser.add_argument("--external-store", action="store_const", const="1",
+                        default=defaults["EXTERNAL_STORE"] or "0")
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("-h", "--help", action="store_true")
+    return parser
+
+
+def _whole(name: str, value: str) -> int:
+    if not re.fullmatch(r"[0-9]+", value):
+        raise UsageError(f"{name} must be a whole number, got '{value}' (flag, environment or .env)")
+    return int(value)
+
+
+def life_span_ok(value: str) -> bool:
+    """Whether neuro-flow reads ``value`` as a job's life span: seconds, or [Nd][Nh][Nm][Ns] in that order."""
+    return bool(LIFE_SPAN_SECONDS.fullmatch(value) or (value and LIFE_SPAN_PARTS.fullmatch(value)))
+
+
+def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Options | None:
+    """The launch ``argv`` asks for, or None for --help; a :class:`UsageError` names the first bad value."""
+    environ = os.environ if environ is None else environ
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    own, trainer_args = argv[:split], argv[split + 1:]
+    if "-h" in own or "--help" in own:
+        return None
+    parsed, unknown = build_parser(settings(environ)).parse_known_args(own)
+    raw = argparse.Namespace(**{name: "" if value is None else value for name, value in vars(parsed).items()})
+    if unknown:
+        raise UsageError(f"unknown option '{unknown[0]}'; trainer flags go after -- (see --help)")
+    nodes = _whole("nodes", raw.nodes)
+    min_nodes = _whole("min_nodes", raw.min_nodes or raw.nodes)
+    port, max_restarts = _whole("port", raw.port), _whole("max_restarts", raw.max_restarts)
+    max_resubmits, timeout_s = _whole("max_resubmits", raw.max_resubmits), _whole("timeout_s", raw.timeout)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", raw.poll):
+        raise UsageError(f"--poll must be a number of seconds, got '{raw.poll}'")
+    if raw.external_store not in ("0", "1"):
+        raise UsageError(f"EXTERNAL_STORE must be 0 or 1 (1: --external-store), got '{raw.external_store}' "
+                         "(environment or .env)")
+    external_store = raw.external_store == "1"
+    checks = (
+        (not external_store or nodes > 1,
+         "--external-store needs --nodes 2 or more: one node has no rendezvous to host"),
+        (nodes >= 1, f"--nodes must be at least 1, got {nodes}"),
+        (1 <= min_nodes <= nodes, f"--min-nodes must be in 1..{nodes} (--nodes), got {min_nodes}"),
+        (1024 <= port <= 65535, f"--port must be in 1024..65535, got {port}"),
+        (timeout_s >= 1, f"--timeout must be at least 1 second, got {timeout_s}"),
+        (ENTRY_MODULE.fullmatch(raw.entry_module),
+         f"--entry-module must be a dotted Python module name such as mytask.train, got '{raw.entry_module}'"),
+        (raw.tracker in ("none", "mlflow"), f"--tracker must be none or mlflow, got '{raw.tracker}'"),
+        (raw.tracker == "none" or raw.mlflow_uri,
+         "--tracker mlflow needs --mlflow-uri (or MLFLOW_TRACKING_URI in the environment or .env)"),
+        (not raw.mlflow_token or SECRET.fullmatch(raw.mlflow_token),
+         "--mlflow-token must name a platform secret as secret:NAME (not the token itself: job params are visible)"),
+        (RUN_ID.fullmatch(raw.run_id), "--run-id must be lowercase letters and digits in groups joined by single '-' "
+                                       f"(it becomes part of job names), got '{raw.run_id}'"),
+        (life_span_ok(raw.life_span), "--life-span must be [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m) or "
+                                      f"seconds (3600), got '{raw.life_span}'"),
+    )
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+    return Options(nodes=nodes, min_nodes=min_nodes, preset=raw.preset, external_store=external_store,
+                   store_preset=raw.store_preset, run_id=raw.run_id, port=port, max_restarts=max_restarts,
+                   max_resubmits=max_resubmits, life_span=raw.life_span, timeout_s=timeout_s, poll_s=float(raw.poll),
+                   entry_module=raw.entry_module, tracker=raw.tracker, mlflow_uri=raw.mlflow_uri,
+                   mlflow_token=raw.mlflow_token, dry_run=raw.dry_run, trainer_args=trainer_args)

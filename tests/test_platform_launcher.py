@@ -1,0 +1,290 @@
+"""The platform launcher's logic (distqa.launch.platform) called as functions, no process started: job names as
+neuro-flow builds them, the status rows of the platform client, the options and their sources, and the run's
+decisions (start, watch, resubmit, give up) against a scripted flow CLI. tests/test_platform.py runs the launcher
+against the stand-in platform; these cases are each of its branches, in milliseconds."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from distqa.launch.platform.jobs import JOB, STORE_JOB, Flow, JobStatus, job_name, parse_status, valid_job_name
+from distqa.launch.platform.options import Options, UsageError, parse_options
+from distqa.launch.platform.run import UNKNOWN_LIMIT, Launch, RunFailedError, Watch
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
+import platform_cli  # the stand-in (tests/standin is not a package), derived from neuro-flow's source
+
+# --- job names -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("project", ["distqa", "my_project", "-a__b-", "a" * 60, "x"])
+@pytest.mark.parametrize(("job_id", "suffix"), [(JOB, "dq-0612-1-0"), (JOB, "r_1-10"), (STORE_JOB, "dq-0612"),
+                                                (JOB, "a" * 40), ("train", "--x--")])
+def test_job_names_are_built_as_neuro_flow_builds_them_and_checked_as_the_platform_checks_them(
+        project: str, job_id: str, suffix: str) -> None:
+    """The stand-in's job_name follows apolo_flow.live_runner.LiveExecutor.run line by line; the validity rule is
+    apolo_cli.click_types.JOB_NAME's own."""
+    from apolo_cli.click_types import JOB_NAME
+
+    name = job_name(project, job_id, suffix)
+    assert name == platform_cli.job_name(project, job_id, suffix)
+    try:
+        JOB_NAME.convert(name, None, None)
+        platform_takes_it = True
+    except ValueError:
+        platform_takes_it = False
+    assert valid_job_name(name) == platform_takes_it, name
+
+
+# --- the status rows ---------------------------------------------------------------------------------------------
+
+# `apolo status` as apolo_cli.formatters.jobs.JobStatusFormatter prints it (rows of a rich table, coloured on a
+# terminal); "Internal Hostname Named" is a row of its own, not the hostname.
+FAILED = """\
+ Job                      job-0b8f3c1e-5a3d-4f1e-9a6b-2b7c9d0e1f2a
+ Name                     distqa-distributed-training-r-1
+ Tags                     run:r
+ Owner                    someone
+ Status                   \x1b[31mfailed\x1b[0m (OOMKilled)
+ Exit code                137
+ Internal Hostname        job-0b8f3c1e.platform-jobs
+ Internal Hostname Named  distqa-distributed-training-r-1--someone.platform-jobs
+"""
+
+
+def test_the_status_is_read_from_the_platform_clients_rows() -> None:
+    status = parse_status(FAILED)
+    assert status == JobStatus("failed", "job-0b8f3c1e.platform-jobs", "job-0b8f3c1e-5a3d-4f1e-9a6b-2b7c9d0e1f2a",
+                               "exit code 137 (OOMKilled)")
+    assert status.ended and status.describe() == "failed: exit code 137 (OOMKilled)"
+    pending = parse_status(" Job                      job-1\n Status                   pending (ContainerCreating)\n")
+    assert (pending.state, pending.host, pending.how, pending.ended) == ("pending", "", "(ContainerCreating)", False)
+    running = parse_status(" Job   job-2\n Status   running\n Internal Hostname   10.0.0.7\n")
+    assert (running.state, running.host, running.describe()) == ("running", "10.0.0.7", "running")
+    assert parse_status("Job distributed_training is not running\n").state == "unknown"
+    assert parse_status("").state == "unknown"
+
+
+# --- options -----------------------------------------------------------------------------------------------------
+
+def options(*argv: str, **environ: str) -> Options:
+    parsed = parse_options(argv, {"ENV_FILE": "", **environ})
+    assert parsed is not None
+    return parsed
+
+
+def test_options_come_from_flags_then_the_environment_then_dotenv_then_defaults(tmp_path: Path) -> None:
+    dotenv = tmp_path / "launch.env"
+    dotenv.write_text("NODES=4\nPLATFORM_PRESET='gpu-a'  # quoted\nEXTERNAL_STORE=1\nMIN_NODES=\nRUN_ID=not-read\n")
+    o = options(ENV_FILE=str(dotenv))
+    assert (o.nodes, o.min_nodes, o.preset, o.external_store, o.store_preset) == (4, 4, "gpu-a", True, "cpu-small")
+    assert o.run_id.startswith("dq-"), "RUN_ID comes from the environment alone"
+    o = options("--nodes", "3", "--min-nodes", "2", ENV_FILE=str(dotenv), NODES="5", PLATFORM_PRESET="",
+                RUN_ID="from-env", SCHEDULE_TIMEOUT="60", POLL_INTERVAL="0.5")
+    assert (o.nodes, o.min_nodes, o.preset, o.run_id, o.timeout_s, o.poll_s) == (3, 2, "gpu-a", "from-env", 60, 0.5)
+    assert o.elastic and o.join_timeout_s == 360
+    o = options("--run-id", "r", "--", "--help", "--nodes", "9")
+    assert (o.nodes, o.trainer_args) == (2, ["--help", "--nodes", "9"]), "after --, everything is the trainer's"
+    assert parse_options(["--nodes", "3", "--help"], {}) is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nodes"], "--nodes needs a value (see --help)"),
+    (["--preset", ""], "--preset needs a value (see --help)"),
+    (["--bogus"], "unknown option '--bogus'; trainer flags go after -- (see --help)"),
+    (["stray"], "unknown option 'stray'"),
+    (["--nodes", "2", "--min-nodes", "3"], "--min-nodes must be in 1..2 (--nodes), got 3"),
+    (["--max-resubmits", "-1"], "max_resubmits must be a whole number, got '-1'"),
+    (["--max-resubmits", "x"], "max_resubmits must be a whole number, got 'x'"),
+    (["--poll", "1.x"], "--poll must be a number of seconds, got '1.x'"),
+    (["--port", "80"], "--port must be in 1024..65535, got 80"),
+    (["--run-id", "A_b"], "--run-id must be lowercase letters and digits"),
+    (["--life-span", "1h1d"], "--life-span must be [Nd][Nh][Nm][Ns] in that order"),
+])
+def test_a_bad_option_is_one_line_naming_it(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_options(argv, {})
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_env_file_that_names_no_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"ENV_FILE=.*missing\.env: no such file"):
+        parse_options([], {"ENV_FILE": str(tmp_path / "missing.env")})
+
+
+# --- the run's decisions -----------------------------------------------------------------------------------------
+
+def failed(job_id: str, how: str = "exit code 137 (Error)") -> JobStatus:
+    return JobStatus("failed", "h", job_id, how)
+
+
+def test_without_a_range_any_ended_job_ends_the_run_every_ended_node_named() -> None:
+    watch = Watch(options("--nodes", "3", "--run-id", "r"), "neuro-flow")
+    decisions = watch.decide({1: failed("job-1"), 2: JobStatus("cancelled", "h", "job-2")}, succeeded=0)
+    assert [(d.action, d.rank) for d in decisions] == [("report", 1), ("fail", 2)]
+    assert decisions[0].line == ("node 1 (distributed_training r-1) failed; its logs: 'neuro-flow logs "
+                                 "distributed_training r-1'")
+    assert decisions[1].line.startswith("node 2 (distributed_training r-2) cancelled; its logs")
+    assert watch.decide({}, succeeded=1) == [] and not watch.finished(1) and watch.finished(3)
+
+
+def test_with_a_range_a_lost_node_is_resubmitted_up_to_the_bound_then_left_out() -> None:
+    watch = Watch(options("--nodes", "3", "--min-nodes", "1", "--max-resubmits", "2", "--run-id", "r"), "apolo-flow")
+    for count, job_id in ((1, "job-a"), (2, "job-b")):
+        [decision] = watch.decide({2: failed(job_id)}, succeeded=0)
+        assert (decision.action, decision.rank) == ("resubmit", 2)
+        assert decision.line == (f"node 2 (job {job_id}, distributed_training r-2) failed: exit code 137 (Error); "
+                                 f"resubmitting it ({count} of 2); the others go on (--min-nodes 1)")
+    [decision] = watch.decide({2: failed("job-c", "exit code 125 (not scheduled)")}, succeeded=0)
+    assert decision.action == "lose" and watch.lost == {2}
+    assert decision.line == ("node 2 (job job-c, distributed_training r-2) failed: exit code 125 (not scheduled); "
+                             "submitted again 2 time(s) (--max-resubmits): the others go on without it (--min-nodes "
+                             "1); its logs: 'apolo-flow logs distributed_training r-2'")
+    assert not watch.finished(1) and watch.finished(2), "the run ends when all but the lost have succeeded"
+
+
+def test_node_0_hosting_the_store_is_never_resubmitted_but_with_an_external_store_it_is() -> None:
+    on_node_0 = Watch(options("--nodes", "2", "--min-nodes", "1", "--run-id", "r"), "neuro-flow")
+    [decision] = on_node_0.decide({0: failed("job-0")}, succeeded=0)
+    assert decision.action == "lose" and decision.line.endswith(
+        "the others go on (--min-nodes 1); node 0 hosts the rendezvous store: not submitted again")
+    apart = Watch(options("--nodes", "2", "--min-nodes", "1", "--external-store", "--run-id", "r"), "neuro-flow")
+    assert [d.action for d in apart.decide({0: failed("job-0")}, succeeded=0)] == ["resubmit"]
+
+
+def test_a_node_lost_after_another_finished_is_not_resubmitted_and_fewer_than_min_nodes_end_the_run() -> None:
+    watch = Watch(options("--nodes", "3", "--min-nodes", "2", "--run-id", "r"), "neuro-flow")
+    [decision] = watch.decide({1: failed("job-1")}, succeeded=1)
+    assert decision.action == "lose" and "the run has finished on another node: not submitted again" in decision.line
+    assert [d.action for d in watch.decide({2: failed("job-2")}, succeeded=0)] == ["fail"], "1 left, 2 needed"
+
+
+def test_statuses_unread_twenty_times_in_a_row_end_the_run() -> None:
+    watch = Watch(options("--run-id", "r"), "neuro-flow")
+    for _ in range(UNKNOWN_LIMIT - 2):
+        watch.count_unknown(1)
+    watch.count_unknown(0)  # one good look starts the count again
+    for _ in range(UNKNOWN_LIMIT - 1):
+        watch.count_unknown(2)
+    with pytest.raises(RunFailedError, match=r"the status of 2 job\(s\) could not be read 20 times in a row"):
+        watch.count_unknown(2)
+
+
+# --- the run against a scripted flow CLI -----------------------------------------------------------------------
+
+@dataclass
+class Submitted:
+    """A `<flow> run` whose exit status is known in advance: None while it waits for its job."""
+
+    codes: Iterator[int | None]
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = next(self.codes, self.returncode)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            pass
+        return self.returncode or 0
+
+
+@dataclass
+class ScriptedFlow(Flow):
+    """The flow CLI of one launch, its statuses played from a script: {(job, suffix): [status, ...]} (the last one
+    stays); every command it was given, in order."""
+
+    script: dict[tuple[str, str], list[JobStatus]] = field(default_factory=dict)
+    run_codes: list[int | None] = field(default_factory=lambda: [0])
+    given: list[str] = field(default_factory=list)
+
+    def status(self, job_id: str, suffix: str) -> JobStatus:
+        played = self.script[job_id, suffix]
+        return played.pop(0) if len(played) > 1 else played[0]
+
+    def submit(self, command: list[str]) -> Submitted:  # type: ignore[override]
+        self.given.append(f"run {command[2]} {command[4]}")
+        return Submitted(iter(self.run_codes))
+
+    def kill(self, job_id: str, suffix: str) -> bool:
+        self.given.append(f"kill {job_id} {suffix}")
+        return True
+
+
+def scripted(*argv: str, **script: list[JobStatus]) -> ScriptedFlow:
+    """A launch of ``argv`` (polling at once) whose jobs say what ``script`` says, keyed by suffix."""
+    o = options("--run-id", "r", "--poll", "0", *argv)
+    keyed = {(STORE_JOB if suffix == "r" else JOB, suffix.replace("_", "-")): played for suffix, played in
+             script.items()}
+    return ScriptedFlow("neuro-flow", o, REPO_ROOT, script=keyed)
+
+
+RUNNING = JobStatus("running", "10.0.0.1", "job-m")
+PENDING = JobStatus("pending")
+
+
+@pytest.mark.parametrize(("played", "run_codes", "message"), [
+    ([PENDING, JobStatus("failed", "", "job-m", "(not scheduled)")], [None, 125],
+     "the master job (distributed_training r-0) was not started within 900 s; is preset 'gpu-small' available"),
+    ([PENDING, failed("job-m")], [None, 137], "the master job failed before the other jobs started; see "
+                                              "'neuro-flow logs distributed_training r-0'"),
+    ([JobStatus("cancelled", "h", "job-m")], [None], "the master job ended (cancelled) before the other jobs"),
+    ([PENDING], [None, 1], "could not start the master job: 'neuro-flow run distributed_training --suffix r-0 ...' "
+                           "failed (see above)"),
+])
+def test_the_master_that_does_not_run_stops_the_launch_saying_why(
+        played: list[JobStatus], run_codes: list[int | None], message: str) -> None:
+    flow = scripted(r_0=played)
+    flow.run_codes = run_codes
+    launch = Launch(flow)
+    with pytest.raises(RunFailedError) as failure:
+        launch.wait_running("the master job", JOB, "r-0", launch.start_node(0, ""), "gpu-small")
+    assert message in str(failure.value)
+    assert launch.started == ["r-0"], "what was submitted is killed"
+
+
+def test_the_master_runs_once_it_has_a_hostname() -> None:
+    flow = scripted(r_0=[PENDING, JobStatus("running"), RUNNING])
+    flow.run_codes = [None, None, 0]
+    launch = Launch(flow)
+    assert launch.wait_running("the master job", JOB, "r-0", launch.start_node(0, ""), "gpu-small") == "10.0.0.1"
+    assert launch.submitting == []
+
+
+def test_the_watch_resubmits_a_lost_node_waits_for_its_new_job_and_ends_when_all_succeeded(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Node 1 fails (job-1); its new job is submitted, and while that `run` waits the platform still shows job-1:
+    not a second loss. The new job runs, then both succeed."""
+    lost = failed("job-1")
+    flow = scripted("--nodes", "2", "--min-nodes", "1",
+                    r_0=[RUNNING, RUNNING, RUNNING, JobStatus("succeeded", "h", "job-m")],
+                    r_1=[lost, lost, JobStatus("running", "h", "job-1b"), JobStatus("succeeded", "h", "job-1b")])
+    flow.run_codes = [None, None, 0]
+    launch = Launch(flow)
+    launch.watch("10.0.0.1")
+    assert flow.given == ["run distributed_training r-1"], "submitted again once"
+    assert launch.started == ["r-1"]
+    assert capsys.readouterr().err.count("resubmitting it (1 of 3)") == 1
+
+
+def test_the_store_ending_ends_the_run_in_one_line() -> None:
+    flow = scripted("--nodes", "2", "--min-nodes", "1", "--external-store", r=[failed("job-s")], r_0=[RUNNING],
+                    r_1=[RUNNING])
+    with pytest.raises(RunFailedError) as failure:
+        Launch(flow).watch("10.0.0.9")
+    assert str(failure.value).startswith("the rendezvous store's job (rendezvous_store r, job job-s) ended: failed: "
+                                         "exit code 137 (Error); every node's rendezvous is gone with it")
+
+
+def test_killing_the_run_kills_every_node_then_the_store(capsys: pytest.CaptureFixture[str]) -> None:
+    flow = scripted("--nodes", "2", "--external-store")
+    launch = Launch(flow, started=["r-0", "r-1"], store_started=True)
+    launch.kill_all()
+    assert flow.given == ["kill distributed_training r-0", "kill distributed_training r-1", "kill rendezvous_store r"]
+    assert "[platform] killing rendezvous_store r (the rendezvous store)" in capsys.readouterr().err
