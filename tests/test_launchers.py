@@ -100,4 +100,4 @@ def test_on_a_node_without_a_gpu_driver_worker_sh_runs_one_process_without_impor
     assert calls.read_text().splitlines() == ["-c import distqa", "-m distqa.launch.node"]
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time")]
-    assert "distqa.launch.node" in imported and "torch" not in imported, result.stderr[-2000:]
+    assert "distqa.launch.node_options" in imported and "torch" not in imported, result.stderr[-2000:]
