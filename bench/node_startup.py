@@ -9,7 +9,9 @@ process each one starts (user + system, ``getrusage(RUSAGE_CHILDREN)``), the med
 
 - a node's work before its agent: ``--dry-run`` of node 1 of 2 (everything but the wait for node 0 and the agent);
 - a short run of 2 nodes on this machine, as ``scripts/run_distributed_locally.sh`` starts them (the machinery task,
-  2 steps, one process per node): both nodes' worker.sh, agents and workers.
+  2 steps, one process per node): both nodes' worker.sh, agents and workers;
+- the same run with an elastic range (``--min-nodes 1``), whose check against the global batch loads the trainer's
+  settings and task (torch) before the agent: a process of its own before, the agent's process now.
 
 Prints each figure and the ratio now / before. Ratios matter, not absolute numbers: the machine may be busy.
 """
@@ -73,12 +75,13 @@ def dry_run(worker: Path, output_dir: Path) -> None:
                    env=environment(output_dir), capture_output=True, check=True, timeout=300)
 
 
-def two_nodes(worker: Path, output_dir: Path) -> None:
+def two_nodes(worker: Path, output_dir: Path, *flags: str) -> None:
     port, nodes = free_port(), []
     for rank in (0, 1):
         nodes.append(subprocess.Popen(
             ["bash", str(worker), "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-             "--master-port", str(port), "--nproc-per-node", "1", "--run-id", f"bench-{port}", "--", *TRAINER_ARGS],
+             "--master-port", str(port), "--nproc-per-node", "1", "--run-id", f"bench-{port}", *flags, "--",
+             *TRAINER_ARGS],
             env=environment(output_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for node in nodes:
         _, err = node.communicate(timeout=600)
@@ -102,6 +105,8 @@ def main() -> None:
                     children_cpu_s(lambda worker=worker: dry_run(worker, root / "runs")))
                 figures.setdefault(("2-node run of 2 steps, all processes", name), []).append(
                     children_cpu_s(lambda worker=worker: two_nodes(worker, root / "runs")))
+                figures.setdefault(("the same, elastic (--min-nodes 1)", name), []).append(
+                    children_cpu_s(lambda worker=worker: two_nodes(worker, root / "runs", "--min-nodes", "1")))
     print(f"CPU-seconds (user + system, median of {args.repeats}); worker.sh before: {args.before}, now: this checkout")
     for measure in dict.fromkeys(what for what, _ in figures):
         before = statistics.median(figures[measure, "before"])
