@@ -26,12 +26,12 @@ from distqa.launch.reachability import probe
 from conftest import (
     MACHINERY_ARGS,
     REPO_ROOT,
-    WORKER,
     clean_env,
     final_weights,
     finish,
     free_port,
     max_difference,
+    node_in_process,
     node_output,
     start_node,
     wait_for,
@@ -155,12 +155,10 @@ def test_the_local_launcher_starts_the_store_first_and_stops_it_at_the_end(tmp_p
 
 
 def test_worker_sh_external_store_makes_node_0_a_client_and_needs_the_stores_address(tmp_path: Path) -> None:
-    def worker(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", WORKER, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
-                               "--external-store", "--dry-run", *extra, "--", *MACHINERY_ARGS, "--output-dir",
-                               str(tmp_path)], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
-                                                                            NODE_ADDR="127.0.0.1"),
-                              capture_output=True, text=True, timeout=60)
+    def worker(*extra: str) -> subprocess.CompletedProcess[str]:  # the node in this process (no bash, no start)
+        return node_in_process(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--external-store",
+                                "--dry-run", *extra, "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path)],
+                               clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1"))
 
     refused = worker()
     assert refused.returncode == 2 and "--external-store needs --master-addr" in refused.stderr, refused.stderr
