@@ -104,7 +104,7 @@ def worker_environment(node: Node, nproc: int, environ: MutableMapping[str, str]
     # Each process gets its share of the node's cores instead of a thread per core (oversubscribed CPU runs are
     # several times slower); emulated nodes on one machine pass their share as NODE_CORES.
     if not environ.get("OMP_NUM_THREADS"):
-        cores = int(environ.get("NODE_CORES") or os.cpu_count() or 1)
+        cores = int(environ.get("NODE_CORES") or len(os.sched_getaffinity(0)))  # `nproc`: the cores it may use
         environ["OMP_NUM_THREADS"] = str(max(cores // nproc, 1))
 
 
@@ -148,7 +148,7 @@ def stop_timer(node: Node) -> Iterator[None]:
     def stop() -> None:
         say(f"run '{node.run_id}' node {node.node_rank}: --stop-after {node.stop_after_s}s reached: asking the workers "
             "to stop")
-        os.kill(os.getpid(), 15)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     timer = threading.Timer(node.stop_after_s, stop)
     timer.daemon = True
