@@ -10,7 +10,8 @@
 #   scripts/worker.sh --nnodes 2 --node-rank 0 --run-id r1                # the master
 #   scripts/worker.sh --nnodes 2 --node-rank 1 --master-addr job-1234.platform-jobs --run-id r1
 #
-# This script finds the interpreter, checks that it imports distqa (a start that imports nothing else), and execs
+# This script finds the interpreter, checks the output folders and that the interpreter imports distqa (a start that
+# imports nothing else), and execs
 # `python -m distqa.launch.node` with its arguments, which does the rest in one process, torchrun's agent included
 # (src/distqa/launch/: node.py; the options and the --help text: node_options.py; Kubeflow's and SkyPilot's
 # variables: engines.py; the checks: node_checks.py). So the process the engine started is the node's Python, and
@@ -26,6 +27,9 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/common.sh
 source "$repo_root/scripts/common.sh"
 find_python "$repo_root"
+# The run directories (DISTQA_OUTPUT_DIR; the platform's results volume) and the hub cache (HF_HOME) must take files
+# whoever owns their mounts: say so now (exit 2), not as a traceback on some rank later.
+require_writable worker.sh "${DISTQA_OUTPUT_DIR:-}" "${HF_HOME:-}"
 "$PYTHON" -c "import distqa" 2>/dev/null || {
     echo "worker.sh: $PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python" >&2
     exit 2

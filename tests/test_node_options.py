@@ -14,7 +14,7 @@ import pytest
 
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node import node_count, outcome, read_node, torchrun_args
-from distqa.launch.node_checks import entry_module_found, processes_here, require_writable
+from distqa.launch.node_checks import entry_module_found, processes_here
 from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, seconds_of
 
 from conftest import REPO_ROOT, WORKER, clean_env, node_in_process
@@ -284,22 +284,6 @@ def test_a_machine_without_a_gpu_drivers_device_node_runs_one_process(tmp_path: 
 def test_the_entry_module_is_found_without_running_it() -> None:
     assert entry_module_found("distqa.train") and entry_module_found("examples.text_classification.task")
     assert not entry_module_found("distqa.no_such_module") and not entry_module_found("no_such_package.train")
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
-def test_storage_the_node_cannot_write_is_one_line(tmp_path: Path) -> None:
-    tmp_path.chmod(0o555)
-    try:
-        with pytest.raises(NodeError) as refused:
-            require_writable("", str(tmp_path / "results"))
-    finally:
-        tmp_path.chmod(0o755)
-    assert f"cannot write to {tmp_path / 'results'} ({tmp_path} is owned by uid" in str(refused.value)
-
-
-def test_writable_storage_is_created_and_left_clean(tmp_path: Path) -> None:
-    require_writable(str(tmp_path / "a" / "b"))
-    assert list((tmp_path / "a" / "b").iterdir()) == []
 
 
 def test_the_nodes_end_from_its_workers_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

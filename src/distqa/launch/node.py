@@ -30,7 +30,7 @@ from pathlib import Path
 from distqa.errors import WORKER_REPORT_DIR_VARIABLE
 from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
-from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here, require_writable
+from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here
 from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, project_words
 from distqa.settings.sources import run_dir_of
 
@@ -216,9 +216,6 @@ def outcome(node: Node, status: int, reports: Path, run_dir: Path | None) -> int
 
 def start(node: Node, environ: MutableMapping[str, str], repo_root: Path) -> int:
     """Everything after the options' checks (see the module doc); the node's exit status."""
-    # The run directories (DISTQA_OUTPUT_DIR; the platform's results volume) and the hub cache (HF_HOME) must take
-    # files whoever owns their mounts: say so now, not as a traceback on some rank later.
-    require_writable(environ.get("DISTQA_OUTPUT_DIR", ""), environ.get("HF_HOME", ""))
     # A fork's packages next to src/ (a task of examples/, say) import from any directory, on every node.
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(repo_root), environ.get("PYTHONPATH"))))
     if str(repo_root) not in sys.path:

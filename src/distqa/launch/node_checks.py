@@ -1,15 +1,14 @@
 """What a node checks on its machine before the rendezvous (:mod:`distqa.launch.node`), each failure one line.
 
-Storage it must write (:func:`require_writable`), the module its workers run (:func:`entry_module_found`), the
-processes it starts (:func:`processes_here`), and an elastic range against the global batch
-(:func:`node_range_check`). Each failure is a :class:`~distqa.launch.node_options.NodeError` with exit status 2.
+The module its workers run (:func:`entry_module_found`), the processes it starts (:func:`processes_here`), and an
+elastic range against the global batch (:func:`node_range_check`). A failure is a
+:class:`~distqa.launch.node_options.NodeError` with exit status 2. (The storage it must write: worker.sh checks it,
+scripts/common.sh's require_writable, as in_job.sh does.)
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,33 +18,6 @@ from distqa.launch.node_options import Node, NodeError
 
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 """A GPU driver's device node (NVIDIA's, WSL2's, ROCm's): without one torch sees no GPU."""
-
-
-def require_writable(*folders: str) -> None:
-    """Stop unless this process can create files in every folder (created first when missing; empty names are
-    skipped). The platform mounts storage folders with an owner and mode it chooses and ``apolo run`` cannot pick
-    the user, so the line says which folder fails, whose it is and how to fix it, before anything runs (as
-    scripts/common.sh's require_writable does for in_job.sh)."""
-    for folder in filter(None, folders):
-        # A real file, not access(2): network storage (root_squash, ACLs) can answer W_OK falsely.
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test."):
-                continue
-        except OSError:
-            pass
-        existing = Path(folder)
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        try:
-            status = existing.stat()
-            owner, mode = str(status.st_uid), f"{status.st_mode & 0o7777:o}"
-        except OSError:
-            owner = mode = "?"
-        me = os.geteuid()
-        raise NodeError(f"cannot write to {folder} ({existing} is owned by uid {owner}, mode {mode}; this job runs as "
-                        f"uid {me}). Fix: run as root or as uid {owner} (the image runs as root; 'docker run --user "
-                        f"{owner}'), or let uid {me} write there ('chmod a+rwx {existing}' as its owner).")
 
 
 def entry_module_found(module: str) -> bool:
