@@ -11,16 +11,6 @@ find_python() {
     else PYTHON=python; fi
 }
 
-# project_words REPO_ROOT KEY: PROJECT_WORDS=(KEY of REPO_ROOT/project.toml, split as a shell would), e.g. jobs.args;
-# a wrong project.toml says why in one line (src/distqa/upkeep/project.py) and the function fails.
-# shellcheck disable=SC2034  # PROJECT_WORDS is the caller's
-project_words() {
-    local words
-    words="$("$PYTHON" "$1/src/distqa/upkeep/project.py" --file "$1/project.toml" --split "$2")" || return 2
-    PROJECT_WORDS=()
-    [[ -z "$words" ]] || mapfile -t PROJECT_WORDS <<< "$words"
-}
-
 # require_writable WHO DIR...: stop (exit 2) unless this process can create files in every DIR
 # (created first when missing). The platform mounts storage folders with an owner and mode it
 # chooses (`neuro-flow mkvolumes` creates them through the storage service) and `apolo run` cannot

@@ -118,7 +118,7 @@ stop_agents() {
     # after 30 s). Signal the workers directly too: a worker blocked in a collective would outlive an
     # agent that is SIGKILLed first. This is the forceful stop (a failed node, a second interrupt): a
     # worker that already got a SIGTERM ends at once on this one (distqa.distributed.stop).
-    # Each node is worker.sh → torchrun agent → workers: three generations.
+    # Each node is worker.sh (exec'd into its Python process, the torchrun agent) → workers; up to three generations.
     local pid targets=() generation=("${agents[@]}")
     for _ in 1 2 3; do
         targets+=("${generation[@]}")

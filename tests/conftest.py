@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
+from unittest import mock
 
 import psutil
 import pytest
@@ -114,6 +116,27 @@ def clean_env(**extra: str) -> dict[str, str]:
                                                          "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
     return env
+
+
+def node_in_process(argv: Sequence[str], env: dict[str, str],
+                    agent_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``scripts/worker.sh ARGV`` under ``env`` as what it runs, distqa.launch.node.main, in this process (no bash, no
+    interpreter start): its exit status and output. For what ends before the agent starts (--dry-run, a refusal), or,
+    given ``agent_env``, up to the agent, which is not started: ``agent_env`` gets the environment it would have
+    found. tests/test_launchers.py and each engine's file keep cases through worker.sh itself."""
+    from distqa.launch import node
+
+    def agent(args: list[str]) -> int:
+        assert agent_env is not None
+        agent_env.update(os.environ)
+        return 0
+
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(sys, "path", list(sys.path)), \
+            mock.patch.object(node, "run_agent", agent), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        status = node.main(list(argv))
+    return subprocess.CompletedProcess(["scripts/worker.sh", *argv], status, out.getvalue(), err.getvalue())
 
 
 def run_training(args: list[str], nproc: int = 1, cwd: Path = REPO_ROOT, timeout: int = 240,

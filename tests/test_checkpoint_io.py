@@ -45,6 +45,7 @@ from conftest import (
     finish,
     free_port,
     max_difference,
+    node_in_process,
     node_output,
     run_training,
     start_node,
@@ -250,18 +251,13 @@ def test_the_stop_window_is_the_shorter_of_torchruns_and_worker_shs(environ: dic
                                                    (["--stop-after", "50m"], None), ([], None)])
 def test_worker_sh_exports_the_time_between_its_stop_and_the_end_of_the_life_span(
         options: list[str], exported: str | None, tmp_path: Path) -> None:
-    """A stand-in interpreter prints the agent's environment instead of starting it; the rest is the real worker.sh."""
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"""#!/usr/bin/env bash
-if [[ "$1 $2" == "-m distqa.launch.agent" ]]; then echo "window=${{WORKER_STOP_WINDOW_S:-unset}}"; exit 0; fi
-exec {sys.executable} "$@"
-""")
-    stand_in.chmod(0o755)
-    result = subprocess.run(["bash", WORKER, "--nproc-per-node", "1", *options, "--", "--output-dir", str(tmp_path)],
-                            cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in)), capture_output=True, text=True,
-                            timeout=60)
+    """The node in this process up to its agent, whose environment is kept instead of starting it
+    (conftest.node_in_process)."""
+    agent_env: dict[str, str] = {}
+    result = node_in_process(["--nproc-per-node", "1", *options, "--", "--output-dir", str(tmp_path)], clean_env(),
+                             agent_env=agent_env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"window={exported or 'unset'}"
+    assert agent_env.get("WORKER_STOP_WINDOW_S") == exported
 
 
 # --- a graceful stop on slow storage ------------------------------------------------------------------------------

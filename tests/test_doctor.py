@@ -14,7 +14,7 @@ import pytest
 
 from distqa.launch.preflight import PackageCode, RankReport, disagreements
 
-from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port
+from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, free_port, node_in_process
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", *MACHINERY_ARGS]
 """The doctor of a run of the machinery task (the QA tasks' memory estimate and feature cache:
@@ -283,10 +283,8 @@ def test_other_code_names_the_first_differing_file_and_advice_for_the_hosts() ->
 def test_worker_sh_runs_the_doctor_without_restarts() -> None:
     """A failed check is the doctor's finding: with MAX_RESTARTS or --max-restarts (a platform job's or a pod's
     restarts) torchrun would run it again and print its table again, as often as the restarts allow."""
-    result = subprocess.run(["bash", "scripts/worker.sh", "--doctor", "--max-restarts", "3", "--nproc-per-node", "1",
-                             "--dry-run", "--", *MACHINERY_ARGS], cwd=REPO_ROOT,
-                            env=clean_env(PYTHON=sys.executable, MAX_RESTARTS="2"), capture_output=True, text=True,
-                            timeout=60)
+    result = node_in_process(["--doctor", "--max-restarts", "3", "--nproc-per-node", "1", "--dry-run", "--",
+                              *MACHINERY_ARGS], clean_env(PYTHON=sys.executable, MAX_RESTARTS="2"))
     assert result.returncode == 0, result.stderr
     words = result.stdout.split()
     assert words[words.index("--max-restarts") + 1] == "0" and "distqa.doctor" in words, result.stdout

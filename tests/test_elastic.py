@@ -25,12 +25,12 @@ from distqa.settings.sources import load_config
 from conftest import (
     MACHINERY_ARGS,
     REPO_ROOT,
-    WORKER,
     clean_env,
     final_weights,
     finish,
     free_port,
     max_difference,
+    node_in_process,
     node_output,
     start_node,
     wait_for,
@@ -107,9 +107,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     assert lost.returncode == 0, (root / "lost.out").read_text()
-    # Every node ended well but the one the fault killed (its worker.sh reports the agent's SIGKILL).
+    # Every node ended well but the one the fault killed (its worker.sh, exec'd into its agent, SIGKILLed).
     codes = sorted(process.returncode for process in [*nodes, again])
-    assert codes == [0, 0, 0, 137], f"exit codes {codes}"
+    assert codes == [-signal.SIGKILL, 0, 0, 0], f"exit codes {codes}"
     return {"root": root, "reference": reference}
 
 
@@ -154,12 +154,11 @@ def test_a_range_whose_world_sizes_do_not_split_the_global_batch_is_refused_in_o
 
 
 def test_worker_sh_refuses_such_a_range_before_any_rendezvous(tmp_path: Path) -> None:
-    result = subprocess.run(
-        ["bash", WORKER, "--nnodes", "4", "--min-nodes", "2", "--node-rank", "0", "--nproc-per-node", "2",
-         "--dry-run", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "24",
-         "--per-rank-batch-size", "2"],
-        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1"), capture_output=True, text=True,
-        timeout=120)
+    """The node's check (distqa.launch.node, in this process: conftest.node_in_process)."""
+    result = node_in_process(
+        ["--nnodes", "4", "--min-nodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--dry-run", "--",
+         *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "24", "--per-rank-batch-size", "2"],
+        clean_env(PYTHON=sys.executable, NODE_ADDR="127.0.0.1"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert ("worker.sh: configuration error: the node range 2:4 nodes × 2 process(es) = world sizes 4, 6, 8 does not "
             "split global_batch_size 24 for world size 8: 24 % (2 × 8) = 8") in result.stderr

@@ -29,10 +29,10 @@ from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE, STORE_LOST_EXIT_CO
 from conftest import (
     MACHINERY_ARGS,
     REPO_ROOT,
-    WORKER,
     clean_env,
     finish,
     free_port,
+    node_in_process,
     node_output,
     start_node,
     wait_for,
@@ -111,21 +111,13 @@ def test_a_rank_that_stalls_inside_training_ends_the_others_within_the_timeout_i
 
 def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_path: Path) -> None:
     """What worker.sh hands torchrun's agent: the flight recorder on, dumped on a timeout, into the run
-    directory the trainer resolves from the same arguments (here --output-dir and the run id). A stand-in
-    interpreter prints the agent's environment instead of starting it; everything else is the real one."""
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"""#!/usr/bin/env bash
-if [[ "$1 $2" == "-m distqa.launch.agent" ]]; then env | grep -E '^TORCH_(NCCL|FR)_' | sort; exit 0; fi
-exec {sys.executable} "$@"
-""")
-    stand_in.chmod(0o755)
+    directory the trainer resolves from the same arguments (here --output-dir and the run id). The node runs in this
+    process up to its agent, whose environment is kept instead of starting it (conftest.node_in_process)."""
     output_dir = tmp_path / "results"
-    result = subprocess.run(
-        ["bash", WORKER, "--nproc-per-node", "1", "--run-id", "fr-run", "--", "--preset", "none",
-         "--output-dir", str(output_dir)],
-        cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in)), capture_output=True, text=True, timeout=60)
+    exported: dict[str, str] = {}
+    result = node_in_process(["--nproc-per-node", "1", "--run-id", "fr-run", "--", "--preset", "none", "--output-dir",
+                              str(output_dir)], clean_env(), agent_env=exported)
     assert result.returncode == 0, result.stderr
-    exported = dict(line.split("=", 1) for line in result.stdout.splitlines())
     prefix = f"{output_dir / 'fr-run' / 'flight-recorder'}/rank_"
     assert exported["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert exported["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(exported["TORCH_FR_BUFFER_SIZE"]) > 0

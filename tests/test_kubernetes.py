@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import json
+import logging
 import os
 import re
 import shlex
@@ -27,11 +27,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, wait_for
+from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, node_in_process, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import kubeflow  # tests/standin is not a package
@@ -348,45 +349,48 @@ def test_the_derived_environments_are_the_controllers() -> None:
         == "4"
 
 
-AGENT_PROBE = """
-import json, logging, os, sys
-warnings = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        warnings.append(record.getMessage())
-logging.basicConfig(level=logging.WARNING, handlers=[Keep()])
-from torch.distributed.run import config_from_args, parse_args
-options = parse_args(sys.argv[2:])  # torchrun's own parser, under the environment worker.sh gives it
-if options.standalone:  # as torch.distributed.run.run does before config_from_args
-    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"
-config, _, _ = config_from_args(options)
-print(json.dumps({"node_rank": sys.argv[1], "pet": sorted(k for k in os.environ if k.startswith("PET_")),
-                  "left": sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK") if k in os.environ),
-                  "warnings": warnings, "nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
-                  "endpoint": config.rdzv_endpoint, "run_id": config.run_id, "max_restarts": config.max_restarts,
-                  "conf": config.rdzv_configs, "standalone": options.standalone}))
-"""
-"""What torchrun makes of worker.sh's command line and environment, printed instead of starting the agent."""
+def probe_agent(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str],
+                env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """The node (distqa.launch.node, in this process) under the pod's command line and environment, its agent replaced
+    by torchrun's own parser under the environment the node leaves it (what torchrun makes of it: PET_* variables
+    left, its warnings); node 0's store, which is not there, counts as reached. The rest is real."""
+    from torch.distributed.run import config_from_args, parse_args
 
+    from distqa.launch import node, reachability
 
-def probe_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
-    """worker.sh with a stand-in interpreter: ``-m distqa.launch.agent`` runs :data:`AGENT_PROBE` (torchrun's parser
-    under the agent's environment), ``-m distqa.launch.reachability`` (node 0's store, which is not there) succeeds; the
-    rest is real."""
-    (tmp_path / "probe.py").write_text(AGENT_PROBE)
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"""#!/usr/bin/env bash
-case "$1 $2" in
-    "-m distqa.launch.agent") shift 2; exec {sys.executable} {tmp_path / "probe.py"} "$@" ;;
-    "-m distqa.launch.reachability") exit 0 ;;
-esac
-exec {sys.executable} "$@"
-""")
-    stand_in.chmod(0o755)
-    result = subprocess.run(argv, cwd=REPO_ROOT, env=env | {"PYTHON": str(stand_in)}, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+    environ = dict(env)
+    seen: dict[str, Any] = {}
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen["warnings"].append(record.getMessage())
+
+    def agent(args: list[str]) -> int:
+        seen["warnings"] = []
+        keep = Keep(logging.WARNING)
+        logging.getLogger().addHandler(keep)
+        try:
+            with mock.patch.dict(os.environ, environ, clear=True):
+                options = parse_args(args[1:])  # torchrun's own parser, under the environment the node gives it
+                if options.standalone:  # as torch.distributed.run.run does before config_from_args
+                    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"
+                config, _, _ = config_from_args(options)
+                seen.update(node_rank=args[0], pet=sorted(k for k in os.environ if k.startswith("PET_")),
+                            left=sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+                                        if k in os.environ),
+                            nodes=[config.min_nodes, config.max_nodes], nproc=config.nproc_per_node,
+                            endpoint=config.rdzv_endpoint, run_id=config.run_id, max_restarts=config.max_restarts,
+                            conf=config.rdzv_configs, standalone=options.standalone)
+        finally:
+            logging.getLogger().removeHandler(keep)
+        return 0
+
+    monkeypatch.setattr(node, "run_agent", agent)
+    monkeypatch.setattr(reachability, "wait_for_rendezvous", lambda *_: None)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    checked = node.read_node(argv[2:], environ)
+    assert checked is not None and node.start(checked, environ, REPO_ROOT) == 0
+    return seen, capsys.readouterr().err
 
 
 SMALL_RUN = [*MACHINERY_ARGS, "--global-batch-size", "8", "--per-rank-batch-size", "4"]
@@ -400,11 +404,12 @@ def engine_cases(nodes: int) -> list[Any]:
 
 @pytest.mark.parametrize(("name", "node"), engine_cases(2))
 def test_worker_sh_under_each_engines_variables_gives_torchrun_its_own_flags_only(
-        tmp_path: Path, name: str, node: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str,
+        node: int) -> None:
     resource = manifest(name)
     port = free_port()
     argv, env = on_this_machine(resource, *pod(resource, node), port, tmp_path, SMALL_RUN)
-    agent, stderr = probe_agent(tmp_path, argv, env)
+    agent, stderr = probe_agent(monkeypatch, capsys, argv, env)
     elastic = name == "pytorchjob-elastic.yaml"
     assert agent["pet"] == [] and agent["left"] == [] and agent["warnings"] == [], agent
     assert agent["node_rank"] == str(node) and agent["nodes"] == ([1, 2] if elastic else [2, 2])
@@ -415,7 +420,7 @@ def test_worker_sh_under_each_engines_variables_gives_torchrun_its_own_flags_onl
 
 
 def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_never_reaches_torchrun(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """elasticPolicy.standalone gives PET_STANDALONE="" (elastic.go line 114): torch 2.13's torchrun reads it as
     ``bool(int(""))``, a ValueError, when it reaches torchrun's parser."""
     resource = manifest("pytorchjob-elastic.yaml")
@@ -423,41 +428,27 @@ def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_nev
     resource["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
     argv, env = on_this_machine(resource, *pod(resource, 0), free_port(), tmp_path, SMALL_RUN)
     assert env["PET_STANDALONE"] == ""
-    agent, _ = probe_agent(tmp_path, argv, env)
+    agent, _ = probe_agent(monkeypatch, capsys, argv, env)
     assert agent["standalone"] and agent["nodes"] == [1, 1] and agent["pet"] == [] and agent["warnings"] == []
     torchrun = subprocess.run([sys.executable, "-c", "from torch.distributed.run import parse_args; parse_args(['x'])"],
                               env=clean_env(PET_STANDALONE=""), capture_output=True, text=True, timeout=60)
     assert "ValueError: invalid literal for int() with base 10: ''" in torchrun.stderr, "what worker.sh keeps out"
 
 
-WRONG = {
-    "PET_LOG_DIR": ({"PET_LOG_DIR": "/logs"}, "PET_LOG_DIR is a torchrun option that worker.sh does not read"),
-    "PET_NNODES": ({"PET_NNODES": "two"}, "PET_NNODES must be N or MIN:MAX (nodes), got 'two'"),
-    "PET_RDZV_BACKEND": ({"PET_NNODES": "2", "PET_RDZV_BACKEND": "etcd"}, "PET_RDZV_BACKEND=etcd: worker.sh runs"),
-    "no node rank": ({"PET_NNODES": "1:2", "PET_RDZV_ENDPOINT": "job-worker-0:23456"},
-                     "--node-rank is required with an elastic PyTorchJob"),
-    "PET_NPROC_PER_NODE": ({"PET_NPROC_PER_NODE": "cpu"}, "PET_NPROC_PER_NODE must be auto or a number of processes"),
-    "PET_RDZV_CONF": ({"PET_NNODES": "1:2", "PET_NODE_RANK": "0", "PET_RDZV_CONF": "is_host=1"},
-                      "PET_RDZV_CONF: worker.sh sets 'is_host' itself or does not know it"),
-    "PET_STANDALONE": ({"PET_NNODES": "2", "PET_STANDALONE": ""}, "PET_STANDALONE (elasticPolicy standalone) runs one"),
-    "PET_NODE_RANK": ({"PET_NNODES": "2", "PET_NODE_RANK": "x"}, "the job's environment gives node rank 'x' (PET_*)"),
-}
-
-
-@pytest.mark.parametrize("case", list(WRONG))
-def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line(case: str) -> None:
-    variables, expected = WRONG[case]
-    result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable,
-                            **variables), capture_output=True, text=True, timeout=60)
+def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line() -> None:
+    """Through worker.sh itself; every such variable's line: tests/test_node_options.py
+    (test_a_kubeflow_variable_the_node_cannot_follow_is_one_line)."""
+    result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                            env=clean_env(PYTHON=sys.executable, PET_LOG_DIR="/logs"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("worker.sh: ") and expected in result.stderr, result.stderr
+    assert result.stderr.startswith("worker.sh: PET_LOG_DIR is a torchrun option that worker.sh does not read"), \
+        result.stderr
 
 
 def test_a_flag_given_to_worker_sh_wins_over_the_engines_variable(tmp_path: Path) -> None:
-    result = subprocess.run(["bash", WORKER, "--dry-run", "--nnodes", "1", "--node-rank", "0", "--", *SMALL_RUN,
-                             "--output-dir", str(tmp_path)], cwd=REPO_ROOT, timeout=60, capture_output=True, text=True,
-                            env=clean_env(PYTHON=sys.executable, PET_NNODES="2", PET_NODE_RANK="1",
-                                          PET_MASTER_ADDR="job-node-0-0.job", PET_MASTER_PORT="29500"))
+    result = node_in_process(["--dry-run", "--nnodes", "1", "--node-rank", "0", "--", *SMALL_RUN, "--output-dir",
+                              str(tmp_path)], clean_env(PYTHON=sys.executable, PET_NNODES="2", PET_NODE_RANK="1",
+                                                        PET_MASTER_ADDR="job-node-0-0.job", PET_MASTER_PORT="29500"))
     assert result.returncode == 0, result.stderr
     assert "--standalone" in result.stdout and "1 node (standalone)" in result.stderr
 
@@ -479,9 +470,8 @@ def test_an_engines_node_0_address_serves_the_other_nodes_but_never_stands_for_a
     port = "29500" if engine == "kubeflow" else "29400"
 
     def dry_run(*flags: str) -> subprocess.CompletedProcess[str]:
-        env = clean_env(PYTHON=sys.executable, NODE_ADDR="10.0.0.2", **ENGINE_NODE_1[engine])
-        return subprocess.run(["bash", WORKER, "--dry-run", "--run-id", "engine", *flags, "--", "--preset", "none"],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+        return node_in_process(["--dry-run", "--run-id", "engine", *flags, "--", "--preset", "none"],
+                               clean_env(PYTHON=sys.executable, NODE_ADDR="10.0.0.2", **ENGINE_NODE_1[engine]))
 
     def endpoint(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
         assert result.returncode == 0, result.stderr

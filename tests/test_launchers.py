@@ -25,18 +25,30 @@ def code_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
 
 
-@pytest.mark.parametrize(("what", "pattern", "home"), [
+PYTHON_FILES = sorted((REPO_ROOT / "src").rglob("*.py"))
+NODE = "src/distqa/launch/node.py"
+
+
+@pytest.mark.parametrize(("what", "shell_pattern", "python_pattern", "home"), [
     ("the torchrun command line", r"torch\.distributed\.run|distqa\.launch\.agent|(^\s*|exec\s+|[;&|]\s*)torchrun\s",
-     "scripts/worker.sh"),
-    ("the thread settings", r"OMP_NUM_THREADS=", "scripts/worker.sh"),
-    ("the rendezvous environment", r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE|rdzv", "scripts/worker.sh"),
-    ("finding PYTHON", r"PYTHON=\"?\$\S*\.venv/bin/python|PYTHON=python|PYTHON=\"\$\{PYTHON:-", "scripts/common.sh"),
-    ("reading .env", r"grep .*=\"? \"?\$|\$\{line#\*=\}", "scripts/common.sh"),
+     r"[\"']--rdzv-endpoint[\"']", NODE),
+    ("the thread settings", r"OMP_NUM_THREADS=", r"\[[\"']OMP_NUM_THREADS[\"']\] =", NODE),
+    ("the rendezvous environment", r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE|rdzv", r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+     NODE),
+    ("finding PYTHON", r"PYTHON=\"?\$\S*\.venv/bin/python|PYTHON=python|PYTHON=\"\$\{PYTHON:-", None,
+     "scripts/common.sh"),
+    ("reading .env", r"grep .*=\"? \"?\$|\$\{line#\*=\}", None, "scripts/common.sh"),
 ])
-def test_each_piece_of_starting_a_node_exists_once(what: str, pattern: str, home: str) -> None:
-    found = sorted({str(path.relative_to(REPO_ROOT)) for path in SHELL_FILES
-                    for line in code_lines(path) if re.search(pattern, line)})
-    assert found == [home], f"{what} is written in {found}; it belongs in {home} alone"
+def test_each_piece_of_starting_a_node_exists_once(what: str, shell_pattern: str, python_pattern: str | None,
+                                                   home: str) -> None:
+    """Each piece in one file: the node's in distqa.launch.node (no script holds any), the scripts' own in their
+    sourced helper."""
+    found = {str(path.relative_to(REPO_ROOT)) for path in SHELL_FILES
+             for line in code_lines(path) if re.search(shell_pattern, line)}
+    if python_pattern:
+        found |= {str(path.relative_to(REPO_ROOT)) for path in PYTHON_FILES
+                  for line in code_lines(path) if re.search(python_pattern, line)}
+    assert sorted(found) == [home], f"{what} is written in {sorted(found)}; it belongs in {home} alone"
 
 
 def test_every_launcher_starts_its_nodes_through_worker_sh() -> None:
@@ -68,19 +80,24 @@ GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 @pytest.mark.skipif(any(Path(node).exists() for node in GPU_DEVICE_NODES), reason="this machine has a GPU driver")
 def test_on_a_node_without_a_gpu_driver_worker_sh_runs_one_process_without_importing_torch_to_count_gpus(
         tmp_path: Path) -> None:
-    """With no --nproc-per-node, worker.sh runs one process per GPU torch sees. Without a GPU driver's device node
-    torch sees none, so worker.sh does not start an interpreter that imports torch only to count them: here, every
-    interpreter it starts is logged by a stand-in PYTHON."""
+    """With no --nproc-per-node, a node runs one process per GPU torch sees. Without a GPU driver's device node
+    torch sees none, so the node does not import torch only to count them; and worker.sh starts one interpreter
+    for all the node does before its agent (and one that imports distqa alone, its check): here, every interpreter
+    it starts is logged by a stand-in PYTHON, and each import by Python's own -X importtime
+    (PYTHONPROFILEIMPORTTIME)."""
     calls = tmp_path / "calls"
     stand_in = tmp_path / "python"
-    stand_in.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\nexec {sys.executable} "$@"\n')
+    stand_in.write_text(f'#!/usr/bin/env bash\necho "$1 $2" >> {calls}\nexec {sys.executable} "$@"\n')
     stand_in.chmod(0o755)
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nnodes", "1", "--master-port", str(free_port()),
          "--run-id", "count", "--dry-run", "--", *MACHINERY_ARGS],
-        cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in)), capture_output=True, text=True, timeout=120)
+        cwd=REPO_ROOT, env=clean_env(PYTHON=str(stand_in), PYTHONPROFILEIMPORTTIME="1"), capture_output=True,
+        text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "worker.sh: run 'count': " in result.stderr and ", 1 process(es), " in result.stderr, result.stderr
     assert "--nproc-per-node 1 " in result.stdout, result.stdout
-    started = calls.read_text().splitlines()
-    assert started and not [call for call in started if "import torch" in call], started
+    assert calls.read_text().splitlines() == ["-c import distqa", "-m distqa.launch.node"]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time")]
+    assert "distqa.launch.node_options" in imported and "torch" not in imported, result.stderr[-2000:]

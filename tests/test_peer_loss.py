@@ -372,6 +372,15 @@ def test_a_replica_group_leaves_a_step_another_group_claimed(tmp_path: Path, gro
     assert sorted(p.name for p in claim.parent.iterdir()) == [claim.name]
 
 
+def test_a_replica_group_leaves_a_step_saved_as_a_file_as_it_is(tmp_path: Path, group_of_one: None) -> None:
+    """Step 17 written as a file already (rank 0's write of a run with checkpoint_format file, here a DDP survivor's
+    save): the replica writes no directory beside it."""
+    save_what_survives(survivor(tmp_path), RuntimeError(GLOO_RESET), "gloo")
+    err = save_what_survives(hsdp_survivor(tmp_path), RuntimeError(GLOO_RESET), "gloo")
+    assert str(err).endswith("; step 17 is saved already (step-00000017.pt) for the resume")
+    assert err.saved == checkpoint_path(tmp_path, 17) and not sharded_checkpoint_path(tmp_path, 17).exists()
+
+
 def test_a_replica_group_save_cut_short_leaves_no_checkpoint(tmp_path: Path, group_of_one: None,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The manifest's write fails (as a kill there would end it): no step-17.dcp, no temporary, the claim released; the

@@ -21,7 +21,17 @@ from typing import Any
 
 import pytest
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, finish, free_port, kill_launcher, wait_for
+from conftest import (
+    MACHINERY_ARGS,
+    REPO_ROOT,
+    WORKER,
+    clean_env,
+    finish,
+    free_port,
+    kill_launcher,
+    node_in_process,
+    wait_for,
+)
 
 TASK = REPO_ROOT / "deploy" / "skypilot" / "task.yaml"
 SKY_PYTHON = REPO_ROOT / ".venv-skypilot" / "bin" / "python"
@@ -87,11 +97,14 @@ def test_skypilot_loads_the_task_and_refuses_each_broken_variant(tmp_path: Path)
 
 # --- worker.sh under SkyPilot's variables ----------------------------------------------------------------------
 
-def dry_run(*flags: str, **skypilot_env: str) -> subprocess.CompletedProcess[str]:
+def dry_run(*flags: str, through_worker_sh: bool = False, **skypilot_env: str) -> subprocess.CompletedProcess[str]:
+    """``worker.sh --dry-run`` under SkyPilot's variables: the node in this process, or through worker.sh itself."""
     env = clean_env(PYTHON=sys.executable, **skypilot_env)
     env.pop("NODE_ADDR", None)
-    return subprocess.run(["bash", WORKER, "--dry-run", "--run-id", "sky", *flags, "--", "--preset", "none"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    argv = ["--dry-run", "--run-id", "sky", *flags, "--", "--preset", "none"]
+    if not through_worker_sh:
+        return node_in_process(argv, env)
+    return subprocess.run(["bash", WORKER, *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def skypilot_node(rank: int, gpus: int, ips: str = "10.0.0.1\n10.0.0.2", nodes: int = 2) -> dict[str, str]:
@@ -100,7 +113,7 @@ def skypilot_node(rank: int, gpus: int, ips: str = "10.0.0.1\n10.0.0.2", nodes: 
 
 
 def test_worker_takes_the_node_count_rank_addresses_and_gpus_from_skypilot() -> None:
-    node_1 = dry_run(**skypilot_node(1, gpus=8))
+    node_1 = dry_run(through_worker_sh=True, **skypilot_node(1, gpus=8))
     assert node_1.returncode == 0, node_1.stderr
     command = shlex.split(node_1.stdout)
     assert command[command.index("distqa.launch.agent") + 1] == "1", "SKYPILOT_NODE_RANK"
@@ -125,16 +138,6 @@ def test_worker_takes_the_node_count_rank_addresses_and_gpus_from_skypilot() -> 
     command = shlex.split(flags.stdout)
     assert command[command.index("--nproc-per-node") + 1] == "2"
     assert command[command.index("--rdzv-endpoint") + 1] == "10.9.9.9:29555"
-
-
-def test_inconsistent_skypilot_variables_are_refused_in_one_line_naming_them() -> None:
-    short = dry_run(**skypilot_node(1, gpus=0, ips="10.0.0.1"))
-    assert short.returncode == 2 and short.stdout == ""
-    assert short.stderr.count("\n") == 1 and "SKYPILOT_NODE_IPS holds 1 address(es)" in short.stderr, short.stderr
-    empty = dry_run(**skypilot_node(0, gpus=0, ips=""))
-    assert empty.returncode == 2 and "SKYPILOT_NODE_IPS holds no address" in empty.stderr, empty.stderr
-    outside = dry_run(**skypilot_node(2, gpus=0))
-    assert outside.returncode == 2 and "SKYPILOT_NODE_RANK 2 is outside 0..1" in outside.stderr, outside.stderr
 
 
 # --- two emulated nodes run the task's script --------------------------------------------------------------------

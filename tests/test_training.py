@@ -30,6 +30,7 @@ from conftest import (
     initial_weights,
     kill_launcher,
     max_difference,
+    node_in_process,
     reviews,
     run_training,
     wait_for,
@@ -355,9 +356,7 @@ def test_worker_stop_after_stops_the_run_with_a_checkpoint(tmp_path: Path) -> No
 
     The timer runs from worker.sh's start; 30 s is about five times what the two workers take to start and train
     their first step on a quiet 2-core machine, so on a slow one the signal still finds them training."""
-    bad = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--stop-after", "1x", "--dry-run"],
-                         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable), capture_output=True, text=True,
-                         timeout=60)
+    bad = node_in_process(["--stop-after", "1x", "--dry-run"], clean_env(PYTHON=sys.executable))
     assert bad.returncode == 2 and "--stop-after must be [Nd][Nh][Nm][Ns]" in bad.stderr and "got '1x'" in bad.stderr
     worker = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nproc-per-node", "2", "--run-id", "stop-after",

@@ -3,8 +3,8 @@
 torchrun's agents (``--nnodes MIN:MAX``) meet in a new rendezvous round after a node is lost, or when one joins;
 every round restarts the workers, which resume from the newest checkpoint at the round's world size. The global
 batch stays the same at any world size (the accumulation steps change), so every world size of the range must
-split it: :func:`check_node_range`, run by ``worker.sh`` before the rendezvous (``python -m distqa.launch.elastic``) and
-by every worker before its process group. :func:`membership_line` is the one line rank 0 logs for each round.
+split it: :func:`check_node_range`, run by the node before the rendezvous (:func:`check_trainer_range`) and by
+every worker before its process group. :func:`membership_line` is the one line rank 0 logs for each round.
 
 ``worker.sh`` exports the range as :data:`RANGE_VARIABLE` (torchrun tells a worker the node count of its round,
 ``GROUP_WORLD_SIZE``, not the range), and ``distqa.launch.agent`` the rendezvous round as :data:`ROUND_VARIABLE`.
@@ -12,10 +12,8 @@ by every worker before its process group. :func:`membership_line` is the one lin
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -104,26 +102,11 @@ def membership_line(round_number: str, node_addresses: Sequence[str], world_size
             f"world size {world_size}, accumulation {accumulation} step(s) per optimizer step")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distqa.launch.elastic --procs-per-node P -- [TRAINER ARGS]``: worker.sh's check of the range it
-    exports, before the rendezvous. Exit 2 with one line when the range does not split the global batch."""
-    # The settings' loader brings the task registry in; only this entry point needs it.
+def check_trainer_range(node_range: NodeRange, trainer_args: Sequence[str]) -> None:
+    """The node's check of the range it exports, before the rendezvous (``distqa.launch.node``): a one-line
+    :class:`ConfigError` when ``node_range`` does not split the global batch of ``python -m distqa.train
+    TRAINER_ARGS``."""
+    # The settings' loader brings the task registry in; only this check needs it.
     from distqa.settings.sources import load_config
 
-    parser = argparse.ArgumentParser(prog="python -m distqa.launch.elastic")
-    parser.add_argument("--procs-per-node", type=int, required=True)
-    parser.add_argument("trainer_args", nargs="*")
-    options = parser.parse_args(argv)
-    node_range = NodeRange.from_environment()
-    try:
-        if node_range is not None:
-            node_range = NodeRange(node_range.min_nodes, node_range.max_nodes, options.procs_per_node)
-        check_node_range(load_config(options.trainer_args, check_data_paths=False), node_range)
-    except ConfigError as err:
-        print(f"worker.sh: configuration error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    check_node_range(load_config(trainer_args, check_data_paths=False), node_range)

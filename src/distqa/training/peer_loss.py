@@ -222,14 +222,26 @@ def _why_not_complete(trainer: Trainer) -> str | None:
 
 def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
     """Write step ``step``'s checkpoint unless it is on disk already or another survivor claimed it."""
+    if (on_disk := _saved_already(trainer.run_dir, step)) is not None:
+        return on_disk, f"step {step} is saved already ({on_disk.name}) for the resume"
     path = checkpoint_path(trainer.run_dir, step)
-    if path.is_file() and verify_checkpoint(path):
-        return path, f"step {step} is saved already ({path.name}) for the resume"
     checkpoint = _checkpoint(trainer, trainer.model.state_dict(), trainer.optimizer.state_dict())
     if not checkpoint.save(path):
         return None, f"another survivor saves step {step} for the resume"
     log.info("saved %s, the last step this rank completed, after a peer was lost", path)
     return path, f"saved step {step} for the resume"
+
+
+def _saved_already(run_dir: Path, step: int) -> Path | None:
+    """Step ``step``'s checkpoint, file or directory, when one is on disk and intact (raises, naming the file, when it
+    is damaged)."""
+    file, directory = checkpoint_path(run_dir, step), sharded_checkpoint_path(run_dir, step)
+    if file.is_file() and verify_checkpoint(file):
+        return file
+    if directory.is_dir():
+        verify_directory(directory)
+        return directory
+    return None
 
 
 def _checkpoint(trainer: Trainer, model: dict[str, Any], optimizer: dict[str, Any]) -> TrainingCheckpoint:
@@ -250,15 +262,13 @@ def _save_shards(trainer: Trainer, replica: ReplicaGroup, step: int) -> tuple[Pa
     directory = sharded_checkpoint_path(trainer.run_dir, step)
     first = trainer.runtime.rank == replica.ranks[0]
     with claimed(directory) if first else contextlib.nullcontext(False) as ours:
-        decision = None
-        if first and directory.is_dir():  # in the claim: one renamed into place before is there now
-            verify_directory(directory)  # raises, naming the file, when it is damaged
-            decision = "saved"
-        elif first:
-            decision = "write" if ours else "claimed"
+        decision = None  # "write", "claimed", or the name of the step's checkpoint on disk
+        if first:  # in the claim: a directory renamed into place before is there now
+            on_disk = _saved_already(trainer.run_dir, step)
+            decision = on_disk.name if on_disk is not None else "write" if ours else "claimed"
         decision = replica.first_says(decision)
-        if decision == "saved":
-            return directory, f"step {step} is saved already ({directory.name}) for the resume"
+        if decision not in ("write", "claimed"):
+            return directory.with_name(decision), f"step {step} is saved already ({decision}) for the resume"
         if decision == "claimed":
             return None, f"another replica group saves step {step} for the resume"
         rest = _checkpoint(trainer, {}, {}).to_state() if first else None  # the weights go in the shards

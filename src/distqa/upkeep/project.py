@@ -71,6 +71,19 @@ def expand(words: list[str], setting: str, environ: dict[str, str]) -> list[str]
     return [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value, word) for word in words]
 
 
+def split_setting(path: Path, setting: str, environ: dict[str, str]) -> list[str]:
+    """The string ``setting`` of the project file ``path`` split as a shell would, each ``${NAME}`` the environment's
+    NAME (``--split``; ``python -m distqa.launch.node --project-args`` reads jobs.args so)."""
+    value = read_project(path)[setting]
+    if isinstance(value, list):
+        return value
+    try:
+        words = shlex.split(value)
+    except ValueError as err:  # shlex's unbalanced quotes
+        raise ProjectError(f"{path}: {setting}: {err}") from err
+    return expand(words, setting, environ)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="project.py", description="Print one setting of project.toml.")
     parser.add_argument("setting", choices=sorted(SETTINGS))
@@ -81,11 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         value = read_project(args.file)[args.setting]
-        words = value if isinstance(value, list) else \
-            expand(shlex.split(value), args.setting, dict(os.environ)) if args.split else [value]
-    except (ProjectError, ValueError) as err:  # ValueError: shlex's unbalanced quotes
-        print(f"{args.file}: {args.setting}: {err}" if not isinstance(err, ProjectError) else str(err),
-              file=sys.stderr)
+        words = split_setting(args.file, args.setting, dict(os.environ)) if args.split or isinstance(value, list) \
+            else [value]
+    except ProjectError as err:
+        print(err, file=sys.stderr)
         return 2
     if words:
         print("\n".join(words))
