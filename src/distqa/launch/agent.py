@@ -1,15 +1,18 @@
 """torchrun's agent, run in this process, with a rendezvous that times out said in one line.
 
-``scripts/worker.sh`` starts every node with it, in place of ``python -m torch.distributed.run``::
+Every node runs it in place of ``python -m torch.distributed.run``: ``scripts/worker.sh`` execs
+:mod:`distqa.launch.node`, which calls :func:`main` in the same process. By hand::
 
     python -m distqa.launch.agent NODE_RANK [TORCHRUN ARGS...]
 
 ``NODE_RANK`` is worker.sh's ``--node-rank``; the rest goes to torchrun unchanged (``torch.distributed.run
-.main``, so its own error reports, exit codes and signal handling stay as they are). One thing changes:
-when a node never joins, torchrun's agents end after the join timeout with a bare
-``RendezvousTimeoutError`` traceback that names neither the address nor the missing node. Here the agent
-ends with one line naming the rendezvous ``HOST:PORT``, the nodes expected and those that joined (by
-their ``--node-rank`` and address), what to check, and exit code :data:`RENDEZVOUS_TIMEOUT_EXIT_CODE`.
+.main``, so its own error reports, exit codes and signal handling stay as they are). Two things change:
+a rendezvous store lost during the run (node 0 gone, without ``--external-store``) ends the agent with one line
+instead of torchrun's ``RendezvousConnectionError`` traceback; and when a node never joins, torchrun's agents
+end after the join timeout with a bare ``RendezvousTimeoutError`` traceback that names neither the address nor
+the missing node. Here the agent ends with one line naming the rendezvous ``HOST:PORT``, the nodes expected and
+those that joined (by their ``--node-rank`` and address), what to check, and exit code
+:data:`RENDEZVOUS_TIMEOUT_EXIT_CODE`.
 
 Who joined is read while the agent waits: a thread connects to the rendezvous store as a client, writes
 this node's rank, address and agent pid under a key of its own, and every couple of seconds reads the

@@ -24,15 +24,12 @@ from __future__ import annotations
 import re
 from collections.abc import MutableMapping
 
-from distqa.launch.node_options import NodeError, NodeOptions
+from distqa.launch.node_options import RENDEZVOUS_SETTINGS, NodeError, NodeOptions
 
 KUBEFLOW_VARIABLES = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NPROC_PER_NODE",
                       "PET_MAX_RESTARTS", "PET_RDZV_ENDPOINT", "PET_RDZV_BACKEND", "PET_RDZV_ID", "PET_RDZV_CONF",
                       "PET_STANDALONE")
 """The PET_* variables a Kubeflow controller sets that the node reads; any other stops it."""
-RDZV_CONF_VARIABLES = {"last_call_timeout": "RDZV_LAST_CALL_TIMEOUT", "keep_alive_interval": "RDZV_KEEP_ALIVE_INTERVAL",
-                       "keep_alive_max_attempt": "RDZV_KEEP_ALIVE_MAX_ATTEMPT"}
-"""An elasticPolicy's rdzvConf keys the node passes on, as the variables of the same settings."""
 
 
 def kubeflow_environment(options: NodeOptions, environ: MutableMapping[str, str]) -> NodeOptions:
@@ -77,8 +74,8 @@ def kubeflow_environment(options: NodeOptions, environ: MutableMapping[str, str]
         key, _, value = item.partition("=")
         if key == "join_timeout":
             options.join_timeout = value
-        elif key in RDZV_CONF_VARIABLES:
-            environ[RDZV_CONF_VARIABLES[key]] = value
+        elif key in RENDEZVOUS_SETTINGS:  # as the variables of the same settings
+            environ[RENDEZVOUS_SETTINGS[key]] = value
         else:
             raise NodeError(f"PET_RDZV_CONF: worker.sh sets '{key}' itself or does not know it; rdzvConf may hold "
                             "join_timeout, last_call_timeout, keep_alive_interval and keep_alive_max_attempt")

@@ -31,7 +31,16 @@ from distqa.errors import WORKER_REPORT_DIR_VARIABLE
 from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here
-from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, project_words
+from distqa.launch.node_options import (
+    RENDEZVOUS_SETTINGS,
+    USAGE,
+    Node,
+    NodeError,
+    NodeOptions,
+    check,
+    parse_command_line,
+    project_words,
+)
 from distqa.settings.sources import run_dir_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -62,9 +71,7 @@ def torchrun_args(node: Node, nproc: int, node_addr: str, environ: MutableMappin
     else:
         # Node 0 hosts the store unless it runs elsewhere (--external-store): then every agent is a client.
         conf = f"is_host={int(node.node_rank == 0 and not node.external_store)},join_timeout={node.join_timeout}"
-        for key, name in (("last_call_timeout", "RDZV_LAST_CALL_TIMEOUT"),
-                          ("keep_alive_interval", "RDZV_KEEP_ALIVE_INTERVAL"),
-                          ("keep_alive_max_attempt", "RDZV_KEEP_ALIVE_MAX_ATTEMPT")):
+        for key, name in RENDEZVOUS_SETTINGS.items():
             if environ.get(name):
                 conf += f",{key}={environ[name]}"
         args += ["--nnodes", node_count(node), "--rdzv-backend", "c10d", "--rdzv-endpoint",

@@ -126,8 +126,9 @@ from pathlib import Path
 USAGE = __doc__ or ""
 """What ``scripts/worker.sh --help`` prints: this module's documentation."""
 
-RENDEZVOUS_VARIABLES = ("RDZV_LAST_CALL_TIMEOUT", "RDZV_KEEP_ALIVE_INTERVAL", "RDZV_KEEP_ALIVE_MAX_ATTEMPT")
-"""torchrun's rendezvous settings the node passes on when they are set (``--rdzv-conf``)."""
+RENDEZVOUS_SETTINGS = {"last_call_timeout": "RDZV_LAST_CALL_TIMEOUT", "keep_alive_interval": "RDZV_KEEP_ALIVE_INTERVAL",
+                       "keep_alive_max_attempt": "RDZV_KEEP_ALIVE_MAX_ATTEMPT"}
+"""torchrun's rendezvous settings (``--rdzv-conf`` keys) the node passes on from these variables when they are set."""
 STOP_WINDOW_VARIABLE = "WORKER_STOP_WINDOW_S"
 """The seconds from the --stop-after stop to the job's end (distqa.distributed.stop.graceful_stop_window)."""
 _WHOLE = re.compile(r"[0-9]+")
@@ -288,7 +289,7 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
         raise NodeError("--nnodes must be at least 1")
     if not 1 <= low <= nnodes:
         raise NodeError(f"--min-nodes must be in 1..{nnodes} (--nnodes), got {low}")
-    for name in RENDEZVOUS_VARIABLES:
+    for name in RENDEZVOUS_SETTINGS.values():
         if not re.fullmatch(r"[1-9][0-9]*", environ.get(name) or "1"):
             raise NodeError(f"{name} must be a positive whole number of seconds, got '{environ[name]}'")
     if node_rank >= nnodes:
