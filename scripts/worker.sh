@@ -34,4 +34,6 @@ require_writable worker.sh "${DISTQA_OUTPUT_DIR:-}" "${HF_HOME:-}"
     echo "worker.sh: $PYTHON cannot import distqa; run inside the image, or 'make setup' and PYTHON=.venv/bin/python" >&2
     exit 2
 }
+# This checkout's project.toml and packages, even where distqa is installed from another (distqa.launch.node).
+export WORKER_CHECKOUT="$repo_root"
 exec "$PYTHON" -m distqa.launch.node "$@"

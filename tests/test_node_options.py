@@ -340,6 +340,20 @@ def test_project_args_come_before_the_trainer_flags_given(tmp_path: Path) -> Non
     assert "names ${PRESET}, which this environment does not set" in str(refused.value)
 
 
+def test_the_checkout_worker_sh_names_gives_the_project_args_and_the_packages(tmp_path: Path) -> None:
+    """worker.sh exports its own checkout (WORKER_CHECKOUT, its path as given, symlinks kept): a job's uploaded copy
+    (SkyPilot's workdir) beside an environment installed from elsewhere keeps its own project.toml and packages."""
+    (tmp_path / "project.toml").write_text(
+        '[run]\nargs = ""\n[jobs]\nargs = "--preset none --max-steps 3"\n[image]\npython = []\napt = []\n')
+    found: dict[str, str] = {}
+    result = node_in_process(["--project-args"], clean_env(WORKER_CHECKOUT=str(tmp_path), NPROC_PER_NODE="1"),
+                             agent_env=found)
+    assert result.returncode == 0, result.stderr
+    assert found["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+    dry_run = node_in_process(["--project-args", "--dry-run"], clean_env(WORKER_CHECKOUT=str(tmp_path)))
+    assert dry_run.stdout.rstrip().endswith("--preset none --max-steps 3"), dry_run.stdout
+
+
 def test_check_reads_options_given_as_text() -> None:
     options = NodeOptions(nnodes="2", node_rank="1", engine_master_addr="engine-0")
     assert check(options, {}).master_addr == "engine-0"

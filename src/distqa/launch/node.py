@@ -45,7 +45,10 @@ from distqa.settings.sources import run_dir_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout (src/distqa/launch/node.py): its project.toml, and the PYTHONPATH entry a fork's packages import
-from."""
+from, unless worker.sh names its own (:data:`CHECKOUT_VARIABLE`)."""
+CHECKOUT_VARIABLE = "WORKER_CHECKOUT"
+"""The checkout worker.sh was started from, as its path reads (symlinks kept): a project whose checkout is not where
+distqa is installed from (a job's uploaded copy beside a shared environment) keeps its own project.toml and packages."""
 STOPPED_EXIT_CODE = 75
 """The workers stopped on a signal after a checkpoint of the step reached (distqa.distributed.stop)."""
 
@@ -269,10 +272,11 @@ def start(node: Node, environ: MutableMapping[str, str], repo_root: Path) -> int
             reports.rmdir()
 
 
-def main(argv: Sequence[str] | None = None, repo_root: Path = REPO_ROOT) -> int:
+def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
     """``python -m distqa.launch.node [OPTIONS] [--] [TRAINER ARGS...]`` (what ``scripts/worker.sh`` runs): the node's
     exit status; a wrong option or setting is one line and exit 2."""
     environ = os.environ
+    repo_root = repo_root or Path(environ.get(CHECKOUT_VARIABLE) or REPO_ROOT)
     try:
         node = read_node(sys.argv[1:] if argv is None else argv, environ, repo_root)
         if node is None:
