@@ -1,6 +1,6 @@
 """The SkyPilot task (issue 36): deploy/skypilot/task.yaml loaded by SkyPilot 0.14's own loader, as ``sky launch
 --env`` loads it, with broken variants it must refuse naming the field; scripts/worker.sh reading SkyPilot's
-SKYPILOT_* variables itself (``--dry-run``: the torchrun line); and two emulated nodes on 127.0.0.1 running the
+SKYPILOT_* variables itself (``--dry-run``: the torchrun line); and two emulated nodes on 127.0.0.1 and .2 running the
 script that the job program of SkyPilot's own generator launches on each node (tests/standin/skypilot.py), with
 exactly the variables SkyPilot sets, one node lost mid-run, the other cancelled as SkyPilot cancels it, both
 launched again, the run resuming from its newest checkpoint.
@@ -189,10 +189,12 @@ def test_two_skypilot_nodes_train_lose_one_and_resume_when_launched_again(tmp_pa
     assert "'" not in args and '"' not in args, "ARGS is split on spaces by the task's run script"
     overrides = {"BUCKET": "unused", "RUN_ID": "sky", "MAX_RESTARTS": "2", "ARGS": args,
                  "DISTQA_OUTPUT_DIR": str(results), "HF_HOME": str(tmp_path / "hf"), "RDZV_PORT": str(free_port())}
-    environments = skypilot(home, "nodes", str(cpu_task(tmp_path)), "--ips", "127.0.0.1,127.0.0.1",
+    # Two addresses, as two machines have: torch's rendezvous gives ranks in the order of its participants' addresses,
+    # then their agents' pids, and kill-node:rank=1 must fall on node 1 (one address: whichever agent started first).
+    environments = skypilot(home, "nodes", str(cpu_task(tmp_path)), "--ips", "127.0.0.1,127.0.0.2",
                             "--out", str(tmp_path / "scripts"), *[f"--env={k}={v}" for k, v in overrides.items()])
     assert environments["1"]["SKYPILOT_NUM_GPUS_PER_NODE"] == "0", "SkyPilot's own count for a CPU task"
-    assert environments["1"]["SKYPILOT_NODE_IPS"] == "127.0.0.1\n127.0.0.1"
+    assert environments["1"]["SKYPILOT_NODE_IPS"] == "127.0.0.1\n127.0.0.2"
 
     outputs = [tmp_path / f"node-{rank}.out" for rank in range(2)]
     scripts = [tmp_path / "scripts" / f"node-{rank}.sh" for rank in range(2)]
@@ -215,7 +217,7 @@ def test_two_skypilot_nodes_train_lose_one_and_resume_when_launched_again(tmp_pa
     output_0, output_1 = (out.read_text() for out in outputs)
     assert nodes[1].returncode == 137, output_1  # the agent's SIGKILL, through worker.sh and SkyPilot's epilogue
     assert [process.returncode for process in again] == [0, 0], output_0 + output_1
-    assert "node 1 of 2 at 127.0.0.1, rendezvous 127.0.0.1:" in output_1, "worker.sh read SKYPILOT_* itself"
+    assert "node 1 of 2 at 127.0.0.2, rendezvous 127.0.0.1:" in output_1, "worker.sh read SKYPILOT_* itself"
     # Node 0 saved step 6, the last both completed, before SkyPilot's job program cancelled it
     # (distqa.training.peer_loss).
     resumed = f"resumed from {results / 'sky' / 'checkpoints' / 'step-00000006.pt'}"
