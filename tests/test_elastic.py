@@ -51,12 +51,16 @@ def survivors_said(output: str) -> list[str]:
 
 def assert_the_survivors_saved_step_6(output: str) -> None:
     """Both survivors name where the peer was lost and the step they hold; one wrote it, the other left it to that
-    rank (distqa.training.peer_loss's claim); no traceback on the way."""
+    rank (distqa.training.peer_loss's claim) or, coming after the claim was released, found it on disk; no
+    traceback on the way."""
     lines = survivors_said(output)
     assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], output
     assert all(" after optimizer step 6 (gloo: connection " in line for line in lines), lines
-    outcomes = sorted(line.rsplit("; ", 1)[1] for line in lines)
-    assert outcomes == ["another survivor saves step 6 for the resume", "saved step 6 for the resume"], lines
+    outcomes = [line.rsplit("; ", 1)[1] for line in lines]
+    assert outcomes.count("saved step 6 for the resume") == 1, lines
+    other = next((outcome for outcome in outcomes if outcome != "saved step 6 for the resume"), None)
+    assert other in ("another survivor saves step 6 for the resume",
+                     "step 6 is saved already (step-00000006.pt) for the resume"), lines
     assert "Traceback" not in output, output
 
 
