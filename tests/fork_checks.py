@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, clean_env, final_weights, free_port, kill_launcher, max_difference, start_training
+from conftest import REPO_ROOT, clean_env, free_port, max_difference
+from distributed.conftest import final_weights, kill_launcher, start_training
 
 STEPS = 100
 RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every", "50", "--log-every", "50",

@@ -1,4 +1,4 @@
-"""Tasks as a fork writes them outside the package, for tests/test_fork_traps.py: run with ``PYTHONPATH=tests`` and
+"""Tasks as a fork writes them outside the package, for tests/*/test_fork_traps.py: run with ``PYTHONPATH=tests`` and
 ``--task fork_tasks:Regression`` (no preset, no tokenizer, a metric where lower is better, a setting of its own).
 
 - :class:`Regression`: a small MLP with BatchNorm on generated samples whose scale varies from sample to sample,
@@ -23,6 +23,12 @@ from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_gather_tensor
 from distqa.errors import DataError
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
+
+TESTS = str(Path(__file__).resolve().parent)
+# How tests/*/test_fork_traps.py runs these tasks: this folder on PYTHONPATH, one thread, a short run.
+FORK_ENV = {"PYTHONPATH": TESTS, "OMP_NUM_THREADS": "1"}
+RUN_ARGS = ["--global-batch-size", "16", "--per-rank-batch-size", "8", "--lr", "1e-2", "--max-steps", "6",
+            "--eval-every", "3", "--progress-bar", "false", "--tensorboard", "false"]
 
 FORK = Section("fork", "a fork's regression task (tests/fork_tasks.py)")
 WEIGHTS = torch.tensor([1.0, -2.0, 0.5, 3.0])

@@ -16,7 +16,8 @@ import torch
 from distqa import evaluate, predict, score
 from distqa.qa.nq.metric import read_gold, read_submission
 
-from conftest import REPO_ROOT, clean_env, run_prepare, run_training
+from conftest import REPO_ROOT, clean_env, run_prepare
+from distributed.conftest import run_training
 from qa.nq_examples import UNDECODABLE_LINES
 
 pytestmark = pytest.mark.distributed

@@ -14,7 +14,8 @@ from distqa.distributed.rng import seed_everything
 from distqa.qa.model import build_model
 from distqa.settings.sources import load_config
 
-from conftest import max_difference, run_training
+from conftest import max_difference
+from distributed.conftest import run_training
 from qa.qa_helpers import FAST_ARGS
 
 STEPS = 3

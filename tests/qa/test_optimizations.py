@@ -23,7 +23,8 @@ from distqa.qa.nq.prepared import prepare_nq
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
-from conftest import final_weights, max_difference, run_training
+from conftest import max_difference
+from distributed.conftest import final_weights, run_training
 from qa.qa_helpers import FAST_ARGS, QA_ARGS
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")

@@ -23,11 +23,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from shared_runs import once_per_session
 
 from distqa.sweeps import study as studies
 
-from conftest import AT_STEP, REPO_ROOT, clean_env, final_weights, free_port, max_difference
+from conftest import REPO_ROOT, clean_env, free_port, max_difference
+from distributed.conftest import AT_STEP, final_weights, once_per_session
 
 pytestmark = pytest.mark.distributed
 

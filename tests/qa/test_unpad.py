@@ -23,7 +23,7 @@ from distqa.record.rundir import versions
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
-from conftest import run_training
+from distributed.conftest import run_training
 from qa.qa_helpers import FAST_ARGS, QA_ARGS, TinyEncoder
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
