@@ -1,4 +1,4 @@
-"""TODO"""
+"""What tests/unit/test_doctor.py and tests/distributed/test_doctor.py share: the doctor's FAIL lines."""
 
 from __future__ import annotations
 

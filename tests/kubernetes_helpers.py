@@ -1,4 +1,6 @@
-"""TODO"""
+"""What tests/launchers/test_kubernetes.py and tests/distributed/test_kubernetes.py share (template.toml's
+part kubernetes): the deploy/kubernetes manifests, the pinned engines' CRDs, and a job's pod run as a process on
+this machine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO"""
+"""What tests/launchers/test_platform.py and tests/distributed/test_platform.py share (template.toml's part
+apolo): the stand-in platform (tests/standin/platform_cli.py behind neuro-flow and apolo-flow on PATH), the
+launcher started against it, and its jobs and events. Its fixture ``platform`` is imported by name
+(``platform_fixture``) into each file that takes it."""
 
 from __future__ import annotations
 

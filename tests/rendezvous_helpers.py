@@ -1,4 +1,5 @@
-"""TODO"""
+"""What tests/unit/test_rendezvous_store.py and tests/distributed/test_rendezvous_store.py share: the rendezvous
+store started as a process of its own, and a wait for its ready line."""
 
 from __future__ import annotations
 
@@ -6,11 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import (
-    REPO_ROOT,
-    clean_env,
-    wait_for,
-)
+from conftest import REPO_ROOT, clean_env, wait_for
 
 
 def start_store(port: int, log: Path) -> subprocess.Popen[str]:

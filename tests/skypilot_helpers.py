@@ -1,4 +1,5 @@
-"""TODO"""
+"""What tests/launchers/test_skypilot.py and tests/distributed/test_skypilot.py share (template.toml's part
+skypilot): the task file and the SkyPilot stand-in, run in SkyPilot's side environment."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import (
-    REPO_ROOT,
-)
+from conftest import REPO_ROOT
 
 TASK = REPO_ROOT / "deploy" / "skypilot" / "task.yaml"
 SKY_PYTHON = REPO_ROOT / ".venv-skypilot" / "bin" / "python"

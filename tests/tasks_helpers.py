@@ -1,4 +1,5 @@
-"""TODO"""
+"""What tests/unit/test_tasks.py and tests/distributed/test_tasks.py share: ``python -m distqa.train`` in a process
+of its own, its output kept whatever its exit status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO"""
+"""What tests/unit/test_upkeep.py and tests/distributed/test_upkeep.py share: a template repository made from this
+checkout, a fork of it made with `make new-fork`, the template's later commits and the fork updated across them.
+Its fixture ``upstream_and_fork`` is imported by name (``upstream_and_fork_fixture``) into each file that takes it:
+made once per module that uses it."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
+from conftest import IN_A_FORK, MACHINERY_ARGS, REPO_ROOT, clean_env
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
 ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.export",
@@ -118,8 +118,9 @@ def test_a_task_written_before_the_machinery_moved_into_families_still_finds_pre
 
 
 def test_no_test_file_imports_another() -> None:
-    """What two test files share (a reference run, arguments, helpers) lives in conftest.py or a helper module such as
-    tests/shared_runs.py: a test file is never a library, so a fork may delete one without breaking another."""
+    """What two test files share (a reference run, arguments, helpers) lives in a conftest.py (tests/distributed's
+    holds the launch helpers and the shared runs) or a helper module at the top of tests/ (tests/upkeep_helpers.py):
+    a test file is never a library, so a fork may delete one without breaking another."""
     tests = REPO_ROOT / "tests"
     found = []
     for path in sorted(tests.rglob("test_*.py")):
@@ -129,6 +130,31 @@ def test_no_test_file_imports_another() -> None:
             found += [f"{path.relative_to(REPO_ROOT)} imports {name}" for name in names
                       if name.split(".")[-1].startswith("test_")]
     assert not found, found
+
+
+TIERS = ("unit", "launchers", "distributed")
+
+
+@pytest.mark.skipif(IN_A_FORK, reason="a fork's own tests live at the top of tests/ (tests/test_<task>.py)")
+def test_the_machinery_tests_are_in_the_tier_folders() -> None:
+    """tests/unit (in process, or a short-lived subprocess), tests/launchers (the launchers and engines) and
+    tests/distributed (real multi-process runs); the QA tasks' in tests/qa, the image's in tests/docker. None at the
+    top of tests/: that is where a fork's own go."""
+    tests = REPO_ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("test_*.py")) == []
+    for tier in TIERS:
+        assert (tests / tier / "__init__.py").is_file(), f"tests/{tier} is a package (its conftest is {tier}.conftest)"
+        assert list((tests / tier).glob("test_*.py")), f"tests/{tier} holds no test file"
+
+
+def test_only_the_distributed_tier_is_marked_distributed_and_by_its_folder() -> None:
+    """tests/distributed/conftest.py marks every test under it ``distributed`` (``make test-fast`` leaves them out);
+    no test of tests/unit or tests/launchers is marked so, and none of tests/distributed by hand as well."""
+    tests = REPO_ROOT / "tests"
+    marked = [str(path.relative_to(REPO_ROOT)) for tier in TIERS for path in sorted((tests / tier).glob("test_*.py"))
+              if any(ast.unparse(node) == "pytest.mark.distributed" for node in ast.walk(ast.parse(path.read_text())))]
+    assert marked == []
+    assert "item.add_marker(pytest.mark.distributed)" in (tests / "distributed" / "conftest.py").read_text()
 
 
 def test_shared_types_and_helpers_import_no_torch() -> None:
