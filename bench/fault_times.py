@@ -138,8 +138,8 @@ def node_lost_and_returned(out: Path) -> float:
 
 
 # Elastic membership (worker.sh --min-nodes): 3 nodes, at least 2; 12 examples per step split over 2 or 3 ranks.
-# The rendezvous settings of tests/test_elastic.py: a round closes 1 s after its minimum has joined, a dead node
-# leaves the rendezvous after 3 missed 1-s heartbeats (torch's defaults: 30 s and 5 × 3 s).
+# The rendezvous settings of tests/distributed/test_elastic.py: a round closes 1 s after its minimum has joined, a dead
+# node leaves the rendezvous after 3 missed 1-s heartbeats (torch's defaults: 30 s and 5 × 3 s).
 ELASTIC_OPTIONS = ("--min-nodes", "2", "--max-restarts", "3", "--join-timeout", "60")
 ELASTIC_TRAINER = ("--max-steps", "300", "--checkpoint-every", "10", "--global-batch-size", "12",
                    "--per-rank-batch-size", "2")

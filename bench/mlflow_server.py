@@ -1,5 +1,5 @@
 """A real MLflow tracking server on loopback, from .venv-mlflow (make setup): what bench/tracking_overhead.py times
-against and what tests/test_tracking.py tracks to. Free of any task, so a fork keeps it (template.toml)."""
+against and what tests/distributed/test_tracking.py tracks to. Free of any task, so a fork keeps it (template.toml)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ MLFLOW = Path(__file__).resolve().parents[1] / ".venv-mlflow" / "bin" / "mlflow"
 @contextlib.contextmanager
 def mlflow_server(work: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``mlflow server`` on a free loopback port, its store, artifacts and log (``server.log``) under ``work``;
-    its whole session killed on exit. Yields its address and its process (tests/test_tracking.py uses it too)."""
+    its whole session killed on exit. Yields its address and its process (tests/distributed/test_tracking.py uses it
+    too)."""
     work.mkdir(parents=True, exist_ok=True)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

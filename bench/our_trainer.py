@@ -1,5 +1,5 @@
 """Our trainer, built as ``distqa.train`` builds it, for any task: what the benchmarks time (bench/harness.py
-re-exports it) and what tests/test_checkpoint_io.py drives in one process. It knows only the Task interface, so a
+re-exports it) and what tests/unit/test_checkpoint_io.py drives in one process. It knows only the Task interface, so a
 fork keeps it when it leaves the QA tasks' benchmarks out (template.toml)."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def node_in_process(argv: Sequence[str], env: dict[str, str],
     """``scripts/worker.sh ARGV`` under ``env`` as what it runs, distqa.launch.node.main, in this process (no bash, no
     interpreter start): its exit status and output. For what ends before the agent starts (--dry-run, a refusal), or,
     given ``agent_env``, up to the agent, which is not started: ``agent_env`` gets the environment it would have
-    found. tests/test_launchers.py and each engine's file keep cases through worker.sh itself."""
+    found. tests/launchers/test_launchers.py and each engine's file keep cases through worker.sh itself."""
     from distqa.launch import node
 
     def agent(args: list[str]) -> int:

@@ -1,7 +1,7 @@
 """The check every task gets, a fork's too: its run on 2 emulated nodes through the local launcher loses node 1 right
 after step 30, the same command run again resumes, and the resumed run ends with the weights of an uninterrupted
-one. tests/test_example.py runs it on the example, tests/test_upkeep.py on a fork's stub after an update, and a fork's
-own tests/test_<name>.py (written by `make new-fork`) on its task."""
+one. tests/distributed/test_example.py runs it on the example, tests/distributed/test_upkeep.py on a fork's stub after
+an update, and a fork's own tests/test_<name>.py (written by `make new-fork`) on its task."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ last it completed, before it leaves (distqa.training.peer_loss): the resume redo
 
 def launch(run_id: str, output_dir: Path, preset: Path, repo: Path = REPO_ROOT, **env: str) -> subprocess.Popen[str]:
     """The run of ``preset`` on 2 emulated nodes × 1 process, through the README's local launcher of the checkout
-    ``repo`` (tests/test_upkeep.py passes a fork's)."""
+    ``repo`` (tests/distributed/test_upkeep.py passes a fork's)."""
     command = ["bash", "scripts/run_distributed_locally.sh", "--nodes", "2", "--port", str(free_port()), "--run-id",
                run_id, "--", "--preset", str(preset), "--output-dir", str(output_dir), *RUN_ARGS]
     log = (output_dir / f"{run_id}.log").open("a")

@@ -1,7 +1,7 @@
-"""One rank of a sharded-checkpoint scenario (tests/test_sharded_checkpoints.py starts each rank as a process):
-a small model sharded with FSDP2 over gloo, one optimizer step, the step-2 checkpoint written in the background as
-a run writes it (distqa.checkpoint.sharded.ShardedCheckpointWriter), then the step-4 write meets the scenario's
-fault. Prints one JSON line: what this rank saw.
+"""One rank of a sharded-checkpoint scenario (tests/distributed/test_sharded_checkpoints.py starts each rank as a
+process): a small model sharded with FSDP2 over gloo, one optimizer step, the step-2 checkpoint written in the
+background as a run writes it (distqa.checkpoint.sharded.ShardedCheckpointWriter), then the step-4 write meets the
+scenario's fault. Prints one JSON line: what this rank saw.
 
 ``python tests/sharded_checkpoint_job.py SCENARIO RUN_DIR`` under RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
 

@@ -5,7 +5,7 @@
 
 A review is one to three sentences about a film; the opinion words of most of its sentences decide the
 label, the rest is filler.
-The same arguments write the same bytes (tests/test_example.py checks the committed file against them).
+The same arguments write the same bytes (tests/unit/test_example.py checks the committed file against them).
 """
 
 from __future__ import annotations

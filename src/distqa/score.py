@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from distqa.settings.task_commands import run_named_command
 
 QA_SCORE_COMMANDS = {"nq": "distqa.qa.nq.commands:score", "squad": "distqa.qa.squad.commands:score"}
-"""The score command the nq and squad task classes declare (tests/test_commands.py checks that they agree), named
+"""The score command the nq and squad task classes declare (tests/unit/test_commands.py checks that they agree), named
 here so that scoring their files imports no task: a task's module imports torch and transformers, the scorer
 neither (score starts in about 0.4 s of CPU, not 4)."""
 

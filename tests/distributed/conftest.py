@@ -87,8 +87,8 @@ sys.exit(main())
 """``python -m distqa.train`` that, at optimizer step AT_STEP of rank AT_RANK (default 0), sends SIGNAL to
 TARGET_PID (or raises): a signal at a step the run reaches, with no race with the clock. AT_RUN: only in the run
 directory of that name (a sweep's trial-001). Write it to ``at_step.py``
-in a folder on PYTHONPATH and start it as the launchers' ``--entry-module at_step`` (tests/test_tracking.py,
-tests/test_training.py)."""
+in a folder on PYTHONPATH and start it as the launchers' ``--entry-module at_step`` (tests/distributed/test_tracking.py,
+tests/distributed/test_training.py)."""
 
 
 def initial_weights(*args: str) -> dict[str, torch.Tensor]:
@@ -238,9 +238,9 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str,
     return folder, json.loads(record.read_text())
 
 
-# The elastic runs (tests/test_elastic.py, tests/test_rendezvous_store.py). 12 examples per step: 2 per rank × 3
-# ranks × 2 micro-batches, or × 2 ranks × 3. Dropout off: the weights of a run that changed its world size equal the
-# uninterrupted run's (dropout masks are drawn per rank).
+# The elastic runs (tests/distributed/test_elastic.py, tests/distributed/test_rendezvous_store.py). 12 examples per
+# step: 2 per rank × 3 ranks × 2 micro-batches, or × 2 ranks × 3. Dropout off: the weights of a run that changed its
+# world size equal the uninterrupted run's (dropout masks are drawn per rank).
 ELASTIC_TRAINER_ARGS = ("--max-steps", "14", "--checkpoint-every", "4", "--global-batch-size", "12",
                         "--per-rank-batch-size", "2", "--classifier-dropout", "0", "--stop-check-every", "1")
 
@@ -271,8 +271,9 @@ def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "uninterrupted"
 
 
-# The sharded runs' arguments (tests/test_sharding.py, tests/test_sharding_resume.py): the machinery task, the same
-# global batch of 16 with accumulation and clipping on, DDP's file layout for every strategy (compared key by key).
+# The sharded runs' arguments (tests/distributed/test_sharding.py, tests/distributed/test_sharding_resume.py): the
+# machinery task, the same global batch of 16 with accumulation and clipping on, DDP's file layout for every strategy
+# (compared key by key).
 SHARDING_STEPS = 4
 
 

@@ -80,7 +80,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                         **RENDEZVOUS) for rank in range(3)]
     processes = [lost, *nodes]
     try:
-        # The uninterrupted run, shared with tests/test_rendezvous_store.py, trains beside these (or is done already).
+        # The uninterrupted run, shared with tests/distributed/test_rendezvous_store.py, trains beside these (or is done
+        # already).
         reference = elastic_reference(tmp_path_factory)
         # The node whose agent the fault killed is started again with the same arguments once the other two hold at
         # step 10 (rank 0's pause).

@@ -37,10 +37,11 @@ TRAINER_ARGS = [*SMALL_RUN, "--max-steps", "12", "--checkpoint-every", "4", "--c
                 "--stop-check-every", "1"]
 FROZEN = "hang:rank=1:step=6"
 # An elastic run goes on without the lost node: node 0 alone then waits after step 9 until torchrun restarts it for
-# the round the returned node joins (tests/test_elastic.py's RETURNED), so the run is not over before it returns.
+# the round the returned node joins (tests/distributed/test_elastic.py's RETURNED), so the run is not over before it
+# returns.
 HELD = f"{FROZEN},pause:rank=0:step=9"
 # Short rendezvous timings for the elastic run (the manifest's 30 s last call; a dead node leaves after 3 missed 1-s
-# heartbeats), as tests/test_elastic.py runs them.
+# heartbeats), as tests/distributed/test_elastic.py runs them.
 RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
 
 

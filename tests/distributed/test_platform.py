@@ -101,10 +101,10 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
     wait_for(lambda: not run_processes("fail"), timeout=30)
 
 
-# One run that two tests check (started once per session, distributed.conftest.once_per_session): 3 nodes, whose workers the platform
-# holds pending until both are submitted; once node 0 trains, Ctrl-C. A batch that 3 ranks split evenly: the jobs
-# train until the Ctrl-C instead of failing on their own, which would race the interrupt (the launcher's own failure
-# path exits 1, not 130).
+# One run that two tests check (started once per session, distributed.conftest.once_per_session): 3 nodes, whose workers
+# the platform holds pending until both are submitted; once node 0 trains, Ctrl-C. A batch that 3 ranks split evenly:
+# the jobs train until the Ctrl-C instead of failing on their own, which would race the interrupt (the launcher's own
+# failure path exits 1, not 130).
 INTERRUPTED_WORKERS = [f"distributed_training-intr-{rank}" for rank in (1, 2)]
 
 

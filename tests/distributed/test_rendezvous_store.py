@@ -27,8 +27,8 @@ from distributed.conftest import (
 )
 from distributed.conftest import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
 
-# tests/test_elastic.py's runs (12 examples per step split by 3 ranks and by 2, dropout off, short rendezvous
-# timings), every node a client of the store.
+# tests/distributed/test_elastic.py's runs (12 examples per step split by 3 ranks and by 2, dropout off, short
+# rendezvous timings), every node a client of the store.
 NODE_ARGS = (*ELASTIC_NODE_ARGS, "--external-store")
 # Armed on node 0 only, whatever global rank its worker gets in the first round (torch orders the nodes by
 # address and pid): node 0 is lost after step 6; the newest checkpoint is step 4's.
@@ -45,7 +45,8 @@ def test_node_0_lost_for_good_leaves_two_that_end_as_the_uninterrupted_run(
         nodes = [start_node(rank, 3, port, "lost", tmp_path, *NODE_ARGS, trainer_args=TRAINER_ARGS, **RENDEZVOUS,
                             **({"INJECT_FAULT": NODE_0_LOST} if rank == 0 else {})) for rank in range(3)]
         processes += nodes
-        # The uninterrupted run, shared with tests/test_elastic.py, trains beside these (or is done already).
+        # The uninterrupted run, shared with tests/distributed/test_elastic.py, trains beside these (or is done
+        # already).
         reference = elastic_reference(tmp_path_factory)
         for process in nodes:
             finish(process, timeout=240)

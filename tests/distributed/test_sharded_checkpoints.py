@@ -38,7 +38,7 @@ from distributed.conftest import final_weights, run_training
 STEPS = 4
 SAME_STRATEGY = 1e-6
 ACROSS = 1e-5
-"""Another world size or strategy sums the same gradients in another order (tests/test_sharding.py)."""
+"""Another world size or strategy sums the same gradients in another order (tests/distributed/test_sharding.py)."""
 
 
 def run_args(data: list[str], output_dir: Path, name: str, per_rank: int, *extra: str) -> list[str]:

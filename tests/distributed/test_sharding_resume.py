@@ -30,10 +30,10 @@ ACROSS_WORLD_SIZES = 1e-5
 """Weights of a run resumed at another world size against the uninterrupted one. The arithmetic is the same but for
 summation order: the gradient is reduce-scattered over 2 ranks instead of 4 (and accumulated over 2 micro-batches on
 each instead of 1), the clipping norm is summed from other per-shard partial norms, so the weights differ in float
-rounding (2e-9 measured here after 6 steps; 1e-5, as across strategies in tests/test_sharding.py, leaves room for
-Adam's division by small second moments, while a sample position not restored shows as 1e-3). Not 1e-6 as for an
-exact resume at the same world size (tests/test_sharding.py), whose arithmetic is identical. Dropout is 0 because
-the dropout generators are reseeded at another world size (distqa.checkpoint.resume.restore_training_state)."""
+rounding (2e-9 measured here after 6 steps; 1e-5, as across strategies in tests/distributed/test_sharding.py, leaves
+room for Adam's division by small second moments, while a sample position not restored shows as 1e-3). Not 1e-6 as for
+an exact resume at the same world size (tests/distributed/test_sharding.py), whose arithmetic is identical. Dropout is 0
+because the dropout generators are reseeded at another world size (distqa.checkpoint.resume.restore_training_state)."""
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ TRAINER_ARGS = ("--max-steps", "10", "--checkpoint-every", "4", "--global-batch-
                 "4", "--stop-check-every", "1")
 # Node 1's agent and worker SIGKILLed after step 6, once per run directory: the newest checkpoint is step 4's.
 LOST = "kill-node:rank=1:step=6"
-# Short rendezvous timings, as tests/test_elastic.py: a dead node leaves the rendezvous after 3 missed 1-s heartbeats.
+# Short rendezvous timings, as tests/distributed/test_elastic.py: a dead node leaves the rendezvous after 3 missed 1-s
+# heartbeats.
 RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
 
 

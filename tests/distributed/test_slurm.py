@@ -130,7 +130,7 @@ def test_sbatch_script_with_external_store_trains_two_nodes_through_a_store_on_t
 
 def test_the_batch_script_starts_every_node_through_worker_sh() -> None:
     """The Slurm batch script starts each node with scripts/worker.sh, as every launcher does
-    (tests/test_launchers.py)."""
+    (tests/launchers/test_launchers.py)."""
     text = (REPO_ROOT / "scripts/train_slurm.sbatch").read_text()
     code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert "scripts/worker.sh" in "\n".join(code)

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The Docker tier's tools: sourced by tests/docker/run.sh, and by tests/test_docker_tools.py with a PATH
+# The Docker tier's tools: sourced by tests/docker/run.sh, and by tests/launchers/test_docker_tools.py with a PATH
 # of its own making, so the install decision is tested where it is made.
 
 # The Debian packages the Docker tier still needs, space-separated (nothing when all is there).

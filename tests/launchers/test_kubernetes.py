@@ -368,7 +368,7 @@ def test_a_standalone_elastic_job_runs_one_node_and_its_empty_pet_standalone_nev
 
 
 def test_a_kubeflow_variable_worker_sh_cannot_follow_stops_it_in_one_line() -> None:
-    """Through worker.sh itself; every such variable's line: tests/test_node_options.py
+    """Through worker.sh itself; every such variable's line: tests/launchers/test_node_options.py
     (test_a_kubeflow_variable_the_node_cannot_follow_is_one_line)."""
     result = subprocess.run(["bash", WORKER, "--dry-run"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
                             env=clean_env(PYTHON=sys.executable, PET_LOG_DIR="/logs"))

@@ -1,8 +1,8 @@
 """A node's options as plain functions, without bash or a process: scripts/worker.sh's command line, its time spans,
 the engines' variables (Kubeflow's PET_*, SkyPilot's SKYPILOT_*), the checks and their one-line errors, and the
 torchrun command line the node builds (src/distqa/launch/node_options.py, engines.py, node_checks.py, node.py).
-worker.sh itself, the shim that runs them, keeps its end-to-end cases in tests/test_launchers.py and the engines'
-files."""
+worker.sh itself, the shim that runs them, keeps its end-to-end cases in tests/launchers/test_launchers.py and the
+engines' files."""
 
 from __future__ import annotations
 

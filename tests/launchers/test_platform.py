@@ -326,7 +326,7 @@ def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_worki
 
 def test_the_jobs_start_every_node_through_worker_sh() -> None:
     """The platform's jobs start each node with scripts/worker.sh, as every launcher does
-    (tests/test_launchers.py)."""
+    (tests/launchers/test_launchers.py)."""
     text = (REPO_ROOT / ".neuro/live.yml").read_text()
     code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert "scripts/worker.sh" in "\n".join(code)

@@ -345,7 +345,7 @@ def test_the_dockerfile_starts_from_a_published_pytorch_image_with_the_pinned_to
 
 
 def test_the_platform_cli_check_reads_the_platform_page() -> None:
-    """tests/test_platform_cli.py checks the neuro-flow/apolo lines of every document; the platform's
+    """tests/launchers/test_platform_cli.py checks the neuro-flow/apolo lines of every document; the platform's
     commands moved from the README to docs/PLATFORM.md, so that page must be among what it reads."""
     lines = [line for name, line in documented_command_lines() if name == "docs/PLATFORM.md"]
     commands_found = {line.split()[1] for line in lines}

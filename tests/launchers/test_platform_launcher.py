@@ -1,7 +1,7 @@
 """The platform launcher's logic (distqa.launch.platform) called as functions, no process started: job names as
 neuro-flow builds them, the status rows of the platform client, the options and their sources, and the run's
-decisions (start, watch, resubmit, give up) against a scripted flow CLI. tests/test_platform.py runs the launcher
-against the stand-in platform; these cases are each of its branches, in milliseconds."""
+decisions (start, watch, resubmit, give up) against a scripted flow CLI. tests/distributed/test_platform.py runs the
+launcher against the stand-in platform; these cases are each of its branches, in milliseconds."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The sweep's own logic, without a trial: the sweep file and its one-line refusals, the flags a trial gets, the
 search (a grid in the file's order, seeds, the budget, interrupted trials first), the pruning rule, the record of
 each trial's end, the table, the picture, the reason of a failure and the one process per sweep directory.
-The sweeps themselves run in tests/qa/test_squad_sweep.py (2 emulated nodes) and tests/test_platform.py (trials
-on the platform's stand-in jobs)."""
+The sweeps themselves run in tests/qa/test_squad_sweep.py (2 emulated nodes) and tests/distributed/test_platform.py
+(trials on the platform's stand-in jobs)."""
 
 from __future__ import annotations
 

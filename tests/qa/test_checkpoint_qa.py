@@ -1,5 +1,5 @@
 """The nq task's state in a checkpoint: the decoding tuned on the validation split goes in as the task gives it and
-comes back from a step checkpoint as inference reads it (the schema itself: tests/test_checkpoint.py)."""
+comes back from a step checkpoint as inference reads it (the schema itself: tests/unit/test_checkpoint.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bf16 gradient-compression hook on the QA model (tests/test_comm_hook.py checks that the DDP wrap registers
+"""The bf16 gradient-compression hook on the QA model (tests/unit/test_comm_hook.py checks that the DDP wrap registers
 it and that the all-reduce goes through it): 2 ranks train to the weights of a run without it, up to bf16 rounding.
 The bound is the QA encoder's: a bag of words (the machinery task) has many embedding rows whose gradients are zero
 but for rounding, where Adam's update flips sign."""

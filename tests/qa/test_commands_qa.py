@@ -1,7 +1,7 @@
 """The QA tasks' commands through the dispatch: each task's class names its own module (nq's serves the dummy task
 too), which a checkpoint of the task reaches, and nothing behind the dispatch asks the task's name again; scoring an NQ
 or SQuAD file runs what their classes declare, with neither torch nor transformers; format-2 checkpoints (before the
-task seam) name their task (the dispatch itself: tests/test_commands.py)."""
+task seam) name their task (the dispatch itself: tests/unit/test_commands.py)."""
 
 from __future__ import annotations
 

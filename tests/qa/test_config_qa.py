@@ -1,6 +1,6 @@
 """The QA tasks' settings: the default run (the tiny-cpu preset, the dummy task, the offline tiny model), their
 rejections, the shipped presets and sweeps and how they scale to 1-64 GPUs, .env.example (the machinery's precedence
-and rejections: tests/test_config.py)."""
+and rejections: tests/unit/test_config.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""DummyDataset determinism and realism (the resumable sampler's exact mid-epoch position: tests/test_sampler.py)."""
+"""DummyDataset determinism and realism (the resumable sampler's exact mid-epoch position:
+tests/unit/test_sampler.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The doctor of a QA task's run: a missing NQ feature cache fails with the command that builds it, and the task's
-memory estimate is shown for this machine (the doctor itself: tests/test_doctor.py)."""
+memory estimate is shown for this machine (the doctor itself: tests/distributed/test_doctor.py)."""
 
 from __future__ import annotations
 

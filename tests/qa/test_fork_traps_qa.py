@@ -1,5 +1,5 @@
-"""The fork traps with the QA tasks (tests/test_fork_traps.py has the fork's own tasks): their encoders' buffers are
-constants, so they opt out of DDP's broadcast; the QA presets apply only to the tasks they name, are refused for
+"""The fork traps with the QA tasks (tests/unit/test_fork_traps.py has the fork's own tasks): their encoders' buffers
+are constants, so they opt out of DDP's broadcast; the QA presets apply only to the tasks they name, are refused for
 another, and every shipped preset loads for each of its tasks."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The memory estimate (distqa.tasks.step_memory) against the peak measured on CPU, the doctor's fixes, and the large
 presets' comments; the doctor's smallest sharded layout (what sharding divides and adds in the estimate, on a bare
-encoder: tests/test_sharding.py).
+encoder: tests/unit/test_sharding.py).
 
 The measurement: ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of the CPU
 allocator (c10's ProfiledCPUMemoryReporter: the bytes and address of each); the live bytes, summed in order,

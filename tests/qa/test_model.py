@@ -1,5 +1,5 @@
 """Model heads and loss, the committed offline tiny model (the optimizer's groups and the precision choice:
-tests/test_optim.py)."""
+tests/unit/test_optim.py)."""
 
 from __future__ import annotations
 

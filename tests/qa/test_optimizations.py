@@ -1,5 +1,5 @@
 """The speed settings change speed, not results: trimmed padding, the attention kernel, compile (compile's default
-and mode: tests/test_compile.py; a grown global batch: tests/test_training.py).
+and mode: tests/unit/test_compile.py; a grown global batch: tests/distributed/test_training.py).
 
 Their measured effect is judged by bench/optimizations.py and bench/ddp_overhead.py, never here.
 """

@@ -1,5 +1,6 @@
 """The QA tasks' scripts use the launchers' shared helpers (scripts/common.sh): the Kaggle download reads .env as
-every script does, and the synthetic runs share one option parser (the helpers themselves: tests/test_launchers.py)."""
+every script does, and the synthetic runs share one option parser (the helpers themselves:
+tests/launchers/test_launchers.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A QA checkpoint written as a sharded directory (distqa.checkpoint.sharded) serves ``export``, ``predict`` and
-``evaluate`` as the file does (the sharded checkpoints themselves: tests/test_sharded_checkpoints.py)."""
+``evaluate`` as the file does (the sharded checkpoints themselves: tests/distributed/test_sharded_checkpoints.py)."""
 
 from __future__ import annotations
 

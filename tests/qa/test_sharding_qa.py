@@ -1,6 +1,6 @@
 """The QA model sharded (``--data-parallel fsdp``, distqa.parallel.fsdp): the QA tasks shard their encoder's transformer
 layers, and an encoder checkpointed and sharded by layer gives the gradients of the bare model (sharding itself, on
-the machinery task: tests/test_sharding.py)."""
+the machinery task: tests/distributed/test_sharding.py)."""
 
 from __future__ import annotations
 

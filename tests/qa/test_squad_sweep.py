@@ -42,8 +42,8 @@ def run(command: list[str], env: dict[str, str], timeout: int) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The sweep, stopped and resumed, once per test session (distributed.conftest.once_per_session): worksteal may hand this
-    module's tests to two xdist workers."""
+    """The sweep, stopped and resumed, once per test session (distributed.conftest.once_per_session): worksteal may hand
+    this module's tests to two xdist workers."""
     root, record = once_per_session(tmp_path_factory, "squad-sweep", run_the_sweep)
     outcome = {name: SimpleNamespace(**result) for name, result in record.items()}
     sweep_dir = root / "sweep"

@@ -1,6 +1,6 @@
 """The QA tasks' shape: their shared types and metrics import no torch, choosing one loads no model code until a
 model is built, and each entry point shows and accepts only its own settings, each QA task's (the package's shape:
-tests/test_structure.py)."""
+tests/unit/test_structure.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The task seam with the registered QA tasks: a registered name and its import path are one task, the old
 --dataset name still loads, another task's settings are ignored in the environment and refused as flags, FAST_ARGS
-is a dummy-task run, and prepare alone prepares the default task (the seam itself: tests/test_tasks.py)."""
+is a dummy-task run, and prepare alone prepares the default task (the seam itself: tests/unit/test_tasks.py)."""
 
 from __future__ import annotations
 

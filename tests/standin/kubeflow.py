@@ -1,5 +1,5 @@
 """The environment and command a Kubeflow pod's container gets, derived from a manifest as the controllers and the
-kubelet derive them, for emulated nodes (tests/test_kubernetes.py). Each function follows the code it names; a
+kubelet derive them, for emulated nodes (tests/launchers/test_kubernetes.py). Each function follows the code it names; a
 difference from it is a bug here.
 
 - :func:`trainjob_env`: Trainer v2.3.0 (kubeflow/trainer tag v2.3.0, commit 658725bdae5c7e3a0854d93ac6ff492e109a22ab),

@@ -1,7 +1,7 @@
 """What a Kubernetes API server with strict field validation (``kubectl apply --validate=strict``, the default since
 kubectl 1.27) checks when a custom resource is created, without a cluster: the CRD's ``openAPIV3Schema`` (read from
 the pinned copies in ../shared/engines), unknown fields refused, plus the create-time rules of the engines that the
-OpenAPI part cannot express. Used by tests/test_kubernetes.py.
+OpenAPI part cannot express. Used by tests/launchers/test_kubernetes.py.
 
 The schema is a *structural* schema (apiextensions-apiserver), which differs from plain JSON Schema in what it
 does with fields it does not list: the server prunes them, and strict field validation reports each pruned field

@@ -1,5 +1,5 @@
 """SkyPilot 0.14.1's own code, run offline inside .venv-skypilot (requirements-skypilot.txt) for
-tests/test_skypilot.py: its task loader, and the script and environment each node of a task gets.
+tests/launchers/test_skypilot.py: its task loader, and the script and environment each node of a task gets.
 
     python tests/standin/skypilot.py load TASK.yaml... [--env K=V]...     # JSON: each task, or SkyPilot's error
     python tests/standin/skypilot.py nodes TASK.yaml --ips A,B [--env K=V]... --out DIR

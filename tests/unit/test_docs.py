@@ -11,7 +11,7 @@ their fenced code blocks and inline code spans, and each is checked against the 
   `tests/FILE.py::test_name` against the test functions of that file;
 - every relative Markdown link against its file and, for `#anchor`, the headings of that file.
 
-The platform CLIs' command lines (neuro-flow, apolo) are checked by tests/test_platform_cli.py."""
+The platform CLIs' command lines (neuro-flow, apolo) are checked by tests/launchers/test_platform_cli.py."""
 
 from __future__ import annotations
 
@@ -408,7 +408,7 @@ scripts/no_such_script.sh
 make run ARGS="--max-steps 5 --no-such-make-flag"
 ```
 
-See `src/distqa/no_such_file.py`, `tests/test_config.py::test_no_such_test` and [a page](docs/NO_SUCH.md),
+See `src/distqa/no_such_file.py`, `tests/unit/test_config.py::test_no_such_test` and [a page](docs/NO_SUCH.md),
 [a heading](README.md#no-such-heading).
 """
     report = check({"made-up.md": made_up})
@@ -423,7 +423,7 @@ See `src/distqa/no_such_file.py`, `tests/test_config.py::test_no_such_test` and 
         "scripts/no_such_script.sh does not exist",
         "python -m distqa.train accepts no --no-such-make-flag",
         "src/distqa/no_such_file.py does not exist",
-        "tests/test_config.py has no test function test_no_such_test",
+        "tests/unit/test_config.py has no test function test_no_such_test",
         "docs/NO_SUCH.md does not exist",
         "README.md has no heading with the anchor #no-such-heading",
     ]:

@@ -20,7 +20,7 @@ The price on a healthy step: once per optimizer step the host waits for the GPU 
 would otherwise run ahead. The "save_on_peer_loss off" row of ``bench/gpu_settings.py`` (``bench/gpu.sh``) measures
 it against the same step without the wait (target: at most 1 %), and records whether this torch's ProcessGroupNCCL
 reports its error state (``get_error``) at all; without it a survivor under NCCL saves nothing and says so. The logic
-is tested on CPU (tests/test_peer_loss.py); the GPU behaviour only by that benchmark part.
+is tested on CPU (tests/unit/test_peer_loss.py); the GPU behaviour only by that benchmark part.
 """
 
 from __future__ import annotations

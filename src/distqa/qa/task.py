@@ -39,7 +39,7 @@ class QATask(Task):
     config_class = QAConfig
     input_names = INPUT_NAMES
     # The encoders' buffers (position and token type ids, ModernBERT's rotary frequencies) are constants, outside
-    # the state dict (tests/test_fork_traps.py checks every family): nothing to broadcast at each forward.
+    # the state dict (tests/unit/test_fork_traps.py checks every family): nothing to broadcast at each forward.
     sync_buffers = False
     # Export is the same for every QA task; each subclass adds its own predict, evaluate and score (qa_commands).
     commands: ClassVar[Mapping[str, str]] = {"export": "distqa.qa.commands.export:main"}

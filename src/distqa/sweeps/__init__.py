@@ -1,6 +1,6 @@
 """Hyperparameter sweeps whose trials are ordinary multi-node runs (``python -m distqa.sweep``, docs/SWEEPS.md).
 
-The pieces, each a module of plain functions with fast tests (``tests/test_sweep.py``):
+The pieces, each a module of plain functions with fast tests (``tests/launchers/test_sweep.py``):
 
 - :mod:`.space`: the sweep file (``configs/sweeps/NAME.toml``): the settings swept (a list, or a log or linear
   range), the seeds, the search, the budget and the pruning rule, checked in one line each;

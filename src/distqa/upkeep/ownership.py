@@ -160,7 +160,7 @@ class Declaration:
         return self.moves[max(prefixes, key=len)] if prefixes else "a file of your own"
 
     def table(self) -> str:
-        """docs/FORKING.md's table of the parts, written from the declaration (tests/test_upkeep.py compares)."""
+        """docs/FORKING.md's table of the parts, written from the declaration (tests/unit/test_upkeep.py compares)."""
         rows = ["| part | a fork | template-owned | fork-owned | what it is |", "|---|---|---|---|---|"]
         for part in self.parts.values():
             keeps = "keeps" if part.name == CORE else (
