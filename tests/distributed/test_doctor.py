@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from doctor_helpers import failures
-
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port
+from doctor_helpers import failures
 
 
 def doctor_on_two_nodes(common: list[str], node_1_cwd: Path = REPO_ROOT, node_1_env: dict[str, str] | None = None,

@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 import torch
+
+from conftest import MACHINERY_ARGS, REPO_ROOT, free_port, wait_for
+from distributed.conftest import once_per_session
 from platform_helpers import (
     STORE,
     events,
@@ -28,9 +31,6 @@ from platform_helpers import (
     start_platform,
     stop_platform,
 )
-
-from conftest import MACHINERY_ARGS, REPO_ROOT, free_port, wait_for
-from distributed.conftest import once_per_session
 
 PROJECT_ID = re.search(r"^id: (\S+)", (REPO_ROOT / ".neuro" / "project.yml").read_text(), re.MULTILINE)[1]
 """The project's id (its storage folder on the platform: a fork names its own)."""

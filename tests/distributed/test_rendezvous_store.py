@@ -13,7 +13,6 @@ import signal
 from pathlib import Path
 
 import pytest
-from rendezvous_helpers import start_store, wait_for_line
 
 from conftest import free_port, max_difference
 from distributed.conftest import (
@@ -26,6 +25,7 @@ from distributed.conftest import (
     start_node,
 )
 from distributed.conftest import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
+from rendezvous_helpers import start_store, wait_for_line
 
 # tests/distributed/test_elastic.py's runs (12 examples per step split by 3 ranks and by 2, dropout off, short
 # rendezvous timings), every node a client of the store.

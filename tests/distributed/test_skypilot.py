@@ -15,10 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from skypilot_helpers import TASK, needs_skypilot, skypilot
-
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, wait_for
 from distributed.conftest import finish, kill_launcher
+from skypilot_helpers import TASK, needs_skypilot, skypilot
 
 TRAINER_ARGS = ("--max-steps", "10", "--checkpoint-every", "4", "--global-batch-size", "8", "--per-rank-batch-size",
                 "4", "--stop-check-every", "1")

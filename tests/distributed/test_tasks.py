@@ -11,9 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tasks_helpers import train
 
 from conftest import REPO_ROOT, clean_env, free_port
+from tasks_helpers import train
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

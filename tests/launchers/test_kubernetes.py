@@ -35,6 +35,7 @@ from conftest import REPO_ROOT, WORKER, clean_env, free_port, node_in_process
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import kubeflow  # tests/standin is not a package
 import kubernetes_api
+
 from kubernetes_helpers import (
     DEPLOY,
     ENGINES,

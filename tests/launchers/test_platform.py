@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from distqa.launch.platform.cli import main as launcher_main
+
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, wait_for
 from platform_helpers import (
     LAUNCH,
     STANDIN,
@@ -27,10 +31,6 @@ from platform_helpers import (
     launch,
     platform_fixture,  # noqa: F401  (the fixture `platform`)
 )
-
-from distqa.launch.platform.cli import main as launcher_main
-
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, wait_for
 
 JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendezvous_store", "jupyter", "tensorboard",
         "filebrowser", "remote_debug"}

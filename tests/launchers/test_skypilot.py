@@ -16,14 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from skypilot_helpers import TASK, needs_skypilot, skypilot
-
 from conftest import (
     REPO_ROOT,
     WORKER,
     clean_env,
     node_in_process,
 )
+from skypilot_helpers import TASK, needs_skypilot, skypilot
 
 # Each broken variant: (what is replaced, by what, what SkyPilot's message must name).
 BROKEN = {

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from doctor_helpers import failures
 
 from distqa.launch.preflight import PackageCode, RankReport, disagreements
 
 from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, node_in_process
+from doctor_helpers import failures
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", *MACHINERY_ARGS]
 """The doctor of a run of the machinery task (the QA tasks' memory estimate and feature cache:

@@ -15,13 +15,13 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from rendezvous_helpers import start_store, wait_for_line
 from torch.distributed import TCPStore
 
 from distqa.launch.reachability import probe
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, node_in_process
 from distributed.conftest import finish
+from rendezvous_helpers import start_store, wait_for_line
 
 
 def test_the_store_serves_a_client_and_exits_0_on_sigterm(tmp_path: Path) -> None:

@@ -19,6 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from distqa.upkeep.git import Entry, tree
+from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
+from distqa.upkeep.project import main as project_main
+from distqa.upkeep.update import plan_update
+
+from conftest import REPO_ROOT, clean_env
 from upkeep_helpers import (
     NAME,
     checkout_files,
@@ -29,13 +36,6 @@ from upkeep_helpers import (
     template_only,
     upstream_and_fork_fixture,  # noqa: F401  (the fixture `upstream_and_fork`)
 )
-
-from distqa.upkeep.git import Entry, tree
-from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
-from distqa.upkeep.project import main as project_main
-from distqa.upkeep.update import plan_update
-
-from conftest import REPO_ROOT, clean_env
 
 DECLARATION = Declaration.parse((REPO_ROOT / "template.toml").read_text())
 
