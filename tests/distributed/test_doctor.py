@@ -1,5 +1,5 @@
-"""The preflight doctor: one process, two nodes through scripts/worker.sh that disagree, and each
-failed check saying what to fix with a non-zero exit."""
+"""The preflight doctor on two nodes through scripts/worker.sh that disagree (other code, a fork's task, other
+configs, an invalid setting), named by rank 0, and training that refuses to start on such nodes."""
 
 from __future__ import annotations
 

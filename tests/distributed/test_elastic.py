@@ -2,9 +2,7 @@
 ``--nnodes 2:3``). A node lost for good leaves the other two to go on at world size 2 from the newest checkpoint;
 a node started again makes the run grow back to 3. Both end with the weights of an uninterrupted 3-rank run
 (dropout off: see docs/FAULT_TOLERANCE.md for dropout on). Real torchrun agents, real SIGKILLs (INJECT_FAULT
-kill-node), a real c10d rendezvous on 127.0.0.1. And the faults of a range: a range that does not split the
-global batch is refused before any rendezvous, and a minimum never reached ends with the 'never joined' line.
-"""
+kill-node), a real c10d rendezvous on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The worked example of a fork's task (examples/text_classification), outside the package: it trains on 2
-emulated nodes through the local launcher, survives a node killed mid-run (the launcher run again resumes
-to the weights of an uninterrupted run), keeps best.pt by its own metric, and reports bad data in one line."""
+"""The worked example of a fork's task (examples/text_classification), outside the package: it trains on 2 emulated
+nodes through the local launcher and survives a node killed mid-run (the launcher run again resumes to the weights of
+an uninterrupted run), and a task package outside the checkout runs through its PYTHONPATH."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Fault injection (distqa.training.faults, INJECT_FAULT): a kill, a lost node or a hang on exactly the rank and after
-exactly the step named, nowhere else and once per run directory; and, through the trainer on 2 ranks, a killed
-worker restarted by torchrun that resumes to the weights of an uninterrupted run."""
+"""Fault injection (distqa.training.faults, INJECT_FAULT) through the trainer on 2 ranks: a killed worker restarted by
+torchrun resumes to the weights of an uninterrupted run."""
 
 from __future__ import annotations
 

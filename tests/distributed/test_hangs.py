@@ -1,9 +1,6 @@
-"""Hangs turned into one line each (issue 14 item 2): a node that never joins the rendezvous, a
-collective that times out; and the flight recorder that worker.sh turns on for NCCL hangs (item 4).
-
-Every process talks over loopback; every wait is bounded by the join or collective timeout the test
-sets (seconds), plus the subprocess timeout as a backstop.
-"""
+"""Hangs turned into one line each (issue 14 item 2) in real runs: a node that never joins the rendezvous, a rank
+that stalls inside training. Every process talks over loopback; every wait is bounded by the join or collective
+timeout the test sets (seconds), plus the subprocess timeout as a backstop."""
 
 from __future__ import annotations
 

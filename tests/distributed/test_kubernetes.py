@@ -1,16 +1,8 @@
-"""The Kubeflow jobs of deploy/kubernetes (issue 36): a TrainJob for Trainer v2.3.0, a PyTorchJob and an elastic
-PyTorchJob for the training operator v1.9.0.
-
-- Checked against the real schemas: each manifest against its CRD's openAPIV3Schema from ../shared/engines (the
-  pinned copies beside the clone), unknown fields refused as a server with strict field validation refuses them,
-  plus the create-time rules the schema cannot express (tests/standin/kubernetes_api.py); broken variants each fail
-  with a line naming the field.
-- Run with each engine's environment: the variables each pod gets, derived from the manifest as the controllers
-  derive them (tests/standin/kubeflow.py), resolved and expanded into the container's command as the kubelet does;
-  worker.sh under them starts torchrun with its own flags only (torchrun's own parser reads the environment it
-  gets: no PET_* variable, no warning); two emulated nodes (processes on 127.0.0.1, the pods' DNS names replaced by
-  127.0.0.1 as the local launcher does, the engine's port by a free one) train, lose a node, and resume.
-"""
+"""The Kubeflow jobs of deploy/kubernetes (issue 36) run with each engine's environment: two emulated nodes (processes
+on 127.0.0.1, the pods' DNS names replaced by 127.0.0.1 as the local launcher does, the engine's port by a free one)
+of a TrainJob and of an elastic PyTorchJob train, lose a node, and resume; the doctor under a PyTorchJob's variables
+fails a results directory the nodes do not share. The manifests against their schemas and the variables each pod
+gets: tests/launchers/test_kubernetes.py."""
 
 from __future__ import annotations
 

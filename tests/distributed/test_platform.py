@@ -1,8 +1,9 @@
-"""The platform recipe without the platform: live.yml through neuro-flow's own parser, and the platform launcher
-(python -m distqa.launch.platform, which scripts/run_distributed_on_platform.sh execs) driving a stand-in neuro-flow
-that runs each job's rendered command as a local process with its own loopback address
-(tests/standin/platform_cli.py). Dry runs and refusals run the launcher in this process; runs start it once per
-case, through the script itself where the claim is about the script (the two-node run, ENV_FILE, the sweep)."""
+"""The platform recipe's runs without the platform: the platform launcher (python -m distqa.launch.platform, which
+scripts/run_distributed_on_platform.sh execs) driving a stand-in neuro-flow that runs each job's rendered command as a
+local process with its own loopback address (tests/standin/platform_cli.py, tests/platform_helpers.py): two nodes to
+a checkpoint, failures, Ctrl-C, lost and resubmitted jobs, the external store's job lost, a sweep on the platform.
+Each case starts the launcher once, through the script itself where the claim is about the script (the two-node run,
+ENV_FILE, the sweep). live.yml, the dry runs and the refusals: tests/launchers/test_platform.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""No node whose loss ends the run (issue 34 part 4): the c10d rendezvous store hosted outside the training nodes
-(``python -m distqa.launch.rendezvous_store``, ``worker.sh --external-store``). Node 0, which by default hosts the
+"""No node whose loss ends the run (issue 34 part 4): with the c10d rendezvous store hosted outside the training nodes
+(``python -m distqa.launch.rendezvous_store``, ``worker.sh --external-store``), node 0, which by default hosts the
 store, is lost for good in a 3-node run with ``--min-nodes 2``: the other two go on from the newest checkpoint and end
 with the weights of an uninterrupted run. Real torchrun agents, a real SIGKILL of node 0's agent and worker
-(INJECT_FAULT kill-node), a real c10d rendezvous on 127.0.0.1. And the store entry point itself: it serves a client and
-exits 0 on SIGTERM; the local launcher's ``--external-store`` starts it and stops it."""
+(INJECT_FAULT kill-node), a real c10d rendezvous on 127.0.0.1."""
 
 from __future__ import annotations
 

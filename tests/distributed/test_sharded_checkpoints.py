@@ -1,13 +1,12 @@
-"""Sharded checkpoints (``--checkpoint-format sharded``, distqa.checkpoint.sharded): each rank writes its own DCP
-shards in the background into ``step-N.dcp/``, and every promise of the single file holds for the directory.
+"""Sharded checkpoints (``--checkpoint-format sharded``, distqa.checkpoint.sharded) in real runs: each rank writes its
+own DCP shards in the background into ``step-N.dcp/``, and every promise of the single file holds for the directory.
 
 Real runs of the machinery task (fp32, global batch 16, fsdp on 2 ranks with accumulation), started once for the
 module (:func:`runs`): the uninterrupted run; a run ended at step 2 (``--stop-at-step``) and started again
 (``--resume auto``); and the first run's step-2 directory resumed on 4 ranks and by DDP writing files. Faults on
-many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of tests/sharded_checkpoint_job.py;
-what needs no peers (rotation, the deadline) runs in this process, with one process's writer (the same format: DCP
-without a process group). A QA checkpoint written sharded and exported, predicted and evaluated:
-tests/qa/test_sharded_checkpoints_qa.py."""
+many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of tests/sharded_checkpoint_job.py.
+What needs no peers (rotation, the deadline): tests/unit/test_sharded_checkpoints.py. A QA checkpoint written
+sharded and exported, predicted and evaluated: tests/qa/test_sharded_checkpoints_qa.py."""
 
 from __future__ import annotations
 

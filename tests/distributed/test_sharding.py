@@ -1,4 +1,4 @@
-"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.parallel.fsdp): the same model as DDP.
+"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.parallel.fsdp) in real runs: the same model as DDP.
 
 Real runs of the machinery task, fp32, the same global batch of 16 with accumulation (2 micro-batches per rank) and
 clipping on: DDP and FSDP on 2 ranks, HSDP on 2 emulated nodes × 2 processes (the local launcher, ``--min-nodes 1``)
@@ -6,10 +6,8 @@ that loses node 1 after step 3 and ends on node 0's 2 processes, then runs that 
 first two, in the same and in the other strategy. Every run is started once for the module (:func:`runs`) and each
 test reads several claims off them. Its 17 validation texts split unevenly over the ranks, so each rank's evaluator
 calls the model a different number of times (a sharded forward is a collective: the evaluation runs on gathered
-weights); the evaluation at step 2 is followed by training (resharded weights). What sharding divides and adds in the
-memory estimate the doctor checks, on a bare encoder. The QA model sharded per transformer layer:
-tests/qa/test_sharding_qa.py.
-"""
+weights); the evaluation at step 2 is followed by training (resharded weights). The QA model sharded per transformer
+layer: tests/qa/test_sharding_qa.py."""
 
 from __future__ import annotations
 

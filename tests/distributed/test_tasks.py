@@ -1,7 +1,5 @@
-"""The task seam: choosing a task (a registered name or a fork's import path) and what a wrong choice says;
-a fork's settings declared wrongly (the registered QA tasks' names, the old --dataset name and another task's
-settings: tests/qa/test_tasks_qa.py); run-defining marks that name several tasks; a
-fork's own settings stopping a resume with other values; a fork's own entry module on every node."""
+"""The task seam in runs: a fork's own settings stopping a resume with other values, and a fork's own entry module
+on every node of the local launcher."""
 
 from __future__ import annotations
 

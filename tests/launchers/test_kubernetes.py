@@ -5,12 +5,10 @@ PyTorchJob for the training operator v1.9.0.
   pinned copies beside the clone), unknown fields refused as a server with strict field validation refuses them,
   plus the create-time rules the schema cannot express (tests/standin/kubernetes_api.py); broken variants each fail
   with a line naming the field.
-- Run with each engine's environment: the variables each pod gets, derived from the manifest as the controllers
-  derive them (tests/standin/kubeflow.py), resolved and expanded into the container's command as the kubelet does;
-  worker.sh under them starts torchrun with its own flags only (torchrun's own parser reads the environment it
-  gets: no PET_* variable, no warning); two emulated nodes (processes on 127.0.0.1, the pods' DNS names replaced by
-  127.0.0.1 as the local launcher does, the engine's port by a free one) train, lose a node, and resume.
-"""
+- Each engine's environment: the variables each pod gets, derived from the manifest as the controllers derive them
+  (tests/standin/kubeflow.py), resolved and expanded into the container's command as the kubelet does; worker.sh
+  under them starts torchrun with its own flags only (torchrun's own parser reads the environment it gets: no PET_*
+  variable, no warning). The two-node runs: tests/distributed/test_kubernetes.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The platform recipe without the platform: live.yml through neuro-flow's own parser, and the platform launcher
-(python -m distqa.launch.platform, which scripts/run_distributed_on_platform.sh execs) driving a stand-in neuro-flow
-that runs each job's rendered command as a local process with its own loopback address
-(tests/standin/platform_cli.py). Dry runs and refusals run the launcher in this process; runs start it once per
-case, through the script itself where the claim is about the script (the two-node run, ENV_FILE, the sweep)."""
+"""The platform recipe without the platform and without a training run: live.yml through neuro-flow's own parser
+(every job renders), and the platform launcher (python -m distqa.launch.platform, which
+scripts/run_distributed_on_platform.sh execs) against a stand-in neuro-flow (tests/standin/platform_cli.py): dry runs
+and refusals in this process, options from flags, environment and .env, a master never scheduled, a rebuild, the
+external store's job submitted first. The launcher's training runs: tests/distributed/test_platform.py."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """The SkyPilot task (issue 36): deploy/skypilot/task.yaml loaded by SkyPilot 0.14's own loader, as ``sky launch
---env`` loads it, with broken variants it must refuse naming the field; scripts/worker.sh reading SkyPilot's
-SKYPILOT_* variables itself (``--dry-run``: the torchrun line); and two emulated nodes on 127.0.0.1 and .2 running the
-script that the job program of SkyPilot's own generator launches on each node (tests/standin/skypilot.py), with
-exactly the variables SkyPilot sets, one node lost mid-run, the other cancelled as SkyPilot cancels it, both
-launched again, the run resuming from its newest checkpoint.
+--env`` loads it, with broken variants it must refuse naming the field; and scripts/worker.sh reading SkyPilot's
+SKYPILOT_* variables itself (``--dry-run``: the torchrun line). The two-node run: tests/distributed/test_skypilot.py.
 
 The SkyPilot parts run SkyPilot in .venv-skypilot (requirements-skypilot.txt, `make setup`) with HOME in tmp_path:
-it writes ~/.sky, and the node script does ``cd ~/sky_workdir``.
-"""
+it writes ~/.sky."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Checkpoint I/O at scale (issue 24): saves off the training step (the step after a save starts before its write
-ends; a full disk in a background write still ends the run at the next save, the previous checkpoint intact), a
-graceful stop on slow storage ending with complete checkpoints, exit 75 and an exact resume, resume reading the
-checkpoint once per node (2 emulated nodes × 2 processes, opens and bytes read counted per rank), and the stop's
-deadline: the first write compared with the window torchrun or worker.sh leaves, with a warning naming both.
+"""Checkpoint I/O at scale (issue 24) in one process: saves off the training step (the step after a save starts before
+its write ends; a full disk in a background write still ends the run at the next save, the previous checkpoint
+intact), a stager that a torch lets stage only once, and the stop's deadline: the first write compared with the window
+torchrun or worker.sh leaves, with a warning naming both. The multi-process runs:
+tests/distributed/test_checkpoint_io.py.
 
-The slow storage is bench/slow_storage.py: every byte still goes through distqa.atomic_files.atomic_write into the real
-file, each write call held for as long as its bytes take at the given bandwidth."""
+The slow storage is bench/slow_storage.py, driven by a clock of the test's (:class:`StorageClock`)."""
 
 from __future__ import annotations
 

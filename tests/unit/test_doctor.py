@@ -1,5 +1,5 @@
-"""The preflight doctor: one process, two nodes through scripts/worker.sh that disagree, and each
-failed check saying what to fix with a non-zero exit."""
+"""The preflight doctor in one process: each failed check saying what to fix with a non-zero exit, its help, and
+worker.sh running it without restarts (two nodes that disagree: tests/distributed/test_doctor.py)."""
 
 from __future__ import annotations
 

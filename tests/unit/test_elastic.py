@@ -1,10 +1,6 @@
-"""Elastic membership (issue 34): a run of 3 emulated nodes with ``worker.sh --min-nodes 2`` (torchrun's
-``--nnodes 2:3``). A node lost for good leaves the other two to go on at world size 2 from the newest checkpoint;
-a node started again makes the run grow back to 3. Both end with the weights of an uninterrupted 3-rank run
-(dropout off: see docs/FAULT_TOLERANCE.md for dropout on). Real torchrun agents, real SIGKILLs (INJECT_FAULT
-kill-node), a real c10d rendezvous on 127.0.0.1. And the faults of a range: a range that does not split the
-global batch is refused before any rendezvous, and a minimum never reached ends with the 'never joined' line.
-"""
+"""The faults of an elastic node range (issue 34; the runs themselves: tests/distributed/test_elastic.py): a range
+that does not split the global batch is refused before any rendezvous (by the check, worker.sh, every worker and the
+doctor), and a minimum never reached ends with the 'never joined' line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The worked example of a fork's task (examples/text_classification), outside the package: it trains on 2
-emulated nodes through the local launcher, survives a node killed mid-run (the launcher run again resumes
-to the weights of an uninterrupted run), keeps best.pt by its own metric, and reports bad data in one line."""
+"""The worked example of a fork's task (examples/text_classification): its committed data is what its generator
+writes, and bad data is reported in one line (its runs: tests/distributed/test_example.py)."""
 
 from __future__ import annotations
 

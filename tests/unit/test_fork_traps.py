@@ -1,7 +1,8 @@
 """What a fork's own task met that the built-in tasks never did (issue 31, part 7), with the tasks of
-tests/fork_tasks.py imported from outside the package: BatchNorm statistics that must be rank 0's on every rank
-and in the checkpoint, data built before training by a task that declares no prepare sections, and presets that
-apply only to the tasks they are for (the QA tasks' buffers and presets: tests/qa/test_fork_traps_qa.py)."""
+tests/fork_tasks.py imported from outside the package: buffers broadcast unless the task opts out, data built before
+training by a task that declares no prepare sections, and presets that apply only to the tasks they are for (the
+BatchNorm statistics on 2 ranks: tests/distributed/test_fork_traps.py; the QA tasks' buffers and presets:
+tests/qa/test_fork_traps_qa.py)."""
 
 from __future__ import annotations
 

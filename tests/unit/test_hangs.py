@@ -1,9 +1,6 @@
-"""Hangs turned into one line each (issue 14 item 2): a node that never joins the rendezvous, a
-collective that times out; and the flight recorder that worker.sh turns on for NCCL hangs (item 4).
-
-Every process talks over loopback; every wait is bounded by the join or collective timeout the test
-sets (seconds), plus the subprocess timeout as a backstop.
-"""
+"""Hangs turned into one line each (issue 14 item 2) where no training run is needed: the rendezvous watcher and its
+store (a node that left the round, a store lost after the rendezvous filled, the agents' exit order), and the flight
+recorder that worker.sh turns on for NCCL hangs (item 4). The runs: tests/distributed/test_hangs.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Throughput and per-rank step times in the training log: the window's arithmetic; a real 2-rank run of the machinery
-task where one rank is slowed, named once as a straggler by rank 0's log and in TensorBoard, with tokens/s and the MFU
-of the FLOPs a task declares, and the same run with no rank slowed naming nobody; the log lines of a fork's model that
-has no tokens and no FLOPs; and the last partial window of a run that stops before its next log line."""
+"""Throughput and per-rank step times in the training log: the window's arithmetic, the summary and its straggler;
+the log lines of a fork's model that has no tokens and no FLOPs; and the last partial window of a run that stops
+before its next log line (the 2-rank run with a slowed rank: tests/distributed/test_training_metrics.py)."""
 
 from __future__ import annotations
 

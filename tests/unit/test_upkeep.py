@@ -1,13 +1,12 @@
 """A fork keeps up with the template (docs/FORKING.md): every path has an owner and a part (template.toml), a fork
 starts with `make new-fork`, and `make update-template` brings the template's later changes with no conflict.
 
-End to end, on a synthetic upstream: the template as this checkout holds it is commit A; a fork made from A without
-the QA tasks, Slurm and the notebooks gets its own README, platform names, job flags and an image dependency; the
-template then moves to B (machinery, QA files, docs, README, .neuro/live.yml, the Dockerfile and the Makefile
-change; a QA preset, a QA test and a machinery test arrive). The update leaves no conflict and no QA file, keeps
-the fork's own files, and the fork then passes its checks: lint, the collection of every test it has, and its own
-test, whose task trains on 2 emulated nodes through a lost node and a resume to the uninterrupted weights.
-"""
+End to end, on a synthetic upstream (tests/upkeep_helpers.py): the template as this checkout holds it is commit A; a
+fork made from A without the QA tasks, Slurm and the notebooks gets its own README, platform names, job flags and an
+image dependency; the template then moves to B (machinery, QA files, docs, README, .neuro/live.yml, the Dockerfile
+and the Makefile change; a QA preset, a QA test and a machinery test arrive). The update leaves no conflict and no QA
+file, keeps the fork's own files, and the fork then passes lint and collects every test it has (its own test's run
+through a lost node: tests/distributed/test_upkeep.py)."""
 
 from __future__ import annotations
 
