@@ -1,4 +1,6 @@
-"""Shared helpers: small fast training arguments and real torchrun launches (CPU, gloo, loopback)."""
+"""What every tier's tests share: the machinery task's arguments, a clean environment, free ports, waits, a node run in
+this process, the fixtures, and the scheduling of the long tests. The launch helpers (real torchrun runs, emulated
+nodes) are tests/distributed/conftest.py's."""
 
 from __future__ import annotations
 
