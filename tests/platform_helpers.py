@@ -26,6 +26,8 @@ LAUNCHER = [sys.executable, "-m", "distqa.launch.platform"]
 """What the script execs: the launcher without the shim (one process less per case)."""
 
 
+# --- the launcher against the stand-in platform -------------------------------------------------
+
 def start_platform(tmp_path: Path) -> dict[str, str]:
     """PATH with stand-in neuro-flow / apolo-flow first, volumes created and uploaded as a user would."""
     bin_dir = tmp_path / "bin"

@@ -27,6 +27,8 @@ def checkout_files() -> list[str]:
     return sorted(p for p in set(listed.split("\0")) if p and (REPO_ROOT / p).is_file())
 
 
+# --- end to end: a fork made at A takes the template's B ---------------------------------------------------------
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run([*GIT, "-C", str(repo), *args], capture_output=True, text=True, check=True,
                           timeout=60).stdout

@@ -19,6 +19,8 @@ from fork_tasks import FORK_ENV, RUN_ARGS
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
 
+# --- buffers -------------------------------------------------------------------------------------------
+
 def statistics_seen(tmp_path: Path, task: str) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], str, dict]:
     """A 2-rank run of ``task``: each rank's running statistics at the last evaluation, the last checkpoint's
     model, the run's console output, and the run's saved config."""

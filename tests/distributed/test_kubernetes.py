@@ -23,6 +23,8 @@ from distributed.conftest import finish
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 from kubernetes_helpers import SMALL_RUN, manifest, needs_engines, on_this_machine, pod
 
+# --- emulated nodes: a kill and a resume on each engine --------------------------------------------------------------
+
 # 4 steps between checkpoints; node 1's rank frozen (SIGSTOP) right after step 6, once per run directory: the node is
 # killed in a state the run reaches and stays in (node 0 waits in step 7's all-reduce), past step 4's checkpoint.
 TRAINER_ARGS = [*SMALL_RUN, "--max-steps", "12", "--checkpoint-every", "4", "--classifier-dropout", "0",
@@ -105,6 +107,8 @@ def test_an_elastic_pytorchjobs_nodes_lose_one_and_resume(tmp_path: Path) -> Non
     # node 1's arrival then makes the next round 2 nodes before the fault, as it would on a cluster.
     assert rounds in (["2", "1", "2"], ["1", "2", "1", "2"]), node_0
 
+
+# --- shared storage -------------------------------------------------------------------------------------------------
 
 def test_the_doctor_under_a_pytorchjobs_variables_fails_a_results_directory_that_is_not_shared(tmp_path: Path) -> None:
     """The PyTorchJob's two pods with ``--doctor`` added to the job's worker.sh options; node 1's volume mount is a

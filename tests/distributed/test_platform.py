@@ -206,6 +206,8 @@ def test_kill_distributed_kills_the_jobs_of_a_run(platform: dict[str, str]) -> N
     wait_for(lambda: not run_processes("k"), timeout=30)
 
 
+# --- a node range: the launcher submits a lost node's job again -------------------------------------------------
+
 # Short rendezvous timings (worker.sh hands them to torchrun's c10d rendezvous; the stand-in's jobs inherit the
 # launcher's environment): a round completes 1 s after its minimum has joined.
 RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "RDZV_KEEP_ALIVE_MAX_ATTEMPT": "3"}
@@ -372,6 +374,8 @@ def test_ctrl_c_with_a_resubmitted_job_kills_every_job_and_resubmits_nothing(pla
     wait_for(lambda: not run_processes("rc"), timeout=60)
 
 
+# --- --external-store: the rendezvous store in a CPU job of its own, node 0 a node like any other -----------------
+
 def test_with_an_external_store_node_0_is_resubmitted_and_the_run_grows_back_and_ends(
         platform: dict[str, str]) -> None:
     """The resubmission test above with node 0 lost: without --external-store node 0 hosts the store and is never
@@ -431,6 +435,8 @@ def test_the_store_job_failing_ends_the_run_in_one_line(platform: dict[str, str]
     assert set(statuses.values()) <= {"cancelled", "failed"} and len(statuses) == 2, statuses
     wait_for(lambda: not run_processes("xf"), timeout=60)
 
+
+# --- a sweep whose trials are platform jobs -----------------------------------------------------
 
 PLATFORM_SWEEP = """
 search = "grid"

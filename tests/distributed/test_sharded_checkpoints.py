@@ -21,15 +21,8 @@ import pytest
 import torch
 
 from distqa.checkpoint.format import MANIFEST, STATE_FILE, verify_directory
-from distqa.checkpoint.run_folder import (
-    list_checkpoints,
-    newest_intact_checkpoint,
-    remove_stale_temporaries,
-)
-from distqa.checkpoint.sharded import (
-    load_sharded,
-    sharded_checkpoint_path,
-)
+from distqa.checkpoint.run_folder import list_checkpoints, newest_intact_checkpoint, remove_stale_temporaries
+from distqa.checkpoint.sharded import load_sharded, sharded_checkpoint_path
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, max_difference, reviews
 from distributed.conftest import final_weights, run_training

@@ -14,6 +14,8 @@ from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, wait_for
 from distributed.conftest import finish, kill_launcher
 from skypilot_helpers import TASK, needs_skypilot, skypilot
 
+# --- two emulated nodes run the task's script --------------------------------------------------------------------
+
 TRAINER_ARGS = ("--max-steps", "10", "--checkpoint-every", "4", "--global-batch-size", "8", "--per-rank-batch-size",
                 "4", "--stop-check-every", "1")
 # Node 1's agent and worker SIGKILLed after step 6, once per run directory: the newest checkpoint is step 4's.

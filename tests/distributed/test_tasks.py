@@ -25,6 +25,8 @@ def test_a_forks_run_defining_setting_stops_a_resume_with_another_value(tmp_path
     assert "belongs to a run with other settings (embedding_dim 32 -> 16)" in refused.stderr
 
 
+# --- a fork's own entry module on every node -----------------------------------------------------------
+
 def test_the_local_launcher_starts_a_forks_entry_module_on_every_node(tmp_path: Path) -> None:
     (tmp_path / "forkentry.py").write_text(textwrap.dedent("""
         import os, sys

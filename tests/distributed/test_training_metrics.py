@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distqa.record.metrics import (
-    STRAGGLER_MIN_STEPS,
-)
+from distqa.record.metrics import STRAGGLER_MIN_STEPS
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
 

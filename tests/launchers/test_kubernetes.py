@@ -86,6 +86,8 @@ def project_problems(resource: dict[str, Any]) -> list[str]:
     return problems
 
 
+# --- (a) the schemas ----------------------------------------------------------------------------------------------
+
 @needs_engines
 @pytest.mark.parametrize("name", JOBS)
 def test_each_job_passes_its_crd_schema_the_create_time_rules_and_the_projects(name: str) -> None:
@@ -233,6 +235,8 @@ def test_the_strict_schema_refuses_what_pruning_drops_and_keeps_what_it_keeps() 
         "spec.open.n: 'two' is not of type 'integer'", 'unknown field "spec.embedded.spec.y"',
         "spec.embedded.metadata.labels.a: 1 is not of type 'string'"])
 
+
+# --- (b) each engine's environment --------------------------------------------------------------------------------
 
 def test_the_kubelets_expansion() -> None:
     values = {"A": "1", "B": "$(A)"}.get

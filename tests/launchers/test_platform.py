@@ -36,6 +36,8 @@ JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendez
         "filebrowser", "remote_debug"}
 
 
+# --- live.yml ----------------------------------------------------------------------------------
+
 def test_live_yml_parses_with_neuro_flow_and_has_the_jobs() -> None:
     """The jobs are live.yml's (the template's), the image and the volumes they use project.yml's (the project's)."""
     from apolo_flow.parser import parse_live, parse_project_stream
@@ -256,6 +258,8 @@ def test_the_training_jobs_take_the_tracker_and_a_token_only_from_a_platform_sec
     refused = dry_run(capsys, "--tracker", "mlflow", "--mlflow-uri", "https://m.x", "--mlflow-token", "a-raw-token")
     assert refused.returncode == 2 and "secret:NAME" in refused.stderr
 
+
+# --- --external-store: the rendezvous store in a CPU job of its own, node 0 a node like any other -----------------
 
 def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl_c_kills_it_too(
         platform: dict[str, str]) -> None:

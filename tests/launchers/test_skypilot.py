@@ -12,13 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import (
-    REPO_ROOT,
-    WORKER,
-    clean_env,
-    node_in_process,
-)
+from conftest import REPO_ROOT, WORKER, clean_env, node_in_process
 from skypilot_helpers import TASK, needs_skypilot, skypilot
+
+# --- the task, as SkyPilot loads it ----------------------------------------------------------------------------
 
 # Each broken variant: (what is replaced, by what, what SkyPilot's message must name).
 BROKEN = {
@@ -63,6 +60,8 @@ def test_skypilot_loads_the_task_and_refuses_each_broken_variant(tmp_path: Path)
         assert "error" in loaded[name], f"SkyPilot loaded the broken variant '{name}'"
         assert field in loaded[name]["error"], (name, loaded[name]["error"])
 
+
+# --- worker.sh under SkyPilot's variables ----------------------------------------------------------------------
 
 def dry_run(*flags: str, through_worker_sh: bool = False, **skypilot_env: str) -> subprocess.CompletedProcess[str]:
     """``worker.sh --dry-run`` under SkyPilot's variables: the node in this process, or through worker.sh itself."""

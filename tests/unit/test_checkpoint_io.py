@@ -32,12 +32,7 @@ from distqa.errors import DiskFullError
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
-from conftest import (
-    MACHINERY_ARGS,
-    REPO_ROOT,
-    clean_env,
-    node_in_process,
-)
+from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, node_in_process
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import slow_storage

@@ -30,6 +30,8 @@ def load(*argv: str, environ: dict[str, str] | None = None) -> Config:
     return load_config(list(argv), environ=environ or {}, dotenv_path=Path("/nonexistent/.env"))
 
 
+# --- buffers -------------------------------------------------------------------------------------------
+
 def test_ddp_broadcasts_the_buffers_before_each_forward_unless_the_task_opts_out(group_of_one: None) -> None:
     """What distqa.train wraps (DDP over a group of one, as for 2 ranks): torch's default, forward_sync_buffers,
     for a task that keeps it; none for one that opts out, as the QA tasks do (tests/qa/test_fork_traps_qa.py)."""
@@ -39,6 +41,8 @@ def test_ddp_broadcasts_the_buffers_before_each_forward_unless_the_task_opts_out
         wrapped = training_module(BatchNormMLP(), runtime, config, task_class(task).sync_buffers)
         assert isinstance(wrapped, DistributedDataParallel) and wrapped.will_sync_module_buffers() is syncs, task
 
+
+# --- data built before training ------------------------------------------------------------------------
 
 def test_a_task_that_builds_data_and_declares_no_prepare_sections_gets_it_built(tmp_path: Path) -> None:
     """`prepare --only-if-needed` with the training command line, as scripts/run_distributed_locally.sh runs it
@@ -51,6 +55,8 @@ def test_a_task_that_builds_data_and_declares_no_prepare_sections_gets_it_built(
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(data) and (data / "samples.pt").is_file()
 
+
+# --- presets -------------------------------------------------------------------------------------------
 
 def test_a_preset_that_names_no_tasks_is_for_any_and_a_wrong_tasks_key_is_named(tmp_path: Path) -> None:
     preset = tmp_path / "mine.toml"

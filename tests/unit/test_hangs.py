@@ -21,12 +21,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _
 from distqa.launch import agent
 from distqa.launch.agent import STORE_LOST_EXIT_CODE, JoinedNode, RendezvousWatcher
 
-from conftest import (
-    REPO_ROOT,
-    clean_env,
-    free_port,
-    node_in_process,
-)
+from conftest import REPO_ROOT, clean_env, free_port, node_in_process
 
 
 def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_path: Path) -> None:

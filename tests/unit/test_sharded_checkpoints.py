@@ -13,11 +13,7 @@ import torch
 from torch import nn
 
 from distqa.checkpoint.format import Progress, TrainingCheckpoint
-from distqa.checkpoint.run_folder import (
-    checkpoint_path,
-    list_checkpoints,
-    newest_intact_checkpoint,
-)
+from distqa.checkpoint.run_folder import checkpoint_path, list_checkpoints, newest_intact_checkpoint
 from distqa.checkpoint.sharded import (
     ShardedCheckpointWriter,
     load_sharded,
@@ -27,10 +23,7 @@ from distqa.checkpoint.sharded import (
 from distqa.distributed.stop import StopWindow
 from distqa.settings.sources import load_config
 
-from conftest import (
-    MACHINERY_ARGS,
-    max_difference,
-)
+from conftest import MACHINERY_ARGS, max_difference
 
 
 def training_state(step: int) -> TrainingCheckpoint:

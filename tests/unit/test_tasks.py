@@ -30,6 +30,8 @@ def load(*argv: str, environ: dict[str, str] | None = None, dotenv: Path | None 
     return load_config(list(argv), environ=environ or {}, dotenv_path=dotenv or Path("/nonexistent/.env"))
 
 
+# --- choosing a task ---------------------------------------------------------------------------------
+
 @pytest.fixture
 def broken_package(tmp_path: Path) -> Path:
     """A package of a fork's tasks that fail in the ways a fork's can: raising or not parsing on import."""
@@ -60,6 +62,8 @@ def test_a_task_that_cannot_be_used_is_one_line_and_exit_2(task: str, said: str,
     if "raises" in task or "bad_syntax" in task:  # where it failed, as file:line
         assert str(broken_package / "forkpkg") in line
 
+
+# --- a fork's settings declared wrongly ----------------------------------------------------------------
 
 @dataclass
 class NoSectionConfig(Config):
@@ -170,6 +174,8 @@ def test_the_suites_small_configuration_is_the_machinery_task() -> None:
     example fork's task (FAST_ARGS, the QA tasks' own: tests/qa/test_tasks_qa.py)."""
     assert load(*MACHINERY_ARGS).task == MACHINERY_TASK
 
+
+# --- a fork that deleted the QA package -------------------------------------------------------------------
 
 EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
 

@@ -39,6 +39,8 @@ from upkeep_helpers import (
 DECLARATION = Declaration.parse((REPO_ROOT / "template.toml").read_text())
 
 
+# --- the declaration ------------------------------------------------------------------------------------------------
+
 @template_only
 def test_every_path_of_the_template_is_placed_by_exactly_one_pattern() -> None:
     assert DECLARATION.unplaced_or_ambiguous(checkout_files()) == []
@@ -131,6 +133,8 @@ def test_the_jobs_flags_take_the_jobs_own_paths_from_its_environment(capsys: pyt
         "or write the value itself.")
 
 
+# --- the update's rules, path by path --------------------------------------------------------------------------------
+
 def test_each_rule_of_the_update() -> None:
     """Template-owned files follow the template; a template-owned file the fork changed stops the update; a left-out
     part never arrives; a fork-owned file is the fork's once changed, follows the template until then, and is written
@@ -158,6 +162,8 @@ def test_each_rule_of_the_update() -> None:
     assert collision.stops == ["new.py: the template now ships this path, which your fork has as its own file; "
                                "rename yours, then run the update again."]
 
+
+# --- the machinery's tests need no optional part ---------------------------------------------------------------------
 
 def imported_modules(path: Path) -> set[str]:
     modules = set()
