@@ -341,15 +341,18 @@ def test_worker_stop_after_stops_the_run_with_a_checkpoint(tmp_path: Path) -> No
     """``worker.sh --stop-after`` (set below a job's life span) sends the same SIGTERM itself, in time.
 
     The timer runs from worker.sh's start; 30 s is about five times what the two workers take to start and train
-    their first step on a quiet 2-core machine, so on a slow one the signal still finds them training."""
+    their first step on a quiet 2-core machine, so on a slow one the signal still finds them in the run. Both ranks
+    wait after step 2 for that signal (INJECT_FAULT pause, distqa.training.faults), then stop at the step reached:
+    the 30 s are spent waiting, not training flat out on both cores."""
     bad = node_in_process(["--stop-after", "1x", "--dry-run"], clean_env(PYTHON=sys.executable))
     assert bad.returncode == 2 and "--stop-after must be [Nd][Nh][Nm][Ns]" in bad.stderr and "got '1x'" in bad.stderr
     worker = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "worker.sh"), "--nproc-per-node", "2", "--run-id", "stop-after",
          "--stop-after", "0m30s", "--", *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--max-steps", "100000",
          "--checkpoint-every", "0", "--global-batch-size", "8", "--per-rank-batch-size", "4"],
-        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-        timeout=180)
+        cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1",
+                                     INJECT_FAULT="pause:rank=0:step=2,pause:rank=1:step=2"),
+        capture_output=True, text=True, timeout=180)
     assert worker.returncode == 75, worker.stderr
     assert "stop after 30s" in worker.stderr and "--stop-after 30s reached: asking the workers to stop" in worker.stderr
     checkpoints = list((tmp_path / "stop-after" / "checkpoints").glob("step-*.pt"))

@@ -133,7 +133,12 @@ STOP_WINDOW_VARIABLE = "WORKER_STOP_WINDOW_S"
 """The seconds from the --stop-after stop to the job's end (distqa.distributed.stop.graceful_stop_window)."""
 _WHOLE = re.compile(r"[0-9]+")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+"""A dotted Python module name (``--entry-module``, here and in the platform launcher)."""
+# The time spans of --stop-after and --life-span, here and in the platform launcher: neuro-flow reads a job's
+# life_span as a number of seconds (Python's float, then int) or as d/h/m/s parts in that order
+# (apolo_flow.expr.OptTimeDeltaExpr); anything else fails there after some nodes have started. Of float's rarer
+# spellings (blanks, '_', 3-digit exponents: 1e400 is inf, which int refuses) none is taken.
 _SECONDS = re.compile(r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?")
 _SPAN = re.compile(r"([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?")
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -298,7 +303,7 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
         raise NodeError(f"--master-port must be in 1024..65535, got {port}")
     if not _RUN_ID.fullmatch(options.run_id):
         raise NodeError(f"--run-id may hold letters, digits, '.', '_' and '-' only, got '{options.run_id}'")
-    if not _MODULE.fullmatch(options.entry_module):
+    if not MODULE_NAME.fullmatch(options.entry_module):
         raise NodeError("--entry-module must be a dotted Python module name such as mytask.train, got "
                         f"'{options.entry_module}'")
     # A failed check is the doctor's finding, not a fault: a restart would only run it again and print its table.

@@ -101,18 +101,14 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
+from distqa.launch.node_options import MODULE_NAME, seconds_of
+
 PROG = "run_distributed_on_platform.sh"
 """The name usage errors start with: the documented command."""
 JOIN_MARGIN_S = 300
 """Seconds the master's rendezvous waits beyond --timeout: image pull, container start, python imports."""
 RUN_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
-ENTRY_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SECRET = re.compile(r"secret:[A-Za-z0-9_-]+")
-# The flow CLI reads a job's life_span as a number of seconds (Python's float, then int) or as d/h/m/s parts in
-# that order (apolo_flow.expr.OptTimeDeltaExpr); anything else fails there after some nodes have started. Of float's
-# rarer spellings (blanks, '_', 3-digit exponents: 1e400 is inf, which int refuses) none is taken.
-LIFE_SPAN_SECONDS = re.compile(r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?")
-LIFE_SPAN_PARTS = re.compile(r"([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?")
 
 
 class UsageError(Exception):
@@ -216,11 +212,6 @@ def _whole(name: str, value: str) -> int:
     return int(value)
 
 
-def life_span_ok(value: str) -> bool:
-    """Whether neuro-flow reads ``value`` as a job's life span: seconds, or [Nd][Nh][Nm][Ns] in that order."""
-    return bool(LIFE_SPAN_SECONDS.fullmatch(value) or (value and LIFE_SPAN_PARTS.fullmatch(value)))
-
-
 def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Options | None:
     """The launch ``argv`` asks for, or None for --help; a :class:`UsageError` names the first bad value."""
     environ = os.environ if environ is None else environ
@@ -250,7 +241,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
         (1 <= min_nodes <= nodes, f"--min-nodes must be in 1..{nodes} (--nodes), got {min_nodes}"),
         (1024 <= port <= 65535, f"--port must be in 1024..65535, got {port}"),
         (timeout_s >= 1, f"--timeout must be at least 1 second, got {timeout_s}"),
-        (ENTRY_MODULE.fullmatch(raw.entry_module),
+        (MODULE_NAME.fullmatch(raw.entry_module),
          f"--entry-module must be a dotted Python module name such as mytask.train, got '{raw.entry_module}'"),
         (raw.tracker in ("none", "mlflow"), f"--tracker must be none or mlflow, got '{raw.tracker}'"),
         (raw.tracker == "none" or raw.mlflow_uri,
@@ -259,8 +250,9 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
          "--mlflow-token must name a platform secret as secret:NAME (not the token itself: job params are visible)"),
         (RUN_ID.fullmatch(raw.run_id), "--run-id must be lowercase letters and digits in groups joined by single '-' "
                                        f"(it becomes part of job names), got '{raw.run_id}'"),
-        (life_span_ok(raw.life_span), "--life-span must be [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m) or "
-                                      f"seconds (3600), got '{raw.life_span}'"),
+        (seconds_of(raw.life_span) is not None,
+         f"--life-span must be [Nd][Nh][Nm][Ns] in that order (1d, 6h, 1d12h, 90m) or seconds (3600), got "
+         f"'{raw.life_span}'"),
     )
     for ok, message in checks:
         if not ok:
