@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -34,7 +35,7 @@ from distqa.distributed.rng import seed_everything
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env
+from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, reviews
 
 HERE = Path(__file__).resolve().parent
 
@@ -256,19 +257,47 @@ RENDEZVOUS = {"RDZV_LAST_CALL_TIMEOUT": "1", "RDZV_KEEP_ALIVE_INTERVAL": "1", "R
 ELASTIC_NODE_ARGS = ("--min-nodes", "2", "--max-restarts", "1", "--join-timeout", "60")
 
 
-def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run directory of the uninterrupted 3-rank run every elastic run ends equal to (once per session)."""
+def reference_run(tmp_path_factory: pytest.TempPathFactory, args: Sequence[str], nproc: int) -> Path:
+    """The run directory of an uninterrupted run of the machinery task with the training arguments ``args`` (no
+    --output-dir or --run-name) on ``nproc`` ranks (:func:`run_training`): made once per session and keyed by its
+    arguments, so every test that compares a run it interrupted with the same training shares it, whichever file and
+    worker asks first. The others wait for it; a test that starts its own runs first has them train beside it."""
+    key = hashlib.sha256(json.dumps([nproc, *args]).encode()).hexdigest()[:12]
 
     def train(folder: Path) -> dict[str, Any]:
-        output = folder / "uninterrupted.out"
-        reference = start_training([*MACHINERY_ARGS, *ELASTIC_TRAINER_ARGS, "--output-dir", str(folder),
-                                    "--run-name", "uninterrupted"], output, nproc=3)
-        finish(reference, timeout=240)
-        assert reference.returncode == 0, output.read_text()
-        return {"returncode": reference.returncode}
+        run_training([*MACHINERY_ARGS, *args, "--output-dir", str(folder), "--run-name", "uninterrupted"], nproc=nproc)
+        return {"args": list(args), "nproc": nproc}
 
-    folder, _ = once_per_session(tmp_path_factory, "elastic-reference", train)
+    folder, _ = once_per_session(tmp_path_factory, f"reference-{key}", train)
     return folder / "uninterrupted"
+
+
+def shared_reviews(tmp_path_factory: pytest.TempPathFactory, lines: int) -> list[str]:
+    """:func:`conftest.reviews`' ``--data-file`` arguments, the file written once per session: the same arguments in
+    every file, so that the runs training on it can share their reference (:func:`reference_run`)."""
+    _, record = once_per_session(tmp_path_factory, f"reviews-{lines}", lambda folder: {"args": reviews(folder, lines)})
+    return record["args"]
+
+
+def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted 3-rank run every elastic run ends equal to (tests/distributed/test_elastic.py,
+    tests/distributed/test_rendezvous_store.py)."""
+    return reference_run(tmp_path_factory, ELASTIC_TRAINER_ARGS, nproc=3)
+
+
+def forty_steps_of_2_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The training of the runs that a kill, a lost node or a stop interrupts (tests/distributed/test_training.py,
+    test_faults.py, test_node_loss.py): 2 ranks of 4, dropout on; 320 reviews (256 training texts), 32 steps an
+    epoch, so 40 steps cross an epoch boundary. Checkpoints and stop checks are each test's own (they change no
+    weight): their reference, :func:`forty_steps_uninterrupted`, saves at its end only."""
+    return ["--max-steps", "40", "--global-batch-size", "8", "--per-rank-batch-size", "4", "--classifier-dropout",
+            "0.1", *shared_reviews(tmp_path_factory, 320)]
+
+
+def forty_steps_uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :func:`forty_steps_of_2_ranks` never interrupted, once per session."""
+    return reference_run(tmp_path_factory, [*forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "0"],
+                         nproc=2)
 
 
 # The sharded runs' arguments (tests/distributed/test_sharding.py, tests/distributed/test_sharding_resume.py): the

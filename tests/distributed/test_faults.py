@@ -7,16 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, max_difference
-from distributed.conftest import final_weights, run_training
+from distributed.conftest import final_weights, forty_steps_of_2_ranks, forty_steps_uninterrupted
 
 
-def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path: Path) -> None:
+def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterrupted(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Through the trainer, worker.sh --max-restarts 1: rank 1 is SIGKILLed after step 7, torchrun restarts both
     workers, they resume from step 7, which rank 0 saved when it lost its peer (past step 5's checkpoint), the fault
-    does not fire again, and the weights equal those of a run never interrupted (dropout on)."""
-    args = [*MACHINERY_ARGS, "--max-steps", "12", "--checkpoint-every", "5", "--global-batch-size", "8",
-            "--per-rank-batch-size", "4", "--classifier-dropout", "0.1", "--output-dir", str(tmp_path)]
+    does not fire again, and the weights equal those of a run never interrupted (dropout on; the session's run of
+    distributed.conftest.forty_steps_of_2_ranks, shared with test_training.py and test_node_loss.py)."""
+    args = [*MACHINERY_ARGS, *forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "5", "--output-dir",
+            str(tmp_path)]
     result = subprocess.run(  # worker.sh: one node, 2 processes, torchrun as every launcher starts it
         ["bash", WORKER, "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "killed", "--", *args],
         cwd=REPO_ROOT, env=clean_env(PYTHON=sys.executable, OMP_NUM_THREADS="1", INJECT_FAULT="kill:rank=1:step=7"),
@@ -29,6 +33,6 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     # Rank 0 lost its peer after step 7 and saved it, the last step both completed (distqa.training.peer_loss).
     assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / 'step-00000007.pt'}" in logs[0] + logs[1]
 
-    run_training([*args, "--run-name", "uninterrupted"], nproc=2)
-    difference = max_difference(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "killed"))
+    uninterrupted = forty_steps_uninterrupted(tmp_path_factory)
+    difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "killed"))
     assert difference < 1e-6, f"the run killed at step 7 and restarted differs by {difference:.2e}"

@@ -12,11 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINERY_ARGS, free_port, max_difference, wait_for
-from distributed.conftest import final_weights, finish, node_output, start_node, start_training, training_process
+from conftest import free_port, max_difference, wait_for
+from distributed.conftest import (
+    final_weights,
+    finish,
+    forty_steps_of_2_ranks,
+    forty_steps_uninterrupted,
+    node_output,
+    start_node,
+    training_process,
+)
 
-TRAINER_ARGS = ("--max-steps", "150", "--checkpoint-every", "10", "--global-batch-size", "8", "--per-rank-batch-size",
-                "4", "--classifier-dropout", "0.1")
 # Node 1's rank frozen (SIGSTOP) right after step 12, once per run directory: the node is killed in a state the run
 # reaches and stays in (node 0 waits in step 13's all-reduce), past the checkpoint of step 10, not a race with a
 # machine fast enough to finish first.
@@ -27,19 +33,19 @@ def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterr
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     port = free_port()
     node_args = ("--max-restarts", "2", "--join-timeout", "60")
+    trainer_args = (*forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "10")
 
     def start(rank: int):
-        return start_node(rank, 2, port, "node-loss", tmp_path, *node_args, trainer_args=TRAINER_ARGS,
+        return start_node(rank, 2, port, "node-loss", tmp_path, *node_args, trainer_args=trainer_args,
                           INJECT_FAULT=FROZEN)
 
-    # The reference trains beside the nodes: much of their time is waiting (the frozen rank, the dead node's
-    # rendezvous keep-alive running out, the returned node's start). Its folder is not under tmp_path, so that
-    # training_process(1, tmp_path) finds node 1's worker, never the reference's rank 1.
-    reference = tmp_path_factory.mktemp("reference")
-    uninterrupted = start_training([*MACHINERY_ARGS, *TRAINER_ARGS, "--output-dir", str(reference), "--run-name",
-                                    "uninterrupted"], reference / "uninterrupted.out", nproc=2)
     nodes = [start(0), start(1)]
     try:
+        # The uninterrupted run, shared with test_training.py and test_faults.py, trains beside the nodes (or is done
+        # already): much of their time is waiting (the frozen rank, the dead node's rendezvous keep-alive running
+        # out, the returned node's start). Its folder is not under tmp_path, so that training_process(1, tmp_path)
+        # finds node 1's worker, never the reference's rank 1.
+        uninterrupted = forty_steps_uninterrupted(tmp_path_factory)
         wait_for((tmp_path / "node-loss" / "checkpoints" / "step-00000010.pt").exists, timeout=180)
         wait_for((tmp_path / "node-loss" / "logs" / "rank-1.fault").exists, timeout=180)
         # The whole node: worker.sh and its agent (the node's session), and its worker (torchrun starts
@@ -49,11 +55,11 @@ def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterr
         os.kill(worker, signal.SIGKILL)
         nodes[1].wait(timeout=30)
         returned = start(1)
+        nodes.append(returned)
         finish(returned, timeout=240)
         finish(nodes[0], timeout=60)
-        finish(uninterrupted, timeout=240)
     finally:
-        for process in [*nodes, uninterrupted]:
+        for process in nodes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     output_0 = node_output(tmp_path, "node-loss", 0).read_text()
@@ -63,6 +69,5 @@ def test_a_node_killed_and_started_again_rejoins_and_the_run_ends_as_if_uninterr
     assert "resumed from" in output_1, "the returned node resumed from a checkpoint"
     assert "restarting" in output_0.lower() or "resumed from" in output_0, "node 0's agent restarted its worker"
 
-    assert uninterrupted.returncode == 0, (reference / "uninterrupted.out").read_text()
-    difference = max_difference(final_weights(reference / "uninterrupted"), final_weights(tmp_path / "node-loss"))
+    difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "node-loss"))
     assert difference < 1e-6, f"the run whose node was lost and returned differs by {difference:.2e}"

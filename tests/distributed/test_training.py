@@ -21,7 +21,15 @@ import torch
 from distqa.distributed.stop import STOPPED_EXIT_CODE
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, max_difference, node_in_process, reviews, wait_for
-from distributed.conftest import AT_STEP, final_weights, initial_weights, kill_launcher, run_training
+from distributed.conftest import (
+    AT_STEP,
+    final_weights,
+    forty_steps_of_2_ranks,
+    forty_steps_uninterrupted,
+    initial_weights,
+    kill_launcher,
+    run_training,
+)
 
 STEPS = 3
 TOLERANCE = 1e-5
@@ -258,33 +266,14 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, moment: s
     assert launcher.returncode is not None
 
 
-def forty_steps_of_2_ranks(data: list[str]) -> list[str]:
-    """The training of the runs that a kill or a stop interrupts: 2 ranks of 4, dropout on; with ``data`` of 320
-    reviews (256 training texts), 32 steps an epoch, so 40 steps cross an epoch boundary. Checkpoints and stop
-    checks are each test's own (they change no weight)."""
-    return ["--max-steps", "40", "--global-batch-size", "8", "--per-rank-batch-size", "4", "--classifier-dropout",
-            "0.1", *data]
-
-
-@pytest.fixture(scope="module")
-def forty_steps_uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
-    """The data arguments of forty_steps_of_2_ranks and the run directory of its uninterrupted run (a checkpoint at
-    the end only), the reference of the tests that interrupt it, run once for them."""
-    directory = tmp_path_factory.mktemp("forty-steps")
-    data = reviews(directory, 320)
-    run_training([*MACHINERY_ARGS, *forty_steps_of_2_ranks(data), "--checkpoint-every", "0", "--output-dir",
-                  str(directory), "--run-name", "uninterrupted"], nproc=2)
-    return data, directory / "uninterrupted"
-
-
 def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(
-        tmp_path: Path, forty_steps_uninterrupted: tuple[list[str], Path]) -> None:
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """torchrun (--max-restarts 1) restarts every worker after one is SIGKILLed mid-run; they resume from the newest
     checkpoint and, since resumption is exact, end with the weights of a run that was never interrupted (dropout on,
     an epoch boundary crossed). The kill lands on rank 1 frozen right after step 7 (INJECT_FAULT=hang, once per run
     directory): a state the run stays in, past the checkpoint of step 5, however fast the machine."""
-    data, uninterrupted = forty_steps_uninterrupted
-    args = [*forty_steps_of_2_ranks(data), "--checkpoint-every", "5"]
+    uninterrupted = forty_steps_uninterrupted(tmp_path_factory)  # shared with test_faults.py and test_node_loss.py
+    args = [*forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "5"]
     launcher = launch_locally(tmp_path, *args, max_restarts=1, INJECT_FAULT="hang:rank=1:step=7")
     marker = tmp_path / "launcher-test" / "logs" / "rank-1.fault"
     try:
@@ -301,14 +290,14 @@ def test_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(
 
 
 def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exactly(
-        tmp_path: Path, forty_steps_uninterrupted: tuple[list[str], Path]) -> None:
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """SIGTERM to node 1's torchrun agent mid-run (a preempted node, a job at its life span): the agent
     passes it to its worker, both ranks agree at the next step, rank 0 checkpoints that step (there is
     no periodic checkpoint: checkpoint_every 0), every process exits 75 and the launcher says so in one
     line, even with torchrun restarts left. Resuming from that checkpoint ends with the weights of an
     uninterrupted run (dropout on)."""
-    data, uninterrupted = forty_steps_uninterrupted
-    args = [*forty_steps_of_2_ranks(data), "--checkpoint-every", "0", "--stop-check-every", "1"]
+    uninterrupted = forty_steps_uninterrupted(tmp_path_factory)
+    args = [*forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "0", "--stop-check-every", "1"]
     # Restarts left (the platform's and Slurm's default) must not start the stopped workers again. Rank 1 (node 1's
     # only worker) sends the SIGTERM to its parent, node 1's agent, at step 3 and holds that step until the agent has
     # passed it on (conftest.AT_STEP): mid-run however fast the steps, not a race with the end of the run.
