@@ -29,6 +29,7 @@ from distributed.conftest import (
     initial_weights,
     kill_launcher,
     run_training,
+    training_process,
 )
 
 STEPS = 3
@@ -262,7 +263,7 @@ def test_local_launcher_stops_every_node_when_one_dies(tmp_path: Path, moment: s
         kill_launcher(launcher)
     assert launcher.returncode != 0
     assert "stopping the others" in output
-    assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
+    assert training_process(0, tmp_path) is None and training_process(1, tmp_path) is None
     assert launcher.returncode is not None
 
 
@@ -319,7 +320,7 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
         f"{checkpoints[0]} written; exit code 75" in output, output
     assert "a node stopped with a checkpoint of the step reached (exit 75)" in output
     assert "[node 0] worker.sh: run 'launcher-test' node 0: stopped by SIGTERM" in output, output
-    assert _training_process_with_rank(0, tmp_path) is None and _training_process_with_rank(1, tmp_path) is None
+    assert training_process(0, tmp_path) is None and training_process(1, tmp_path) is None
 
     run_training([*MACHINERY_ARGS, *args, "--output-dir", str(tmp_path), "--run-name", "launcher-test"], nproc=2)
     difference = max_difference(final_weights(uninterrupted), final_weights(tmp_path / "launcher-test"))
@@ -351,24 +352,6 @@ def test_worker_stop_after_stops_the_run_with_a_checkpoint(tmp_path: Path) -> No
 
 
 def _kill_rank_1_once(output_dir: Path, wait_before_kill) -> None:
-    victim = wait_for(lambda: _training_process_with_rank(1, output_dir), timeout=180)
+    victim = wait_for(lambda: training_process(1, output_dir), timeout=180)
     wait_before_kill()
     os.kill(victim, signal.SIGKILL)
-
-
-def _training_process_with_rank(rank: int, output_dir: Path) -> int | None:
-    """PID of a live `distqa.train` worker with RANK=rank started by this test (its --output-dir is
-    ``output_dir``: another test run on the same machine must never be the one killed)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"distqa.train" in cmdline and b"distqa.launch.agent" not in cmdline \
-                and f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=launcher-test" in environ \
-                and str(output_dir).encode() in cmdline:
-            return int(proc.name)
-    return None
