@@ -1,5 +1,5 @@
-"""Every command the documentation writes exists. README.md and docs/*.md are read for the commands of
-their fenced code blocks and inline code spans, and each is checked against the repository:
+"""Every command the documentation writes exists. README.md, docs/*.md and tests/README.md are read for the
+commands of their fenced code blocks and inline code spans, and each is checked against the repository:
 
 - `make TARGET` against the Makefile's rules (and the flags in `ARGS="…"` against what the rule runs);
 - `python -m distqa.MODULE --flag …` (also `.venv/bin/python -m`, `torchrun … -m`) against the module's
@@ -33,10 +33,12 @@ from conftest import REPO_ROOT, clean_env
 
 IS_FORK = (REPO_ROOT / "fork.toml").is_file()
 OWNERSHIP = Declaration.parse((REPO_ROOT / "template.toml").read_text())
-PAGES = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md"))]
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md")),
+         "tests/README.md"]
 DOCUMENTS = [name for name in PAGES if not (IS_FORK and (placed := OWNERSHIP.place(name)) and placed.template_owned)]
-"""README.md and docs/*.md; in a fork (fork.toml), the fork's own of them: the template's pages describe the template,
-parts a fork may have left out included, and the template's own checks run them."""
+"""README.md, docs/*.md and tests/README.md (the tests' map, whose paths rot as files move); in a fork (fork.toml),
+the fork's own of them: the template's pages describe the template, parts a fork may have left out included, and the
+template's own checks run them."""
 PATH_PREFIXES = ("src/", "scripts/", "configs/", "docs/", "data/", "tests/", "bench/", "notebooks/", "examples/",
                  "deploy/", ".neuro/")
 FORK_PLACEHOLDER = "mytask"
