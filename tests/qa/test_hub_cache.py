@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,7 +147,8 @@ def test_the_encoder_loaded_offline_from_the_cache_holds_its_weights(hub_model: 
 def test_an_uncached_hub_name_without_the_hub_is_one_line_on_each_rank(offline: str, tmp_path: Path) -> None:
     """2 ranks, a hub name in no cache and no hub: each rank ends with the same one line (the name, HF_HOME and how
     to fetch it) and exit 2; nothing is retried. Offline it is refused before any process group; without
-    HF_HUB_OFFLINE rank 0 tries the hub once and tells the other rank."""
+    HF_HUB_OFFLINE rank 0 tries the hub once and tells the other rank. torchrun stops the workers left once one has
+    exited 2, so on a loaded machine a rank still starting can end by its SIGTERM instead, before its line."""
     home = tmp_path / "hf-home"
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distqa.train",
@@ -154,7 +156,10 @@ def test_an_uncached_hub_name_without_the_hub_is_one_line_on_each_rank(offline: 
         cwd=REPO_ROOT, env=no_hub(home, offline), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("distqa.train: ")]
-    assert len(errors) == 2 and len(set(errors)) == 1, result.stderr
+    # torchrun's failure report: each rank with its exit code (-15: stopped by the agent after another's exit 2).
+    exit_codes = dict(re.findall(r"rank +: (\d+) \(local_rank: \d+\)\n +exitcode +: (-?\d+)", result.stderr))
+    assert exit_codes.keys() == {"0", "1"} and set(exit_codes.values()) <= {"2", "-15"}, result.stderr
+    assert 1 <= list(exit_codes.values()).count("2") <= len(errors) <= 2 and len(set(errors)) == 1, result.stderr
     assert errors[0].startswith("distqa.train: configuration error: model_name_or_path='fake-org/not-cached' is not "
                                 f"a local directory and not in the hub cache {home / 'hub'} (HF_HOME={home})")
     assert "`hf download fake-org/not-cached`" in errors[0]
