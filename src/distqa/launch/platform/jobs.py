@@ -169,7 +169,8 @@ def parse_listing(output: str) -> Listing:
             continue
         cells = _cells(line)
         names = cells[0].split() if len(cells) == 4 else []
-        if len(names) not in (1, 2) or cells[1] not in PS_STATES or not cells[2]:
+        # A cell cut short ("…": too narrow a console) would give a wrong job id: refused like a row that wrapped.
+        if len(names) not in (1, 2) or cells[1] not in PS_STATES or not cells[2] or "\u2026" in line:
             return Listing({}, f"a row it cannot read: '{line.strip()[:160]}'")
         job_id, suffix = names[0], names[1] if len(names) == 2 else ""
         jobs.setdefault((job_id, suffix), JobStatus(cells[1], job_id="" if cells[2] == "N/A" else cells[2]))
