@@ -40,7 +40,8 @@ from distqa.launch.platform.options import parse_options
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
-RUN_ID = "polls"
+RUN_ID = f"polls{os.getpid() % 10000}"
+"""The run's id: this process's own, so that two measurements at once (a test beside the bench) name no job alike."""
 TARGET_RATIO = 1.25
 
 

@@ -377,5 +377,6 @@ def test_the_watch_looks_at_sixteen_nodes_with_one_cli_process_a_poll() -> None:
     jobs, started sixteen."""
     measured = platform_polls.measure(16, polls=3)
     assert measured["new_calls"] == [["ps"]] * 3
-    assert measured["old_calls"] == [[f"status distributed_training polls-{rank}" for rank in range(16)]] * 3
+    per_node = [f"status distributed_training {platform_polls.RUN_ID}-{rank}" for rank in range(16)]
+    assert measured["old_calls"] == [per_node] * 3
     assert measured["new_processes_per_poll"] == 1 and measured["old_processes_per_poll"] == 16

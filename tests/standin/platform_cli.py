@@ -583,8 +583,15 @@ def _is_supervisor(proc: Path, record: dict[str, Any]) -> bool:
         cmdline = (proc / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"_supervise" in cmdline and record["key"].encode() in cmdline and \
-        any(part.endswith(b"platform_cli.py") for part in cmdline)
+    if not (b"_supervise" in cmdline and record["key"].encode() in cmdline and
+            any(part.endswith(b"platform_cli.py") for part in cmdline)):
+        return False
+    # This platform's job only: two stand-in platforms (two tests, a test and a bench) may hold jobs of one name.
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"STANDIN_PLATFORM_DIR={os.environ['STANDIN_PLATFORM_DIR']}".encode() in environ  # as state_dir() read it
 
 
 class _Jobs:
