@@ -69,7 +69,7 @@ def environment(probe_dir: Path, **extra: str) -> dict[str, str]:
     return env | RENDEZVOUS | {
         "PYTHON": sys.executable, "NODE_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
         "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "SCALE_PROBE_DIR": str(probe_dir),
-        "PYTHONPATH": os.pathsep.join([str(PROBE), str(REPO_ROOT)])} | extra
+        "PYTHONPATH": os.pathsep.join([str(PROBE), str(REPO_ROOT / "src"), str(REPO_ROOT)])} | extra
 
 
 @contextlib.contextmanager
