@@ -303,6 +303,11 @@ def ours_calls(record: dict[str, Any], kind: str, region: Sequence[str]) -> tupl
     return calls, bytes_
 
 
+def store_calls(record: dict[str, Any], who: str) -> int:
+    """Store operations made by ``who``'s code in any phase (an agent's watcher thread and its main thread overlap)."""
+    return sum(count for key, count in record["calls"].items() if key.startswith("store:") and f":{who}:" in key)
+
+
 START_UP = ("start", "process_group", "preflight", "data_and_model", "first_step")
 
 
@@ -335,13 +340,11 @@ def summarise(run: Run) -> dict[str, float]:
     steps = median([len(w["steps"]) + 1 for w in workers])
     figures["steps_ops"] /= steps
     figures["steps_bytes"] /= steps
-    figures["store_ops_ours"] = median([ours_calls(a, "store", ("start", "rendezvous", "process_group"))[0]
-                                        + ours_calls(a, "store", (*START_UP, "steps"))[0] for a in agents])
-    torch_ops = []
-    for agent in agents:
-        torch_ops.append(sum(count for key, count in agent["calls"].items()
-                             if key.startswith("store:") and ":torch:" in key))
-    figures["store_ops_torch"] = median(torch_ops)
+    store_ops = [store_calls(a, "distqa") for a in agents]
+    figures["store_ops_ours"] = median(store_ops)
+    figures["store_ops_per_watcher_read"] = median([ops / max(1, len(a["watcher_reads"]))
+                                                    for ops, a in zip(store_ops, agents, strict=True)])
+    figures["store_ops_torch"] = median([store_calls(a, "torch") for a in agents])
     if run.store:
         figures["store_bytes_per_rank"] = (run.store["rchar"] + run.store["wchar"]) / run.ranks
     figures["rss_agent_mb"] = median([a["max_rss_kb"] / 1024 for a in agents])
@@ -389,11 +392,13 @@ CPU_COLUMNS = (("imports", "imports"), ("process_group", "pg"), ("preflight", "p
                ("recovery_cpu", "recovery"), ("recovery_wall", "recovery wall s"))
 COUNT_COLUMNS = (("start_up_ops", "ops start"), ("start_up_bytes", "B start"), ("steps_ops", "ops/step"),
                  ("steps_bytes", "B/step"), ("save_ops", "ops/save"), ("save_bytes", "B/save"),
-                 ("store_ops_ours", "store ops ours/agent"), ("store_ops_torch", "store ops torch/agent"),
+                 ("store_ops_ours", "store ops ours/agent"), ("store_ops_per_watcher_read", "per read"),
+                 ("store_ops_torch", "store ops torch/agent"),
                  ("store_bytes_per_rank", "store B/rank"), ("files_per_checkpoint", "files/ckpt"),
                  ("log_bytes_per_step", "log B/step"), ("processes_per_node", "procs/node"),
                  ("rss_agent_mb", "RSS agent MB"), ("rss_worker_mb", "RSS worker MB"))
-FLAT = ("start_up_bytes", "steps_bytes", "save_bytes", "start_up_ops", "steps_ops", "save_ops", "store_ops_ours",
+FLAT = ("start_up_bytes", "steps_bytes", "save_bytes", "start_up_ops", "steps_ops", "save_ops",
+        "store_ops_per_watcher_read",
         "files_per_checkpoint", "log_bytes_per_step", "preflight", "save_rank0", "save_other")
 """Per-rank figures that must stay within FLAT_BOUND of their value at the smallest N."""
 

@@ -17,7 +17,8 @@ step), so its figures and ours are comparable phase by phase:
 - ``first_step``: to the end of the first ``Optimizer.step`` (optimizer, the first forward and backward);
 - ``steps``: the CPU between consecutive optimizer steps' ends (the log line's gather and the stop check included);
 - ``saves`` (ours): ``Trainer.save_checkpoint``; ``survivor_save``: ``save_what_survives``;
-- agents: ``rendezvous`` (torch's ``DynamicRendezvousHandler.next_rendezvous``, one entry per round) and
+- agents: ``watcher_reads`` (each read of distqa's rendezvous watcher), ``rendezvous`` (torch's
+  ``DynamicRendezvousHandler.next_rendezvous``, one entry per round) and
   ``workers_started`` (the agent's CPU when ``LocalElasticAgent._start_workers`` returns).
 
 Collectives are counted where they are called through ``torch.distributed.<name>``, the public namespace (the calls
@@ -56,6 +57,7 @@ class Probe:
             "group_rank": _int_env("GROUP_RANK"), "restart": _int_env("TORCHELASTIC_RESTART_COUNT"),
             "world_size": _int_env("WORLD_SIZE"), "node": os.environ.get("SCALE_NODE", ""),
             "started_wall": time.time(), "marks": {}, "steps": [], "step_walls": [], "saves": [], "survivor_saves": [],
+            "watcher_reads": [],
             "rendezvous": [], "calls": {}, "bytes": {}}
         self.record["marks"]["start"] = time.process_time()
         self.last_step_cpu: float | None = None
@@ -227,6 +229,7 @@ def _install(probe: Probe) -> None:
         "distqa.training.trainer": lambda m: _timed(probe, m.Trainer, "save_checkpoint", None, None, "saves"),
         "distqa.training.peer_loss": lambda m: _timed(probe, m, "save_what_survives", "peer_lost", "survivor_saved",
                                                          "survivor_saves"),
+        "distqa.launch.agent": lambda m: _timed(probe, m.RendezvousWatcher, "_read", None, None, "watcher_reads"),
         "torch.distributed.elastic.rendezvous.dynamic_rendezvous":
             lambda m: _timed(probe, m.DynamicRendezvousHandler, "next_rendezvous", None, None, "rendezvous"),
         "torch.distributed.elastic.agent.server.local_elastic_agent":

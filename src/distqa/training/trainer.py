@@ -296,8 +296,8 @@ class Trainer:
         """What a step checkpoint keeps of the ranks' random generators. Each step seeds them from (seed, step, rank)
         (:func:`~distqa.distributed.rng.seed_for_step`), so a run that does keeps none, as a survivor's save keeps none
         (:mod:`distqa.training.peer_loss`), and its saves gather nothing: at 2 048 ranks, every rank's generators are
-        26 MB for rank 0 to receive and unpickle at each checkpoint (13 KB a rank on CPU). A run begun before (its progress without
-        ``seeds_per_step``) still gathers them on rank 0 (collective), which writes them."""
+        26 MB for rank 0 to receive and unpickle at each checkpoint (13 KB a rank on CPU). A run begun before (its
+        progress without ``seeds_per_step``) still gathers them on rank 0 (collective), which writes them."""
         if self.progress.seeds_per_step:
             return [None] * self.runtime.world_size
         return gather_objects_to_main(capture_rng_state()) or []
