@@ -54,6 +54,9 @@ def no_worker_left(tmp_path: Path, ranks: int = 2) -> bool:
     return all(training_process(rank, tmp_path) is None for rank in range(ranks))
 
 
+STOPPED_ARGS = ["--global-batch-size", "8", "--per-rank-batch-size", "1", "--checkpoint-every", "4",
+                "--stop-check-every", "1"]
+"""RUN_ARGS with one sample per rank, so that the same global batch splits over 2 and over 8 nodes."""
 STOP_AT = 6
 """Every rank pauses after this step (INJECT_FAULT pause, which the stop's SIGTERM ends) and the stop lands there: the
 same steps, collectives and checkpoints in every run, whatever the machine's load, and no training while waiting."""
@@ -69,16 +72,17 @@ def stopped_run(tmp_path_factory: pytest.TempPathFactory, nodes: int, interrupt:
         pause = ",".join(f"pause:rank={rank}:step={STOP_AT}" for rank in range(nodes))
         probe = {"SCALE_PROBE_DIR": str(folder / "probe"), "PYTHONPATH": str(REPO_ROOT / "bench" / "scale_probe"),
                  "INJECT_FAULT": pause}
-        (folder / "probe").mkdir()
-        launcher = launch(folder, output, "--max-steps", "100000", *RUN_ARGS, nodes=nodes, env=probe)
+        (folder / "probe").mkdir(exist_ok=True)
+        launcher = launch(folder, output, "--max-steps", "100000", *STOPPED_ARGS, nodes=nodes, env=probe)
         try:
             logs = folder / RUN_ID / "logs"
             wait_for(lambda: len(list(logs.glob("rank-*.fault"))) == nodes or launcher.poll() is not None,
                      timeout=180 + 30 * nodes)
-            if interrupt == "ctrl-c":
-                os.killpg(launcher.pid, signal.SIGINT)
-            else:
-                os.kill(launcher.pid, signal.SIGTERM)
+            if launcher.poll() is None:  # else it ended early: its output says why, and the test shows it
+                if interrupt == "ctrl-c":
+                    os.killpg(launcher.pid, signal.SIGINT)
+                else:
+                    os.kill(launcher.pid, signal.SIGTERM)
             status = end(launcher, timeout=120 + 15 * nodes)
         finally:
             kill_launcher(launcher, folder)
@@ -112,7 +116,7 @@ def test_one_interrupt_checkpoints_the_step_reached_on_every_node_shows_their_li
         return  # the same stop as Ctrl-C's from here on; one resume shows where it continues
 
     resumed_output = folder / "resumed.out"
-    resumed = launch(folder, resumed_output, "--max-steps", str(STOP_AT + 2), *RUN_ARGS)
+    resumed = launch(folder, resumed_output, "--max-steps", str(STOP_AT + 2), *STOPPED_ARGS)
     try:
         assert end(resumed, timeout=180) == 0, resumed_output.read_text(errors="replace")
     finally:
@@ -138,7 +142,8 @@ def test_the_control_plane_per_rank_at_8_nodes_is_what_it_is_at_2(tmp_path_facto
     count. The two stopped runs above trained the same steps and saved the same checkpoints; a rank other than 0
     made the same collectives in each phase, and moved about the same bytes (only rank 0 gathers what grows with the
     ranks: the places of the preflight, the log window), and each agent's rendezvous watcher made at most two store
-    requests per read (the state, and the nodes' announcements when a new node appears) plus its own announcement."""
+    requests per read (the state, and the nodes' announcements when a new node appears) plus its own announcement and
+    the first call of torch's state reader (C10dRendezvousBackend's constructor sets the state's key if absent)."""
     two_calls, two_bytes, two_agents = control_plane(stopped_run(tmp_path_factory, 2, "ctrl-c")[0] / "probe")
     eight_calls, eight_bytes, eight_agents = control_plane(
         stopped_run(tmp_path_factory, 8, "sigterm-to-the-launcher")[0] / "probe")
@@ -147,7 +152,7 @@ def test_the_control_plane_per_rank_at_8_nodes_is_what_it_is_at_2(tmp_path_facto
         assert sent_and_received <= 1.25 * two_bytes[key] + 64, (key, sent_and_received, two_bytes[key])
     assert len(two_agents) == 2 and len(eight_agents) == 8
     for ops, reads in two_agents + eight_agents:
-        assert reads > 0 and ops <= 2 * reads + 1, (ops, reads)
+        assert reads > 0 and ops <= 2 * reads + 2, (ops, reads)  # + its announcement, + torch's reader's first call
 
 
 def test_a_second_ctrl_c_stops_every_node_at_once(tmp_path: Path) -> None:

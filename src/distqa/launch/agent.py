@@ -110,6 +110,8 @@ class RendezvousWatcher:
         """That round's number and every (addr, pid) seen in it."""
         self._server: TCPStore | None = None
         """On the node that hosts the store: a second handle on its server (see :meth:`_hold_the_server`)."""
+        self._backend: tuple[TCPStore, C10dRendezvousBackend] | None = None
+        """torch's reader of the rendezvous state, on the store it reads (made once per connection)."""
         self._announced: dict[tuple[str, int], int] = {}
         """Every (addr, agent pid) read from the announcements so far, with its node rank."""
         self._in_rendezvous = threading.Event()
@@ -184,7 +186,9 @@ class RendezvousWatcher:
                                     timeout=timedelta(seconds=POLL_S))
 
     def _read(self, store: TCPStore) -> None:
-        found = C10dRendezvousBackend(store, self.run_id).get_state()
+        if self._backend is None or self._backend[0] is not store:  # its constructor is a store request of its own
+            self._backend = (store, C10dRendezvousBackend(store, self.run_id))
+        found = self._backend[1].get_state()
         if found is None:
             return
         state = pickle.loads(found[0])  # torch's own pickled _RendezvousState, from torch's own store
