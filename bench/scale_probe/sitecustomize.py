@@ -229,7 +229,8 @@ def _install(probe: Probe) -> None:
         "distqa.training.trainer": lambda m: _timed(probe, m.Trainer, "save_checkpoint", None, None, "saves"),
         "distqa.training.peer_loss": lambda m: _timed(probe, m, "save_what_survives", "peer_lost", "survivor_saved",
                                                          "survivor_saves"),
-        "distqa.launch.agent": lambda m: _timed(probe, m.RendezvousWatcher, "_read", None, None, "watcher_reads"),
+        "distqa.launch.rendezvous_watcher": lambda m: _timed(probe, m.RendezvousWatcher, "_read", None, None,
+                                                             "watcher_reads"),
         "torch.distributed.elastic.rendezvous.dynamic_rendezvous":
             lambda m: _timed(probe, m.DynamicRendezvousHandler, "next_rendezvous", None, None, "rendezvous"),
         "torch.distributed.elastic.agent.server.local_elastic_agent":

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from distqa.distributed.runtime import gather_objects_to_main
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -32,6 +34,17 @@ def capture_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
+
+
+def rng_states_to_save(seeds_per_step: bool, world_size: int) -> list[dict[str, Any] | None]:
+    """What a step checkpoint keeps of the ranks' random generators. A run whose steps seed them from (seed, step,
+    rank) (:func:`seed_for_step`) keeps none, as a survivor's save keeps none (:mod:`distqa.training.peer_loss`), and
+    its saves gather nothing: at 2 048 ranks every rank's generators are 26 MB (13 KB a rank on CPU) for rank 0 to
+    receive and unpickle at each checkpoint. A run begun before (its progress without ``seeds_per_step``) still
+    gathers them on rank 0, which writes them: collective then, every rank calls it."""
+    if seeds_per_step:
+        return [None] * world_size
+    return gather_objects_to_main(capture_rng_state()) or []
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
