@@ -1,0 +1,307 @@
+"""scripts/train_slurm.sbatch on a real Slurm 22.05 cluster: a controller and two compute nodes, each a container of
+the project's image with Debian's Slurm and munge (tests/docker/slurm.Dockerfile), started once for the session by
+tests/docker/slurm_cluster.sh and shared by every test here; jobs go through real ``sbatch``, signals through
+``scancel``, requeues through ``scontrol``, and the accounting through ``sacct``.
+
+    tests/docker/run.sh tests/docker/test_slurm_cluster.py      # builds the images, then these tests
+
+Needs Docker and the built images (DISTQA_SLURM_IMAGE, set by tests/docker/run.sh); without them these tests are
+skipped. What real Slurm did here that no stand-in showed is written in docs/SLURM.md."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import MACHINERY_ARGS, REPO_ROOT
+from distributed.conftest import AT_STEP, RENDEZVOUS, final_weights
+
+IMAGE = os.environ.get("DISTQA_SLURM_IMAGE", "")
+pytestmark = [pytest.mark.docker,
+              pytest.mark.skipif(not IMAGE, reason="needs the Slurm image: run `make test-docker`")]
+
+# The run every test trains: 2 ranks of 4 (1 rank of 8 after a lost node: the same global batch), dropout off so
+# that a run whose world size changed ends with the uninterrupted run's weights; a stop is agreed at the next step.
+TRAINER = [*MACHINERY_ARGS, "--global-batch-size", "8", "--per-rank-batch-size", "4", "--classifier-dropout", "0",
+           "--stop-check-every", "1", "--checkpoint-every", "0"]
+TRAIN = [*TRAINER, "--max-steps", "12", "--output-dir", "/shared/results"]
+PROJECT = "/shared/project"  # the checkout on the shared file system, where jobs are submitted from
+HANG_GUARD_S = 240  # a job's own end; the tests wait on Slurm's events, this only ends a hang
+
+
+@dataclass
+class Cluster:
+    """The session's cluster: NAME-ctl (slurmctld, where commands run, as on a login node), NAME-node1, -node2."""
+
+    name: str
+    shared: Path  # /shared inside every container
+
+    def run(self, *command: str, env: dict[str, str] | None = None, host: str = "ctl",
+            timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``command`` on ``host`` from the checkout, ``env`` added (sbatch exports it to the job: --export=ALL)."""
+        options = [word for key, value in (env or {}).items() for word in ("--env", f"{key}={value}")]
+        result = subprocess.run(["docker", "exec", "--workdir", PROJECT, *options, f"{self.name}-{host}", *command],
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+        return result
+
+    def submit(self, *options: str, env: dict[str, str] | None = None) -> str:
+        """``sbatch --parsable OPTIONS`` (the script and its arguments among them): the job id."""
+        return self.run("sbatch", "--parsable", *options, env=env).stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job``'s fields of the job (JobState, Restarts, ExitCode, NodeList...)."""
+        text = self.run("scontrol", "--oneliner", "show", "job", job_id).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float = HANG_GUARD_S) -> dict[str, str]:
+        """The job's fields once its state is one of ``states`` (scontrol, every second: no sleep decides)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fields = self.job(job_id)
+            if fields.get("JobState") in states:
+                return fields
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} not {states} in {timeout} s: {fields}\n{self.output(job_id)}")
+            time.sleep(1)
+
+    def sacct(self, job_id: str) -> list[list[str]]:
+        """sacct's rows of the job and its steps: JobID, State, ExitCode, NodeList (slurmdbd records them a moment
+        after the job ends: retried until the job's row is final)."""
+        deadline = time.monotonic() + 60
+        while True:
+            text = self.run("sacct", "--jobs", job_id, "--noheader", "--parsable2",
+                            "--format=JobID,State,ExitCode,NodeList").stdout
+            rows = [line.split("|") for line in text.splitlines() if line]
+            if (rows and rows[0][1] not in {"RUNNING", "PENDING", "REQUEUED"}) or time.monotonic() > deadline:
+                return rows
+            time.sleep(1)
+
+    def output(self, job_id: str) -> str:
+        """The job's slurm-<id>.out (the script's #SBATCH --output, in the directory it was submitted from)."""
+        path = self.shared / "project" / f"slurm-{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else f"(no {path})"
+
+    def results(self, run_id: str) -> Path:
+        return self.shared / "results" / run_id
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    shared = tmp_path_factory.mktemp("slurm-shared")
+    name = f"distqa-slurm-{uuid.uuid4().hex[:6]}"
+    script = str(REPO_ROOT / "tests" / "docker" / "slurm_cluster.sh")
+    env = {**os.environ, "DISTQA_SLURM_IMAGE": IMAGE}
+    try:
+        started = subprocess.run(["bash", script, "up", str(shared), name], capture_output=True, text=True,
+                                 timeout=300, env=env)
+        assert started.returncode == 0, started.stdout + started.stderr
+        (shared / "at_step").mkdir()
+        (shared / "at_step" / "at_step.py").write_text(AT_STEP)
+        yield Cluster(name, shared)
+    finally:
+        subprocess.run(["bash", script, "down", name], capture_output=True, timeout=120, env=env, check=False)
+
+
+def at_step(step: int, flag: Path, **variables: str) -> dict[str, str]:
+    """The variables of distributed.conftest.AT_STEP (run as ``--entry-module at_step``): at ``step`` the rank acts
+    once, writing ``flag`` on the shared file system first, so the test sees on the host that the run is there."""
+    return {"PYTHONPATH": "/shared/at_step:/project", "AT_STEP": str(step), "ACTED_FILE": f"/shared/{flag.name}",
+            **variables}
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return [int(p.stem.split("-")[1]) for p in sorted((run_dir / "checkpoints").glob("step-*.pt"))]
+
+
+def wait_for_file(path: Path, cluster: Cluster, job_id: str) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path.name}: {cluster.job(job_id)}\n{cluster.output(job_id)}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(cluster: Cluster) -> Path:
+    """``sbatch --wait --nodes 2 scripts/train_slurm.sbatch -- TRAIN``: the run every interrupted one must equal."""
+    job = cluster.run("sbatch", "--parsable", "--wait", "--nodes", "2", "scripts/train_slurm.sbatch", "--", *TRAIN,
+                      timeout=HANG_GUARD_S, check=False)
+    job_id = job.stdout.strip().split(";")[0]
+    assert job.returncode == 0, job.stdout + job.stderr + cluster.output(job_id)
+    return cluster.results(f"slurm-{job_id}")
+
+
+def test_sbatch_trains_two_nodes_with_the_ranks_from_slurms_variables(cluster: Cluster, uninterrupted: Path) -> None:
+    """Real sbatch reads the script's #SBATCH lines (2 nodes, one task each, 8 CPUs a task), srun starts one task per
+    node, each takes its node rank from SLURM_NODEID and the run id from SLURM_JOB_ID; sacct records COMPLETED."""
+    job_id = uninterrupted.name.removeprefix("slurm-")
+    assert checkpoint_steps(uninterrupted) == [12]
+    rows = {row[0]: row[1:] for row in cluster.sacct(job_id)}
+    assert rows[job_id][:2] == ["COMPLETED", "0:0"], rows
+    assert rows[f"{job_id}.0"] == ["COMPLETED", "0:0", "node[1-2]"], rows  # srun's step: a task on each node
+    assert rows[f"{job_id}.batch"][2] == "node1", rows  # the batch script runs on the allocation's first node
+    output = cluster.output(job_id)
+    assert f"distqa: 2 nodes, master node1:29400, run id slurm-{job_id}" in output, output
+    for rank in (0, 1):
+        log = (uninterrupted / "logs" / f"rank-{rank}.log").read_text()
+        assert f"rank {rank} of 2" in log, log
+    assert (uninterrupted / "logs").is_dir() and torch.load(
+        uninterrupted / "checkpoints" / "step-00000012.pt", weights_only=True)["world_size"] == 2
+
+
+def test_the_doctor_on_the_same_allocation_prints_rank_0s_table(cluster: Cluster) -> None:
+    job = cluster.run("sbatch", "--parsable", "--wait", "--nodes", "2", "scripts/train_slurm.sbatch", "--doctor",
+                      "--", *TRAIN, "--allreduce-mb", "1", "--expect-world-size", "2", timeout=HANG_GUARD_S,
+                      check=False)
+    job_id = job.stdout.strip().split(";")[0]
+    output = cluster.output(job_id)
+    assert job.returncode == 0, job.stderr + output
+    assert "all-reduce 1 MB float32 over 2 ranks (gloo)" in output, output
+    assert "doctor: all checks passed on 2 rank(s)" in output, output
+    assert not (cluster.results(f"slurm-{job_id}") / "checkpoints").exists(), "the doctor trains nothing"
+
+
+def requeue_and_resume(cluster: Cluster, job_id: str, uninterrupted: Path, stopped_at: int) -> None:
+    """``scontrol requeue`` of the ended job (as a preempted one is requeued): the same job id, so the same run id,
+    starts again once its credentials expire, resumes from the checkpoint of ``stopped_at`` and ends with the
+    uninterrupted run's weights."""
+    cluster.run("scontrol", "requeue", job_id)
+    fields = cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"})
+    output = cluster.output(job_id)
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), output
+    run_dir = cluster.results(f"slurm-{job_id}")
+    assert f"resumed from /shared/results/slurm-{job_id}/checkpoints/step-{stopped_at:08d}.pt at step {stopped_at} " \
+        in (run_dir / "logs" / "rank-0.log").read_text()
+    assert checkpoint_steps(run_dir) == [stopped_at, 12]
+    difference = max_difference(final_weights(uninterrupted), final_weights(run_dir))
+    assert difference < 1e-6, f"the preempted, requeued run differs from the uninterrupted one by {difference:.2e}"
+
+
+def test_scancel_signal_term_checkpoints_the_step_and_the_requeued_job_resumes_exactly(
+        cluster: Cluster, uninterrupted: Path) -> None:
+    """Preemption: ``scancel --signal=TERM`` while rank 0 holds step 5 (distributed.conftest.AT_STEP waits there for
+    the signal: no clock decides the step): Slurm signals every task of the step, not the batch shell; each task's
+    worker.sh stops with a checkpoint of step 6 (the stop is agreed at the next step) and exits 75, srun and the
+    script with them: sacct's FAILED with 75. ``scontrol requeue`` then runs it again under the same job id."""
+    flag = cluster.shared / f"preempt-{uuid.uuid4().hex[:6]}"
+    job_id = cluster.submit("--requeue", "--nodes", "2", "scripts/train_slurm.sbatch", "--entry-module", "at_step",
+                            "--", *TRAIN, env=at_step(5, flag, SIGNAL="SIGCONT", TARGET_PID="self", AT_WAIT_STOP="1"))
+    wait_for_file(flag, cluster, job_id)
+    cluster.run("scancel", "--signal=TERM", job_id)
+    fields = cluster.wait_state(job_id, {"FAILED", "COMPLETED", "CANCELLED"})
+    output = cluster.output(job_id)
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "75:0"), output
+    run_dir = f"/shared/results/slurm-{job_id}"
+    for node in (0, 1):
+        assert f"worker.sh: run 'slurm-{job_id}' node {node}: stopped by SIGTERM at step 6, checkpoint " \
+            f"{run_dir}/checkpoints/step-00000006.pt written; exit code 75" in output, output
+    rows = {row[0]: row[1:3] for row in cluster.sacct(job_id)}
+    assert rows[f"{job_id}.0"] == ["FAILED", "75:0"], rows  # the step: both tasks' 75
+    requeue_and_resume(cluster, job_id, uninterrupted, stopped_at=6)
+
+
+def test_the_time_limits_signal_to_the_batch_shell_stops_the_run_with_a_checkpoint(
+        cluster: Cluster, uninterrupted: Path) -> None:
+    """``--time 2 --signal=B:TERM@40``: 40 s (Slurm: up to 60 s more) before the limit Slurm signals the batch shell
+    alone; the script passes it to srun, which passes it to every task: the same stop as above, exit 75, well
+    before the limit. Rank 0 holds step 3 until the signal is there (AT_STEP), then the requeue resumes it."""
+    flag = cluster.shared / f"timelimit-{uuid.uuid4().hex[:6]}"
+    job_id = cluster.submit("--requeue", "--nodes", "2", "--time", "2", "--signal=B:TERM@40",
+                            "scripts/train_slurm.sbatch", "--entry-module", "at_step", "--", *TRAIN,
+                            env=at_step(3, flag, SIGNAL="SIGCONT", TARGET_PID="self", AT_WAIT_STOP="1"))
+    wait_for_file(flag, cluster, job_id)
+    fields = cluster.wait_state(job_id, {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT"})
+    output = cluster.output(job_id)
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "75:0"), output
+    for node in (0, 1):
+        assert f"node {node}: stopped by SIGTERM at step 4, checkpoint" in output, output
+    requeue_and_resume(cluster, job_id, uninterrupted, stopped_at=4)
+
+
+SWEEP = """# Three trials of the machinery task, one at a time: two train, the third is cancelled by the test.
+search = "grid"
+seeds = [1]
+
+[fixed]
+max_steps = 4
+
+[space]
+lr = [1e-3, 2e-3, 3e-3]
+"""
+
+
+def test_a_sweep_runs_its_trials_through_sbatch_wait_and_records_a_cancelled_one_as_failed(cluster: Cluster) -> None:
+    """``python -m distqa.sweep FILE --launcher slurm`` on the controller (a login node): each trial is one
+    ``sbatch --wait`` of train_slurm.sbatch (job name = its run id); trial-002's job, cancelled by ``scancel``, is
+    recorded failed with one line saying so, and the sweep goes on to its end."""
+    (cluster.shared / "sweep.toml").write_text(SWEEP)
+    sweep_dir = f"/shared/sweeps/{uuid.uuid4().hex[:6]}"
+    sweep = subprocess.Popen(
+        ["docker", "exec", "--workdir", PROJECT, f"{cluster.name}-ctl", "python", "-m", "distqa.sweep",
+         "/shared/sweep.toml", "--launcher", "slurm", "--sweep-dir", sweep_dir, "--", *TRAINER],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S * 2
+        cancelled = ""
+        while not cancelled:  # trial-002's job, as soon as squeue lists it
+            assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate(timeout=30)[0]
+            cancelled = cluster.run("squeue", "--noheader", "--name", "sweep-t2", "--format=%i").stdout.strip()
+            time.sleep(0.5)
+        cluster.run("scancel", cancelled)
+        output, _ = sweep.communicate(timeout=HANG_GUARD_S)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, output
+    results = (cluster.shared / sweep_dir.removeprefix("/shared/") / "results.txt").read_text()
+    rows = {line.split()[0]: line for line in results.splitlines() if line.startswith("trial-")}
+    assert "done" in rows["trial-000"] and "done" in rows["trial-001"], results
+    failed = [line for line in results.splitlines() if line.startswith("trial-002 failed: ")]
+    assert len(failed) == 1 and "CANCELLED" in failed[0], results
+    for job in ("sweep-t0", "sweep-t1"):
+        states = cluster.run("sacct", "--name", job, "--noheader", "--parsable2", "--allocations",
+                             "--format=State").stdout.split()
+        assert states == ["COMPLETED"], (job, states)
+
+
+def test_a_lost_node_goes_down_and_the_survivor_finishes_the_run_exactly(cluster: Cluster, uninterrupted: Path) -> None:
+    """``MIN_NODES=1 EXTERNAL_STORE=1``: node2's container killed while its rank holds step 5 (SIGSTOP at AT_STEP,
+    so the kill lands mid-run however fast the steps). Slurm marks node2 DOWN; srun runs with --no-kill, so the job
+    and node1's task go on. The survivor (rank 0) saves step 5, the last it completed, and its agent goes on alone
+    from it with the same global batch (1 rank of 8): the run ends with the uninterrupted run's weights."""
+    flag = cluster.shared / f"lost-{uuid.uuid4().hex[:6]}"
+    job_id = cluster.submit("--nodes", "2", "scripts/train_slurm.sbatch", "--entry-module", "at_step", "--", *TRAIN,
+                            env={"MIN_NODES": "1", "EXTERNAL_STORE": "1", **RENDEZVOUS,
+                                 **at_step(5, flag, AT_RANK="1", SIGNAL="SIGSTOP", TARGET_PID="self")})
+    wait_for_file(flag, cluster, job_id)
+    subprocess.run(["docker", "kill", f"{cluster.name}-node2"], capture_output=True, timeout=60, check=True)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while "DOWN" not in (node := cluster.run("scontrol", "--oneliner", "show", "node", "node2").stdout):
+            assert time.monotonic() < deadline, node
+            time.sleep(1)
+        fields = cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"})
+        output = cluster.output(job_id)
+        rows = cluster.sacct(job_id)
+        print(fields, rows, output, sep="\n")
+        run_dir = cluster.results(f"slurm-{job_id}")
+        assert checkpoint_steps(run_dir) == [5, 12], output
+        difference = max_difference(final_weights(uninterrupted), final_weights(run_dir))
+        assert difference < 1e-6, f"the run that lost node2 differs from the uninterrupted one by {difference:.2e}"
+        assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (fields, rows, output)
+    finally:  # node2 back for whatever runs next: its slurmd registers again and ReturnToService=2 makes it idle
+        subprocess.run(["docker", "start", f"{cluster.name}-node2"], capture_output=True, timeout=60, check=False)
