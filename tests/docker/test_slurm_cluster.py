@@ -300,7 +300,8 @@ def test_a_sweep_runs_its_trials_through_sbatch_wait_and_records_a_cancelled_one
     rows = {line.split()[0]: line for line in results.splitlines() if line.startswith("trial-")}
     assert "done" in rows["trial-000"] and "done" in rows["trial-001"], results
     failed = [line for line in results.splitlines() if line.startswith("trial-002 failed: ")]
-    assert len(failed) == 1 and re.search(r"Slurm job \d+: CANCELLED by 0, exit code 0:\d+ \(exit 1\)", failed[0]), results
+    assert len(failed) == 1, results
+    assert re.search(r"Slurm job \d+: CANCELLED by 0, exit code 0:\d+ \(exit 1\)", failed[0]), results
     for job in ("sweep-t0", "sweep-t1"):
         states = cluster.run("sacct", "--name", job, "--noheader", "--parsable2", "--allocations",
                              "--format=State").stdout.split()
