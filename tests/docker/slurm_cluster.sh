@@ -50,8 +50,8 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 SwitchType=switch/none
-# The nodes declare 8 CPUs (train_slurm.sbatch asks --cpus-per-task=8) on a 2-core machine: slurmd keeps the
-# configured sizes instead of refusing to register.
+# The nodes declare 16 CPUs on a 2-core machine, so that two jobs of train_slurm.sbatch (--cpus-per-task=8) run
+# side by side: slurmd keeps the configured sizes instead of refusing to register.
 SlurmdParameters=config_overrides
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
@@ -65,7 +65,7 @@ KillWait=30
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=slurmctl
 JobCompType=jobcomp/none
-NodeName=node[1-$nodes] CPUs=8 RealMemory=2000 State=UNKNOWN
+NodeName=node[1-$nodes] CPUs=16 RealMemory=2000 State=UNKNOWN
 PartitionName=debug Nodes=node[1-$nodes] Default=YES MaxTime=INFINITE State=UP
 EOF
 }
