@@ -169,6 +169,15 @@ def test_sbatch_trains_two_nodes_with_the_ranks_from_slurms_variables(cluster: C
     assert torch.load(uninterrupted / "checkpoints" / "step-00000012.pt", weights_only=True)["world_size"] == 2
 
 
+def test_the_script_without_hosts_says_so_as_with_the_stand_in_scontrol(cluster: Cluster) -> None:
+    """The case tests/launchers/test_slurm.py runs with a stand-in scontrol, here with the real one: an empty
+    SLURM_JOB_NODELIST lists no host (scontrol prints nothing, status 0) and the script says so in one line."""
+    result = cluster.run("bash", "scripts/train_slurm.sbatch",
+                         env={"SLURM_JOB_NODELIST": "", "SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2"}, check=False)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == "distqa: scontrol listed no hosts for SLURM_JOB_NODELIST=''; run this under sbatch\n"
+
+
 def test_the_doctor_on_the_same_allocation_prints_rank_0s_table(cluster: Cluster) -> None:
     """``sbatch --nodes 2 scripts/train_slurm.sbatch --doctor -- ARGS``: python -m distqa.doctor on every node; rank
     0's table (a row per rank: rank, node) and its verdict in slurm-<id>.out."""
