@@ -59,11 +59,13 @@ def platform_fixture(tmp_path: Path) -> Iterator[dict[str, str]]:
 def launch(env: dict[str, str], run_id: str, *extra: str, nodes: int = 2, cwd: Path = REPO_ROOT,
            output: Path | None = None, script: bool = False) -> subprocess.Popen[str]:
     """The launcher in the background (``script``: through scripts/run_distributed_on_platform.sh); its output to a
-    pipe that :func:`finish` reads, or to ``output`` (a file a test can read while the launcher runs)."""
+    pipe that :func:`finish` reads, or to ``output`` (a file a test can read while the launcher runs). It looks at the
+    jobs every 2 s: each look is one `ps` of the stand-in, which renders its table with neuro-flow's own code (about
+    1 CPU-s, as the real CLI's start)."""
     with contextlib.ExitStack() as files:
         sink = files.enter_context(output.open("w")) if output else subprocess.PIPE
         return subprocess.Popen([*(["bash", str(LAUNCH)] if script else LAUNCHER), "--nodes", str(nodes), "--run-id",
-                                 run_id, "--port", str(free_port()), "--poll", "0.5", *extra],
+                                 run_id, "--port", str(free_port()), "--poll", "2", *extra],
                                 cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 

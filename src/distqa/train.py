@@ -133,11 +133,11 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
              runtime.rank, runtime.world_size, runtime.node_rank, runtime.local_rank, runtime.device, runtime.backend,
              config.data_parallel, task.name or config.task, run_dir)
     # Ranks with other code, config or library versions stop here, all with the same message (no RNG drawn).
-    reports = check_at_training_start(config, runtime, task)
-    hosts = [report.host for report in reports]
+    places = check_at_training_start(config, runtime, task)  # every rank's place, on rank 0
+    hosts = [place.host for place in places]
     node_range = NodeRange.from_environment()
     if runtime.is_main_process and node_range is not None and node_range.elastic:
-        nodes = sorted({report.launcher_node or f"{report.host} (group rank {report.node_rank})" for report in reports})
+        nodes = sorted({place.launcher_node or f"{place.host} (group rank {place.node_rank})" for place in places})
         log.info("%s", membership_line(os.environ.get(ROUND_VARIABLE, "?"), nodes, runtime.world_size,
                                        config.accumulation_steps(runtime.world_size)))
     task.setup(runtime)  # e.g. hub weights: rank 0 downloads, the others wait, then all read the cache

@@ -467,7 +467,7 @@ def test_a_sweep_runs_two_trials_at_once_each_on_two_platform_jobs_and_records_a
     sweep = subprocess.Popen(
         [sys.executable, "-m", "distqa.sweep", str(sweep_file), "--launcher", "platform", "--nodes", "2",
          "--parallel", "2", "--sweep-dir", str(storage), "--trial-sweep-dir", "/project/results/sweeps/psweep",
-         "--launcher-args", "--poll 0.5", "--", *MACHINERY_ARGS],
+         "--launcher-args", "--poll 2", "--", *MACHINERY_ARGS],
         cwd=REPO_ROOT, env=platform, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     trial = {n: [f"distributed_training-psweep-t{n}-{rank}" for rank in (0, 1)] for n in (0, 1, 2)}

@@ -2,7 +2,8 @@
 (every job renders), and the platform launcher (python -m distqa.launch.platform, which
 scripts/run_distributed_on_platform.sh execs) against a stand-in neuro-flow (tests/standin/platform_cli.py): dry runs
 and refusals in this process, options from flags, environment and .env, a master never scheduled, a rebuild, the
-external store's job submitted first. The launcher's training runs: tests/distributed/test_platform.py."""
+external store's job submitted first, sixteen nodes watched with one CLI call a poll. The launcher's training runs:
+tests/distributed/test_platform.py."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ from platform_helpers import (
     launch,
     platform_fixture,  # noqa: F401  (the fixture `platform`)
 )
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+import platform_polls  # bench/ is not a package: the watch measured on light jobs, as the bench measures it
 
 JOBS = {"train", "doctor", "prepare", "predict", "distributed_training", "rendezvous_store", "jupyter", "tensorboard",
         "filebrowser", "remote_debug"}
@@ -363,3 +367,16 @@ def test_the_platform_launcher_passes_the_range_to_every_nodes_worker_sh(
     assert worker.returncode == 0, worker.stderr
     torchrun = shlex.split(worker.stdout)
     assert torchrun[torchrun.index("--nnodes") + 1] == nnodes
+
+
+def test_the_watch_looks_at_sixteen_nodes_with_one_cli_process_a_poll() -> None:
+    """docs/DESIGN.md, "Scale": a launcher lists its jobs in one call per poll. Sixteen light jobs (a sleep each, the
+    stand-in's command/ file: no trainer) run on the stand-in; the launcher's own watch loop, three polls: each
+    poll starts exactly one CLI process, `ps`, and nothing else while no job ends (an ended job's one `status` and
+    its resubmission: test_platform_launcher.py). The per-node look it replaced, taken before each poll on the same
+    jobs, started sixteen."""
+    measured = platform_polls.measure(16, polls=3)
+    assert measured["new_calls"] == [["ps"]] * 3
+    per_node = [f"status distributed_training {platform_polls.RUN_ID}-{rank}" for rank in range(16)]
+    assert measured["old_calls"] == [per_node] * 3
+    assert measured["new_processes_per_poll"] == 1 and measured["old_processes_per_poll"] == 16

@@ -5,6 +5,8 @@ launcher against the stand-in platform; these cases are each of its branches, in
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,11 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from distqa.launch.platform.jobs import JOB, STORE_JOB, Flow, JobStatus, job_name, parse_status, valid_job_name
+from distqa.launch.platform.jobs import (
+    JOB,
+    STORE_JOB,
+    Flow,
+    JobStatus,
+    Listing,
+    job_name,
+    parse_listing,
+    parse_status,
+    valid_job_name,
+)
 from distqa.launch.platform.options import Options, UsageError, parse_options
 from distqa.launch.platform.run import UNKNOWN_LIMIT, Launch, RunFailedError, Watch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, clean_env
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import platform_cli  # the stand-in (tests/standin is not a package), derived from neuro-flow's source
@@ -69,6 +81,108 @@ def test_the_status_is_read_from_the_platform_clients_rows() -> None:
     assert (running.state, running.host, running.describe()) == ("running", "10.0.0.7", "running")
     assert parse_status("Job distributed_training is not running\n").state == "unknown"
     assert parse_status("").state == "unknown"
+
+
+# --- the listing: `<flow> ps` as the installed CLI prints it --------------------------------------------------------
+
+PS_TABLE = r"""
+import asyncio, io, json, sys, types
+from datetime import datetime, timedelta, timezone
+from apolo_flow.live_runner import LiveRunner
+from apolo_sdk import JobStatus
+from rich.console import Console
+sys.path.insert(0, sys.argv[1])
+import platform_cli  # its _Client: the project and the parser neuro-flow's config loader asks for, nothing more
+width, encoding, terminal, jobs = int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", json.loads(sys.argv[5])
+now = datetime.now(timezone.utc)
+
+class Jobs:  # apolo_sdk.Jobs.list over `jobs` (oldest first), with the filters LiveRunner._resolve_jobs passes
+    async def list(self, *, tags=(), statuses=(), reverse=False, limit=None, **_):
+        found = [j for j in jobs if set(tags) <= set(j["tags"]) and JobStatus(j["status"]) in statuses]
+        for j in (found[::-1] if reverse else found)[:limit]:
+            at = now - timedelta(seconds=j["age"])
+            yield types.SimpleNamespace(id=j["id"], status=JobStatus(j["status"]), tags=j["tags"],
+                                        history=types.SimpleNamespace(created_at=at, started_at=at, finished_at=at))
+
+class Client(platform_cli._Client):
+    jobs = Jobs()
+
+out = io.TextIOWrapper(io.BytesIO(), encoding=encoding, newline="")
+console = Console(file=out, width=width, force_terminal=terminal, highlight=False, log_path=False)
+runner = LiveRunner(platform_cli.workspace(), console, Client(), None, types.SimpleNamespace(verbosity=0,
+                    show_traceback=False))
+
+async def main():
+    await runner.init_flow()
+    for j in jobs:  # each job's tags as neuro-flow gives them: the job's meta tags, and multi:SUFFIX
+        j["tags"] = sorted((await runner.flow.get_meta(j["job"])).tags | ({f"multi:{j['suffix']}"} if j["suffix"]
+                                                                         else set()))
+    await runner.ps()
+    await runner.close()
+
+asyncio.run(main())
+out.flush()
+sys.stdout.write(out.buffer.getvalue().decode(encoding))
+"""
+FLOW26_PYTHON = REPO_ROOT / ".venv-apolo-flow26" / "bin" / "python"
+RID = "job-00000000-0000-4000-8000-0000000000"
+PS_JOBS = [  # oldest first; node 1 failed (job a1) and was submitted again (a2, running): the listing shows a2
+    {"job": JOB, "suffix": "dq-0612-0", "status": "running", "id": RID + "00", "age": 300},
+    {"job": JOB, "suffix": "dq-0612-1", "status": "failed", "id": RID + "a1", "age": 290},
+    {"job": JOB, "suffix": "dq-0612-1", "status": "running", "id": RID + "a2", "age": 20},
+    {"job": JOB, "suffix": "dq-0612-2", "status": "pending", "id": RID + "02", "age": 10},
+    {"job": JOB, "suffix": "dq-0612-3", "status": "succeeded", "id": RID + "03", "age": 3000},
+    {"job": JOB, "suffix": "old-0", "status": "cancelled", "id": RID + "99", "age": 90000},
+    {"job": STORE_JOB, "suffix": "dq-0612", "status": "running", "id": RID + "st", "age": 400},
+    {"job": "jupyter", "suffix": "", "status": "running", "id": RID + "ju", "age": 5},
+]
+
+
+def real_ps(python: Path | str, width: int = 4096, encoding: str = "utf-8", terminal: bool = False) -> str:
+    """What the installed CLI's `ps` (apolo_flow.live_runner.LiveRunner.ps, its own code) prints for PS_JOBS."""
+    result = subprocess.run([str(python), "-c", PS_TABLE, str(REPO_ROOT / "tests" / "standin"), str(width), encoding,
+                             "1" if terminal else "0", json.dumps(PS_JOBS)], cwd=REPO_ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("python", [sys.executable, FLOW26_PYTHON], ids=["neuro-flow-24.12", "apolo-flow-26.7"])
+def test_the_listing_is_read_from_the_real_clis_ps_table(python: Path | str) -> None:
+    """Every job's state and id from the table the installed `ps` prints (neuro-flow 24.12 and apolo-flow 26.7): the
+    newest job of each suffix, a live one first; the same whether the console draws its box in Unicode, in ASCII (an
+    encoding that is not UTF-8) or in colour (a terminal)."""
+    want = {(JOB, "dq-0612-0"): JobStatus("running", job_id=RID + "00"),
+            (JOB, "dq-0612-1"): JobStatus("running", job_id=RID + "a2"),
+            (JOB, "dq-0612-2"): JobStatus("pending", job_id=RID + "02"),
+            (JOB, "dq-0612-3"): JobStatus("succeeded", job_id=RID + "03"),
+            (JOB, "old-0"): JobStatus("cancelled", job_id=RID + "99"),
+            (STORE_JOB, "dq-0612"): JobStatus("running", job_id=RID + "st"),
+            ("jupyter", ""): JobStatus("running", job_id=RID + "ju")}
+    for variant in ({}, {"encoding": "ascii"}, {"terminal": True}):
+        printed = real_ps(python, **variant)  # type: ignore[arg-type]
+        listing = parse_listing(printed)
+        assert listing.error == "", (variant, printed)
+        never_run = {key for key, status in listing.jobs.items() if status == JobStatus("unknown")}
+        assert {key: status for key, status in listing.jobs.items() if key not in never_run} == want, printed
+        assert ("train", "") in never_run and listing.status(JOB, "dq-0612-9") == JobStatus("unknown")
+    if python == sys.executable:  # the ASCII box and the colours are there to be read past
+        assert "|" in real_ps(python, encoding="ascii") and "\x1b[" in real_ps(python, terminal=True)
+
+
+def test_a_listing_it_cannot_read_says_why_and_reads_nothing() -> None:
+    """At rich's 80 columns (no $COLUMNS, not a terminal) the table wraps its rows: refused, not misread; so are
+    an error, an empty output and a row cut short."""
+    wrapped = parse_listing(real_ps(sys.executable, width=80))
+    assert wrapped.jobs == {} and wrapped.error.startswith("a row it cannot read: ")
+    assert parse_listing("ERROR: Config is not a regular file\n") == Listing(
+        {}, "no JOB | STATUS | RAW ID | WHEN table in its output (ERROR: Config is not a regular file)")
+    assert parse_listing("").error == "no JOB | STATUS | RAW ID | WHEN table in its output (none)"
+    header = "  JOB   \u2502 STATUS  \u2502 RAW ID \u2502 WHEN\n"
+    assert parse_listing(header + "  train \u2502 running \u2502 job-1\n").error == \
+        "a row it cannot read: 'train \u2502 running \u2502 job-1'"
+    assert parse_listing(header + "  train \u2502 weird \u2502 job-1 \u2502 now\n").error.startswith("a row it cannot")
+    assert parse_listing(header + "  train \u2502 running \u2502 job-1\u2026 \u2502 now\n").error.startswith("a row it")
 
 
 # --- options -----------------------------------------------------------------------------------------------------
@@ -208,6 +322,16 @@ class ScriptedFlow(Flow):
         played = self.script[job_id, suffix]
         return played.pop(0) if len(played) > 1 else played[0]
 
+    def listing(self) -> Listing:
+        """One look at every job of the script (the next status of each), as one `ps`."""
+        self.given.append("ps")
+        return Listing({key: self.status(*key) for key in self.script})
+
+    def describe(self, job_id: str, suffix: str, listed: JobStatus) -> JobStatus:
+        """The scripted statuses say how a job ended already: the call is recorded, the status kept."""
+        self.given.append(f"status {job_id} {suffix}")
+        return listed
+
     def submit(self, command: list[str]) -> Submitted:  # type: ignore[override]
         self.given.append(f"run {command[2]} {command[4]}")
         return Submitted(iter(self.run_codes))
@@ -268,7 +392,8 @@ def test_the_watch_resubmits_a_lost_node_waits_for_its_new_job_and_ends_when_all
     flow.run_codes = [None, None, 0]
     launch = Launch(flow)
     launch.watch("10.0.0.1")
-    assert flow.given == ["run distributed_training r-1"], "submitted again once"
+    assert flow.given == ["ps", "status distributed_training r-1", "run distributed_training r-1", "ps", "ps", "ps"], \
+        "one listing a look; status once, for the job that ended; submitted again once"
     assert launch.started == ["r-1"]
     assert capsys.readouterr().err.count("resubmitting it (1 of 3)") == 1
 
@@ -280,6 +405,22 @@ def test_the_store_ending_ends_the_run_in_one_line() -> None:
         Launch(flow).watch("10.0.0.9")
     assert str(failure.value).startswith("the rendezvous store's job (rendezvous_store r, job job-s) ended: failed: "
                                          "exit code 137 (Error); every node's rendezvous is gone with it")
+    assert flow.given == ["ps", "status rendezvous_store r"], "one listing, then how the store's job ended"
+
+
+def test_a_listing_it_cannot_read_is_every_job_unknown_said_once_and_counted(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `ps` whose output is no table (an error, a changed format) is not a success nor a crash: every status is
+    unknown, the reason one line (once while it stays the same), and UNKNOWN_LIMIT such looks end the run."""
+    flow = scripted("--nodes", "2", r_0=[RUNNING], r_1=[RUNNING])
+    unreadable = Listing({}, "'neuro-flow ps': no JOB | STATUS | RAW ID | WHEN table in its output (ERROR: offline)")
+    monkeypatch.setattr(flow, "listing", lambda: unreadable)
+    with pytest.raises(RunFailedError, match=r"the status of 2 job\(s\) could not be read 20 times in a row"):
+        Launch(flow).watch("10.0.0.1")
+    said = [line for line in capsys.readouterr().err.splitlines() if "could not read the jobs' statuses" in line]
+    assert said == ["[platform] could not read the jobs' statuses: 'neuro-flow ps': no JOB | STATUS | RAW ID | WHEN "
+                    "table in its output (ERROR: offline); every job's status is unknown this time (the run is "
+                    "given up after 20 such looks in a row)"]
 
 
 def test_killing_the_run_kills_every_node_then_the_store(capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,7 +40,14 @@ apolo-flow 26.7 both ship the package ``apolo_flow``; the platform client is ``a
   ``apolo logs``); ``kill JOB [SUFFIX]`` / ``kill ALL`` (``LiveExecutor.kill_job`` / ``kill_all``: the
   client's ``DELETE /jobs/ID``, then a wait until the job's status is terminal) return once the job is
   ``cancelled``, which the platform records at once (platform-api ``JobsService.cancel_job``), while the
-  job's processes are still stopping (below).
+  job's processes are still stopping (below);
+* ``ps`` prints what ``apolo_flow.live_runner.LiveRunner.ps`` prints (``apolo_flow.cli.live.ps``): it runs that very
+  code, the flow loaded from live.yml by ``LiveRunner.init_flow`` and the console made as
+  ``apolo_flow.cli.main.MainGroup._process_args`` makes it (so ``$COLUMNS`` sets its width, as for the real CLI),
+  with the platform's job list (``apolo_sdk.Jobs.list``: jobs carrying every tag asked for, in the statuses asked
+  for, created since ``since``, newest first with ``reverse``, at most ``limit``) answered from the stand-in's
+  records. The stand-in keeps the newest job under each name only; ``LiveRunner._job_status`` shows only the newest
+  per suffix (a live job first, then the newest that ended), so the listing is the real one.
 
 What stands in for the platform:
 
@@ -75,7 +82,12 @@ What stands in for the platform:
 * every submission and every change of a job's status is one line of
   ``$STANDIN_PLATFORM_DIR/events.jsonl``, in the order they happened (tests assert on this order, never on
   how long anything took);
-* images are records in ``$STANDIN_PLATFORM_DIR/images``; a build runs no Dockerfile.
+* images are records in ``$STANDIN_PLATFORM_DIR/images``; a build runs no Dockerfile;
+* a job's command is the shell line in ``$STANDIN_PLATFORM_DIR/command/<job id>-<suffix>`` (else
+  ``command/<job id>``) when a test wrote one, run with ``bash -c`` in the job's environment: a light job for a test
+  about the control plane (the launcher's polls), where the rendered command would start a trainer per node;
+* every invocation of the CLI is one line of ``$STANDIN_PLATFORM_DIR/calls.jsonl`` (its subcommand and arguments,
+  in order), so a test can count the CLI processes a launcher starts.
 
 Subcommands: run, status, logs, kill (JOB [SUFFIX] or ALL), ps, mkvolumes, upload (VOLUME or ALL),
 build IMAGE.
@@ -98,6 +110,7 @@ import sys
 import time
 import types
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +265,11 @@ def update_record(key: str, **changes: Any) -> None:
     record = read_record(key) or {}
     if record.get("status") == "cancelled" and changes.get("status") in TERMINAL:
         changes.pop("status")  # a killed job stays cancelled
+    # The job's history as the platform keeps it (apolo_sdk.JobStatusHistory): when it started, when it ended.
+    if changes.get("status") == "running":
+        changes["started_at"] = time.time()
+    elif changes.get("status") in TERMINAL and record.get("status") not in TERMINAL:
+        changes["finished_at"] = time.time()
     write_record(key, {**record, **changes})
     if "status" in changes and changes["status"] != record.get("status"):
         note_event(key, changes["status"], **({"reason": changes["reason"]} if "reason" in changes else {}))
@@ -305,8 +323,27 @@ def next_address() -> str:
 # --- the CLI ---------------------------------------------------------------------------------
 
 @click.group()
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Stand-in for neuro-flow / apolo-flow: runs live.yml jobs as local processes (tests only)."""
+    if ctx.invoked_subcommand != "_supervise":  # the platform's side of a job, not a CLI process of the user's
+        note_call(ctx.invoked_subcommand or "", sys.argv[2:])
+
+
+def note_call(command: str, args: list[str]) -> None:
+    """One line in calls.jsonl per CLI process, written whole as note_event writes events.jsonl's."""
+    line = json.dumps({"command": command, "args": args}) + "\n"
+    fd = os.open(state_dir() / "calls.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_calls() -> list[dict[str, Any]]:
+    """Every CLI process started so far: its subcommand and arguments, in order."""
+    path = state_dir() / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @cli.command()
@@ -327,6 +364,9 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
     command = [rewrite(arg, mounts) for arg in shlex.split(job.cmd or "")]
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable
+    light = next((p for p in (state_dir() / "command" / key, state_dir() / "command" / job_id) if p.is_file()), None)
+    if light is not None:  # a test's light job in place of the image's command (the module's docstring)
+        command = ["bash", "-c", light.read_text().strip()]
     hostname = pinned_address(key) or next_address()
     env = {k: rewrite(str(v), mounts) for k, v in job.env.items()}
     env |= {"NODE_ADDR": hostname, "GLOO_SOCKET_IFNAME": "lo"}
@@ -335,7 +375,7 @@ def run(job_id: str, suffix: str | None, param: list[tuple[str, str]], dry_run: 
               "life_span": job.life_span, "schedule_timeout": job.schedule_timeout,
               "command": command, "env": env, "params": params,
               "workdir": rewrite(job.workdir or IMAGE_ROOT, mounts), "log": str(state_dir() / "jobs" / f"{key}.log"),
-              "cli": os.environ.get("STANDIN_CLI_NAME", "")}
+              "cli": os.environ.get("STANDIN_CLI_NAME", ""), "created_at": time.time()}
     if dry_run:
         click.echo(shlex.join(command))
         return
@@ -543,14 +583,64 @@ def _is_supervisor(proc: Path, record: dict[str, Any]) -> bool:
         cmdline = (proc / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"_supervise" in cmdline and record["key"].encode() in cmdline and \
-        any(part.endswith(b"platform_cli.py") for part in cmdline)
+    if not (b"_supervise" in cmdline and record["key"].encode() in cmdline and
+            any(part.endswith(b"platform_cli.py") for part in cmdline)):
+        return False
+    # This platform's job only: two stand-in platforms (two tests, a test and a bench) may hold jobs of one name.
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"STANDIN_PLATFORM_DIR={os.environ['STANDIN_PLATFORM_DIR']}".encode() in environ  # as state_dir() read it
+
+
+class _Jobs:
+    """apolo_sdk.Jobs.list answered from the stand-in's records, with the filters LiveRunner._resolve_jobs passes."""
+
+    async def list(self, *, tags: Any = (), statuses: Any = (), since: Any = None, reverse: bool = False,
+                   limit: int | None = None, **_: Any) -> Any:
+        from apolo_sdk import JobStatus  # here, as ps's imports: the other subcommands start without them
+
+        def when(stamp: float | None) -> datetime | None:
+            return None if stamp is None else datetime.fromtimestamp(stamp, UTC)
+
+        wanted = {JobStatus(s).value for s in statuses}
+        found = [r for r in all_records() if set(tags) <= set(r["tags"]) and r["status"] in wanted
+                 and (since is None or when(r.get("created_at", time.time())) >= since)]  # platform-api: created since
+        found.sort(key=lambda r: r.get("created_at", 0.0), reverse=reverse)
+        for record in found[:limit]:
+            yield types.SimpleNamespace(
+                id=record["id"], status=JobStatus(record["status"]), tags=record["tags"],
+                history=types.SimpleNamespace(created_at=when(record.get("created_at")),
+                                              started_at=when(record.get("started_at")),
+                                              finished_at=when(record.get("finished_at"))))
+
+
+class _ListingClient(_Client):
+    jobs = _Jobs()
 
 
 @cli.command()
 def ps() -> None:
-    for record in all_records():
-        click.echo(f" {record['key']:<45}{record['status']:<12}{record['id']}")
+    """List every job of the flow, each suffix of a multi job on a row: apolo_flow.cli.live.ps's own code."""
+    # Imported here: apolo_flow's runner and rich cost every other subcommand's start-up nothing.
+    from apolo_flow.live_runner import LiveRunner
+    from rich.console import Console
+
+    # apolo_flow.cli.main.MainGroup._process_args: the console every command prints to.
+    console = Console(highlight=False, log_path=False, log_time_format="[%X %z]",
+                      get_datetime=lambda: datetime.now().astimezone())
+    options = types.SimpleNamespace(verbosity=0, show_traceback=False)
+    runner = LiveRunner(workspace(), console, _ListingClient(), None, options)  # type: ignore[arg-type]
+
+    async def listing() -> None:
+        await runner.init_flow()  # LiveRunner.__aenter__ less the project storage, which ps never reads
+        try:
+            await runner.ps()
+        finally:
+            await runner.close()
+
+    asyncio.run(listing())
 
 
 @cli.command()

@@ -48,8 +48,8 @@ def test_a_node_that_left_the_round_at_its_own_deadline_still_counts_as_joined()
     backend = C10dRendezvousBackend(store, "left")
     watcher = RendezvousWatcher("127.0.0.1", store.port, "left", 1, 3, "10.0.0.2")
     node_0, node_1 = _NodeDesc("10.0.0.1", 4321, 0), _NodeDesc("10.0.0.2", os.getpid(), 0)
-    store.set("distqa.launch.agent.left.node.0", json.dumps({"addr": "10.0.0.1", "pid": 4321}))
-    store.set("distqa.launch.agent.left.node.1", json.dumps({"addr": "10.0.0.2", "pid": os.getpid()}))
+    for rank, (addr, pid) in enumerate((("10.0.0.1", 4321), ("10.0.0.2", os.getpid()))):  # each watcher's line
+        store.append("distqa.launch.agent.left.nodes", json.dumps({"addr": addr, "pid": pid, "rank": rank}) + "\n")
 
     def read(round_number: int, *nodes: _NodeDesc) -> list[int | None] | None:
         state = _RendezvousState()
@@ -104,6 +104,7 @@ from distqa.launch.agent import POLL_S, RendezvousWatcher
 store = socket.create_server(("127.0.0.1", 0))  # node 0's store, as far as the watcher can tell: it never answers
 store.settimeout(60)
 watcher = RendezvousWatcher("127.0.0.1", store.getsockname()[1], "ends", 1, 2, "127.0.0.1").start()
+watcher.rendezvous_begins()  # torchrun's agent waits in its rendezvous: the watcher reads
 connection, _ = store.accept()  # the watcher's thread is now inside TCPStore's C++ call
 
 
@@ -167,6 +168,7 @@ agent.RendezvousWatcher._read = counted
 
 NODE_0_AGENT_RETURNS = NODE_0_STORE_AND_COUNTED_READS + """
 watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 0, 2, "127.0.0.1", hosts_store=True).start()
+watcher.rendezvous_begins()
 assert reads.acquire(timeout=60)  # the watcher reads the rendezvous
 del store  # torchrun's agent returns; its rendezvous handler, the store's owner, goes
 assert reads.acquire(timeout=60)  # the watcher's next read, before distqa.launch.agent.main stops it
@@ -184,6 +186,7 @@ def node_0_ends_as_the_barrier_lets_it_go(_agent):
 
 SimpleElasticAgent._exit_barrier = node_0_ends_as_the_barrier_lets_it_go
 watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 1, 2, "127.0.0.1").start()
+watcher.rendezvous_begins()
 assert reads.acquire(timeout=60)  # node 1's watcher reads the rendezvous
 with agent.watching_until_the_exit_barrier(watcher):
     SimpleElasticAgent._exit_barrier(None)  # the workers succeeded: torchrun's agent waits for the others

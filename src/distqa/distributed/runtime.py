@@ -191,12 +191,35 @@ def all_gather_tensor(value: torch.Tensor) -> torch.Tensor:
     return torch.stack(gathered)
 
 
+def gather_tensor_to_main(value: torch.Tensor) -> torch.Tensor | None:
+    """Every rank's ``value`` stacked in rank order on rank 0 (shape (world_size, *value.shape)), None on the others:
+    the gather for what rank 0 alone logs, whose cost on the other ranks does not grow with the world size."""
+    if not dist.is_initialized():
+        return value.unsqueeze(0)
+    main = dist.get_rank() == 0
+    gathered = [torch.empty_like(value) for _ in range(dist.get_world_size())] if main else None
+    dist.gather(value, gathered, dst=0)
+    return torch.stack(gathered) if gathered is not None else None
+
+
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order (a one-element list in a single process)."""
     if not dist.is_initialized():
         return [obj]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def gather_objects_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on rank 0, None on the others (a one-element list in a single process):
+    what each rank other than 0 sends and receives does not grow with the world size, unlike
+    :func:`all_gather_objects`, so this is the gather for what only rank 0 logs or writes."""
+    if not dist.is_initialized():
+        return [obj]
+    main = dist.get_rank() == 0
+    gathered: list[Any] | None = [None] * dist.get_world_size() if main else None
+    dist.gather_object(obj, gathered, dst=0)
     return gathered
 
 

@@ -14,12 +14,16 @@ the missing node. Here the agent ends with one line naming the rendezvous ``HOST
 those that joined (by their ``--node-rank`` and address), what to check, and exit code
 :data:`RENDEZVOUS_TIMEOUT_EXIT_CODE`.
 
-Who joined is read while the agent waits: a thread connects to the rendezvous store as a client, writes
-this node's rank, address and agent pid under a key of its own, and every couple of seconds reads the
+Who joined is read while the agent waits in a rendezvous: a thread connects to the rendezvous store as a client,
+appends this node's rank, address and agent pid to one key all nodes share, and every couple of seconds reads the
 rendezvous state through torch's own backend (``C10dRendezvousBackend.get_state``: the pickled
-``_RendezvousState`` of ``dynamic_rendezvous``, whose participants are ``(addr, pid, local_id)``). What is
-reported is every node seen in the newest round whose state had this node in it: at its deadline each agent
-removes its own node from the state before raising, so a state read then lacks nodes that did join.
+``_RendezvousState`` of ``dynamic_rendezvous``, whose participants are ``(addr, pid, local_id)``), and the shared key
+only when the state names a node it has not placed yet. What is reported is every node seen in the newest round whose
+state had this node in it: at its deadline each agent removes its own node from the state before raising, so a state
+read then lacks nodes that did join. While the workers run, the watcher reads nothing (one more read as a round
+completes): at 256 nodes a watcher that kept reading would add a store request per node every couple of seconds for
+the whole run, and the store is one process that every agent's own rendezvous traffic goes to
+(docs/SCALING.md).
 
 A graceful stop (:mod:`distqa.distributed.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
 :func:`membership_rounds`; but not the stop torchrun itself asks for when it restarts the workers into a new
@@ -106,11 +110,27 @@ class RendezvousWatcher:
         """That round's number and every (addr, pid) seen in it."""
         self._server: TCPStore | None = None
         """On the node that hosts the store: a second handle on its server (see :meth:`_hold_the_server`)."""
+        self._backend: tuple[TCPStore, C10dRendezvousBackend] | None = None
+        """torch's reader of the rendezvous state, on the store it reads (made once per connection)."""
+        self._announced: dict[tuple[str, int], int] = {}
+        """Every (addr, agent pid) read from the announcements so far, with its node rank."""
+        self._in_rendezvous = threading.Event()
+        """Set while torchrun's agent is in a rendezvous (:meth:`rendezvous_begins`): the watcher reads only then."""
+        self._read_once_more = threading.Event()
+        """Set as a rendezvous ends: one more read sees the round it completed."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="distqa-rendezvous-watcher", daemon=True)
 
-    def _key(self, node_rank: int) -> str:
-        return f"distqa.launch.agent.{self.run_id}.node.{node_rank}"
+    @property
+    def _key(self) -> str:
+        return f"distqa.launch.agent.{self.run_id}.nodes"
+
+    def rendezvous_begins(self) -> None:
+        self._in_rendezvous.set()
+
+    def rendezvous_ends(self) -> None:
+        self._in_rendezvous.clear()
+        self._read_once_more.set()
 
     def start(self) -> RendezvousWatcher:
         self._thread.start()
@@ -132,12 +152,16 @@ class RendezvousWatcher:
         store = None
         try:
             while not self._stopped.wait(POLL_S):
+                if not self._in_rendezvous.is_set() and not self._read_once_more.is_set():
+                    continue  # the workers run: nothing to diagnose, and no store request
+                self._read_once_more.clear()
                 try:
                     if store is None:  # node 0's store exists once its agent has started: retry until then
                         store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=POLL_S),
                                          wait_for_workers=False)
                         self._hold_the_server()
-                        store.set(self._key(self.node_rank), json.dumps({"addr": self.addr, "pid": os.getpid()}))
+                        announcement = {"addr": self.addr, "pid": os.getpid(), "rank": self.node_rank}
+                        store.append(self._key, json.dumps(announcement) + "\n")
                     self._read(store)
                 except Exception as err:  # a diagnosis aid must never end the agent
                     log.debug("rendezvous watcher: %s", err)
@@ -162,7 +186,9 @@ class RendezvousWatcher:
                                     timeout=timedelta(seconds=POLL_S))
 
     def _read(self, store: TCPStore) -> None:
-        found = C10dRendezvousBackend(store, self.run_id).get_state()
+        if self._backend is None or self._backend[0] is not store:  # its constructor is a store request of its own
+            self._backend = (store, C10dRendezvousBackend(store, self.run_id))
+        found = self._backend[1].get_state()
         if found is None:
             return
         state = pickle.loads(found[0])  # torch's own pickled _RendezvousState, from torch's own store
@@ -175,11 +201,11 @@ class RendezvousWatcher:
         if self._seen is not None and self._seen[0] == state.round:
             nodes |= self._seen[1]
         self._seen = (state.round, nodes)
-        announced = {}
-        for rank in range(self.nnodes):
-            if store.check([self._key(rank)]):
-                entry = json.loads(store.get(self._key(rank)))
-                announced[(entry["addr"], entry["pid"])] = rank
+        if not nodes <= self._announced.keys():  # one request for every node's announcement, only for a new node
+            for line in store.get(self._key).decode().splitlines():
+                entry = json.loads(line)
+                self._announced[(entry["addr"], entry["pid"])] = entry["rank"]
+        announced = self._announced
         self.joined = sorted((JoinedNode(announced.get(node), node[0]) for node in nodes),
                              key=lambda node: (node.node_rank is None, node.node_rank or 0, node.addr))
 
@@ -262,20 +288,29 @@ def _refusal_code(report_dir: str | None) -> int | None:
 
 @contextlib.contextmanager
 def watching_until_the_exit_barrier(watcher: RendezvousWatcher | None) -> Iterator[None]:
-    """Stop ``watcher`` as this node's workers have all finished, before torchrun's agent waits for the others
+    """Have ``watcher`` read while torchrun's agent is in a rendezvous (``SimpleElasticAgent._rendezvous``, each
+    round's), and stop it as this node's workers have all finished, before torchrun's agent waits for the others
     (``SimpleElasticAgent._exit_barrier``): nothing is left to diagnose then, and node 0's agent closes the store
     as soon as the barrier lets it go, so a read of another node's watcher after that made TCPStore's client log
     "recvVector failed" with a C++ stack trace after a run that ended well."""
     if watcher is None:
         yield
         return
-    exit_barrier = SimpleElasticAgent._exit_barrier
+    exit_barrier, rendezvous = SimpleElasticAgent._exit_barrier, SimpleElasticAgent._rendezvous
 
     def exit_barrier_without_the_watcher(agent: SimpleElasticAgent) -> None:
         watcher.stop()
         exit_barrier(agent)
 
-    with mock.patch.object(SimpleElasticAgent, "_exit_barrier", exit_barrier_without_the_watcher):
+    def rendezvous_watched(agent: SimpleElasticAgent, worker_group: Any) -> None:
+        watcher.rendezvous_begins()
+        try:
+            rendezvous(agent, worker_group)
+        finally:
+            watcher.rendezvous_ends()
+
+    with mock.patch.object(SimpleElasticAgent, "_exit_barrier", exit_barrier_without_the_watcher), \
+            mock.patch.object(SimpleElasticAgent, "_rendezvous", rendezvous_watched):
         yield
 
 

@@ -1,10 +1,11 @@
 """Preflight checks: what each rank reports about itself, and what the ranks must agree on.
 
 Every rank builds a :class:`RankReport` (host, device, GPUs, library versions, a hash of the installed
-code and of the resolved config, and the problems it finds on its own node); rank 0 gathers them and
-:func:`disagreements` names the ranks that differ. ``python -m distqa.doctor`` runs all of it before a
-long job (plus an all-reduce and the feature cache); :func:`check_at_training_start` runs the cheap part
-when training starts (milliseconds: no file written, no all-reduce beyond one gather).
+code and of the resolved config, and the problems it finds on its own node); :func:`disagreements` names the
+ranks that differ from rank 0. ``python -m distqa.doctor`` runs all of it before a long job (plus an all-reduce and
+the feature cache); :func:`check_at_training_start` runs the cheap part when training starts (milliseconds: no file
+written; a broadcast of rank 0's report, an all-reduce and a gather of a few bytes per rank to rank 0, so each rank's
+share stays the same at any world size).
 
 Every problem is one line that says what to fix.
 """
@@ -27,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distqa.config import Config, ConfigError
-from distqa.distributed.runtime import Runtime, all_gather_objects
+from distqa.distributed.runtime import (
+    Runtime,
+    all_gather_objects,
+    all_reduce_max,
+    broadcast_object,
+    gather_objects_to_main,
+)
 from distqa.record.rundir import versions
 
 if TYPE_CHECKING:
@@ -249,20 +256,29 @@ def disagreements(reports: list[RankReport], expected_world_size: int = 0) -> li
         problems.append(f"world size is {first.world_size}, expected {expected_world_size}: check --nnodes and "
                         "--nproc-per-node on every node (and that every node joined)")
     for report in reports[1:]:
-        where = f"rank {report.rank} ({report.host})"
-        if report.code_hash != first.code_hash:
-            problems.append(f"{where} runs other code than rank 0 ({first.host}): {code_difference(first, report)}")
-        if report.config_hash != first.config_hash:
-            changed = [f"{name} {first.config.get(name)!r} on rank 0, {value!r} here"
-                       for name, value in report.config.items() if first.config.get(name) != value]
-            what = f": {'; '.join(changed)}" if changed else " (or none: see its configuration error)"
-            problems.append(f"{where} resolved another config than rank 0{what}; give every node the same preset, "
-                            ".env, DISTQA_* variables and flags")
-        differing = [f"{name} {value} (rank 0: {first.versions.get(name)})"
-                     for name, value in report.versions.items() if first.versions.get(name) != value]
-        if differing:
-            problems.append(f"{where} has other library versions: {', '.join(differing)}; install the pinned "
-                            "requirements.txt (or the same image) on every node")
+        problems += differences(first, report)
+    return problems
+
+
+def differences(first: RankReport, report: RankReport) -> list[str]:
+    """What ``report``'s rank does not agree with ``first`` (rank 0's report) on, each line naming it and what to do."""
+    where = f"rank {report.rank} ({report.host})"
+    problems = []
+    if report.world_size != first.world_size:
+        problems.append(f"{where} has WORLD_SIZE {report.world_size}, rank 0 {first.world_size}")
+    if report.code_hash != first.code_hash:
+        problems.append(f"{where} runs other code than rank 0 ({first.host}): {code_difference(first, report)}")
+    if report.config_hash != first.config_hash:
+        changed = [f"{name} {first.config.get(name)!r} on rank 0, {value!r} here"
+                   for name, value in report.config.items() if first.config.get(name) != value]
+        what = f": {'; '.join(changed)}" if changed else " (or none: see its configuration error)"
+        problems.append(f"{where} resolved another config than rank 0{what}; give every node the same preset, "
+                        ".env, DISTQA_* variables and flags")
+    differing = [f"{name} {value} (rank 0: {first.versions.get(name)})"
+                 for name, value in report.versions.items() if first.versions.get(name) != value]
+    if differing:
+        problems.append(f"{where} has other library versions: {', '.join(differing)}; install the pinned "
+                        "requirements.txt (or the same image) on every node")
     return problems
 
 
@@ -312,13 +328,27 @@ def node_problems(reports: list[RankReport]) -> list[str]:
     return lines
 
 
-def check_at_training_start(config: Config, runtime: Runtime, task: Task | None = None) -> list[RankReport]:
-    """The cheap preflight of every training run, on every rank: one gather of the ranks' reports.
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank runs: what rank 0 needs of every rank to name it in the log (a straggler, the membership)."""
 
-    Ranks that differ in code, config or library versions would train a different model on each
-    rank (or hang in a collective), so every rank raises the same :class:`ConfigError` (all of them
-    hold all reports). Problems of a node (shared memory for the loader's workers, free disk) are
-    logged as warnings by the rank that has them. Nothing is written and no random number is drawn.
+    host: str
+    node_rank: int
+    launcher_node: str
+    """:attr:`RankReport.launcher_node`."""
+
+
+def check_at_training_start(config: Config, runtime: Runtime, task: Task | None = None) -> list[RankPlace]:
+    """The cheap preflight of every training run, on every rank; returns every rank's place on rank 0, in rank order
+    (an empty list on the others).
+
+    Ranks that differ in code, config or library versions would train a different model on each rank (or hang in
+    a collective), so every rank raises the same :class:`ConfigError`. What each rank sends and receives stays the
+    same at any world size: rank 0 broadcasts its report, each rank compares its own with it, and one all-reduce
+    says whether any differs; only then (a run that stops here) does every rank gather every report, so that each
+    raises the same lines. Rank 0 gathers the ranks' places, a few bytes each. Problems of a node (shared memory
+    for the loader's workers, free disk) are logged as warnings by the rank that has them. Nothing is written and
+    no random number is drawn.
     """
     local = []
     if config.num_workers > 0:
@@ -326,13 +356,15 @@ def check_at_training_start(config: Config, runtime: Runtime, task: Task | None 
     local += check_results_dir(config.run_dir, int(GB), write=False)[1]
     for problem in local:
         log.warning("preflight: %s", problem)
-    reports = all_gather_objects(rank_report(config, runtime, local, task))
-    mismatches = disagreements(reports)
-    if mismatches:
+    report = rank_report(config, runtime, local, task)
+    first = broadcast_object(report)
+    if all_reduce_max(int(bool(differences(first, report))), runtime.device):
+        mismatches = disagreements(all_gather_objects(report))
         raise ConfigError("the ranks of this run disagree:\n  " + "\n  ".join(mismatches) +
                           "\n(`python -m distqa.doctor` through the same launcher checks a cluster before a run)")
+    places = gather_objects_to_main(RankPlace(report.host, report.node_rank, report.launcher_node)) or []
     if runtime.is_main_process:
-        log.info("preflight: %d ranks on %d nodes agree on code %s, config %s, torch %s", len(reports),
-                 len({r.node_rank for r in reports}), reports[0].code_hash, reports[0].config_hash,
-                 reports[0].versions["torch"])
-    return reports
+        log.info("preflight: %d ranks on %d nodes agree on code %s, config %s, torch %s", len(places),
+                 len({place.node_rank for place in places}), first.code_hash, first.config_hash,
+                 first.versions["torch"])
+    return places

@@ -43,10 +43,10 @@ from distqa.distributed.rng import capture_rng_state, seed_for_step
 from distqa.distributed.runtime import (
     CollectiveTimeoutError,
     Runtime,
-    all_gather_objects,
     barrier,
     broadcast_object,
     collective_timeouts_named,
+    gather_objects_to_main,
     on_device,
 )
 from distqa.distributed.sampler import ResumableDistributedSampler
@@ -264,10 +264,11 @@ class Trainer:
 
     # --- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, step: bool = True, best: bool = False) -> Path:
-        """Collective with ``step`` (every rank contributes its RNG state): rank 0 hands the step checkpoint,
+        """Collective with ``step`` (for a run begun before ``seeds_per_step``, see :meth:`_rng_states`; with
+        sharded checkpoints, the shards): rank 0 hands the step checkpoint,
         and with ``best`` best.pt, to its writer, which copies this step's state to host memory and writes
         the files in the background (distqa.checkpoint.writer). Returns the step checkpoint's path."""
-        rng_states = all_gather_objects(capture_rng_state()) if step else []
+        rng_states = self._rng_states() if step else []
         path, main = self.checkpoints.step_path(self.progress.step), self.runtime.is_main_process
         shards = step and isinstance(self.checkpoints, ShardedCheckpointWriter)  # each rank writes its own shards
         # Collective when the model is sharded: rank 0 gets whole tensors, in the layout a DDP run saves.
@@ -290,6 +291,16 @@ class Trainer:
         if shards:  # collective: every rank's shards, and rank 0's rest beside them
             self.checkpoints.submit_sharded(self.progress.step, self.model, self.optimizer, rest)  # type: ignore[attr-defined]
         return path
+
+    def _rng_states(self) -> list[dict[str, Any] | None]:
+        """What a step checkpoint keeps of the ranks' random generators. Each step seeds them from (seed, step, rank)
+        (:func:`~distqa.distributed.rng.seed_for_step`), so a run that does keeps none, as a survivor's save keeps none
+        (:mod:`distqa.training.peer_loss`), and its saves gather nothing: at 2 048 ranks, every rank's generators are
+        26 MB for rank 0 to receive and unpickle at each checkpoint (13 KB a rank on CPU). A run begun before (its
+        progress without ``seeds_per_step``) still gathers them on rank 0 (collective), which writes them."""
+        if self.progress.seeds_per_step:
+            return [None] * self.runtime.world_size
+        return gather_objects_to_main(capture_rng_state()) or []
 
     def finish_checkpoints(self) -> None:
         """Collective, before the loop ends or stops: rank 0 waits until its files are complete and durable

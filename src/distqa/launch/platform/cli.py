@@ -62,6 +62,7 @@ def dry_run_lines(flow: Flow) -> list[str]:
                 *(shlex.join(flow.node_command(rank, "<store-internal-hostname>")) + " &   # nodes 0..N-1 all at once"
                   for rank in range(o.nodes)),
                 f"{cli} logs {JOB} {flow.suffix(0)}",
+                f"{cli} ps   # each --poll seconds: every job's status in one listing",
                 f"# at the end (and on failure or Ctrl-C): for every node I: {cli} kill {JOB} {o.run_id}-I; then "
                 f"{cli} kill {STORE_JOB} {o.run_id}"]
     return [shlex.join(flow.node_command(0, "")) + " &",
@@ -69,6 +70,7 @@ def dry_run_lines(flow: Flow) -> list[str]:
             *(shlex.join(flow.node_command(rank, "<master-internal-hostname>")) + " &   # nodes 1..N-1 all at once"
               for rank in range(1, o.nodes)),
             f"{cli} logs {JOB} {flow.suffix(0)}",
+            f"{cli} ps   # each --poll seconds: every job's status in one listing",
             f"# on failure or Ctrl-C, for every node I: {cli} kill {JOB} {o.run_id}-I"]
 
 

@@ -7,6 +7,7 @@ the function it follows, so that the launcher refuses before submitting what the
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -33,6 +34,18 @@ JOB_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 JOB_NAME_LENGTH = range(3, 41)
 ENDED = ("succeeded", "failed", "cancelled")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PS_HEADER = ["JOB", "STATUS", "RAW ID", "WHEN"]
+"""The columns of `<flow> ps` (apolo_flow.live_runner.LiveRunner.ps: a rich Table, box MINIMAL_HEAVY_HEAD; the same in
+neuro-flow 24.12 and apolo-flow 26.7)."""
+PS_STATES = ("unknown", "pending", "running", "succeeded", "failed", "cancelled", "skipped", "cached")
+"""What its STATUS column holds: the values of apolo_flow.types.TaskStatus (TaskStatus.__rich__ prints the value)."""
+PS_CELL = re.compile(r"[\u2502|]")
+"""A column rule: the box's vertical line, or ASCII's "|" when the console's encoding is not UTF-8 (rich.box
+substitutes box.ASCII then)."""
+PS_COLUMNS = "4096"
+"""$COLUMNS for `<flow> ps`: its rich Console takes its width from COLUMNS, else 80 columns when its output is not a
+terminal (rich.console.Console.size), and would wrap a 40-character job id over two lines; the table is never wider
+than its cells (Table.expand is off)."""
 
 
 class FlowMissingError(Exception):
@@ -117,6 +130,53 @@ def parse_status(output: str) -> JobStatus:
     return JobStatus(state or "unknown", host, job_id, how)
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What one `<flow> ps` says of the flow's jobs: the state and id of every job it lists, keyed by (job id,
+    suffix) (suffix "" for a job that is not a multi job), or why its output could not be read."""
+
+    jobs: dict[tuple[str, str], JobStatus]
+    error: str = ""
+    """Why the listing could not be read (every job's status is then unknown); empty when it was."""
+
+    def status(self, job_id: str, suffix: str) -> JobStatus:
+        """The job's state and id; "unknown" when the listing does not show it (or could not be read)."""
+        return self.jobs.get((job_id, suffix), JobStatus("unknown"))
+
+
+def _cells(line: str) -> list[str]:
+    line = line.strip()
+    if line[:1] in ("|", "\u2502") and line[-1:] in ("|", "\u2502"):  # box.ASCII draws the table's outer edges too
+        line = line[1:-1]
+    return [cell.strip() for cell in PS_CELL.split(line)]
+
+
+def parse_listing(output: str) -> Listing:
+    """The jobs in `<flow> ps`'s output (apolo_flow.live_runner.LiveRunner.ps, through LiveRunner._job_status): a
+    table of JOB ("JOB_ID" or "JOB_ID SUFFIX" for each suffix of a multi job, the newest job under that name: a live
+    one before any that ended), STATUS, RAW ID (the platform's job id, N/A for a job never run) and WHEN. It has no
+    machine-readable form (`ps` takes no option), so the cells are read between the column rules, colours dropped
+    first. Strict: without the header, or with a row that is not four cells with a known status, nothing is read and
+    :attr:`Listing.error` says why."""
+    lines = ANSI.sub("", output).splitlines()
+    header = next((i for i, line in enumerate(lines) if _cells(line) == PS_HEADER), None)
+    if header is None:
+        first = next((line.strip() for line in lines if line.strip()), "")
+        return Listing({}, f"no {' | '.join(PS_HEADER)} table in its output ({first[:160] or 'none'})")
+    jobs: dict[tuple[str, str], JobStatus] = {}
+    for line in lines[header + 1:]:
+        if not any(char.isalnum() for char in line):  # the rules under the header and at the bottom
+            continue
+        cells = _cells(line)
+        names = cells[0].split() if len(cells) == 4 else []
+        # A cell cut short ("…": too narrow a console) would give a wrong job id: refused like a row that wrapped.
+        if len(names) not in (1, 2) or cells[1] not in PS_STATES or not cells[2] or "\u2026" in line:
+            return Listing({}, f"a row it cannot read: '{line.strip()[:160]}'")
+        job_id, suffix = names[0], names[1] if len(names) == 2 else ""
+        jobs.setdefault((job_id, suffix), JobStatus(cells[1], job_id="" if cells[2] == "N/A" else cells[2]))
+    return Listing(jobs)
+
+
 def find_flow_cli(environ: Mapping[str, str]) -> str:
     """$FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old name); as
     scripts/common.sh's find_flow_cli, which kill_distributed.sh uses."""
@@ -185,6 +245,31 @@ class Flow:
         except (OSError, subprocess.TimeoutExpired):
             return JobStatus("unknown")
         return parse_status(done.stdout + done.stderr)
+
+    def listing(self) -> Listing:
+        """`<flow> ps`: every job of the flow, each node's and the store's, in one CLI process, whatever the node
+        count (docs/DESIGN.md, "Scale": one call per poll, never one per job)."""
+        words = f"'{self.cli} ps'"
+        try:
+            done = subprocess.run([self.cli, "ps"], cwd=self.repo_root, capture_output=True, text=True,
+                                  errors="replace", stdin=subprocess.DEVNULL, timeout=300, check=False,
+                                  env={**os.environ, "COLUMNS": PS_COLUMNS})
+        except OSError as error:
+            return Listing({}, f"{words} could not start: {error}")
+        except subprocess.TimeoutExpired:
+            return Listing({}, f"{words} did not answer within 300 s")
+        if done.returncode != 0:
+            last = (ANSI.sub("", done.stderr + done.stdout).strip().splitlines() or ["no output"])[-1]
+            return Listing({}, f"{words} exited with {done.returncode}: {last.strip()[:160]}")
+        listing = parse_listing(done.stdout)
+        return Listing(listing.jobs, f"{words}: {listing.error}") if listing.error else listing
+
+    def describe(self, job_id: str, suffix: str, listed: JobStatus) -> JobStatus:
+        """``listed`` (a job the listing shows ended) with how it ended: its exit code and reason are not in `ps`'s
+        table, so `<flow> status` is asked for this one job, once, for the line that names it. The listing's own
+        status when `status` shows another job under the name or cannot say."""
+        full = self.status(job_id, suffix)
+        return full if full.job_id == listed.job_id and full.state == listed.state else listed
 
     def kill(self, job_id: str, suffix: str) -> bool:
         """`<flow> kill JOB SUFFIX`: returns once the platform has the job cancelled; whether that worked."""

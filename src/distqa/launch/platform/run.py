@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from distqa.launch.platform.jobs import EX_PLATFORMERROR, JOB, STORE_JOB, Flow, JobStatus
+from distqa.launch.platform.jobs import EX_PLATFORMERROR, JOB, STORE_JOB, Flow, JobStatus, Listing
 from distqa.launch.platform.options import Options
 
 UNKNOWN_LIMIT = 20
@@ -164,12 +164,17 @@ class Launch:
             first_worker = 1
         workers = {rank: self.start_node(rank, master) for rank in range(first_worker, o.nodes)}
         ended_early = 0  # nodes whose job started and ended before its `run` returned
+        listing: Listing | None = None
         for rank, submitted in workers.items():
             code = submitted.wait()
             if code == 0:
                 continue
             what = f"node {rank} ({JOB} {flow.suffix(rank)})"
-            state = flow.status(JOB, flow.suffix(rank)).state
+            # One listing serves every `run` that failed: an ended job stays ended, so it is taken again only for a
+            # node that it shows still pending or running (its `run` returned after it was taken).
+            if listing is None or not listing.status(JOB, flow.suffix(rank)).ended:
+                listing = flow.listing()
+            state = listing.status(JOB, flow.suffix(rank)).state
             if state == "failed" and code == EX_PLATFORMERROR:
                 self.not_scheduled(what, o.preset)
             if state not in ("failed", "cancelled", "succeeded"):
@@ -211,7 +216,8 @@ class Launch:
         """The job's internal hostname, once it runs and has one. The platform fails a job still pending after its
         schedule_timeout (= --timeout); the launcher's own deadline, a minute later, covers a CLI that hangs. Its
         `run` is never waited for while it runs: how a failed job failed, that `run` says once it has returned (a
-        job can start and fail before then: a node lost, not a preset unavailable)."""
+        job can start and fail before then: a node lost, not a preset unavailable). One job: `<flow> status` per
+        look, which gives its hostname too (`ps` has none)."""
         o, flow = self.options, self.flow
         deadline = time.monotonic() + o.timeout_s + 60
         code: int | None = None
@@ -242,18 +248,26 @@ class Launch:
         return status.host
 
     def watch(self, master: str) -> None:
-        """Look at every job each --poll seconds until every node has finished. The store's job ending ends the run
-        at once: every node's rendezvous is gone with it. The job that ended is still the node's until the platform
-        has its new one: not an end again."""
+        """Look at every job each --poll seconds until every node has finished: one `<flow> ps` a look, whatever the
+        node count, and `<flow> status` only for a job that has ended, to say how. The store's job ending ends the
+        run at once: every node's rendezvous is gone with it. The job that ended is still the node's until the
+        platform has its new one: not an end again."""
         o, flow = self.options, self.flow
         watch = Watch(o, flow.cli)
         replaced: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}  # rank: the ended job's id, the new `run`
+        unread = ""  # why the last listing could not be read: said once, not at every look
         while True:
             time.sleep(o.poll_s)
+            listing = flow.listing()
+            if listing.error and listing.error != unread:
+                log(f"could not read the jobs' statuses: {listing.error}; every job's status is unknown this time "
+                    f"(the run is given up after {UNKNOWN_LIMIT} such looks in a row)")
+            unread = listing.error
             unknown = succeeded = 0
             if o.external_store:  # first: the nodes' own failures follow from its loss
-                store = flow.status(STORE_JOB, o.run_id)
+                store = listing.status(STORE_JOB, o.run_id)
                 if store.ended:
+                    store = flow.describe(STORE_JOB, o.run_id, store)  # its exit code, for the run's last line
                     raise RunFailedError(
                         f"the rendezvous store's job ({STORE_JOB} {o.run_id}, job {store.job_id or '-'}) ended: "
                         f"{store.describe()}; every node's rendezvous is gone with it; its logs: '{flow.cli} logs "
@@ -264,14 +278,16 @@ class Launch:
             for rank in range(o.nodes):
                 if rank in watch.lost:
                     continue
-                status = flow.status(JOB, flow.suffix(rank))
+                status = listing.status(JOB, flow.suffix(rank))
                 old = replaced.get(rank)
                 if old and status.job_id == old[0] and old[1].poll() is None:
                     continue
                 if status.state == "succeeded":
                     succeeded += 1
                 elif status.state in ("failed", "cancelled"):
-                    ended[rank] = status
+                    # With a node range the lines say how it ended (`status`, this job alone); without one, the
+                    # state is all the run's last line needs.
+                    ended[rank] = flow.describe(JOB, flow.suffix(rank), status) if o.elastic else status
                 unknown += status.state == "unknown"
             for decision in watch.decide(ended, succeeded):
                 if decision.action == "fail":
