@@ -242,18 +242,29 @@ def test_a_stop_through_the_batch_shell_checkpoints_the_step_and_the_requeued_jo
       sends one SIGTERM to each node's worker.sh (a step of its own, --overlap); the stop is agreed at step 6,
       checkpointed, every task exits 75. ``scontrol requeue`` (what a PreemptMode=REQUEUE partition does) runs it
       again under the same job id, so the same run id: it resumes from step 6 to the uninterrupted weights;
-    - the time limit, ``--time 2 --signal=B:TERM@40`` (the script's own is B:TERM@120) at step 3: 40 s before the
-      limit, up to 60 s earlier, Slurm signals the batch shell: the same stop, at step 4, well before the limit."""
-    timed, timed_flag = preempt_at_step(cluster, 3, "--time", "2", "--signal=B:TERM@40", port=29401)
+    - the time limit, ``--signal=B:TERM@40`` (the script's own is B:TERM@120) at step 3: once step 3 is held, the
+      job's limit is cut to end 1 to 2 minutes on (``scontrol update TimeLimit``; a limit set at submission would race
+      the start-up, which takes over a minute on a loaded machine); 40 s before it, up to 60 s earlier, Slurm signals
+      the batch shell: the same stop, at step 4, before the limit."""
+    timed, timed_flag = preempt_at_step(cluster, 3, "--time", "30", "--signal=B:TERM@40", port=29401)
     job_id, flag = preempt_at_step(cluster, 5)
-    wait_for_file(flag, cluster, job_id)
-    cluster.run("scancel", "--batch", "--signal=TERM", job_id)
+
+    def cut_the_limit() -> None:  # as soon as step 3 is held: AT_STEP holds it for 120 s at most
+        hours, minutes, _ = (int(part) for part in cluster.job(timed)["RunTime"].split("-")[-1].split(":"))
+        cluster.run("scontrol", "update", f"JobId={timed}", f"TimeLimit={hours * 60 + minutes + 2}")
+
+    actions = {flag: lambda: cluster.run("scancel", "--batch", "--signal=TERM", job_id), timed_flag: cut_the_limit}
+    deadline = time.monotonic() + HANG_GUARD_S
+    while actions:  # each job's action once its step is held, in whichever order they get there
+        assert time.monotonic() < deadline, f"{cluster.job(job_id)}\n{cluster.job(timed)}"
+        for ready in [path for path in actions if path.exists()]:
+            actions.pop(ready)()
+        time.sleep(0.2)
     assert_stopped_with_a_checkpoint(cluster, job_id, 6)
     assert "distqa: SIGTERM to the batch shell: one SIGTERM to each node's worker.sh" in cluster.output(job_id)
-    requeue_and_resume(cluster, job_id, uninterrupted, stopped_at=6)
-    wait_for_file(timed_flag, cluster, timed)
     assert_stopped_with_a_checkpoint(cluster, timed, 4)
     assert "distqa: SIGTERM to the batch shell: one SIGTERM to each node's worker.sh" in cluster.output(timed)
+    requeue_and_resume(cluster, job_id, uninterrupted, stopped_at=6)
 
 
 @pytest.mark.xfail(strict=True, reason="Slurm signals every process of the step; the torchrun agent (distqa.launch."
