@@ -295,7 +295,7 @@ lr = [1e-3, 3e-3]
 def test_a_sweep_runs_its_trials_through_sbatch_wait_and_records_a_cancelled_one_as_failed(cluster: Cluster) -> None:
     """``python -m distqa.sweep FILE --launcher slurm`` on the controller (a login node): each of the two trials is
     one ``sbatch --wait`` of train_slurm.sbatch (job name = its run id); trial-001's job, cancelled by ``scancel``
-    as soon as squeue shows it running, is recorded failed with sacct's one line (sbatch --wait says nothing)."""
+    once its ranks have started, is recorded failed with sacct's one line (sbatch --wait says nothing)."""
     (cluster.shared / "sweep.toml").write_text(SWEEP)
     sweep_dir = f"/shared/sweeps/{uuid.uuid4().hex[:6]}"
     sweep = subprocess.Popen(
@@ -305,12 +305,13 @@ def test_a_sweep_runs_its_trials_through_sbatch_wait_and_records_a_cancelled_one
     try:
         deadline = time.monotonic() + HANG_GUARD_S * 2
         cancelled = ""
-        # trial-001's job once it runs: cancelled while pending, its exit code is 0:0 and sbatch --wait exits 0, so
-        # the sweep reads an end without a summary (docs/SLURM.md)
+        # trial-001's job once its ranks run: cancelled before its batch script has started srun, a job's exit code
+        # is 0:0 and sbatch --wait exits 0, so the sweep reads an end without a summary (docs/SLURM.md)
+        started = cluster.shared / sweep_dir.removeprefix("/shared/") / "trial-001" / "logs" / "rank-0.log"
         while not cancelled:
             assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate(timeout=30)[0]
-            cancelled = cluster.run("squeue", "--noheader", "--name", "sweep-t1", "--states=RUNNING",
-                                    "--format=%i").stdout.strip()
+            if started.exists():
+                cancelled = cluster.run("squeue", "--noheader", "--name", "sweep-t1", "--format=%i").stdout.strip()
             time.sleep(0.5)
         cluster.run("scancel", cancelled)
         output, _ = sweep.communicate(timeout=HANG_GUARD_S)
