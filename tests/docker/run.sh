@@ -9,16 +9,20 @@
 # 2. builds a stand-in base image, since no image registry is reachable here: Debian bookworm from
 #    debootstrap + the CPU build of requirements.txt's torch (from a wheelhouse made by this
 #    machine's pip), tagged by a hash of its inputs so later runs reuse it;
-# 3. builds ./Dockerfile on it (BASE_IMAGE=the stand-in; pip reaches PyPI through the host network);
+# 3. builds ./Dockerfile on it (BASE_IMAGE=the stand-in; pip reaches PyPI through the host network),
+#    then the Slurm image on that (apt reaches Debian's mirror);
 # 4. runs tests/docker/test_image.py: two containers on a user-defined network, one torchrun agent
-#    each, train to a checkpoint.
+#    each, train to a checkpoint; and tests/docker/test_slurm_cluster.py: a Slurm 22.05 cluster of
+#    containers (tests/docker/slurm_cluster.sh, image tests/docker/slurm.Dockerfile) running
+#    scripts/train_slurm.sbatch through real sbatch.
 #
 # --build-only stops after step 3: `make test` runs it beside the pytest suite, so the downloads and the
 # builds (minutes on a fresh machine, mostly waiting on the network) overlap the tests, and the run after
 # the suite finds every image built.
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), DEBIAN_MIRROR (default http://deb.debian.org/debian),
-# DISTQA_TEST_IMAGE (tag of the project image, default distqa:test).
+# DISTQA_TEST_IMAGE (tag of the project image, default distqa:test), DISTQA_SLURM_IMAGE (the Slurm image's,
+# default distqa-slurm:test).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -28,6 +32,7 @@ source "$repo_root/scripts/common.sh"
 find_python "$repo_root"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 image="${DISTQA_TEST_IMAGE:-distqa:test}"
+slurm_image="${DISTQA_SLURM_IMAGE:-distqa-slurm:test}"
 debian_image=distqa-standin-debian:bookworm
 work="$repo_root/build/docker"
 keep_dockerd=0
@@ -102,8 +107,19 @@ log "building $image from ./Dockerfile on $base_image"
 docker build --network host --build-arg "BASE_IMAGE=$base_image" --build-arg JUPYTER_REQUIREMENT= \
     -t "$image" . >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log" >&2; die "docker build failed; see $work/build.log"; }
 
-# --- 4. the test ------------------------------------------------------------------------------
-if (( build_only )); then log "built $image (--build-only)"; exit 0; fi
+# The Slurm test cluster's image: the project image with Debian's Slurm and munge (tests/docker/slurm.Dockerfile;
+# absent from a fork that left the slurm part out).
+if [[ -f tests/docker/slurm.Dockerfile ]]; then
+    log "building $slurm_image from tests/docker/slurm.Dockerfile on $image"
+    docker build --network host --build-arg "DISTQA_IMAGE=$image" -f tests/docker/slurm.Dockerfile -t "$slurm_image" \
+        tests/docker >"$work/build-slurm.log" 2>&1 || { tail -n 40 "$work/build-slurm.log" >&2
+        die "docker build of $slurm_image failed; see $work/build-slurm.log"; }
+else
+    slurm_image=""
+fi
 
-log "2-container DDP run"
-DISTQA_TEST_IMAGE="$image" "$PYTHON" -m pytest tests/docker -m docker "$@"
+# --- 4. the test ------------------------------------------------------------------------------
+if (( build_only )); then log "built $image ${slurm_image:+and $slurm_image }(--build-only)"; exit 0; fi
+
+log "2-container DDP run; the Slurm cluster's tests"
+DISTQA_TEST_IMAGE="$image" DISTQA_SLURM_IMAGE="$slurm_image" "$PYTHON" -m pytest tests/docker -m docker "$@"

@@ -4,8 +4,9 @@
   is one SIGTERM to it (every node checkpoints the step reached, exit 75);
 - ``platform``: ``scripts/run_distributed_on_platform.sh`` (``--nodes`` platform jobs); a stop is one SIGTERM to
   it: it kills the trial's jobs, whose workers checkpoint the step reached as the platform stops them (exit 130);
-- ``slurm``: one ``sbatch --wait scripts/train_slurm.sbatch`` per trial; a stop is ``scancel --signal=TERM``
-  (the job's tasks checkpoint and exit 75, the batch script with them).
+- ``slurm``: one ``sbatch --wait scripts/train_slurm.sbatch`` per trial; a stop is ``scancel --batch --signal=TERM``
+  (the batch script sends one SIGTERM to each node's agent: the tasks checkpoint and exit 75, the script with them;
+  without ``--batch`` Slurm signals every process of the step, and a worker's second signal ends it at once).
 
 The sweep process runs where it is started (a laptop, a login node, a small CPU job), never on a training node:
 the trials are the launchers' jobs. Each launcher starts in a session of its own, so a terminal's Ctrl-C reaches
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,7 +110,8 @@ class Launcher:
         if self.name == "slurm":
             job = slurm_job_id(running.log_path)
             if job:
-                subprocess.run(["scancel", "--signal=TERM", job], capture_output=True, timeout=60, check=False)
+                subprocess.run(["scancel", "--batch", "--signal=TERM", job], capture_output=True, timeout=60,
+                               check=False)
             return
         running.process.send_signal(signal.SIGTERM)
 
@@ -159,16 +162,34 @@ _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception)): ")
 def failure_reason(log_text: str, code: int) -> str:
     """One line for a failed trial, from its launcher's output: the trainer's own error line (a configuration or
     data error, a collective timeout), else the last Python exception (an out-of-memory error), else the platform
-    launcher's line about a failed or cancelled job, else the last line; with the exit status."""
+    launcher's line about a failed or cancelled job, else Slurm's state of the trial's job, else the last line; with
+    the exit status."""
     lines = [_TIMESTAMP.sub("", _NODE_PREFIX.sub("", line)).strip() for line in log_text.splitlines()]
     lines = [line for line in lines if line and not line.startswith("$ ")]
     own = next((line[m.start():] for line in lines if (m := _OWN_ERROR.search(line))), None)
     exceptions = [line for line in lines if _EXCEPTION.match(line) and "ChildFailedError" not in line]
     platform = next((line.removeprefix("[platform] ") for line in lines if line.startswith("[platform] ")
                      and re.search(r"\b(failed|cancelled|not started|could not)\b", line)), None)
-    reason = own or (exceptions[-1] if exceptions else None) or platform or (lines[-1] if lines else "no output")
+    reason = own or (exceptions[-1] if exceptions else None) or platform or slurm_job_state(lines) \
+        or (lines[-1] if lines else "no output")
     reason = reason if len(reason) <= 240 else reason[:237] + "..."
     return f"{reason} (exit {code})"
+
+
+def slurm_job_state(lines: list[str]) -> str | None:
+    """Slurm's word on a trial's job, when the log holds only the id ``sbatch --parsable --wait`` printed: real
+    sbatch 22.05 says nothing more about a job that was cancelled, failed or timed out (the job's own output is in
+    its slurm-<id>.out), so sacct's state and exit code, e.g. ``Slurm job 12: CANCELLED by 0, exit code 0:15``."""
+    job = next((line.split(";")[0] for line in lines if re.fullmatch(r"\d+(;\S+)?", line)), None)
+    if job is None or shutil.which("sacct") is None:
+        return None
+    try:
+        result = subprocess.run(["sacct", "--jobs", job, "--allocations", "--noheader", "--parsable2",
+                                 "--format=State,ExitCode"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = [row.split("|") for row in result.stdout.splitlines() if row.count("|") == 1]
+    return f"Slurm job {job}: {rows[-1][0]}, exit code {rows[-1][1]}" if rows else None
 
 
 def ended_process(running: list[Running], timeout_s: float) -> Running | None:
