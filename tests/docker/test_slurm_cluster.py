@@ -267,17 +267,21 @@ def test_a_stop_through_the_batch_shell_checkpoints_the_step_and_the_requeued_jo
     requeue_and_resume(cluster, job_id, uninterrupted, stopped_at=6)
 
 
-@pytest.mark.xfail(strict=True, reason="Slurm signals every process of the step; the torchrun agent (distqa.launch."
-                   "node) passes its SIGTERM on to workers that had it already, and a second signal ends a worker at "
-                   "once: the fix belongs in distqa.launch (docs/SLURM.md)")
 def test_scancel_signal_term_to_every_process_of_the_step_stops_with_a_checkpoint(cluster: Cluster) -> None:
     """``scancel --signal=TERM`` (no --batch): what a preemption or a time limit without B: sends, to every process
-    of the step at once, the workers and their agents alike."""
+    of the step at once, the workers and their agents alike; the agents pass theirs on as well, and each worker takes
+    that second SIGTERM as the same stop (WORKER_STEP_SIGNALS, distqa.distributed.stop): every task checkpoints the
+    step and exits 75."""
     job_id, flag = preempt_at_step(cluster, 5)
     wait_for_file(flag, cluster, job_id)
     cluster.run("scancel", "--signal=TERM", job_id)
     fields = cluster.wait_end(job_id)
-    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "75:0"), cluster.output(job_id)
+    output = cluster.output(job_id)
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "75:0"), output
+    for node in (0, 1):
+        assert f"worker.sh: run 'slurm-{job_id}' node {node}: stopped by SIGTERM at step 5, checkpoint " \
+            f"/shared/results/slurm-{job_id}/checkpoints/step-{5:08d}.pt written; exit code 75" in output, output
+    assert "SIGTERM to the batch shell" not in output  # Slurm signalled the step, not the batch shell
 
 
 SWEEP = """# Two trials of the machinery task, one at a time: the first trains, the second is cancelled by the test.

@@ -12,7 +12,7 @@ So the stop — at most ``stop_check_every`` steps plus one checkpoint write —
 A signal reaches only the workers of the node whose agent got it; the others learn of it through the
 agreement, a one-element all-reduce (MAX) every ``stop_check_every`` steps. A second signal ends the
 process at once, as it did before (a worker blocked in a collective with a dead peer cannot reach a
-step boundary).
+step boundary), except under a scheduler that signals every process of the step (:data:`STEP_SIGNALS_VARIABLE`).
 
 Each process that stops writes one line to ``$WORKER_STOP_REPORT_DIR/rank-<R>`` when that variable is
 set (``scripts/worker.sh`` sets it to a node-local temporary folder), since torchrun itself exits
@@ -44,6 +44,12 @@ WORKER_WINDOW_VARIABLE = "WORKER_STOP_WINDOW_S"
 """Seconds between ``worker.sh``'s own stop (``--life-span``, ``--stop-after``) and the end of the job's life span,
 exported by ``worker.sh`` when it knows both."""
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_S = 30
+STEP_SIGNALS_VARIABLE = "WORKER_STEP_SIGNALS"
+"""``1`` where the scheduler signals every process of the job step, the workers with their agents
+(``scripts/train_slurm.sbatch``: Slurm's ``scancel --signal``, a time limit's ``--signal``, a preemption), and
+torchrun's agent then passes its own signal on: each worker gets the stop twice, milliseconds apart. There a repeated
+signal is the same stop and is ignored; the scheduler's SIGKILL (Slurm's ``KillWait``) ends a worker that cannot
+stop."""
 
 
 class TrainingStoppedError(Exception):
@@ -71,6 +77,8 @@ class StopSignal:
         self.device, self.every = device, every
         self.received = 0
         """Number of the first signal received, 0 if none."""
+        self.repeats_are_one_stop = os.environ.get(STEP_SIGNALS_VARIABLE) == "1"
+        """A second signal is the same stop (:data:`STEP_SIGNALS_VARIABLE`), not a forceful one."""
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignal]:
@@ -88,6 +96,8 @@ class StopSignal:
                 signal.signal(sig, handler)
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
+        if self.received and self.repeats_are_one_stop:
+            return
         if self.received:  # a second signal: the default action, at once
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
