@@ -287,7 +287,8 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
                 accumulation_steps=accumulation)
 
     def fsdp_step_at(gpus: int) -> Step | None:
-        """The run's step with full sharding on ``gpus`` GPUs; None where its global batch does not split so."""
+        """The run's step with full sharding on ``gpus`` GPUs; None where its global batch has fewer examples than
+        GPUs (Config.accumulation_steps)."""
         try:
             steps = config.for_world_size(gpus).accumulation_steps(gpus)
         except ConfigError:
