@@ -172,8 +172,7 @@ class Trainer:
         """The loader's micro-batches from the progress's position (in the next epoch when this one is done), and the
         steps left in their epoch."""
         progress = self.progress
-        # The sampler's count of whole global batches left, not steps_per_epoch minus the steps done: a run resumed
-        # with another global batch may stand between two of this run's blocks.
+        # The sampler counts the whole global batches left: a run resumed with another batch may stand between two.
         if self.sampler.steps_left(progress.samples_in_epoch) == 0:
             # Here, not after the epoch's last step: a run that ends there keeps the position its last
             # checkpoint holds (summary.json and the checkpoint agree).
@@ -181,9 +180,8 @@ class Trainer:
             progress.samples_in_epoch = 0
         self.sampler.set_epoch(progress.epoch)
         self.sampler.resume_at(progress.samples_in_epoch)
-        steps_left = self.sampler.steps_left(progress.samples_in_epoch)  # before the iterator resets the position
-        micro_batches = iter(self.loader)
-        return micro_batches, min(steps_left, self.plan.total_steps - progress.step)
+        steps_left = min(self.sampler.steps_left(progress.samples_in_epoch), self.plan.total_steps - progress.step)
+        return iter(self.loader), steps_left
 
     def _take_step(self, micro_batches: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> None:
         """One optimizer step, counted in the progress, the metrics window and the bar."""
@@ -246,7 +244,7 @@ class Trainer:
             with skip_sync:
                 with self.autocast():
                     output = self.ddp_model(**{name: batch[name] for name in self.task.input_names})
-                    # The mean over the real rows, weighed by their share of the global batch (step_plan).
+                    # The mean over the real rows, weighed by their part of the global batch (step_plan).
                     loss = micro_batch_loss(self.task.loss, output, batch, self.plan, micro_step,
                                             self.config.per_rank_batch_size)
                 if syncing:  # what comes next waits for the other ranks: the rank's own work ends here
