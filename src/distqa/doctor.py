@@ -287,10 +287,10 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
                 accumulation_steps=accumulation)
 
     def fsdp_step_at(gpus: int) -> Step | None:
-        """The run's step with full sharding on ``gpus`` GPUs; None where its global batch does not split so."""
-        try:
-            steps = config.for_world_size(gpus).accumulation_steps(gpus)
-        except ConfigError:
+        """The run's step with full sharding on ``gpus`` GPUs; None where its shares of the global batch do not fill
+        its micro-batches (:func:`_whole_micro_batches`)."""
+        steps = _whole_micro_batches(config.for_world_size(gpus), gpus)
+        if steps is None:
             return None
         return dataclasses.replace(step, gradients_persist=True, data_parallel="fsdp", shards=gpus,
                                    accumulation_steps=steps)
@@ -324,14 +324,25 @@ def check_memory(config: Config, runtime: Runtime, reports: list[RankReport], ta
 
 
 def _keeps_global_batch(config: Config, micro_batch: int, world_size: int) -> bool:
-    """Whether ``micro_batch`` per rank is accepted at ``world_size`` with the run's global batch unchanged (more
-    micro-batches per step instead of a batch grown by ``grow_global_batch``)."""
+    """Whether ``micro_batch`` per rank trains the run's global batch at ``world_size`` unchanged (more micro-batches
+    per step instead of a batch grown by ``grow_global_batch``) in micro-batches its shares fill
+    (:func:`_whole_micro_batches`)."""
+    smaller = dataclasses.replace(config, per_rank_batch_size=micro_batch).for_world_size(world_size)
+    return _whole_micro_batches(smaller, world_size) is not None \
+        and smaller.global_batch_size == config.for_world_size(world_size).global_batch_size
+
+
+def _whole_micro_batches(config: Config, world_size: int) -> int | None:
+    """The accumulation at ``world_size`` where the micro-batch divides the largest share of the global batch (no
+    rank computes more rows of padding than the one an uneven share needs), None otherwise: any world size up to the
+    global batch can train it (Config.accumulation_steps), but the doctor advises the layouts that waste no
+    micro-batch on copies."""
     try:
-        smaller = dataclasses.replace(config, per_rank_batch_size=micro_batch).for_world_size(world_size)
-        smaller.accumulation_steps(world_size)
+        accumulation = config.accumulation_steps(world_size)
     except ConfigError:
-        return False
-    return smaller.global_batch_size == config.for_world_size(world_size).global_batch_size
+        return None
+    largest_share = -(-config.global_batch_size // world_size)
+    return accumulation if largest_share % config.per_rank_batch_size == 0 else None
 
 
 def _synchronize(runtime: Runtime) -> None:

@@ -90,8 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = load_config(argv)
         ranks = read_torchrun_env()
         setup_logging(ranks["RANK"])
-        check_node_range(given, NodeRange.from_environment())  # worker.sh --min-nodes: every world size splits it
-        config = given.for_world_size(ranks["WORLD_SIZE"])  # grow_global_batch
+        node_range = NodeRange.from_environment()
+        check_node_range(given, node_range)  # worker.sh --min-nodes: every world size has an example for each rank
+        # grow_global_batch, except over an elastic range, where the batch would change with the membership.
+        config = given if node_range is not None and node_range.elastic else given.for_world_size(ranks["WORLD_SIZE"])
         task = make_task(config)
         # Before any process group, so that no rank waits in a collective meanwhile: a model that cannot load
         # fails here, and a single process builds a missing feature cache itself.
@@ -138,8 +140,7 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
     node_range = NodeRange.from_environment()
     if runtime.is_main_process and node_range is not None and node_range.elastic:
         nodes = sorted({place.launcher_node or f"{place.host} (group rank {place.node_rank})" for place in places})
-        log.info("%s", membership_line(os.environ.get(ROUND_VARIABLE, "?"), nodes, runtime.world_size,
-                                       config.accumulation_steps(runtime.world_size)))
+        log.info("%s", membership_line(os.environ.get(ROUND_VARIABLE, "?"), nodes, config, runtime.world_size))
     task.setup(runtime)  # e.g. hub weights: rank 0 downloads, the others wait, then all read the cache
     trainer = build_trainer(config, runtime, run_dir, task, hosts=hosts)
     # The record: TensorBoard and the tracker on rank 0, closed with how the run ended.
@@ -204,11 +205,15 @@ def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *
 
 def build_loader(config: Config, runtime: Runtime, dataset: Dataset, collate: Callable[..., Any],
                  pin_memory: bool | None = None) -> DataLoader:
-    """This rank's training loader: a disjoint share of each epoch (resumable mid-epoch), in micro-batches
-    of ``per_rank_batch_size`` put together by the task's ``collate``, in pinned host memory on GPUs unless
-    ``pin_memory`` says otherwise. The benchmarks in ``bench/`` time this same loader."""
+    """This rank's training loader: its share of each step's global batch (disjoint from the other ranks', resumable
+    mid-epoch at any world size), in ``accumulation`` micro-batches of ``per_rank_batch_size`` put together by the
+    task's ``collate`` (a short share padded with copies that the trainer weighs 0: every micro-batch has one shape),
+    in pinned host memory on GPUs unless ``pin_memory`` says otherwise. The benchmarks in ``bench/`` time this same
+    loader."""
+    rows_per_step = config.accumulation_steps(runtime.world_size) * config.per_rank_batch_size
     sampler = ResumableDistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
-                                          shuffle=True, seed=config.seed)
+                                          shuffle=True, seed=config.seed, global_batch_size=config.global_batch_size,
+                                          rows_per_step=rows_per_step)
     return DataLoader(dataset, batch_size=config.per_rank_batch_size, sampler=sampler, drop_last=True,
                       collate_fn=collate, num_workers=config.num_workers, persistent_workers=config.num_workers > 0,
                       pin_memory=runtime.device.type == "cuda" if pin_memory is None else pin_memory,

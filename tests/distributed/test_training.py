@@ -1,5 +1,5 @@
-"""Real multi-process runs (torchrun, gloo, CPU): DDP equivalence, a grown global batch, exact resume, the local
-launcher.
+"""Real multi-process runs (torchrun, gloo, CPU): DDP equivalence (uneven shares of the global batch included), a
+grown global batch, exact resume, the local launcher.
 
 These are the claims about distribution, so they run the real entry point in fresh processes rather
 than calling the loop in-process.
@@ -36,7 +36,7 @@ STEPS = 3
 TOLERANCE = 1e-5
 
 
-def args_for(run_dir: Path, per_rank: int, global_batch: int = 8, *extra: str) -> list[str]:
+def args_for(run_dir: Path, per_rank: int, global_batch: int = 32, *extra: str) -> list[str]:
     return [*MACHINERY_ARGS, "--output-dir", str(run_dir.parent), "--run-name", run_dir.name,
             "--global-batch-size", str(global_batch), "--per-rank-batch-size", str(per_rank),
             "--max-steps", str(STEPS), "--checkpoint-every", "0", "--classifier-dropout", "0", "--lr", "5e-4",
@@ -44,33 +44,39 @@ def args_for(run_dir: Path, per_rank: int, global_batch: int = 8, *extra: str) -
             "--max-grad-norm", "0", *extra]
 
 
-def test_ddp_matches_single_process_and_accumulation(tmp_path: Path) -> None:
-    """After k steps: 2 ranks × batch B == 1 rank × 2B == 1 rank × B with 2 accumulation steps
-    == 2 ranks × B/2 with 2 accumulation steps (which exercises no_sync under DDP).
+def test_ddp_and_uneven_shares_match_single_process_and_accumulation(tmp_path: Path) -> None:
+    """After k steps of a global batch of 32: 1 rank × 32 == 1 rank × 8 with 4 accumulation steps == 2 ranks × 16
+    == 3 ranks in uneven shares (11/11/10) of 3 micro-batches of 5: rank 0's are 5, 5 and 1 real rows, rank 2's 5, 5
+    and none (a micro-batch of padding alone), which exercises no_sync, the padding, the cut to real rows and the
+    weighting by share under DDP.
 
     AdamW's update hardly depends on the gradient's scale, so equal weights alone would not catch a
-    gradient summed instead of averaged; Adam's first moments, a running mean of the gradients, do."""
+    gradient summed instead of averaged, or a share weighed wrongly; Adam's first moments, a running mean of the
+    gradients, do."""
     runs = {
-        "single_2b": (1, 8),
-        "single_accumulate": (1, 4),
-        "ddp_b": (2, 4),
-        "ddp_accumulate": (2, 2),
+        "single": (1, 32),
+        "single_accumulate": (1, 8),
+        "ddp_b": (2, 16),
+        "ddp_uneven": (3, 5),
     }
     weights, first_moments = {}, {}
     for name, (nproc, per_rank) in runs.items():
-        run_training(args_for(tmp_path / name, per_rank), nproc=nproc)
+        result = run_training(args_for(tmp_path / name, per_rank), nproc=nproc)
+        if name == "ddp_uneven":
+            assert "global batch 32 = shares of 11/10 per rank × 3 ranks, 3 micro-batches of 5" in result.stderr
         weights[name] = final_weights(tmp_path / name)
         checkpoint = torch.load(sorted((tmp_path / name / "checkpoints").glob("*.pt"))[-1], weights_only=True)
         assert checkpoint["progress"]["step"] == STEPS
+        assert checkpoint["progress"]["samples_in_epoch"] == STEPS * 32
         assert checkpoint["world_size"] == nproc
         first_moments[name] = {i: s["exp_avg"] for i, s in checkpoint["optimizer"]["state"].items()}
 
     initial = initial_weights("--classifier-dropout", "0")
-    assert max_difference(weights["single_2b"], initial) > 1e-4, "training did not move the weights"
-    for name in ("single_accumulate", "ddp_b", "ddp_accumulate"):
-        difference = max_difference(weights["single_2b"], weights[name])
-        assert difference < TOLERANCE, f"{name} differs from single_2b by {difference:.2e}"
-        for index, moment in first_moments["single_2b"].items():
+    assert max_difference(weights["single"], initial) > 1e-4, "training did not move the weights"
+    for name in ("single_accumulate", "ddp_b", "ddp_uneven"):
+        difference = max_difference(weights["single"], weights[name])
+        assert difference < TOLERANCE, f"{name} differs from single by {difference:.2e}"
+        for index, moment in first_moments["single"].items():
             torch.testing.assert_close(first_moments[name][index], moment, rtol=1e-3, atol=1e-8,
                                        msg=lambda m, name=name: f"{name}: gradients differ: {m}")
 
@@ -83,7 +89,7 @@ def test_a_grown_global_batch_is_what_the_run_uses_logs_and_saves(tmp_path: Path
     assert (saved["global_batch_size"], saved["warmup_steps"]) == (8, 2)
     assert saved["lr"] == pytest.approx(1e-4 * 2 ** 0.5)
     assert "grow_global_batch: 2 ranks × 4 per rank: global batch 4 -> 8, lr 0.0001 -> 0.000141" in result.stderr
-    assert "global batch 8 = 4 per rank × 2 ranks × 1 accumulation" in result.stderr
+    assert "global batch 8 = shares of 4 per rank × 2 ranks, 1 micro-batch of 4" in result.stderr
 
 
 def six_steps_of_2_ranks(data: list[str], output_dir: Path) -> list[str]:

@@ -109,14 +109,16 @@ def test_bad_sweep_files_are_refused_in_one_line_naming_the_key(tmp_path: Path, 
 
 
 def test_batch_sizes_the_world_size_cannot_split_are_refused_before_any_trial(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, BASE.replace("lr = [3e-3, 1e-7]", "global_batch_size = [32, 12]"))
+    """A global batch smaller than the world size leaves ranks without an example (one that does not divide evenly is
+    trained in uneven shares)."""
+    spec = spec_of(tmp_path, BASE.replace("lr = [3e-3, 1e-7]", "global_batch_size = [32, 3]"))
     environ = {"WORLD_SIZE": "4"}
     with pytest.raises(ConfigError) as err:
         check_trial_configs(spec, lambda args: load_config([*MACHINERY_ARGS, *args], environ, dotenv_path="/none"),
-                            ["--per-rank-batch-size", "4"])
-    assert "global_batch_size=12" in str(err.value) and "not divisible by per_rank_batch_size (4) × world_size " \
-        "(4)" in str(err.value)
-    check_trial_configs(spec, lambda args: load_config([*MACHINERY_ARGS, *args], {"WORLD_SIZE": "2"},
+                            ["--per-rank-batch-size", "1"])
+    assert "global_batch_size=3" in str(err.value) and "global_batch_size (3) is smaller than world_size (4)" \
+        in str(err.value)
+    check_trial_configs(spec, lambda args: load_config([*MACHINERY_ARGS, *args], {"WORLD_SIZE": "3"},
                                                        dotenv_path="/none"), ["--per-rank-batch-size", "2"])
 
 

@@ -119,8 +119,9 @@ def test_the_real_presets_run_unchanged_on_1_to_64_gpus(preset_name: str, world_
 @pytest.mark.parametrize(("sweep_name", "world_size"), [("demo", 2), ("bert-base-nq", 8), ("bert-base-squad", 8)])
 def test_the_shipped_sweeps_read_and_every_trial_loads_on_their_world_size(sweep_name: str, world_size: int) -> None:
     """configs/sweeps/: each file's settings exist for its task, and every corner of its space (each value, both ends
-    of each range, every seed) loads with the trainer's rules on the world size its header names; one more GPU
-    than the batches split over is refused before any trial."""
+    of each range, every seed) loads with the trainer's rules on the world size its header names, and on one more GPU
+    than the batches split over evenly (uneven shares); more GPUs than a global batch has examples are refused before
+    any trial."""
     from distqa.sweep import settings_class  # the sweep's own choice of the task's settings
     from distqa.sweeps.space import check_trial_configs, read_sweep
 
@@ -132,8 +133,9 @@ def test_the_shipped_sweeps_read_and_every_trial_loads_on_their_world_size(sweep
                                                            check_data_paths=False))
 
     check(world_size)
-    with pytest.raises(ConfigError, match="is not divisible by"):
-        check(world_size * 2 if sweep_name == "demo" else world_size * 16)
+    check(world_size + 1)
+    with pytest.raises(ConfigError, match=r"is smaller than world_size \(65\)"):
+        check(65)  # the sweeps' global batches are 16, 32 and the demo preset's 64
 
 
 @pytest.mark.parametrize("preset_name", GPU_PRESETS)

@@ -95,18 +95,21 @@ def test_rejections_name_the_field(argv: list[str], environ: dict[str, str], mes
     assert message in str(err.value)
 
 
-def test_global_batch_must_split_over_the_world() -> None:
-    with pytest.raises(ConfigError) as err:
-        load(["--global-batch-size", "32", "--per-rank-batch-size", "6"], {"WORLD_SIZE": "2"})
-    message = str(err.value)
-    assert "global_batch_size (32) is not divisible by per_rank_batch_size (6) × world_size (2) = 12" in message
-    assert "multiple of 12, or a per_rank_batch_size that divides 16" in message
-    with pytest.raises(ConfigError, match=r"30 cannot even be split evenly over 4 ranks"):
-        load(["--global-batch-size", "30", "--per-rank-batch-size", "2"], {"WORLD_SIZE": "4"})
+def test_any_world_size_up_to_the_global_batch_trains_it_in_uneven_shares() -> None:
+    """32 over 2, 4, 8 ranks of 4 splits evenly; over 6 ranks of 6 the shares are 6/5 in one micro-batch, over 3 of 4
+    they are 11/10 in 3; a world size larger than the global batch leaves ranks without an example: refused."""
     config = load(["--global-batch-size", "32", "--per-rank-batch-size", "4"], {"WORLD_SIZE": "2"})
-    assert config.accumulation_steps(2) == 4
-    assert config.accumulation_steps(4) == 2
-    assert config.accumulation_steps(8) == 1
+    assert [config.accumulation_steps(size) for size in (2, 4, 8, 3, 32)] == [4, 2, 1, 3, 1]
+    uneven = load(["--global-batch-size", "32", "--per-rank-batch-size", "6"], {"WORLD_SIZE": "6"})
+    assert uneven.accumulation_steps(6) == 1 and uneven.accumulation_steps(2) == 3
+    with pytest.raises(ConfigError) as err:
+        load(["--global-batch-size", "3", "--per-rank-batch-size", "1"], {"WORLD_SIZE": "4"})
+    message = str(err.value)
+    assert "global_batch_size (3) is smaller than world_size (4): 1 rank(s) would have no example to train" in message
+    assert "a global_batch_size of at least 4, fewer ranks, or --grow-global-batch true" in message
+    grown = load(["--global-batch-size", "3", "--per-rank-batch-size", "1", "--grow-global-batch", "true"],
+                 {"WORLD_SIZE": "4"}).for_world_size(4)
+    assert (grown.global_batch_size, grown.accumulation_steps(4)) == (4, 1)
 
 
 def test_unknown_preset_key_is_rejected_with_suggestion(tmp_path: Path) -> None:
@@ -139,8 +142,9 @@ def test_grow_global_batch_rounds_up_to_whole_micro_batches_and_is_off_by_defaul
     assert (grown.global_batch_size, grown.accumulation_steps(3)) == (48, 2)
     assert grown.lr == pytest.approx(1e-4 * 1.5 ** 0.5) and grown.warmup_steps == 7
     assert config.for_world_size(4) == config  # 32 splits over 4 ranks: nothing changes
-    with pytest.raises(ConfigError, match=r"= 24\. .*or --grow-global-batch true to let it grow"):
-        load(["--global-batch-size", "32", "--per-rank-batch-size", "8"], {"WORLD_SIZE": "3"})
+    # Off, 32 over 3 ranks of 8 is trained as it is: shares of 11/10 in 2 micro-batches.
+    kept = load(["--global-batch-size", "32", "--per-rank-batch-size", "8"], {"WORLD_SIZE": "3"})
+    assert kept.for_world_size(3) == kept and kept.accumulation_steps(3) == 2
 
 
 def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path: Path) -> None:

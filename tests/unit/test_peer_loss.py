@@ -226,13 +226,15 @@ def test_the_step_waits_for_the_collectives_before_its_update_is_marked_or_made(
         raise NCCLCollectiveError("NCCL communicator was aborted (TIMEOUT) before optimizer step 18's update")
 
     monkeypatch.setattr(trainer_module, "wait_for_collectives", the_peer_is_gone)
-    metrics = SimpleNamespace(start_step=lambda: None, count_batch=lambda batch: None, local_work_done=lambda: None)
+    metrics = SimpleNamespace(start_step=lambda: None, count_batch=lambda batch, rows=None: None,
+                              local_work_done=lambda: None)
     trainer = SimpleNamespace(
         runtime=SimpleNamespace(device=torch.device("cpu"), is_distributed=False), metrics=metrics,
-        plan=SimpleNamespace(accumulation=1), ddp_model=model, autocast=contextlib.nullcontext, model=model,
+        plan=SimpleNamespace(accumulation=1, real_rows=()), ddp_model=model, autocast=contextlib.nullcontext,
+        model=model,
         task=SimpleNamespace(input_names=["input"], loss=lambda output, batch: output.sum()),
         precision=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)), optimizer=optimizer,
-        config=SimpleNamespace(max_grad_norm=0, save_on_peer_loss=True, dist_timeout_s=10),
+        config=SimpleNamespace(max_grad_norm=0, save_on_peer_loss=True, dist_timeout_s=10, per_rank_batch_size=2),
         survivable=LastCompleteStep(), progress=Progress(step=17))
     with pytest.raises(NCCLCollectiveError):
         trainer_module.Trainer.train_step(trainer, iter([{"input": torch.ones(2, 3)}]))  # type: ignore[arg-type]

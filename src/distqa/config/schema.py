@@ -114,13 +114,14 @@ class Config:
 
     # --- optimisation ------------------------------------------------------------------------------
     global_batch_size: int = OPTIMISATION(
-        32, "Examples per optimizer step over all ranks; must equal per_rank_batch_size × "
-        "world_size × accumulation steps (the accumulation is derived from it).")
+        32, "Examples per optimizer step over all ranks, whatever the world size: each rank takes a share (they "
+        "differ by at most one) in micro-batches of per_rank_batch_size (the accumulation is derived from it).")
     per_rank_batch_size: int = OPTIMISATION(8, "Examples per forward pass on one rank (micro-batch).")
     grow_global_batch: bool = OPTIMISATION(
-        False, "When per_rank_batch_size × world_size exceeds global_batch_size, grow the global batch to one "
-        "micro-batch per rank instead of refusing the run, scale lr by the square root of the growth and "
-        "keep the warm-up's examples (fewer steps). With it a preset runs unchanged on 1 to 64 GPUs.")
+        False, "When per_rank_batch_size × world_size does not divide global_batch_size, grow the global batch to "
+        "the next multiple (full micro-batches on every rank instead of uneven shares and padded rows), scale lr by "
+        "the square root of the growth and keep the warm-up's examples (fewer steps). Not applied over an elastic "
+        "node range (the batch would change with the membership).")
     lr: float = OPTIMISATION(5e-4, "Peak AdamW learning rate, reached at the end of the warm-up.")
     weight_decay: float = OPTIMISATION(0.01, "AdamW weight decay; biases and LayerNorm are never decayed.")
     warmup_steps: int = OPTIMISATION(10, "Optimizer steps of linear warm-up from 0 to lr.")
@@ -258,7 +259,8 @@ class Config:
         becomes the next multiple of it, the learning rate grows by the square root of the growth (the
         square-root rule for Adam-type optimizers, which keeps the noise of a step's update about the same)
         and the warm-up covers the same number of examples in fewer steps (docs/CONFIGURATION.md, "Presets
-        and scaling")."""
+        and scaling"). Without it an uneven split is trained as it is: shares that differ by one, short
+        micro-batches padded (:meth:`accumulation_steps`)."""
         per_micro_step = self.per_rank_batch_size * world_size
         if not self.grow_global_batch or self.global_batch_size % per_micro_step == 0:
             return self
@@ -268,18 +270,18 @@ class Config:
                                    warmup_steps=math.ceil(self.warmup_steps / growth))
 
     def accumulation_steps(self, world_size: int) -> int:
-        """Micro-batches per optimizer step so that every world size trains on the same global batch."""
-        per_micro_step = self.per_rank_batch_size * world_size
-        if self.global_batch_size % per_micro_step:
-            per_rank_share, remainder = divmod(self.global_batch_size, world_size)
-            alternative = (f"or a per_rank_batch_size that divides {per_rank_share}" if not remainder else
-                           f"({self.global_batch_size} cannot even be split evenly over {world_size} ranks)")
+        """Micro-batches per optimizer step on every rank, so that every world size trains on the same global batch:
+        the ranks take shares of it that differ by at most one example (ceil((global_batch_size - rank) /
+        world_size), :mod:`distqa.distributed.sampler`), and the largest share needs ceil(share /
+        per_rank_batch_size) micro-batches; a rank with a smaller share pads its last ones with rows weighed 0. A
+        world size larger than the global batch would leave ranks with no example: a ConfigError."""
+        if world_size > self.global_batch_size:
             raise ConfigError(
-                f"global_batch_size ({self.global_batch_size}) is not divisible by "
-                f"per_rank_batch_size ({self.per_rank_batch_size}) × world_size ({world_size}) = "
-                f"{per_micro_step}. Use a global_batch_size that is a multiple of {per_micro_step}, "
-                f"{alternative}, or --grow-global-batch true to let it grow.")
-        return self.global_batch_size // per_micro_step
+                f"global_batch_size ({self.global_batch_size}) is smaller than world_size ({world_size}): "
+                f"{world_size - self.global_batch_size} rank(s) would have no example to train on. Use a "
+                f"global_batch_size of at least {world_size}, fewer ranks, or --grow-global-batch true to let it grow.")
+        largest_share = -(-self.global_batch_size // world_size)
+        return -(-largest_share // self.per_rank_batch_size)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

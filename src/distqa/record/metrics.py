@@ -7,7 +7,8 @@ collective per log line, never per step. :func:`summarise` turns them into job-w
 - **samples/s**: optimizer steps × global batch / seconds of the window.
 - **tokens/s**: non-padding tokens (attention mask 1) of every rank per second; and the padded tokens
   (every position of every window, which the model computes on) per second. A task whose batches have
-  no ``attention_mask`` column counts no tokens.
+  no ``attention_mask`` column counts no tokens. Only a micro-batch's real examples count: the copies that pad a
+  rank's uneven share of the global batch to whole micro-batches (:meth:`MetricsWindow.count_batch`) do not.
 - **MFU**: model FLOPs of the padded tokens (the task's ``flops_per_token``, at each batch's sequence
   length) per second, over the bf16 peak of the job's GPUs (``peak_tflops`` or the table of
   :func:`distqa.record.throughput.peak_bf16_flops`); omitted on CPUs, unknown GPUs and tasks that count no FLOPs.
@@ -117,11 +118,14 @@ class MetricsWindow:
     def start_step(self) -> None:
         self._step_marks = [self.clock.now()]
 
-    def count_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
-        """Count the tokens (and their model FLOPs) of one micro-batch."""
+    def count_batch(self, batch: Mapping[str, torch.Tensor], rows: int | None = None) -> None:
+        """Count the tokens (and their model FLOPs) of one micro-batch's first ``rows`` rows, its real examples (None:
+        all): the copies that pad a rank's share to whole micro-batches train nothing, so they count for nothing."""
         mask = batch.get("attention_mask")
         if mask is None or mask.ndim != 2:
             return
+        if rows is not None:
+            mask = mask[:rows]
         self.sums[2] += mask.sum()
         batch_size, seq_len = mask.shape
         self.padded_tokens += batch_size * seq_len

@@ -9,7 +9,7 @@ built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task bring
 - **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
   must exist before training (:meth:`Task.check_inputs`) and a cache built once (:meth:`Task.build_data`);
 - **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
-  called with, by name) and :meth:`Task.loss` (on the model's output and the whole batch); rank 0's buffers
+  called with, by name) and :meth:`Task.loss` (the mean over a micro-batch's real rows); rank 0's buffers
   are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`); which submodules a sharded
   run shards one by one (:meth:`Task.sharding_units`; a default rule);
 - **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
@@ -145,7 +145,15 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} must define build_model()")
 
     def loss(self, output: Any, batch: Batch) -> torch.Tensor:
-        """The scalar training loss of one micro-batch: ``output`` is what the model returned."""
+        """The scalar training loss of one micro-batch: ``output`` is what the model returned. It must be the
+        **mean** over the rows (examples) it is given: the trainer weighs it by their part of the global batch.
+
+        When the world size does not split the global batch evenly, a rank's short share is padded with copies of
+        its own examples so that every micro-batch keeps its shape (``distqa.distributed.sampler``); the model runs
+        on all rows, and then this method is called with every tensor of ``output`` and ``batch`` whose first
+        dimension is the micro-batch size cut to the real rows (an output of tensors in dicts, lists, tuples or a
+        registered pytree; ``distqa.training.step_plan.real_rows_of``). A model that mixes rows in its forward
+        (BatchNorm in training mode) sees the copies too."""
         raise NotImplementedError(f"task {self.name!r} must define loss()")
 
     def sharding_units(self, model: nn.Module) -> list[nn.Module]:

@@ -68,7 +68,7 @@ from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.training.faults import ArmedFault
 from distqa.training.peer_loss import LastCompleteStep, ReplicaGroup, lost_peer, save_what_survives
-from distqa.training.step_plan import StepPlan
+from distqa.training.step_plan import StepPlan, micro_batch_loss
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +144,8 @@ class Trainer:
         return self.progress
 
     def _log_plan(self) -> None:
-        log.info("training %d steps (%d per epoch): global batch %d = %d per rank × %d ranks × %d "
-                 "accumulation, precision %s, device %s", self.plan.total_steps, self.plan.steps_per_epoch,
-                 self.config.global_batch_size, self.config.per_rank_batch_size, self.runtime.world_size,
-                 self.plan.accumulation, self.precision.name, self.runtime.device)
+        log.info("training %d steps (%d per epoch): %s, precision %s, device %s", self.plan.total_steps,
+                 self.plan.steps_per_epoch, self.plan.split, self.precision.name, self.runtime.device)
 
     def _already_done(self) -> bool:
         """A resumed run that stop_at_step or early stopping had already ended: nothing to train."""
@@ -173,16 +171,16 @@ class Trainer:
         """The loader's micro-batches from the progress's position (in the next epoch when this one is done), and the
         steps left in their epoch."""
         progress = self.progress
-        if progress.samples_in_epoch // self.config.global_batch_size >= self.plan.steps_per_epoch:
+        # The sampler counts the whole global batches left: a run resumed with another batch may stand between two.
+        if self.sampler.steps_left(progress.samples_in_epoch) == 0:
             # Here, not after the epoch's last step: a run that ends there keeps the position its last
             # checkpoint holds (summary.json and the checkpoint agree).
             progress.epoch += 1
             progress.samples_in_epoch = 0
         self.sampler.set_epoch(progress.epoch)
         self.sampler.resume_at(progress.samples_in_epoch)
-        micro_batches = iter(self.loader)
-        done_in_epoch = progress.samples_in_epoch // self.config.global_batch_size
-        return micro_batches, min(self.plan.steps_per_epoch - done_in_epoch, self.plan.total_steps - progress.step)
+        steps_left = min(self.sampler.steps_left(progress.samples_in_epoch), self.plan.total_steps - progress.step)
+        return iter(self.loader), steps_left
 
     def _take_step(self, micro_batches: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> None:
         """One optimizer step, counted in the progress, the metrics window and the bar."""
@@ -231,12 +229,13 @@ class Trainer:
             return self.evaluate(scalars)
 
     def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over ``accumulation`` micro-batches; returns (mean loss, grad norm)."""
+        """One optimizer step over ``accumulation`` micro-batches; returns (this rank's share of the mean loss over
+        the global batch, grad norm): the ranks' values average to the global batch's mean loss."""
         loss_sum = torch.zeros((), device=self.runtime.device)
         self.metrics.start_step()
         for micro_step in range(self.plan.accumulation):
             batch = on_device(next(micro_batches), self.runtime.device)
-            self.metrics.count_batch(batch)
+            self.metrics.count_batch(batch, self.plan.real_rows[micro_step] if self.plan.real_rows else None)
             # Gradients are all-reduced only on the last micro-batch; before it they accumulate locally.
             syncing = micro_step == self.plan.accumulation - 1
             skip_sync = fsdp.gradient_sync_skipped(self.ddp_model) if self.runtime.is_distributed and not syncing \
@@ -244,7 +243,9 @@ class Trainer:
             with skip_sync:
                 with self.autocast():
                     output = self.ddp_model(**{name: batch[name] for name in self.task.input_names})
-                    loss = self.task.loss(output, batch) / self.plan.accumulation
+                    # The mean over the real rows, weighed by their part of the global batch (step_plan).
+                    loss = micro_batch_loss(self.task.loss, output, batch, self.plan, micro_step,
+                                            self.config.per_rank_batch_size)
                 if syncing:  # what comes next waits for the other ranks: the rank's own work ends here
                     self.metrics.local_work_done()
                 self.precision.scaler.scale(loss).backward()
