@@ -114,8 +114,8 @@ def membership_line(round_number: str, node_addresses: Sequence[str], config: Co
 
 def check_trainer_range(node_range: NodeRange, trainer_args: Sequence[str]) -> None:
     """The node's check of the range it exports, before the rendezvous (``distqa.launch.node``): a one-line
-    :class:`ConfigError` when ``node_range`` does not split the global batch of ``python -m distqa.train
-    TRAINER_ARGS``."""
+    :class:`ConfigError` when ``node_range``'s largest world size exceeds the global batch of ``python -m
+    distqa.train TRAINER_ARGS``."""
     # The settings' loader brings the task registry in; only this check needs it.
     from distqa.settings.sources import load_config
 

@@ -23,7 +23,7 @@ the sections it uses (:mod:`distqa.settings.flags`). ``predict`` and ``evaluate`
 with a message naming the field and where the value came from: the task, unknown keys, wrong types and
 out-of-range values (the dataclass's own checks), then what this machine must provide (paths that
 must exist, and what the settings class checks itself: an encoder's uncached hub name while ``HF_HUB_OFFLINE``
-is set) and a global batch that the world size cannot split, all as a :class:`~distqa.config.ConfigError`. A
+is set) and a global batch smaller than the world size, all as a :class:`~distqa.config.ConfigError`. A
 settings class's own rules come in through its hooks (:meth:`~distqa.config.Config.settle_sources`,
 :meth:`~distqa.config.Config.check_machine`): nothing here knows a task. A fork's settings class that declares a
 setting wrongly is refused by :func:`~distqa.config.values.check_declarations`, naming the setting.
