@@ -199,7 +199,8 @@ def run_sharded_with_ctrl_c(nodes: int, procs: int, folder: Path) -> Run:
     command = [str(REPO_ROOT / "scripts" / "run_distributed_locally.sh"), "--nodes", str(nodes), "--procs-per-node",
                str(procs), "--port", str(free_port()), "--run-id", "sharded", "--", *TASK, "--output-dir", str(results),
                "--global-batch-size", str(2 * run.ranks), "--max-steps", "400", "--checkpoint-every",
-               str(CHECKPOINT_AT), "--checkpoint-format", "sharded", "--eval-every", "0"]
+               str(CHECKPOINT_AT), "--checkpoint-format", "sharded", "--eval-every", "0",
+               "--keep-checkpoints", "1000"]  # step 10's stays on disk for the bench to count its files
     started = time.time()
     log = open(run.folder / "launcher.log", "wb")  # noqa: SIM115
     launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
