@@ -53,7 +53,7 @@ def test_each_piece_of_starting_a_node_exists_once(what: str, shell_pattern: str
 
 def test_every_launcher_starts_its_nodes_through_worker_sh() -> None:
     """In their code; tests/distributed/test_training.py's run of the local launcher shows each node's worker.sh line
-    (the engines' own files: tests/distributed/test_slurm.py, tests/distributed/test_platform.py)."""
+    (the engines' own files: tests/docker/test_slurm_cluster.py, tests/distributed/test_platform.py)."""
     for launcher in ("scripts/run_distributed_locally.sh", "tests/docker/test_image.py"):
         assert "scripts/worker.sh" in "\n".join(code_lines(REPO_ROOT / launcher)), launcher
 

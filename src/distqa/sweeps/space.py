@@ -21,7 +21,7 @@
 
 Everything is checked when the file is read, before any trial starts, each error one line naming the file and
 the key: an unknown setting (against the task's settings class), an empty list or range, a log range over zero,
-a grid larger than its budget allows. What needs the whole config (a batch size the world size cannot split) is
+a grid larger than its budget allows. What needs the whole config (a world size above the global batch) is
 checked by :func:`check_trial_configs` with the trainer's own rules. No torch here.
 """
 
@@ -203,8 +203,8 @@ def read_sweep(name: str, settings_of: Callable[[str | None, str | None], type[C
 
 def check_trial_configs(spec: SweepSpec, check: Callable[[list[str]], Any], extra_args: Sequence[str] = ()) -> None:
     """Build the config of every corner of the space (each list value, both ends of each range, every seed) with
-    ``check`` (the trainer's own loading, for the world size the trials run on) before any trial starts: a batch
-    size that the world size cannot split, or a value the settings refuse, is a ConfigError naming the point. Past
+    ``check`` (the trainer's own loading, for the world size the trials run on) before any trial starts: a global
+    batch smaller than the world size, or a value the settings refuse, is a ConfigError naming the point. Past
     4096 corners, each setting's corners are tried with the others at their first value."""
     corners = [s.corners() for s in spec.settings]
     if math.prod(len(c) for c in corners) <= 4096:
