@@ -14,9 +14,9 @@ N, three runs:
   ``/proc/<pid>/io``), ``--min-nodes N/2``, 16 steps, a checkpoint at step 10, then N/4 nodes (the highest ranks; 1
   at N < 4) lost at step 12 (``INJECT_FAULT=kill-node``), the survivors' save of step 12, their resume at the smaller
   world size (whose global batch no longer splits evenly: the shares differ by one) and the end at step 16;
-- **ours, sharded checkpoints, through the local launcher** (``scripts/run_distributed_locally.sh``): 12 steps with a
-  sharded checkpoint at step 10, then Ctrl-C to the launcher once that checkpoint is on disk; every node must stop
-  with a checkpoint of the step it reached and no process of the run may be left;
+- **ours, sharded checkpoints, through the local launcher** (``scripts/run_distributed_locally.sh``): a sharded
+  checkpoint at step 10, every rank paused after step 12, then Ctrl-C to the launcher; every node must stop with a
+  checkpoint of the step it reached and no process of the run may be left;
 - **the bare floor** (``bench/scale_floor.py``): torchrun's own agent, ``init_process_group``, DDP over a model of the
   same shape, the same steps and a ``torch.save`` on rank 0; no distqa.
 
@@ -203,13 +203,17 @@ def run_sharded_with_ctrl_c(nodes: int, procs: int, folder: Path) -> Run:
                "--keep-checkpoints", "1000"]  # step 10's stays on disk for the bench to count its files
     started = time.time()
     log = open(run.folder / "launcher.log", "wb")  # noqa: SIM115
+    # Every rank pauses after step 12 until the stop's signal (INJECT_FAULT pause): the Ctrl-C lands on a run that is
+    # still going, whatever the machine's load, past the checkpoint of step 10.
+    pause = ",".join(f"pause:rank={rank}:step={LOSS_AT}" for rank in range(run.ranks))
     launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                env=environment(probe_dir), start_new_session=True)
-    checkpoints = results / "sharded" / "checkpoints"
+                                env=environment(probe_dir, INJECT_FAULT=pause), start_new_session=True)
+    checkpoints, logs = results / "sharded" / "checkpoints", results / "sharded" / "logs"
     deadline = time.monotonic() + 600 + 40 * run.ranks
-    while (checkpoint := checkpoint_at(checkpoints, CHECKPOINT_AT, ".dcp")) is None and launcher.poll() is None \
+    while len(list(logs.glob("rank-*.fault"))) < run.ranks and launcher.poll() is None \
             and time.monotonic() < deadline:
         time.sleep(0.5)
+    checkpoint = checkpoint_at(checkpoints, CHECKPOINT_AT, ".dcp")
     run.notes.append(f"listening TCP ports of the run's processes: {len(listening_ports(probe_dir))}")
     launcher.send_signal(signal.SIGINT)  # what Ctrl-C in its terminal sends it (its process group: the nodes too)
     run.codes = wait_all([launcher], 300)
@@ -467,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--procs-per-node", type=int, default=1, help="processes per node (default 1)")
     parser.add_argument("--no-loss", action="store_true", help="lose no node in the file run")
     parser.add_argument("--no-sharded", action="store_true", help="skip the sharded run through the local launcher")
+    parser.add_argument("--sharded-only", action="store_true",
+                        help="only the sharded run through the local launcher, and its Ctrl-C (no table)")
     parser.add_argument("--many-losses", action="store_true", help="only the 16-node scenario of many losses")
     parser.add_argument("--keep", type=Path, help="keep every run's folder under this one")
     args = parser.parse_args(argv)
@@ -477,6 +483,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return many_losses(folder)
     ours: dict[str, dict[str, float]] = {}
     floor: dict[str, dict[str, float]] = {}
+    if args.sharded_only:
+        for nodes in parse_nodes(args.nodes):
+            for note in run_sharded_with_ctrl_c(nodes, args.procs_per_node, folder).notes:
+                print(f"{nodes}x{args.procs_per_node}: {note}")
+        return 0
     for nodes in parse_nodes(args.nodes):
         name = f"{nodes}x{args.procs_per_node}"
         print(f"[scale] {name}: floor, ours (file{'' if args.no_loss else ' + loss'}), ours (sharded + Ctrl-C)",
