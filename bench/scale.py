@@ -180,9 +180,14 @@ def run_file_and_loss(nodes: int, procs: int, folder: Path, lose: bool) -> Run:
     lost_ranks = range((nodes - lost) * procs, nodes * procs, procs)  # one rank per lost node: kill-node takes it all
     fault = ",".join(f"kill-node:rank={rank}:step={LOSS_AT}" for rank in lost_ranks)
     port = free_port()
+    # The last call outlasts the spread of the nodes' starts on this machine (an agent's start is about 1.5 CPU-s,
+    # and 2 cores start them): a shorter one completes the first round with the minimum while the others start,
+    # and each late node's new round stops every worker still importing torch (docs/SCALING.md, 32 nodes).
+    last_call = {"RDZV_LAST_CALL_TIMEOUT": str(max(3, 2 * nodes))}
     with rendezvous_store(port) as traffic:
         launch_ours(run, port, min_nodes, ["--max-steps", str(STEPS), "--checkpoint-every", str(CHECKPOINT_AT),
-                                           "--checkpoint-format", "file"], {"INJECT_FAULT": fault} if fault else {})
+                                           "--checkpoint-format", "file"],
+                    last_call | ({"INJECT_FAULT": fault} if fault else {}))
     run.store = traffic
     ended = [code for node, code in enumerate(run.codes) if node < nodes - lost]
     if any(ended):
