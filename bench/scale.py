@@ -212,7 +212,8 @@ def run_sharded_with_ctrl_c(nodes: int, procs: int, folder: Path) -> Run:
     # still going, whatever the machine's load, past the checkpoint of step 10.
     pause = ",".join(f"pause:rank={rank}:step={LOSS_AT}" for rank in range(run.ranks))
     launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                env=environment(probe_dir, INJECT_FAULT=pause), start_new_session=True)
+                                env=environment(probe_dir, INJECT_FAULT=pause), start_new_session=True,
+                                preexec_fn=interruptible)
     checkpoints, logs = results / "sharded" / "checkpoints", results / "sharded" / "logs"
     deadline = time.monotonic() + 600 + 40 * run.ranks
     while len(list(logs.glob("rank-*.fault"))) < run.ranks and launcher.poll() is None \
@@ -235,6 +236,13 @@ def run_sharded_with_ctrl_c(nodes: int, procs: int, folder: Path) -> Run:
     output = (run.folder / "launcher.log").read_bytes()
     run.notes.append(f"launcher output: {len(output.splitlines())} lines, {len(output)} bytes")
     return run
+
+
+def interruptible() -> None:
+    """In the launcher's process, before it runs: SIGINT's default action, as a terminal's foreground job has it. A
+    bench started in the background of a non-interactive shell ignores SIGINT, its children inherit that, and bash
+    cannot trap a signal that was ignored when it started: the launcher would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def listening_ports(probe_dir: Path) -> set[int]:
