@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from unittest import mock
 
 import pytest
@@ -94,6 +94,23 @@ def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
             return result
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
+
+
+def assert_close_values(actual: Any, expected: Any, rel: float = 1e-6) -> None:
+    """``actual`` equals ``expected`` (JSON-like: dicts, lists, strings, integers) except that floats need only agree to
+    ``rel``: another CPU's kernels round the last bits their own way (a threshold tuned on logits differs by 3e-8)."""
+    if isinstance(expected, float) or isinstance(actual, float):
+        assert actual == pytest.approx(expected, rel=rel, abs=1e-9), (actual, expected)
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), (actual, expected)
+        for key in expected:
+            assert_close_values(actual[key], expected[key], rel)
+    elif isinstance(expected, list | tuple):
+        assert isinstance(actual, list | tuple) and len(actual) == len(expected), (actual, expected)
+        for got, want in zip(actual, expected, strict=True):
+            assert_close_values(got, want, rel)
+    else:
+        assert actual == expected, (actual, expected)
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -191,17 +191,6 @@ def all_gather_tensor(value: torch.Tensor) -> torch.Tensor:
     return torch.stack(gathered)
 
 
-def gather_tensor_to_main(value: torch.Tensor) -> torch.Tensor | None:
-    """Every rank's ``value`` stacked in rank order on rank 0 (shape (world_size, *value.shape)), None on the others:
-    the gather for what rank 0 alone logs, whose cost on the other ranks does not grow with the world size."""
-    if not dist.is_initialized():
-        return value.unsqueeze(0)
-    main = dist.get_rank() == 0
-    gathered = [torch.empty_like(value) for _ in range(dist.get_world_size())] if main else None
-    dist.gather(value, gathered, dst=0)
-    return torch.stack(gathered) if gathered is not None else None
-
-
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order (a one-element list in a single process)."""
     if not dist.is_initialized():

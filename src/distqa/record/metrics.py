@@ -1,7 +1,7 @@
 """What a training log line reports: loss, throughput, model-FLOPs utilisation, and every rank's step times.
 
 :class:`MetricsWindow` collects the steps since the last log line on each rank, on the device where
-it can (no host sync per step), and :meth:`MetricsWindow.flush` gathers every rank's figures to rank 0 in one
+it can (no host sync per step), and :meth:`MetricsWindow.flush` gathers every rank's figures in one
 collective per log line, never per step. :func:`summarise` turns them into job-wide numbers:
 
 - **samples/s**: optimizer steps × global batch / seconds of the window.
@@ -39,7 +39,7 @@ import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from distqa.distributed.runtime import gather_tensor_to_main
+from distqa.distributed.runtime import all_gather_tensor
 from distqa.record.throughput import peak_bf16_flops
 
 STRAGGLER_RATIO = 1.2
@@ -152,17 +152,19 @@ class MetricsWindow:
             self.started += time.perf_counter() - started
 
     def flush(self) -> list[RankWindow]:
-        """Every rank's window, in rank order, on rank 0; an empty list on the others, which log nothing (a collective:
-        every rank must call it)."""
+        """Every rank's window, in rank order (a collective: every rank must call it). An all-gather, though only rank 0
+        logs: every rank must meet a lost peer in the same collective (a gather to rank 0 lets the others step on into
+        one that waits for rank 0, while it saves with its replica group: distqa.training.peer_loss). 104 bytes a
+        rank a log line (docs/SCALING.md)."""
         steps = [self.clock.seconds(start, end) for start, _, end in self.marks]
         local = [self.clock.seconds(start, done) for start, done, _ in self.marks]
         count = max(self.steps, 1)
         loss, grad_norm, tokens = self.sums.double().tolist()
         mine = [loss / count, grad_norm / count, count, *_p50_p95(steps), *_p50_p95(local), tokens,
                 self.padded_tokens, self.flops, max(time.perf_counter() - self.started, 1e-9)]
-        gathered = gather_tensor_to_main(torch.tensor(mine, dtype=torch.float64, device=self.device))
+        gathered = all_gather_tensor(torch.tensor(mine, dtype=torch.float64, device=self.device))
         self._reset()
-        return [] if gathered is None else [RankWindow(*row) for row in gathered.tolist()]
+        return [RankWindow(*row) for row in gathered.tolist()]
 
     def _flops_per_token(self, seq_len: int) -> float:
         if seq_len not in self._flops_by_seq_len:
