@@ -15,7 +15,6 @@ difference, and the time from the losses to the first step after them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -33,6 +32,7 @@ from scale import (
     free_port,
     records,
     rendezvous_store,
+    wait_all,
 )
 
 NODES, MIN_NODES, STEPS, LOSS_AT, EVERY = 16, 8, 16, 8, 4
@@ -83,16 +83,7 @@ def many_losses(folder: Path) -> int:
                                                           RDZV_LAST_CALL_TIMEOUT=LAST_CALL_S),
                                           start_new_session=True))
         one_more = kill_one_more_when_the_survivors_reform(folder / "losses", nodes)
-        deadline = time.monotonic() + 1800
-        codes = []
-        for process in nodes:
-            try:
-                codes.append(process.wait(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                for other in nodes:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(other.pid, signal.SIGKILL)
-                raise SystemExit("bench/scale_losses.py: the run did not end within 30 min (a hang guard)") from None
+        codes = wait_all(nodes, 1800)
     return report(folder, output / "losses", codes, one_more, records(probe_dir))
 
 
