@@ -286,19 +286,27 @@ def late(key: str) -> bool:
 
 
 def note_event(key: str, event: str, **details: Any) -> None:
-    """One line in events.jsonl for a submission or a status change. A single write(2) to a file opened with
+    """One line in events.jsonl for a submission or a status change."""
+    append_line("events.jsonl", {"key": key, "event": event, **details})
+
+
+def read_events() -> list[dict[str, Any]]:
+    return read_lines("events.jsonl")
+
+
+def append_line(name: str, record: dict[str, Any]) -> None:
+    """``record`` as one line at the end of the state directory's ``name``. A single write(2) to a file opened with
     O_APPEND puts each line whole at the end, so the file's order is the order in which the processes of the
     stand-in (CLI calls, supervisors) saw the events happen."""
-    line = json.dumps({"key": key, "event": event, **details}) + "\n"
-    fd = os.open(state_dir() / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(state_dir() / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)
 
 
-def read_events() -> list[dict[str, Any]]:
-    path = state_dir() / "events.jsonl"
+def read_lines(name: str) -> list[dict[str, Any]]:
+    path = state_dir() / name
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -331,19 +339,13 @@ def cli(ctx: click.Context) -> None:
 
 
 def note_call(command: str, args: list[str]) -> None:
-    """One line in calls.jsonl per CLI process, written whole as note_event writes events.jsonl's."""
-    line = json.dumps({"command": command, "args": args}) + "\n"
-    fd = os.open(state_dir() / "calls.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    """One line in calls.jsonl per CLI process."""
+    append_line("calls.jsonl", {"command": command, "args": args})
 
 
 def read_calls() -> list[dict[str, Any]]:
     """Every CLI process started so far: its subcommand and arguments, in order."""
-    path = state_dir() / "calls.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_lines("calls.jsonl")
 
 
 @cli.command()
