@@ -507,7 +507,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         floor_run = run_floor(nodes, args.procs_per_node, folder)
         floor[name] = summarise(floor_run)
-        floor[name]["store_bytes_per_rank"] = summarise(floor_run).get("store_bytes_per_rank", float("nan"))
         file_run = run_file_and_loss(nodes, args.procs_per_node, folder, lose=not args.no_loss)
         ours[name] = summarise(file_run) | file_checks(file_run)
         notes = file_run.notes
