@@ -30,7 +30,7 @@ from harness import pin_threads
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig, RobertaConfig
 from transformers.utils import logging as hf_logging
 
-from distqa.atomic_files import write_json
+from distqa.checkpoint.files import write_json
 from distqa.encoders.config import TINY_MODEL_DIR
 
 BERT_SIZES: dict[str, dict[str, int]] = {

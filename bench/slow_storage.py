@@ -1,6 +1,6 @@
 """A stand-in for slow storage (a network volume) under the checkpoint files, for bench/checkpoint_io.py and the tests.
 
-Every byte of a checkpoint still goes through :func:`distqa.atomic_files.atomic_write` (temporary name, CRC-32,
+Every byte of a checkpoint still goes through :func:`distqa.checkpoint.files.atomic_write` (temporary name, CRC-32,
 fsync, rename, the folder fsynced) into the real file; the stand-in only holds the writing thread for as long as
 the bytes take at the given bandwidth: once per MB written, and for the rest at the end, as a buffered file on a
 network volume blocks when it sends a block (``torch.save`` makes hundreds of small writes per checkpoint, which
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import distqa.checkpoint.format
-from distqa.atomic_files import Digest, atomic_write
+from distqa.checkpoint.files import Digest, atomic_write
 
 BLOCK_BYTES = 1 << 20
 
@@ -50,7 +50,7 @@ class ThrottledFile:
 
 def throttled_atomic_write(mb_per_s: float, on_write: Callable[[], None] | None = None,
                            ) -> Callable[[Path, Callable[[IO[bytes]], object]], Digest]:
-    """:func:`distqa.atomic_files.atomic_write` whose writer sees a :class:`ThrottledFile` at ``mb_per_s`` MB/s;
+    """:func:`distqa.checkpoint.files.atomic_write` whose writer sees a :class:`ThrottledFile` at ``mb_per_s`` MB/s;
     ``on_write`` runs before each write call (a test's hook: the moment a write is in progress)."""
 
     def write_slowly(path: Path, write: Callable[[IO[bytes]], object]) -> Digest:

@@ -19,9 +19,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from distqa.config import Config, Section, resolve_path
+from distqa.config.errors import DataError
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_gather_tensor
-from distqa.errors import DataError
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
 
 TESTS = str(Path(__file__).resolve().parent)

@@ -28,8 +28,8 @@ from torch.distributed.fsdp import fully_shard
 import distqa.checkpoint.sharded
 from distqa.checkpoint.format import MANIFEST, Progress, TrainingCheckpoint
 from distqa.checkpoint.sharded import ShardedCheckpointWriter
+from distqa.config.errors import DiskFullError
 from distqa.distributed.runtime import leave_together
-from distqa.errors import DiskFullError
 
 real_write_item = dcp_filesystem._write_item
 real_atomic_write = distqa.checkpoint.sharded.atomic_write

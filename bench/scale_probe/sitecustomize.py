@@ -12,7 +12,7 @@ step), so its figures and ours are comparable phase by phase:
 
 - ``imports``: the interpreter's start to ``init_process_group`` (ours: imports, settings, task; the floor: imports);
 - ``process_group``: ``init_process_group`` itself (the store, gloo's connections to every peer);
-- ``preflight`` (ours): ``distqa.launch.preflight.check_at_training_start``;
+- ``preflight`` (ours): ``distqa.training.preflight.check_at_training_start``;
 - ``data_and_model``: to the end of ``DistributedDataParallel.__init__`` (data, model, resume, the wrap);
 - ``first_step``: to the end of the first ``Optimizer.step`` (optimizer, the first forward and backward);
 - ``steps``: the CPU between consecutive optimizer steps' ends (the log line's gather and the stop check included);
@@ -225,7 +225,7 @@ def _install(probe: Probe) -> None:
         "torch.nn.parallel.distributed": lambda m: _timed(probe, m.DistributedDataParallel, "__init__", None,
                                                           "data_and_model"),
         "torch.optim.optimizer": lambda m: _wrap_optimizer_step(probe, m),
-        "distqa.launch.preflight": lambda m: _timed(probe, m, "check_at_training_start", None, "preflight"),
+        "distqa.training.preflight": lambda m: _timed(probe, m, "check_at_training_start", None, "preflight"),
         "distqa.training.trainer": lambda m: _timed(probe, m.Trainer, "save_checkpoint", None, None, "saves"),
         "distqa.training.peer_loss": lambda m: _timed(probe, m, "save_what_survives", "peer_lost", "survivor_saved",
                                                          "survivor_saves"),

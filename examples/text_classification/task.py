@@ -23,8 +23,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from distqa.config import Config, ConfigError, Section, resolve_path
+from distqa.config.errors import DataError
 from distqa.distributed import Precision, Runtime, all_gather_tensor, on_device
-from distqa.errors import DataError
 from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
 
 # --- settings: one section, shown by `python -m distqa.train --task ... --help` ------------------------

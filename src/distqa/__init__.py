@@ -1,3 +1,43 @@
-"""distqa: multi-node DistributedDataParallel training of a BERT-family question-answering model."""
+"""distqa: multi-node DistributedDataParallel training of a BERT-family question-answering model.
 
-__version__ = "0.1.0"
+What a fork may import is :mod:`distqa.tasks` (docs/FORKING.md, "What a fork imports"). A module that moved keeps
+its old name for one release (``MOVED``, CHANGELOG.md): importing it warns once with the name to write instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+__version__ = "0.2.0"
+
+MOVED = {
+    "distqa.errors": "distqa.config.errors",
+    "distqa.atomic_files": "distqa.checkpoint.files",
+    "distqa.launch.elastic": "distqa.distributed.elastic",
+    "distqa.launch.preflight": "distqa.training.preflight",
+}
+"""Old module name -> new one, kept one release (CHANGELOG.md lists each, with the release that removes it)."""
+
+
+class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old name as a module whose attributes are the new module's (the same objects, so a class
+    imported by either name is one class), after a DeprecationWarning naming the line to write."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.machinery.ModuleSpec(name, self) if name in MOVED else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        new_name = MOVED[module.__name__]
+        warnings.warn(f"{module.__name__} moved: import from {new_name} instead (CHANGELOG.md)", DeprecationWarning,
+                      stacklevel=2)
+        new = importlib.import_module(new_name)
+        module.__dict__.update({k: v for k, v in vars(new).items() if not k.startswith("__") or k == "__all__"})
+        module.__getattr__ = lambda attribute: getattr(new, attribute)  # names the new module defines later
+
+
+sys.meta_path.append(_MovedModule())

@@ -50,11 +50,16 @@ import torch.distributed as dist
 from dotenv import load_dotenv
 
 from distqa.config import Config, ConfigError
+from distqa.config.errors import DataError, print_error
+from distqa.distributed.elastic import NodeRange, range_report
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.errors import DataError, print_error
-from distqa.launch.elastic import NodeRange, range_report
-from distqa.launch.preflight import (
+from distqa.settings.flags import build_arg_parser
+from distqa.settings.sources import SettingSources, dotenv_file, load_config
+from distqa.tasks import make_task, task_class
+from distqa.tasks.base import Task
+from distqa.tasks.step_memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
+from distqa.training.preflight import (
     GB,
     RankReport,
     check_interfaces,
@@ -65,11 +70,6 @@ from distqa.launch.preflight import (
     node_problems,
     rank_report,
 )
-from distqa.settings.flags import build_arg_parser
-from distqa.settings.sources import SettingSources, dotenv_file, load_config
-from distqa.tasks import make_task, task_class
-from distqa.tasks.base import Task
-from distqa.tasks.step_memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
 
 PROG = "python -m distqa.doctor"
 FAILED_EXIT_CODE = 1

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
-from distqa.errors import SKIP_ADVICE, BadRecordError, DataError
+from distqa.config.errors import SKIP_ADVICE, BadRecordError, DataError
 from distqa.settings.flags import prepare_sections, train_sections
 from distqa.settings.sources import dotenv_file, load_config
 from distqa.tasks import available_tasks, make_task

@@ -39,8 +39,8 @@ from typing import IO, Any
 from dotenv import load_dotenv
 
 from distqa.config import ConfigError
+from distqa.config.errors import report_failure
 from distqa.distributed.stop import STOPPED_EXIT_CODE
-from distqa.errors import report_failure
 from distqa.settings.sources import SettingSources, dotenv_file, load_config
 from distqa.sweeps import results
 from distqa.sweeps import study as studies

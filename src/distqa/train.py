@@ -52,6 +52,8 @@ from torch.utils.data import DataLoader, Dataset
 from distqa.checkpoint.format import Progress
 from distqa.checkpoint.resume import restore_training_state, resume
 from distqa.config import Config, ConfigError
+from distqa.config.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
+from distqa.distributed.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
 from distqa.distributed.nccl_errors import survive_nccl_errors
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import seed_everything
@@ -64,9 +66,6 @@ from distqa.distributed.runtime import (
 )
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.distributed.stop import STOPPED_EXIT_CODE, TrainingStoppedError
-from distqa.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
-from distqa.launch.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
-from distqa.launch.preflight import check_at_training_start
 from distqa.parallel.fsdp import data_parallel_model
 from distqa.record.metrics import count_with_unit
 from distqa.record.rundir import prepare_run_dir
@@ -76,6 +75,7 @@ from distqa.tasks import make_task
 from distqa.tasks.base import Task
 from distqa.training.optim import build_optimizer, build_scheduler
 from distqa.training.peer_loss import PeerLostError
+from distqa.training.preflight import check_at_training_start
 from distqa.training.step_plan import StepPlan
 from distqa.training.trainer import Trainer
 

@@ -2,7 +2,7 @@
 exit 75 and an exact resume; resume reading the checkpoint once per node (2 emulated nodes × 2 processes, opens and
 bytes read counted per rank); a node that cannot see the checkpoint stopping every rank in one line.
 
-The slow storage is bench/slow_storage.py: every byte still goes through distqa.atomic_files.atomic_write into the real
+The slow storage is bench/slow_storage.py: every byte still goes through checkpoint.files.atomic_write into the real
 file, each write call held for as long as its bytes take at the given bandwidth."""
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ from distqa.distributed.runtime import local_runtime
 from distqa.doctor import check_memory
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.launch.preflight import rank_report
 from distqa.parallel.ddp import wrap_ddp
 from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model, qa_loss
@@ -37,6 +36,7 @@ from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.tasks.step_memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, smallest_gpu
 from distqa.training.optim import build_optimizer
+from distqa.training.preflight import rank_report
 
 from conftest import REPO_ROOT, clean_env
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 from distqa.qa.squad.reader import SquadExample, read_squad
 from distqa.qa.squad.synthetic import as_json_lines
 

@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from distqa import score
+from distqa.config.errors import DataError
 from distqa.encoders.config import TINY_MODEL_DIR
-from distqa.errors import DataError
 from distqa.qa.spans import SPANS_PER_WINDOW, WindowSpans
 from distqa.qa.squad.cache import SquadCacheRequest, SquadWindows, build_squad_cache, open_examples
 from distqa.qa.squad.inference import decode_answers

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.atomic_files import atomic_write
+from distqa.checkpoint.files import atomic_write
 from distqa.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
@@ -33,7 +33,7 @@ from distqa.checkpoint.run_folder import (
     newest_intact_checkpoint,
     prune_checkpoints,
 )
-from distqa.errors import DiskFullError
+from distqa.config.errors import DiskFullError
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:

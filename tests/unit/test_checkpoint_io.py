@@ -26,9 +26,9 @@ import distqa.checkpoint.writer
 from distqa.checkpoint.format import Progress, TrainingCheckpoint, verify_checkpoint
 from distqa.checkpoint.run_folder import checkpoint_path, list_checkpoints
 from distqa.checkpoint.writer import CheckpointWriter
+from distqa.config.errors import DiskFullError
 from distqa.distributed.runtime import local_runtime
 from distqa.distributed.stop import StopWindow, graceful_stop_window
-from distqa.errors import DiskFullError
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distqa.launch.preflight import PackageCode, RankReport, disagreements
+from distqa.training.preflight import PackageCode, RankReport, disagreements
 
 from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, node_in_process
 from doctor_helpers import failures

@@ -107,14 +107,16 @@ def test_modules_hold_one_concern() -> None:
     assert not large, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {large}"
 
 
-def test_a_task_written_before_the_machinery_moved_into_families_still_finds_precision() -> None:
-    """The example's task imported Precision from distqa.optim; a fork's copy of it keeps working across the update
-    and is told the line to write instead (docs/LAYOUT.md)."""
-    code = "from distqa.optim import Precision; from distqa.distributed import Precision as P; assert Precision is P"
+def test_a_moved_module_keeps_its_old_name_for_a_release_and_says_the_new_one() -> None:
+    """A fork's task written before a module moved (distqa.errors, CHANGELOG.md) keeps importing it across the
+    update: the old name gives the same objects, with a warning naming the module to import from instead."""
+    code = ("from distqa.errors import DataError; from distqa.config.errors import DataError as New; "
+            "assert DataError is New; import distqa.atomic_files as old; assert old.atomic_write")
     result = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c", code], cwd=REPO_ROOT,
                             env=clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "write `from distqa.distributed import Precision`" in result.stderr, result.stderr
+    assert "distqa.errors moved: import from distqa.config.errors instead" in result.stderr, result.stderr
+    assert "<string>:1: DeprecationWarning" in result.stderr, result.stderr  # the warning names the fork's line
 
 
 def test_no_test_file_imports_another() -> None:
@@ -160,7 +162,7 @@ def test_only_the_distributed_tier_is_marked_distributed_and_by_its_folder() -> 
 def test_shared_types_and_helpers_import_no_torch() -> None:
     """The small shared modules and `score`'s dispatch stay importable without torch, so no caller needs a lazy
     import to stay light (the QA tasks' shared types and metrics: tests/qa/test_structure_qa.py)."""
-    code = ("import sys; import distqa.atomic_files, distqa.errors, distqa.score; "
+    code = ("import sys; import distqa.checkpoint.files, distqa.config.errors, distqa.score; "
             "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); print(heavy); sys.exit(bool(heavy))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)

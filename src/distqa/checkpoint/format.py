@@ -4,7 +4,7 @@ A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt
 tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
 It is written to a temporary name, flushed to disk and renamed: a job killed mid-write leaves the
 previous checkpoint intact and never a truncated file under a real name. A full disk fails the write
-with :class:`~distqa.errors.DiskFullError` (folder and free space named), the previous file intact.
+with :class:`~distqa.config.errors.DiskFullError` (folder and free space named), the previous file intact.
 The trainer writes through :mod:`distqa.checkpoint.writer` (rank 0, in the background, from a host copy
 of the step's state). With ``checkpoint_format = sharded`` a step checkpoint is a directory
 ``step-00000100.dcp/`` of every rank's shards (:mod:`distqa.checkpoint.sharded`); listing, pruning and the
@@ -44,7 +44,7 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from distqa.atomic_files import Digest, atomic_write, claimed, file_digest, manifest_problem, read_with_digest
+from distqa.checkpoint.files import Digest, atomic_write, claimed, file_digest, manifest_problem, read_with_digest
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 3
@@ -139,9 +139,9 @@ def digest_path(path: Path) -> Path:
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> bool:
-    """``torch.save`` through :func:`~distqa.atomic_files.atomic_write`, then its sidecar (the old sidecar goes first:
+    """``torch.save`` through :func:`~.files.atomic_write`, then its sidecar (the old sidecar goes first:
     a kill between the renames leaves a complete checkpoint loaded unverified, never a sidecar that does not match it).
-    False, writing nothing, while another writer holds the path (:func:`~distqa.atomic_files.claimed`): rank 0's write
+    False, writing nothing, while another writer holds the path (:func:`~.files.claimed`): rank 0's write
     and a survivor's save after a lost peer (distqa.training.peer_loss) never interleave their files and sidecars."""
     with claimed(path) as ours:
         if not ours:

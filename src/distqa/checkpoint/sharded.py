@@ -20,7 +20,7 @@ The promises of the single file hold for the directory as a whole:
   :func:`~distqa.checkpoint.run_folder.remove_stale_temporaries` deletes at the next start, and the previous checkpoint
   in use;
 - full disk: a rank whose write fails with ENOSPC fails DCP's save on every rank (DCP gathers every rank's write
-  result and broadcasts the outcome), each raises :class:`~distqa.errors.DiskFullError`, rank 0 removes the
+  result and broadcasts the outcome), each raises :class:`~distqa.config.errors.DiskFullError`, rank 0 removes the
   temporary; the previous checkpoint is intact;
 - damaged shards: :func:`~distqa.checkpoint.format.verify_directory` compares each file's size, then its CRC-32, with
 the
@@ -69,11 +69,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from distqa.atomic_files import OUT_OF_SPACE, atomic_write, file_digest, free_space, fsync_folder
+from distqa.checkpoint.files import OUT_OF_SPACE, atomic_write, file_digest, free_space, fsync_folder
 from distqa.checkpoint.format import MANIFEST, STATE_FILE, CheckpointError, ModelCheckpoint, read_sharded
 from distqa.checkpoint.run_folder import checkpoint_dir, prune_checkpoints
 from distqa.checkpoint.writer import CheckpointWriter
-from distqa.errors import DiskFullError
+from distqa.config.errors import DiskFullError
 
 log = logging.getLogger(__name__)
 

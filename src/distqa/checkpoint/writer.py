@@ -10,7 +10,7 @@
     stop or end ───> CheckpointWriter.wait(): the files are complete and durable; the write's error is raised
 
 Each file is written as before: to a temporary name, fsynced, renamed (the folder fsynced), with its
-``.crc32`` sidecar; a full disk raises :class:`~distqa.errors.DiskFullError` and leaves the previous
+``.crc32`` sidecar; a full disk raises :class:`~distqa.config.errors.DiskFullError` and leaves the previous
 complete checkpoint as it was; older step checkpoints are pruned only once a newer one is complete; the
 format (:data:`~distqa.checkpoint.format.FORMAT_VERSION`) does not change. At most one write is in flight, so
 host memory holds one copy of the state: ``torch.distributed.checkpoint``'s ``DefaultStager`` keeps it and

@@ -20,7 +20,7 @@ rendezvous.
 A graceful stop (:mod:`distqa.distributed.stop`, exit 75) ends the agent too, whatever ``--max-restarts`` says: see
 :func:`membership_rounds`; but not the stop torchrun itself asks for when it restarts the workers into a new
 rendezvous round (a node joined: ``--nnodes MIN:MAX``). Each round's number
-goes to the workers as ``WORKER_RENDEZVOUS_ROUND`` (:mod:`distqa.launch.elastic`'s membership line).
+goes to the workers as ``WORKER_RENDEZVOUS_ROUND`` (:mod:`distqa.distributed.elastic`'s membership line).
 """
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args, parse_min_max_nnodes
 
-# The report folder's name from distqa.errors, which imports nothing: distqa.distributed.stop would bring
+# The report folder's name from distqa.config.errors, which imports nothing: distqa.distributed.stop would bring
 # distqa.distributed.runtime and
 # the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
-from distqa.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
+from distqa.config.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.launch.rendezvous_watcher import POLL_S, JoinedNode, RendezvousWatcher
 
 __all__ = ["POLL_S", "JoinedNode", "RendezvousWatcher", "main"]  # the watcher's names, as before it had a module
 
 ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
-"""distqa.launch.elastic.ROUND_VARIABLE (not imported: distqa.launch.elastic brings in the settings)."""
+"""distqa.distributed.elastic.ROUND_VARIABLE (not imported: distqa.distributed.elastic brings in the settings)."""
 
 RENDEZVOUS_TIMEOUT_EXIT_CODE = 4
 """Exit code of an agent whose rendezvous did not fill up within the join timeout."""
@@ -94,7 +94,7 @@ class SignalsSeen:
 
 
 def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
-    """The exit code every failed worker reported (distqa.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
+    """The exit code every failed worker reported (distqa.config.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
     report folder), or None when one did not."""
     codes = {failure.exitcode for failure in err.failures.values()}
     if not report_dir or len(codes) != 1 or not all(

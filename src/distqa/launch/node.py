@@ -27,7 +27,7 @@ from collections.abc import Iterator, MutableMapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from distqa.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.config.errors import WORKER_REPORT_DIR_VARIABLE
 from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here
@@ -103,7 +103,7 @@ def this_address(environ: MutableMapping[str, str]) -> str:
 
 def worker_environment(node: Node, nproc: int, environ: MutableMapping[str, str]) -> None:
     """What torchrun's workers find in their environment besides the agent's own variables."""
-    # The node range, for the trainer's preflight and its membership lines (distqa.launch.elastic): torchrun tells a
+    # The node range, for the trainer's preflight and its membership lines (distributed.elastic): torchrun tells a
     # worker the node count of its round (GROUP_WORLD_SIZE), not the range.
     environ["WORKER_NODE_RANGE"] = f"{node.min_nodes}:{node.nnodes}"
     environ["WORKER_NODE"] = f"node {node.node_rank} at {environ.get('NODE_ADDR') or socket.gethostname()}"
@@ -210,7 +210,7 @@ def outcome(node: Node, status: int, reports: Path, run_dir: Path | None) -> int
     if stopped := sorted(reports.glob("rank-*")):
         say(f"{where}: {next(iter(stopped[0].read_text().splitlines()), '')}")
         return STOPPED_EXIT_CODE
-    # Workers that refused to run (a configuration or data error: distqa.errors.report_failure) said why and left
+    # Workers that refused to run (a configuration or data error: distqa.config.errors.report_failure) said why and left
     # exit-<CODE>-rank-<R>; distqa.launch.agent then ends with their code instead of torchrun's 1 and its traceback.
     if status != 0 and any(reports.glob(f"exit-{status}-rank-*")):
         logs = f" and in {run_dir}/logs/rank-*.log" if run_dir else ""

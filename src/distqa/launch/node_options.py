@@ -29,7 +29,7 @@ Options:
                       that joins later (started again with the same arguments) makes the run grow back.
                       Membership changes need --max-restarts >= 1 for each node lost; each is one log line
                       ("membership: round R: …"). Every world size in the range must split the global batch
-                      (checked before the rendezvous: distqa.launch.elastic.check_node_range)
+                      (checked before the rendezvous: distqa.distributed.elastic.check_node_range)
   --node-rank I       index of this node, 0..N-1; node 0 hosts the rendezvous (torchrun's
                       is_host) and needs no --master-addr
   --master-addr HOST  address of node 0 as the other nodes reach it (platform: its internal

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 
 BadLinePolicy = Literal["skip", "fail"]
 """``skip``: count a malformed line or record and go on; ``fail``: stop at the first with a BadRecordError."""

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 import distqa
-from distqa.atomic_files import write_json
+from distqa.checkpoint.files import write_json
 from distqa.config import REPO_ROOT, Config
 from distqa.distributed.runtime import Runtime, setup_logging
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from distqa.atomic_files import write_json
+from distqa.checkpoint.files import write_json
 from distqa.checkpoint.format import Progress
 from distqa.config import Config
 from distqa.distributed.runtime import Runtime

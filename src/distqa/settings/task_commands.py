@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.errors import print_error
+from distqa.config.errors import print_error
 from distqa.tasks import task_class
 
 Command = Callable[[Sequence[str] | None], int]

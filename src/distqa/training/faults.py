@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.launch.elastic import NodeRange
+from distqa.distributed.elastic import NodeRange
 
 log = logging.getLogger(__name__)
 

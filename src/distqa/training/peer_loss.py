@@ -26,7 +26,7 @@ rank, or whose ranks do not all hold the same whole step, saves nothing and says
 (no replica group: it goes back to the newest checkpoint).
 
 Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
-create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: :func:`distqa.atomic_files.claimed`),
+create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: ``checkpoint.files.claimed``),
 the others leave it to that rank. Replica groups likewise: the first rank of the first group to create
 ``.step-<N>.dcp.claim`` has its group write the directory, through a temporary of the group's own that rank 0's
 background write, failing meanwhile, cannot remove.
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from distqa.atomic_files import claimed
+from distqa.checkpoint.files import claimed
 from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint, verify_directory
 from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.checkpoint.sharded import sharded_checkpoint_path, shards_of, write_shards
 from distqa.config import Config
+from distqa.config.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.distributed.nccl_errors import reported_error
 from distqa.distributed.runtime import GLOO_TIMEOUT, CollectiveTimeoutError, Runtime, collective_of, node_local_group
-from distqa.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.record.rundir import versions
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from distqa.config import Config, ConfigError
+from distqa.distributed.elastic import split_line
 from distqa.distributed.sampler import ResumableDistributedSampler, real_rows
-from distqa.launch.elastic import split_line
 from distqa.tasks.base import Batch
 
 
@@ -34,7 +34,7 @@ class StepPlan:
     global batch: global_batch_size / (real rows × world size), once DDP averaged over the ranks (0 rows: inf, the
     micro-batch counts 0); empty: the accumulation."""
     split: str = ""
-    """How the world size trains the global batch, for the log (:func:`~distqa.launch.elastic.split_line`)."""
+    """How the world size trains the global batch, for the log (:func:`~distqa.distributed.elastic.split_line`)."""
 
     @classmethod
     def of(cls, config: Config, sampler: ResumableDistributedSampler, world_size: int) -> StepPlan:

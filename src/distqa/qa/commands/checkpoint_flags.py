@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from dotenv import load_dotenv
 
-from distqa.errors import print_error
+from distqa.config.errors import print_error
 from distqa.settings.flags import add_setting_flags, refuse_other_tasks_flags
 from distqa.settings.sources import dotenv_file
 from distqa.settings.task_commands import checkpoint_task

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 from distqa.qa.commands.checkpoint_flags import add_checkpoint_settings, run_checkpoint_command
 
 DESCRIPTION = "Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON."

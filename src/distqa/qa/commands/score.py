@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 
 ANSWERS = {"nq": "submission", "squad": "predictions"}
 """``--format`` -> the flag of its answers file (a format's score refuses the others')."""

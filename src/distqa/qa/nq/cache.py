@@ -37,8 +37,8 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from distqa.config.errors import DataError
 from distqa.encoders.template import PairTemplate
-from distqa.errors import DataError
 from distqa.qa.answers import AnswerType
 from distqa.qa.bad_records import BadLinePolicy
 from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table

@@ -33,8 +33,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from distqa.atomic_files import atomic_write
-from distqa.errors import DataError
+from distqa.checkpoint.files import atomic_write
+from distqa.config.errors import DataError
 from distqa.qa.answers import YES_NO as YES_NO_TYPES
 from distqa.qa.answers import Answer, Gold
 from distqa.qa.nq.reader import BadLine, parse_annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distqa.config import ConfigError
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 from distqa.qa.featurize import auto_num_proc
 from distqa.qa.nq.cache import CacheRequest, build_cache, cached
 from distqa.qa.nq.config import NQConfig

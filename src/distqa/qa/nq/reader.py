@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from distqa.errors import BadRecordError, DataError
+from distqa.config.errors import BadRecordError, DataError
 from distqa.qa.answers import AnswerType, Span
 from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
 

@@ -101,7 +101,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from distqa.atomic_files import atomic_write
+from distqa.checkpoint.files import atomic_write
 from distqa.qa.answers import AnswerType
 from distqa.qa.synthetic_text import (
     ATTRIBUTES,
@@ -311,7 +311,7 @@ class GenerationStats:
 def write_jsonl(path: str | os.PathLike[str], n: int, **kwargs: Any) -> GenerationStats:
     """Write ``n`` examples (see :func:`iter_examples` for the keywords) to ``path``, streaming.
 
-    The file appears complete or not at all (:func:`distqa.atomic_files.atomic_write`); memory use does not
+    The file appears complete or not at all (:func:`distqa.checkpoint.files.atomic_write`); memory use does not
     grow with ``n``.
     """
     stats = GenerationStats()

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from torch.utils.data import Dataset
 
 from distqa.config import CONSOLE
+from distqa.config.errors import DataError
 from distqa.distributed.runtime import Runtime
 from distqa.encoders.config import ENCODER
-from distqa.errors import DataError
 from distqa.qa.config import WINDOWS
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.config import NQ_FILES, NQConfig

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from distqa.config import ConfigError
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 from distqa.qa.bad_records import BadLinePolicy
 from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table
 from distqa.qa.featurize import featurising_pool

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from distqa.atomic_files import atomic_write
-from distqa.errors import DataError
+from distqa.checkpoint.files import atomic_write
+from distqa.config.errors import DataError
 from distqa.qa.squad.reader import read_squad
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

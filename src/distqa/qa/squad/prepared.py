@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.errors import DataError
+from distqa.config.errors import DataError
 from distqa.qa.featurize import auto_num_proc
 from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache, cached
 from distqa.qa.squad.config import SquadConfig

@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distqa.config import resolve_path
+from distqa.config.errors import BadRecordError, DataError
 from distqa.encoders.hub import hf_home, hub_offline, hub_unreachable
-from distqa.errors import BadRecordError, DataError
 from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
                fix: str = "Fix or remove the record.") -> SquadRecords:
     """Every good question of ``spec`` (a file or ``hf:NAME:SPLIT``), in order; bad ones skipped and counted or,
     with ``on_bad_line='fail'``, the first one a BadRecordError ending with ``fix``, what to do about it (the commands
-    that can skip add how: :class:`~distqa.errors.BadRecordError`). Past ``max_bad_line_fraction`` the source is
+    that can skip add how: :class:`~distqa.config.errors.BadRecordError`). Past ``max_bad_line_fraction`` the source is
     refused."""
     spec = str(spec)
     hub = hub_name(spec)

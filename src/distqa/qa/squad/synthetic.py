@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from distqa.atomic_files import atomic_write
+from distqa.checkpoint.files import atomic_write
 from distqa.qa.answers import AnswerType
 from distqa.qa.squad.metric import normalize_answer
 from distqa.qa.synthetic_text import (

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from torch.utils.data import Dataset
 
 from distqa.config import CONSOLE
+from distqa.config.errors import DataError
 from distqa.distributed.runtime import Runtime
 from distqa.encoders.config import ENCODER
-from distqa.errors import DataError
 from distqa.qa.config import WINDOWS
 from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.config import SQUAD_FILES, SquadConfig

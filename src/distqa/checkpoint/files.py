@@ -1,5 +1,5 @@
 """Writing files so that readers never see a partial one; imports no torch. The errors a write raises
-(:class:`~distqa.errors.DiskFullError`) live in :mod:`distqa.errors` with the other refusals."""
+(:class:`~distqa.config.errors.DiskFullError`) live in :mod:`distqa.config.errors` with the other refusals."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from distqa.errors import DiskFullError
+from distqa.config.errors import DiskFullError
 
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 WRITE_BUFFER_BYTES = 1 << 20

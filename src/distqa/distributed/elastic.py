@@ -5,7 +5,7 @@ every round restarts the workers, which resume from the newest checkpoint at the
 batch stays the same at any world size: the ranks take shares of it that differ by at most one example, padded to
 whole micro-batches, and weigh their loss by their share (:mod:`distqa.distributed.sampler`,
 :mod:`distqa.training.step_plan`), so the range need not divide it. What it must do is give every rank an example:
-:func:`check_node_range`, run by the node before the rendezvous (:func:`check_trainer_range`) and by every worker
+:func:`check_node_range`, run by the node before the rendezvous (``launch.node_checks``) and by every worker
 before its process group. :func:`membership_line` is the one line rank 0 logs for each round.
 
 ``worker.sh`` exports the range as :data:`RANGE_VARIABLE` (torchrun tells a worker the node count of its round,
@@ -110,13 +110,3 @@ def membership_line(round_number: str, node_addresses: Sequence[str], config: Co
     """What rank 0 logs when the workers of a rendezvous round start: who, and how they split the global batch."""
     return (f"membership: round {round_number}: {len(node_addresses)} node(s) ({', '.join(node_addresses)}), "
             f"world size {world_size}, {split_line(config, world_size)}")
-
-
-def check_trainer_range(node_range: NodeRange, trainer_args: Sequence[str]) -> None:
-    """The node's check of the range it exports, before the rendezvous (``distqa.launch.node``): a one-line
-    :class:`ConfigError` when ``node_range``'s largest world size exceeds the global batch of ``python -m
-    distqa.train TRAINER_ARGS``."""
-    # The settings' loader brings the task registry in; only this check needs it.
-    from distqa.settings.sources import load_config
-
-    check_node_range(load_config(trainer_args, check_data_paths=False), node_range)
