@@ -22,7 +22,7 @@ import pytest
 from distqa.upkeep.git import Entry, tree
 from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
 from distqa.upkeep.project import main as project_main
-from distqa.upkeep.update import plan_update
+from distqa.upkeep.update import changelog_between, changelog_entries, plan_update
 
 from conftest import REPO_ROOT, clean_env
 from upkeep_helpers import (
@@ -163,6 +163,18 @@ def test_each_rule_of_the_update() -> None:
                                "rename yours, then run the update again."]
 
 
+def test_the_update_prints_the_changelog_entries_new_to_the_fork_those_needing_an_edit_first() -> None:
+    base = b"# Changelog\n\n## 0.1\n\n- an old change\n"
+    ref = (b"# Changelog\n\nProse about the policy.\n\n## 0.2\n\n"
+           b"- [edit] `a.b` is removed: write\n  `from c import b`.\n- a new flag\n\n## 0.1\n\n- an old change\n")
+    assert changelog_between(base, ref) == [
+        "CHANGELOG.md: 2 change(s) since your template commit, 1 needing an edit in your fork (marked EDIT; do it "
+        "before your next run):", "  EDIT `a.b` is removed: write `from c import b`.", "  - a new flag"]
+    assert changelog_between(None, ref)[0].startswith("CHANGELOG.md: 3 change(s)"), "a fork from before it: all"
+    assert changelog_between(ref, ref) == []
+    assert changelog_entries((REPO_ROOT / "CHANGELOG.md").read_bytes()), "the template's own changelog has entries"
+
+
 # --- the machinery's tests need no optional part ---------------------------------------------------------------------
 
 def imported_modules(path: Path) -> set[str]:
@@ -205,6 +217,8 @@ def test_the_update_leaves_no_conflict_and_takes_every_template_change(upstream_
     assert not [line for path in mine for line in [(fork / path).read_text(errors="replace")]
                 if re.search(r"^(<{7}|>{7}) ", line, re.M)], "no conflict markers"
     assert "committed" in said and "README.md: yours; the template changed its own version" in said
+    assert "CHANGELOG.md: 1 change(s) since your template commit, 1 needing an edit" in said, said
+    assert "  EDIT `distqa.upstream` moved: write `from x import y`." in said, "only the entry after the fork's commit"
 
 
 @template_only

@@ -17,6 +17,10 @@ from distqa.upkeep.git import Entry, UpkeepError
 from distqa.upkeep.ownership import DECLARATION, Declaration
 from distqa.upkeep.record import RECORD, ForkRecord
 
+CHANGELOG = "CHANGELOG.md"
+EDIT_MARK = "[edit]"
+"""An entry that opens with it needs a change in the fork's own files (CHANGELOG.md says which and how)."""
+
 
 @dataclass
 class Plan:
@@ -132,9 +136,11 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
     if plan.stops:
         raise UpkeepError("\n".join(plan.stops))
     apply(root, plan)
+    news = changelog_between(git.read(root, base_commit, CHANGELOG), git.read(root, target, CHANGELOG))
     ForkRecord(upstream, target, tuple(sorted(parts_out))).write(root)
-    lines = [*plan.summary(), f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template from "
-             f"{base_commit[:12]} to {target[:12]} ({ref}), parts left out: {', '.join(sorted(parts_out)) or 'none'}"]
+    parts = ", ".join(sorted(parts_out)) or "none"
+    lines = [*news, *plan.summary(), f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template "
+             f"from {base_commit[:12]} to {target[:12]} ({ref}), parts left out: {parts}"]
     if not git.dirty(root):
         lines.append("already up to date")
     elif commit:
@@ -142,6 +148,35 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
                                     "make update-template (docs/FORKING.md)")
         lines.append(f"committed {made[:12]}")
     return "\n".join(lines)
+
+
+def changelog_entries(text: bytes | None) -> list[str]:
+    """The entries of a CHANGELOG.md: each ``- `` line joined with the indented lines that continue it."""
+    entries: list[str] = []
+    open_entry = False
+    for line in (text or b"").decode().splitlines():
+        if line.startswith("- "):
+            entries.append(line[2:].strip())
+            open_entry = True
+        elif open_entry and line.startswith("  ") and line.strip():
+            entries[-1] += " " + line.strip()
+        else:  # a blank line, a heading or prose ends the entry
+            open_entry = False
+    return entries
+
+
+def changelog_between(base: bytes | None, ref: bytes | None) -> list[str]:
+    """What the update prints from REF's changelog: the entries the fork's template commit did not have (all of
+    them for a fork made before the changelog existed), those that need an edit in the fork first."""
+    known = set(changelog_entries(base))
+    news = [entry for entry in changelog_entries(ref) if entry not in known]
+    if not news:
+        return []
+    edits = [entry for entry in news if entry.startswith(EDIT_MARK)]
+    header = (f"{CHANGELOG}: {len(news)} change(s) since your template commit, {len(edits)} needing an edit in "
+              "your fork (marked EDIT; do it before your next run):")
+    marked = [f"  EDIT {entry[len(EDIT_MARK):].strip()}" for entry in edits]
+    return [header, *marked, *(f"  - {entry}" for entry in news if entry not in edits)]
 
 
 def refuse_dirty(root: Path) -> None:
