@@ -105,16 +105,16 @@ def picture(study: optuna.Study, records: Sequence[TrialRecord], title: str) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the plots' API, not our use
         warnings.filterwarnings("ignore", "Attempting to set identical")  # one value on an axis: matplotlib widens it
-        if any(r.state == "done" for r in records):
+        if best is not None:  # the slice plot shows the completed trials: one of them is the best
             axes = optuna_plots.plot_slice(study, target=lambda t: studies.signed(t.value, mode), target_name=label)
-            frozen = study.get_trials(deepcopy=False)[best.number] if best else None
-            for ax, name in zip(getattr(axes, "flat", [axes]), sorted(frozen.params if frozen else ()), strict=True):
+            frozen = study.get_trials(deepcopy=False)[best.number]
+            for ax, name in zip(getattr(axes, "flat", [axes]), sorted(frozen.params), strict=True):
                 x = frozen.params[name]  # a list's values are the plot's categories, named as Optuna names them
                 listed = isinstance(frozen.distributions[name], optuna.distributions.CategoricalDistribution)
                 star = ax.scatter([repr(x) if listed else x], [best.best], marker="*", s=300, c=BEST, zorder=3,
                                   label=f"best: {trial_dir_name(best.number)}")
                 ax.legend(handles=[star], loc="best")
-            figures.append(plt.gcf())
+            figures.append(ax.figure)
         if any(r.evaluations for r in records):
             ax = optuna_plots.plot_intermediate_values(study)
             ax.set(ylabel=label, title=f"{metric} at each evaluation")
