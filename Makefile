@@ -34,6 +34,9 @@ project = words=$$($(PYTHON) src/distqa/upkeep/project.py --split $(1)) || exit 
 SIDE_VENVS := $(if $(wildcard requirements-apolo-flow.txt),$(FLOW26)) $(MLFLOW_SERVER) \
 	$(if $(wildcard requirements-transformers4.txt),$(TRANSFORMERS4)) \
 	$(if $(wildcard requirements-skypilot.txt),$(SKYPILOT))
+# tests/launchers/test_sweep_dashboard.py looks at optuna-dashboard through Debian's headless Chromium: the
+# distribution's package (nothing downloads a browser build of its own at install time).
+CHROMIUM := /usr/bin/chromium-headless-shell
 # What make lint checks: the folders and scripts this checkout has.
 PYTHON_DIRS := $(wildcard src tests bench notebooks examples)
 SHELL_SCRIPTS := $(wildcard scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh) .ci/run
@@ -47,7 +50,10 @@ CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml src/*/*/*/co
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-setup: $(INSTALLED) $(SIDE_VENVS) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot (those of the parts here)
+setup: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot (those of the parts here), headless Chromium (apt)
+
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell >/dev/null
 
 $(MLFLOW_SERVER): requirements-mlflow-server.txt
 	python3 -m venv $(MLFLOW_VENV)
@@ -99,7 +105,7 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 	@mkdir -p build/docker; \
 	echo "building the Docker tier's images beside the tests (log: build/docker/build-beside-tests.log)"; \
 	PYTHON=$(PYTHON) $(DOCKER_TIER) --build-only >build/docker/build-beside-tests.log 2>&1 & build=$$!; \
-	$(MAKE) --no-print-directory --jobs 5 lint $(SIDE_VENVS) \
+	$(MAKE) --no-print-directory --jobs 5 lint $(SIDE_VENVS) $(CHROMIUM) \
 		&& $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS); status=$$?; \
 	wait $$build || echo "the Docker tier's build beside the tests failed (build/docker/build-beside-tests.log);" \
 		"make test-docker builds again and says why"; \
@@ -108,7 +114,7 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) $(DOCKER_TIER)
 
-test-fast: $(INSTALLED) $(SIDE_VENVS) ## The tests that start no multi-process runs
+test-fast: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## The tests that start no multi-process runs
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles
