@@ -1,5 +1,5 @@
-# Helpers shared by the scripts (sourced, not run): the Python to use, settings from .env, the flow
-# CLI, and the check that a job can write its storage. Each exists here once.
+# Helpers shared by the scripts (sourced, not run): the Python to use (the platform launcher's too), settings from
+# .env, and the check that a job can write its storage. Each exists here once.
 # shellcheck shell=bash
 
 # find_python REPO_ROOT: sets PYTHON unless it is set already: the repository's .venv/bin/python
@@ -37,21 +37,17 @@ require_writable() {
     done
 }
 
-# The flow CLI: $FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old
-# name). Both read .neuro/live.yml and accept the same subcommands.
-find_flow_cli() {
-    if [[ -n "${FLOW_CLI:-}" ]]; then
-        command -v "$FLOW_CLI" >/dev/null || { echo "FLOW_CLI=$FLOW_CLI is not on PATH" >&2; return 1; }
-        echo "$FLOW_CLI"
-    elif command -v apolo-flow >/dev/null; then
-        echo apolo-flow
-    elif command -v neuro-flow >/dev/null; then
-        echo neuro-flow
-    else
-        echo "neither apolo-flow nor neuro-flow is on PATH: 'make setup' installs it into .venv" \
-             "(then 'source .venv/bin/activate'), or 'pip install neuro-flow'; log in with 'apolo login'" >&2
-        return 1
+# platform_python SCRIPT REPO_ROOT: what the platform launcher (python -m distqa.launch.platform, and .kill) runs
+# with: find_python's interpreter, which must import python-dotenv (the launcher reads .env with it, as the trainer
+# does), and this checkout's package on PYTHONPATH, installed or not. The launcher runs on the user's machine.
+platform_python() {
+    find_python "$2"
+    if ! "$PYTHON" -c "import dotenv" 2>/dev/null; then
+        echo "$1: $PYTHON cannot import dotenv (python-dotenv): run 'make setup' (the repository's .venv), or" \
+             "'pip install python-dotenv', or name another Python in PYTHON" >&2
+        exit 2
     fi
+    export PYTHONPATH="$2/src${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 # dotenv_value KEY FILE: the value of KEY=... in a .env file, read as python-dotenv (the trainer's

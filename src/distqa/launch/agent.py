@@ -50,12 +50,10 @@ from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args, parse_min_max_nnodes
 
 # The report folder's name from distqa.config.errors, which imports nothing: distqa.distributed.stop would bring
-# distqa.distributed.runtime and
-# the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
+# distqa.distributed.runtime and the settings into an agent that uses neither (every node's agent pays its imports
+# before the workers start).
 from distqa.config.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
-from distqa.launch.rendezvous_watcher import POLL_S, JoinedNode, RendezvousWatcher
-
-__all__ = ["POLL_S", "JoinedNode", "RendezvousWatcher", "main"]  # the watcher's names, as before it had a module
+from distqa.launch.rendezvous_watcher import RendezvousWatcher
 
 ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
 """distqa.distributed.elastic.ROUND_VARIABLE (not imported: distqa.distributed.elastic brings in the settings)."""

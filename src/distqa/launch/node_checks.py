@@ -41,21 +41,14 @@ def processes_here(device_nodes: Sequence[str] = GPU_DEVICE_NODES) -> int:
 
 
 def node_range_check(node: Node, nproc: int) -> None:
-    """An elastic range (--min-nodes below --nnodes) of the trainer whose world sizes do not all split its global
-    batch stops the node before any rendezvous, instead of failing (and being restarted) at the first membership
-    change (:func:`check_trainer_range`)."""
-    try:
-        check_trainer_range(NodeRange(node.min_nodes, node.nnodes, nproc),
-                            ["--run-name", node.run_id, *node.trainer_args])
-    except ConfigError as err:
-        raise NodeError(f"configuration error: {err}") from err
-
-
-def check_trainer_range(node_range: NodeRange, trainer_args: Sequence[str]) -> None:
-    """The node's check of the range it exports, before the rendezvous (``distqa.launch.node``): a one-line
-    :class:`ConfigError` when ``node_range``'s largest world size exceeds the global batch of ``python -m
-    distqa.train TRAINER_ARGS``."""
+    """An elastic range (--min-nodes below --nnodes) whose largest world size exceeds the global batch of ``python -m
+    distqa.train TRAINER_ARGS`` stops the node before any rendezvous, in one line, instead of failing (and being
+    restarted) at the first membership change."""
     # The settings' loader brings the task registry in; only this check needs it.
     from distqa.settings.sources import load_config
 
-    check_node_range(load_config(trainer_args, check_data_paths=False), node_range)
+    try:
+        config = load_config(["--run-name", node.run_id, *node.trainer_args], check_data_paths=False)
+        check_node_range(config, NodeRange(node.min_nodes, node.nnodes, nproc))
+    except ConfigError as err:
+        raise NodeError(f"configuration error: {err}") from err

@@ -119,7 +119,7 @@ Environment:
 from __future__ import annotations
 
 import re
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,31 +211,47 @@ _VALUED = {"--nnodes": "nnodes", "--min-nodes": "min_nodes", "--node-rank": "nod
            "--master-addr": "master_addr", "--master-port": "master_port", "--run-id": "run_id",
            "--max-restarts": "max_restarts", "--nproc-per-node": "nproc_per_node", "--join-timeout": "join_timeout",
            "--stop-after": "stop_after", "--life-span": "life_span", "--entry-module": "entry_module"}
-_SWITCHES = {"--external-store": "external_store", "--dry-run": "dry_run", "--project-args": "project_args"}
+_SWITCHES: dict[str, tuple[str, str | bool]] = {
+    "--external-store": ("external_store", True), "--dry-run": ("dry_run", True),
+    "--project-args": ("project_args", True), "--doctor": ("entry_module", "distqa.doctor")}
+
+
+def read_flags(argv: Sequence[str], valued: Mapping[str, str],
+               switches: Mapping[str, tuple[str, str | bool]]) -> tuple[dict[str, str | bool], list[str]] | None:
+    """The flags before ``--`` as {name: value} (``valued``: flag → name; ``switches``: flag → name, value) and the
+    words after ``--``, for the node and the platform launcher alike; None for ``-h``/``--help``, which ends the
+    reading. A :class:`ValueError` names a flag without its value, or a word that is no flag."""
+    found: dict[str, str | bool] = {}
+    args = list(argv)
+    while args:
+        flag = args.pop(0)
+        if flag in ("-h", "--help"):
+            return None
+        if flag == "--":
+            break
+        if flag in switches:
+            name, value = switches[flag]
+            found[name] = value
+        elif flag not in valued:
+            raise ValueError(f"unknown option '{flag}'; trainer flags go after -- (see --help)")
+        elif not args:
+            raise ValueError(f"{flag} needs a value (see --help)")
+        else:
+            found[valued[flag]] = args.pop(0)
+    return found, args
 
 
 def parse_command_line(argv: Sequence[str], options: NodeOptions) -> NodeOptions:
     """``options`` with the command line's flags over them (a flag given wins over every variable); what follows
     ``--`` is the trainer's. ``-h``/``--help`` sets ``options.help`` and ends the reading."""
-    args = list(argv)
-    while args:
-        flag = args.pop(0)
-        if flag in _VALUED:
-            if not args:
-                raise NodeError(f"{flag} needs a value (see --help)")
-            setattr(options, _VALUED[flag], args.pop(0))
-        elif flag in _SWITCHES:
-            setattr(options, _SWITCHES[flag], True)
-        elif flag == "--doctor":
-            options.entry_module = "distqa.doctor"
-        elif flag in ("-h", "--help"):
-            options.help = True
-            break
-        elif flag == "--":
-            options.trainer_args += args
-            break
-        else:
-            raise NodeError(f"unknown option '{flag}'; trainer flags go after -- (see --help)")
+    try:
+        read = read_flags(argv, _VALUED, _SWITCHES)
+    except ValueError as err:
+        raise NodeError(str(err)) from err
+    flags, trainer_args = read or ({"help": True}, [])
+    for name, value in flags.items():
+        setattr(options, name, value)
+    options.trainer_args += trainer_args
     return options
 
 

@@ -178,8 +178,8 @@ def parse_listing(output: str) -> Listing:
 
 
 def find_flow_cli(environ: Mapping[str, str]) -> str:
-    """$FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old name); as
-    scripts/common.sh's find_flow_cli, which kill_distributed.sh uses."""
+    """$FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old name): for the launcher and for
+    scripts/kill_distributed.sh (:mod:`distqa.launch.platform.kill`)."""
     named = environ.get("FLOW_CLI")
     path = environ.get("PATH")
     if named:
