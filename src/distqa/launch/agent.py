@@ -91,17 +91,6 @@ class SignalsSeen:
         return self._seen
 
 
-def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
-    """The exit code every failed worker reported (distqa.config.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
-    report folder), or None when one did not."""
-    codes = {failure.exitcode for failure in err.failures.values()}
-    if not report_dir or len(codes) != 1 or not all(
-            (Path(report_dir) / f"exit-{failure.exitcode}-rank-{rank}").is_file()
-            for rank, failure in err.failures.items()):
-        return None
-    return codes.pop()
-
-
 def _refusal_code(report_dir: str | None) -> int | None:
     """The exit code this node's workers reported refusing with (``exit-<CODE>-rank-<R>``, one code for all), or None
     when none reported one."""
@@ -224,7 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, signals):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
-        if (code := _reported_exit_code(err, report_dir)) is None:
+        code = _refusal_code(report_dir)
+        reported = all(os.path.isfile(f"{report_dir}/exit-{code}-rank-{rank}") for rank in err.failures)
+        if code is None or {failure.exitcode for failure in err.failures.values()} != {code} or not reported:
             raise
         return code  # each failed worker said why in one line: no traceback of torchrun's below it
     except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as err:

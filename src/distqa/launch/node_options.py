@@ -294,10 +294,10 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
         raise NodeError("--node-rank is required with an elastic PyTorchJob (PET_RDZV_ENDPOINT, no node rank): pass "
                         "the pod's replica index, as deploy/kubernetes/pytorchjob-elastic.yaml does")
     master_addr = options.master_addr
-    # The engine's name for node 0 serves the other nodes; node 0 itself hosts the rendezvous at its own address, as
-    # on every launcher: a pod's DNS name may not resolve before the pod is ready. An external store is no engine's
-    # node: its address is --master-addr's alone.
-    if not master_addr and _number(options.node_rank) > 0 and not options.external_store:
+    # The engine's name for node 0 serves the other nodes (a node rank above 0: a whole number, not all zeros); node 0
+    # itself hosts the rendezvous at its own address, as on every launcher: a pod's DNS name may not resolve before the
+    # pod is ready. An external store is no engine's node: its address is --master-addr's alone.
+    if not (master_addr or options.external_store) and options.node_rank.lstrip("0").isdecimal():
         master_addr = options.engine_master_addr
     numbers = {"nnodes": options.nnodes, "min_nodes": min_nodes, "node_rank": options.node_rank,
                "master_port": options.master_port, "max_restarts": options.max_restarts,
@@ -338,11 +338,6 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
                 nproc_per_node=int(nproc) if nproc else None, join_timeout=int(options.join_timeout),
                 stop_after_s=stop_after_s, dry_run=options.dry_run, entry_module=options.entry_module,
                 trainer_args=list(options.trainer_args))
-
-
-def _number(text: str) -> int:
-    """A node rank before its check: text that is no whole number counts as 0 (the check names it next)."""
-    return int(text) if _WHOLE.fullmatch(text) else 0
 
 
 def project_words(repo_root: Path, environ: MutableMapping[str, str]) -> list[str]:
