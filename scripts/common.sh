@@ -11,6 +11,9 @@ find_python() {
     else PYTHON=python; fi
 }
 
+# usage SCRIPT: what SCRIPT's --help prints, its header comment (line 2 up to `set -euo`) without the '# '.
+usage() { sed -n '2,/^set -euo/p' "$1" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+
 # require_writable WHO DIR...: stop (exit 2) unless this process can create files in every DIR
 # (created first when missing). The platform mounts storage folders with an owner and mode it
 # chooses (`neuro-flow mkvolumes` creates them through the storage service) and `apolo run` cannot
@@ -98,7 +101,7 @@ parse_synthetic_run_args() {
     shift
     while [[ $# -gt 0 ]]; do
         case "$1" in
-            -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+            -h|--help) usage "$0"; exit 0 ;;
             --data-dir|--run-id|--output-dir|"$cache_flag")
                 [[ $# -ge 2 && -n "$2" ]] || { echo "$script: $1 needs a value" >&2; exit 2; }
                 case "$1" in
