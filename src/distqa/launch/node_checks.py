@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
-from distqa.distributed.elastic import NodeRange, check_node_range
 from distqa.launch.node_options import Node, NodeError
 
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -44,7 +43,9 @@ def node_range_check(node: Node, nproc: int) -> None:
     """An elastic range (--min-nodes below --nnodes) whose largest world size exceeds the global batch of ``python -m
     distqa.train TRAINER_ARGS`` stops the node before any rendezvous, in one line, instead of failing (and being
     restarted) at the first membership change."""
-    # The settings' loader brings the task registry in; only this check needs it.
+    # Only this check needs the settings' loader (it brings the task registry in) and distqa.distributed (whose
+    # package imports torch): a node of a fixed node count starts without either.
+    from distqa.distributed.elastic import NodeRange, check_node_range
     from distqa.settings.sources import load_config
 
     try:
