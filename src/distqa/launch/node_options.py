@@ -306,33 +306,32 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
         if not _WHOLE.fullmatch(text):
             raise NodeError(f"--{name.replace('_', '-')} must be a whole number, got '{text}'")
     nnodes, low, node_rank, port = (int(numbers[name]) for name in ("nnodes", "min_nodes", "node_rank", "master_port"))
-    if nnodes < 1:
-        raise NodeError("--nnodes must be at least 1")
-    if not 1 <= low <= nnodes:
-        raise NodeError(f"--min-nodes must be in 1..{nnodes} (--nnodes), got {low}")
-    for name in RENDEZVOUS_SETTINGS.values():
-        if not re.fullmatch(r"[1-9][0-9]*", environ.get(name) or "1"):
-            raise NodeError(f"{name} must be a positive whole number of seconds, got '{environ[name]}'")
-    if node_rank >= nnodes:
-        raise NodeError(f"--node-rank {node_rank} is outside 0..{nnodes - 1} for --nnodes {nnodes}")
-    if not 1024 <= port <= 65535:
-        raise NodeError(f"--master-port must be in 1024..65535, got {port}")
-    if not _RUN_ID.fullmatch(options.run_id):
-        raise NodeError(f"--run-id may hold letters, digits, '.', '_' and '-' only, got '{options.run_id}'")
-    if not MODULE_NAME.fullmatch(options.entry_module):
-        raise NodeError("--entry-module must be a dotted Python module name such as mytask.train, got "
-                        f"'{options.entry_module}'")
+    setting = next((name for name in RENDEZVOUS_SETTINGS.values()
+                    if not re.fullmatch(r"[1-9][0-9]*", environ.get(name) or "1")), "")
+    nproc = options.nproc_per_node
+    for wrong, message in (
+        (nnodes < 1, "--nnodes must be at least 1"),
+        (not 1 <= low <= nnodes, f"--min-nodes must be in 1..{nnodes} (--nnodes), got {low}"),
+        (setting, f"{setting} must be a positive whole number of seconds, got '{environ.get(setting)}'"),
+        (node_rank >= nnodes, f"--node-rank {node_rank} is outside 0..{nnodes - 1} for --nnodes {nnodes}"),
+        (not 1024 <= port <= 65535, f"--master-port must be in 1024..65535, got {port}"),
+        (not _RUN_ID.fullmatch(options.run_id),
+         f"--run-id may hold letters, digits, '.', '_' and '-' only, got '{options.run_id}'"),
+        (not MODULE_NAME.fullmatch(options.entry_module),
+         f"--entry-module must be a dotted Python module name such as mytask.train, got '{options.entry_module}'"),
+        (options.external_store and not master_addr,
+         "--external-store needs --master-addr: the address of the host running python -m "
+         "distqa.launch.rendezvous_store"),
+        (node_rank > 0 and not master_addr,
+         f"--master-addr is required on node {node_rank}: the address of node 0 (its internal hostname on the "
+         "platform)"),
+        (nproc and not re.fullmatch(r"[1-9][0-9]*", nproc),
+         f"--nproc-per-node must be a positive whole number, got '{nproc}'"),
+    ):
+        if wrong:
+            raise NodeError(message)
     # A failed check is the doctor's finding, not a fault: a restart would only run it again and print its table.
     max_restarts = 0 if options.entry_module == "distqa.doctor" else int(options.max_restarts)
-    if options.external_store and not master_addr:
-        raise NodeError("--external-store needs --master-addr: the address of the host running python -m "
-                        "distqa.launch.rendezvous_store")
-    if node_rank > 0 and not master_addr:
-        raise NodeError(f"--master-addr is required on node {node_rank}: the address of node 0 (its internal "
-                        "hostname on the platform)")
-    nproc = options.nproc_per_node
-    if nproc and not re.fullmatch(r"[1-9][0-9]*", nproc):
-        raise NodeError(f"--nproc-per-node must be a positive whole number, got '{nproc}'")
     return Node(nnodes=nnodes, min_nodes=low, node_rank=node_rank, master_addr=master_addr, master_port=port,
                 external_store=options.external_store, run_id=options.run_id, max_restarts=max_restarts,
                 nproc_per_node=int(nproc) if nproc else None, join_timeout=int(options.join_timeout),
