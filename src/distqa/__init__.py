@@ -19,6 +19,7 @@ MOVED = {
     "distqa.errors": "distqa.config.errors",
     "distqa.atomic_files": "distqa.checkpoint.files",
     "distqa.launch.elastic": "distqa.distributed.elastic",
+    "distqa.launch.node_checks": "distqa.launch.node",
     "distqa.launch.preflight": "distqa.training.preflight",
 }
 """Old module name -> new one, kept one release (CHANGELOG.md lists each, with the release that removes it)."""

@@ -53,6 +53,7 @@ def test_flags_win_over_the_variables_that_give_their_defaults() -> None:
     flags = node_of("--nnodes", "2", "--min-nodes", "2", "--max-restarts", "0", "--nproc-per-node", "4",
                     "--join-timeout", "5", **environ)
     assert (flags.min_nodes, flags.max_restarts, flags.nproc_per_node, flags.join_timeout) == (2, 0, 4, 5)
+    assert node_of("--nnodes=2", "--min-nodes=1", "--", "--lr=1").min_nodes == 1, "--flag=value, as argparse"
 
 
 def test_what_follows_the_double_dash_is_the_trainers_and_help_ends_the_reading() -> None:

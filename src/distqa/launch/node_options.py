@@ -229,6 +229,9 @@ def read_flags(argv: Sequence[str], valued: Mapping[str, str],
             return None
         if flag == "--":
             break
+        if flag.startswith("--") and "=" in flag and flag.partition("=")[0] in valued:  # --flag=value, as argparse
+            flag, _, value = flag.partition("=")
+            args.insert(0, value)
         if flag in switches:
             name, value = switches[flag]
             found[name] = value
