@@ -98,7 +98,7 @@ def load_sharded(directory: Path) -> ModelCheckpoint:
 
 def load_model(directory: Path, model: nn.Module) -> None:
     """Collective where a process group exists. The weights in ``directory`` into ``model`` (bare, or sharded by
-    :func:`~distqa.parallel.fsdp.shard_model`): DCP reads into each rank's tensors the parts they hold, whatever the
+    :func:`~distqa.distributed.fsdp.shard_model`): DCP reads into each rank's tensors the parts they hold, whatever the
     world size that wrote them."""
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, storage_reader=FileSystemReader(str(directory)))

@@ -16,7 +16,7 @@ lost peer left partial.
 
 A sharded model is not whole on any rank. Under fsdp the lost ranks held shards no one else has: the run goes back to
 the newest checkpoint. Under hsdp every node's ranks hold one replica, sharded over them (the mesh's ``shard``
-dimension, :func:`distqa.parallel.fsdp.device_mesh`): the ranks of a node none of whose ranks is lost hold every
+dimension, :func:`distqa.distributed.fsdp.device_mesh`): the ranks of a node none of whose ranks is lost hold every
 shard of the last complete step. Under gloo they find so together (:class:`ReplicaGroup`: each tells the others its
 step and whether it holds it whole, on a gloo group of the node's ranks that training never uses, each collective
 bounded by ``dist_timeout_s``) and write it as a sharded checkpoint with that group alone, the default group being

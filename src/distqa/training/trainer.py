@@ -2,13 +2,13 @@
 (rank 0, atomic, written in the background: :mod:`distqa.checkpoint.writer`).
 
 The job consumes one global batch per optimizer step whatever its world size: every rank runs ``accumulation``
-micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.parallel.fsdp`) averages the
+micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.distributed.fsdp`) averages the
 gradients once, on the last micro-batch. Progress is counted in optimizer steps and in examples consumed by the
 whole job in the current epoch, which together with the RNG states makes a resumed run continue exactly where the
 interrupted one stopped.
 
 ``distqa.train.build_trainer`` builds every object the loop uses, in order (:class:`StepPlan`,
-:func:`distqa.checkpoint.resume.resume` into the model, the DDP wrap of :mod:`distqa.parallel.ddp` or the sharding,
+:func:`distqa.checkpoint.resume.resume` into the model, the DDP wrap of :mod:`distqa.distributed.ddp` or the sharding,
 the optimizer, scheduler and precision), and hands them to :class:`Trainer`, which only runs.
 
 The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model reads, the
@@ -37,6 +37,8 @@ from distqa.checkpoint.format import ModelCheckpoint, Progress, TrainingCheckpoi
 from distqa.checkpoint.run_folder import best_checkpoint_path
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, checkpoint_writer
 from distqa.config import Config
+from distqa.distributed import fsdp
+from distqa.distributed.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed.nccl_errors import wait_for_collectives
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import rng_states_to_save, seed_for_step
@@ -50,8 +52,6 @@ from distqa.distributed.runtime import (
 )
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.distributed.stop import StopSignal, TrainingStoppedError, graceful_stop_window
-from distqa.parallel import fsdp
-from distqa.parallel.ddp import broadcast_buffers, compile_enabled
 from distqa.record.metrics import (
     MetricsWindow,
     RankWindow,
@@ -77,8 +77,8 @@ class Trainer:
     """Runs the loop over objects built by ``distqa.train``; builds none itself.
 
     ``model`` is the bare model (its weights are what checkpoints hold and evaluation runs); ``ddp_model`` is the
-    model as training steps run it: :func:`distqa.parallel.ddp.training_module`'s (DDP, compiled), or with sharding the
-    model itself (:func:`distqa.parallel.fsdp.shard_model` shards it in place).
+    model as training steps run it: :func:`distqa.distributed.ddp.training_module`'s (DDP, compiled), or with sharding
+    the model itself (:func:`distqa.distributed.fsdp.shard_model` shards it in place).
     """
 
     def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, task: Task, model: nn.Module,
