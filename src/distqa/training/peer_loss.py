@@ -4,7 +4,7 @@ the last optimizer step saves it as that step's checkpoint before it leaves, and
 (docs/FAULT_TOLERANCE.md, "A lost peer").
 
 Under DDP every rank holds the whole model, optimizer, scheduler and scaler, and the sampler's position. The state is
-complete between two optimizer steps: the trainer marks where it is (:class:`LastCompleteStep`). A failure inside a
+complete between two optimizer steps: the trainer marks where it is (:class:`Survivor`). A failure inside a
 step's forward or backward (DDP's gradient all-reduce) leaves the model as the previous step made it; a failure in a
 step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gather, the stop check) leaves that
 step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
@@ -40,22 +40,19 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 from distqa.checkpoint.files import claimed
-from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint, verify_directory
+from distqa.checkpoint.format import verify_checkpoint, verify_directory
 from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.checkpoint.sharded import sharded_checkpoint_path, shards_of, write_shards
 from distqa.config import Config
 from distqa.config.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.distributed.nccl_errors import reported_error
 from distqa.distributed.runtime import GLOO_TIMEOUT, CollectiveTimeoutError, Runtime, collective_of, node_local_group
-from distqa.record.rundir import versions
-
-if TYPE_CHECKING:
-    from distqa.training.trainer import Trainer
+from distqa.training.run_state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +84,22 @@ class PeerLostError(Exception):
         return PEER_LOST_EXIT_CODE
 
 
-class LastCompleteStep:
-    """Where the trainer is: inside an optimizer's update, or not (then the last complete step is whole)."""
+class Survivor:
+    """What a rank saves after a lost peer: the run's ``state``, when the trainer is not inside an optimizer's update
+    (then the last complete step is whole); under hsdp with the ranks of its ``replica_group``."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: RunState, replica_group: ReplicaGroup | None = None) -> None:
+        self.state, self.replica_group = state, replica_group
         self.updating = False
         """Inside the optimizer's update: the weights are neither the last step's nor the next one's."""
+        self.progressed = False
+        """Whether this process completed a step (:class:`PeerLostError`'s ``progressed``)."""
 
     def update_begins(self) -> None:
         self.updating = True
 
     def step_done(self) -> None:
-        self.updating = False
+        self.updating, self.progressed = False, True
 
 
 def lost_peer(err: BaseException) -> str | None:
@@ -180,52 +181,54 @@ def _in_a_few_words(err: BaseException) -> str:
     return type(err).__name__
 
 
-def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> PeerLostError:
+def save_what_survives(survivor: Survivor, err: BaseException, reason: str) -> PeerLostError:
     """This rank's one line, once it saved the last complete step (or says why it could not); never raises."""
-    rank, step = trainer.runtime.rank, trainer.progress.step
+    state = survivor.state
+    rank, step = state.runtime.rank, state.progress.step
     if isinstance(err, CollectiveTimeoutError):
         what = f"collective timeout: {err}"
     else:
         what = f"rank {rank}: lost a peer during {collective_of(err)} after optimizer step {step} ({reason})"
     saved: Path | None = None
     try:
-        why_not = _why_not_complete(trainer)
-        replica = trainer.replica_group
+        why_not = _why_not_complete(survivor)
+        replica = survivor.replica_group
         if replica is not None:  # hsdp: the ranks of this rank's replica decide, and save, together
             why_not = replica.agree(step, why_not)
         if why_not is not None:
             outcome = f"{why_not}: the resume goes back to the newest checkpoint"
         elif replica is not None:
-            saved, outcome = _save_shards(trainer, replica, step)
+            saved, outcome = _save_shards(state, replica, step)
         else:
-            saved, outcome = _save(trainer, step)
+            saved, outcome = _save(state, step)
     except Exception as failure:  # the line is all that is left to say; the previous checkpoint stays
         outcome = f"saving step {step} failed too ({failure!r}): the resume goes back to the newest checkpoint"
-    return PeerLostError(f"{what}; {outcome}", saved, progressed=trainer.progress.step > trainer.first_step)
+    return PeerLostError(f"{what}; {outcome}", saved, progressed=survivor.progressed)
 
 
-def _why_not_complete(trainer: Trainer) -> str | None:
-    if not trainer.config.save_on_peer_loss:
+def _why_not_complete(survivor: Survivor) -> str | None:
+    config, runtime = survivor.state.config, survivor.state.runtime
+    if not config.save_on_peer_loss:
         return "save_on_peer_loss is off"
-    if trainer.config.data_parallel != "ddp" and trainer.replica_group is None:  # fsdp (hsdp: ReplicaGroup)
-        return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
+    if config.data_parallel != "ddp" and survivor.replica_group is None:  # fsdp (hsdp: ReplicaGroup)
+        return (f"data_parallel={config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")
-    if trainer.runtime.backend == "nccl" and reported_error() is None:
+    if runtime.backend == "nccl" and reported_error() is None:
         # Each update waits for the collectives before it and checks NCCL's recorded error (distqa.distributed.
         # nccl_errors.wait_for_collectives): without that error, an update from partial gradients cannot be ruled out.
         return ("this torch's ProcessGroupNCCL does not report NCCL's errors (get_error), so this rank cannot tell "
                 "that its weights are a whole step's")
-    if trainer.survivable.updating:
-        return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
+    if survivor.updating:
+        return f"the failure fell inside step {survivor.state.progress.step + 1}'s optimizer update"
     return None
 
 
-def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
+def _save(state: RunState, step: int) -> tuple[Path | None, str]:
     """Write step ``step``'s checkpoint unless it is on disk already or another survivor claimed it."""
-    if (on_disk := _saved_already(trainer.run_dir, step)) is not None:
+    if (on_disk := _saved_already(state.run_dir, step)) is not None:
         return on_disk, f"step {step} is saved already ({on_disk.name}) for the resume"
-    path = checkpoint_path(trainer.run_dir, step)
-    checkpoint = _checkpoint(trainer, trainer.model.state_dict(), trainer.optimizer.state_dict())
+    path = checkpoint_path(state.run_dir, step)
+    checkpoint = state.training_checkpoint(state.model.state_dict(), state.optimizer.state_dict(), _no_rng(state))
     if not checkpoint.save(path):
         return None, f"another survivor saves step {step} for the resume"
     log.info("saved %s, the last step this rank completed, after a peer was lost", path)
@@ -244,36 +247,31 @@ def _saved_already(run_dir: Path, step: int) -> Path | None:
     return None
 
 
-def _checkpoint(trainer: Trainer, model: dict[str, Any], optimizer: dict[str, Any]) -> TrainingCheckpoint:
-    # No rank's random state: each step seeds every generator from (seed, step, rank)
-    # (distqa.distributed.rng.seed_for_step).
-    rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
-    return TrainingCheckpoint(
-        model=model, config=trainer.config.to_dict(), task_state=trainer.task_state, evaluation=trainer.evaluation,
-        progress=trainer.progress, versions=versions(), optimizer=optimizer, scheduler=trainer.scheduler.state_dict(),
-        scaler=trainer.precision.scaler.state_dict(), rng=rng, world_size=trainer.runtime.world_size,
-        saved_by_rank=trainer.runtime.rank)
+def _no_rng(state: RunState) -> list[dict[str, Any] | None]:
+    """No rank's random state: each step seeds every generator from (seed, step, rank)
+    (distqa.distributed.rng.seed_for_step)."""
+    return [None] * state.runtime.world_size
 
 
-def _save_shards(trainer: Trainer, replica: ReplicaGroup, step: int) -> tuple[Path | None, str]:
+def _save_shards(state: RunState, replica: ReplicaGroup, step: int) -> tuple[Path | None, str]:
     """Collective over ``replica``, bounded: its ranks write step ``step``'s sharded checkpoint, each its shards, its
     first rank the rest (``state.pt``, the manifest, the rename), unless the step is on disk already or another replica
     group claimed it. The first rank decides, and says what came of it, for the group."""
-    directory = sharded_checkpoint_path(trainer.run_dir, step)
-    first = trainer.runtime.rank == replica.ranks[0]
+    directory = sharded_checkpoint_path(state.run_dir, step)
+    first = state.runtime.rank == replica.ranks[0]
     with claimed(directory) if first else contextlib.nullcontext(False) as ours:
         decision = None  # "write", "claimed", or the name of the step's checkpoint on disk
         if first:  # in the claim: a directory renamed into place before is there now
-            on_disk = _saved_already(trainer.run_dir, step)
+            on_disk = _saved_already(state.run_dir, step)
             decision = on_disk.name if on_disk is not None else "write" if ours else "claimed"
         decision = replica.first_says(decision)
         if decision not in ("write", "claimed"):
             return directory.with_name(decision), f"step {step} is saved already ({decision}) for the resume"
         if decision == "claimed":
             return None, f"another replica group saves step {step} for the resume"
-        rest = _checkpoint(trainer, {}, {}).to_state() if first else None  # the weights go in the shards
+        rest = state.training_checkpoint({}, {}, _no_rng(state)).to_state() if first else None  # weights: the shards
         temporary = directory.with_name(f".{directory.name}.group-{replica.ranks[0]}.tmp")
-        written = write_shards(shards_of(trainer.model, trainer.optimizer), directory, rest, replica.group,
+        written = write_shards(shards_of(state.model, state.optimizer), directory, rest, replica.group,
                                temporary, replace=False)
         kept = replica.first_says(first and written is None)  # the directory was renamed into place meanwhile
     if kept:
