@@ -25,23 +25,10 @@ bandwidth as the run sees it) is compared once with the time a graceful stop has
 its own checkpoint, so it needs up to two writes. A warning names the numbers and the fixes when that is
 longer than the window.
 
-Why not ``torch.distributed.checkpoint.async_save`` (torchtitan's ``async_mode``)? It stages to host
-memory the same way, and then every rank writes a share: for DDP's replicated state its planner spreads
-the tensors over the ranks, so a save uses the bandwidth of every node instead of rank 0's. What it would
-change: the checkpoint becomes a directory of per-rank ``.distcp`` files and a ``.metadata`` file, a new
-format with a new loader (``dcp.load`` into a built state dict, the optimizer through ``get_state_dict``/
-``set_state_dict``) beside the migration of formats 2 and 3, and ``best.pt``, ``predict``, ``export`` and the
-notebook read one ``torch.save`` file today; it has no checksum, and its data files are written in place
-(only ``.metadata`` is renamed into place, last), so the sidecar, the newest intact checkpoint and pruning
-would have to work per file of a directory; its background write ends with collectives (every rank's
-results gathered for the metadata), which need a process group of their own beside DDP's, and a rank that
-dies mid-write spoils the checkpoint for all; and a DDP resume still reads the whole state on every rank.
-Here the file, the format, the sidecar and the resume path stay as they are, and the write's bandwidth
-matters only to the stop's deadline (checked below) and to how often one can checkpoint (a write longer
-than ``checkpoint_every`` steps makes the next save wait). DCP's spread-out write is the better choice once
-the state is sharded (FSDP) or one node cannot write a checkpoint within the stop window: that is
-``checkpoint_format = sharded`` (:mod:`distqa.checkpoint.sharded`, which does all of the above).
-"""
+Why one file from rank 0 rather than ``torch.distributed.checkpoint.async_save`` (torchtitan's ``async_mode``):
+docs/FAULT_TOLERANCE.md. DCP's spread-out write is the better choice once the state is sharded (FSDP) or one node
+cannot write a checkpoint within the stop window: that is ``checkpoint_format = sharded``
+(:mod:`distqa.checkpoint.sharded`)."""
 
 from __future__ import annotations
 
