@@ -36,7 +36,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,54 @@ log = logging.getLogger(__name__)
 _STAGER_IS_SINGLE_USE = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
 
 
+class BackgroundWrite:
+    """One write at a time, in a thread, from a host copy of what it writes (``DefaultStager``: kept and refilled at
+    each write, in pinned memory on GPUs); the error of a write is raised in the main thread by :meth:`wait`."""
+
+    def __init__(self, cuda: bool, name: str) -> None:
+        self.cuda, self.name = cuda, name
+        self._stager: DefaultStager | None = None
+        """Holds the host copy of the state between writes (made at the first)."""
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, state: Any, write: Callable[[Any], None]) -> None:
+        """``write(copy)`` in a thread, ``copy`` being ``state`` copied to host memory now (one call: tensors that
+        ``state`` holds twice are copied once). Call :meth:`wait` first."""
+        if self._stager is not None and _STAGER_IS_SINGLE_USE:
+            self.close()
+        if self._stager is None:
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self.cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=self.cuda))
+        snapshot = self._stager.stage(state)
+        self._thread = threading.Thread(target=self._run, args=(write, snapshot), name=self.name)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Return once the write in flight, if any, is complete and durable; raise its error (once)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        """Free the host copy."""
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    def _run(self, write: Callable[[Any], None], snapshot: Any) -> None:
+        try:
+            write(snapshot)
+        except BaseException as err:  # raised in the main thread by wait()
+            self._error = err
+
+
 class CheckpointWriter:
     """Rank 0's checkpoint files, written in a background thread (or, with ``background`` false, at once)."""
 
@@ -65,11 +113,10 @@ class CheckpointWriter:
         self.stop_window = stop_window
         """The graceful stop's deadline that the first write is compared with; None: no deadline is known."""
         self._cuda = device.type == "cuda"
-        self._stager: DefaultStager | None = None
-        """Holds the host copy of the state between saves (made at the first background save)."""
-        self._thread: threading.Thread | None = None
+        self._files = BackgroundWrite(self._cuda, "distqa-checkpoint-writer")
+        self._writes = [self._files]
+        """Every background write of this writer, the one the others wait for last."""
         self._writing: list[Path] = []
-        self._error: BaseException | None = None
         self._timed = False
 
     def step_path(self, step: int) -> Path:
@@ -81,9 +128,9 @@ class CheckpointWriter:
         memory and the write has started, after the previous write is complete; raises the previous write's
         error. Step checkpoints (:class:`TrainingCheckpoint`) older than the newest ``keep_checkpoints`` are
         pruned after the write."""
-        if self._thread is not None and self._thread.is_alive():
+        if self._files.in_flight():
             started, writing = time.perf_counter(), ", ".join(path.name for path in self._writing)
-            self._thread.join()
+            self._files.wait()
             log.info("waited %.1f s for the write of %s before saving %s: at most one checkpoint write is in "
                      "flight, and that one took longer than the steps since it began", time.perf_counter() - started,
                      writing, ", ".join(path.name for path in files))
@@ -94,27 +141,16 @@ class CheckpointWriter:
         if not self.background:
             self._write(states, paths, prune)
             return
-        if self._stager is not None and _STAGER_IS_SINGLE_USE:
-            self._stager.close()
-            self._stager = None
-        if self._stager is None:
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self._cuda, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=self._cuda))
-        # One call: tensors shared by the files (best.pt's model is the step checkpoint's) are copied once.
-        snapshot = self._stager.stage(states)
         self._writing = paths
-        self._thread = threading.Thread(target=self._write_in_background, args=(snapshot, paths, prune),
-                                        name="distqa-checkpoint-writer")
-        self._thread.start()
+        self._files.start(states, lambda snapshot: self._write(snapshot, paths, prune))
 
     def wait(self) -> None:
-        """Return once the write in flight, if any, is complete and durable; raise its error (once)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread, self._writing = None, []
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        """Return once every write in flight is complete and durable (the last-made first); raise their errors."""
+        try:
+            for write in reversed(self._writes[1:]):
+                write.wait()
+        finally:
+            self._writes[0].wait()
 
     @contextlib.contextmanager
     def finishing(self) -> Iterator[CheckpointWriter]:
@@ -130,15 +166,8 @@ class CheckpointWriter:
                 log.error("the checkpoint write in flight failed as well: %s", err)
             raise
         finally:
-            if self._stager is not None:
-                self._stager.close()
-                self._stager = None
-
-    def _write_in_background(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
-        try:
-            self._write(states, paths, prune)
-        except BaseException as err:  # raised in the main thread by wait()
-            self._error = err
+            for write in self._writes:
+                write.close()
 
     def _write(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
         for state, path in zip(states, paths, strict=True):

@@ -1,36 +1,19 @@
 """A lost peer costs at most the step in flight: when a collective fails because another rank is gone (its node
-lost, its process killed, or stalled past ``dist_timeout_s``), each surviving rank that holds a complete state of
-the last optimizer step saves it as that step's checkpoint before it leaves, and says so in one line
-(docs/FAULT_TOLERANCE.md, "A lost peer").
+lost, its process killed, or stalled past ``dist_timeout_s``), each surviving rank that holds a complete state of the
+last optimizer step saves it as that step's checkpoint before it leaves, and says so in one line. The design, its
+limits and its tests: docs/FAULT_TOLERANCE.md, "A lost peer costs one step". In short:
 
-Under DDP every rank holds the whole model, optimizer, scheduler and scaler, and the sampler's position. The state is
-complete between two optimizer steps: the trainer marks where it is (:class:`Survivor`). A failure inside a
-step's forward or backward (DDP's gradient all-reduce) leaves the model as the previous step made it; a failure in a
-step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gather, the stop check) leaves that
-step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
-(:func:`distqa.distributed.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run
-ends with the weights of one never interrupted, dropout included. Only the optimizer's update itself is no place to save
-from. Under NCCL the GPU runs behind the host, so each update first waits for the collectives queued before it and
-checks the error NCCL's watchdog recorded (:mod:`distqa.distributed.nccl_errors`): no update is made from gradients a
-lost peer left partial.
-
-A sharded model is not whole on any rank. Under fsdp the lost ranks held shards no one else has: the run goes back to
-the newest checkpoint. Under hsdp every node's ranks hold one replica, sharded over them (the mesh's ``shard``
-dimension, :func:`distqa.distributed.fsdp.device_mesh`): the ranks of a node none of whose ranks is lost hold every
-shard of the last complete step. Under gloo they find so together (:class:`ReplicaGroup`: each tells the others its
-step and whether it holds it whole, on a gloo group of the node's ranks that training never uses, each collective
-bounded by ``dist_timeout_s``) and write it as a sharded checkpoint with that group alone, the default group being
-broken: DCP (:func:`distqa.checkpoint.sharded.write_shards`) writes each chunk of the replica once, the group's first
-rank writes what rank 0 writes (``state.pt``, the manifest) and renames the directory into place. A node that lost a
-rank, or whose ranks do not all hold the same whole step, saves nothing and says why; so does an hsdp run under NCCL
-(no replica group: it goes back to the newest checkpoint).
-
-Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
-create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: ``checkpoint.files.claimed``),
-the others leave it to that rank. Replica groups likewise: the first rank of the first group to create
-``.step-<N>.dcp.claim`` has its group write the directory, through a temporary of the group's own that rank 0's
-background write, failing meanwhile, cannot remove.
-A write cut short by another failure leaves no file or directory, and the resume takes the newest complete one.
+- the state is whole between two optimizer steps: the trainer marks the update (:class:`Survivor`); no rank's random
+  state is saved, since every step seeds the generators from (seed, step, rank)
+  (:func:`distqa.distributed.rng.seed_for_step`); under NCCL each update first waits for the collectives queued
+  before it and checks NCCL's recorded error (:mod:`distqa.distributed.nccl_errors`);
+- fsdp: no rank holds the model whole, nothing is saved. hsdp under gloo: the ranks of a node none of whose ranks is
+  lost hold every shard of their replica, agree on it over a gloo group of their own that training never uses
+  (:class:`ReplicaGroup`, each collective bounded by ``dist_timeout_s``) and write it together as a sharded
+  checkpoint (:func:`distqa.checkpoint.sharded.write_shards`), the group's first rank writing what rank 0 writes;
+- several survivors: the first to create ``.step-<N>.pt.claim`` (a replica group's first rank:
+  ``.step-<N>.dcp.claim``, written through a temporary of the group's own) writes, the others leave it to that rank;
+  a write cut short by another failure leaves no file or directory, and the resume takes the newest complete one.
 """
 
 from __future__ import annotations
