@@ -1,4 +1,4 @@
-"""Checkpoints: what they hold (one typed, versioned schema), atomic save, find the newest, load, prune.
+"""Checkpoints: what they hold (one typed, versioned schema), atomic save, verification, load.
 
 A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt`` holding plain
 tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
