@@ -12,31 +12,21 @@
                                        ``model`` and ``optimizer`` left empty
         manifest.json                  size and CRC-32 of every file above, gathered from the ranks, written last
 
-The promises of the single file hold for the directory as a whole:
+The promises of the single file hold for the directory as a whole (docs/FAULT_TOLERANCE.md, "Sharded checkpoints",
+has each with its test): complete or ignored (the ranks write into ``.step-00000100.dcp.tmp``; once every rank has
+finished, the gather of their files' digests being the agreement, rank 0 writes ``state.pt``, then the manifest, and
+renames the directory into place); a full disk on any rank fails DCP's save on every rank
+(:class:`~distqa.config.errors.DiskFullError`, the temporary removed); damaged shards are found against the manifest
+before a resume reads any (:func:`~distqa.checkpoint.format.verify_directory`); pruning counts files and directories
+together, by step; the first write goes through the stop deadline's check as a file's does.
 
-- complete or ignored: the ranks write into ``.step-00000100.dcp.tmp``; once every rank has finished (the gather of
-  their files' digests is the agreement), rank 0 writes ``state.pt`` and then the manifest, and renames the
-  directory into place. A kill before the rename leaves a temporary that
-  :func:`~distqa.checkpoint.run_folder.remove_stale_temporaries` deletes at the next start, and the previous checkpoint
-  in use;
-- full disk: a rank whose write fails with ENOSPC fails DCP's save on every rank (DCP gathers every rank's write
-  result and broadcasts the outcome), each raises :class:`~distqa.config.errors.DiskFullError`, rank 0 removes the
-  temporary; the previous checkpoint is intact;
-- damaged shards: :func:`~distqa.checkpoint.format.verify_directory` compares each file's size, then its CRC-32, with
-the
-  manifest before a resume reads any of it; :func:`~distqa.checkpoint.run_folder.newest_intact_checkpoint` renames a
-  damaged one ``*.corrupt``;
-- rotation: :func:`~distqa.checkpoint.run_folder.prune_checkpoints` counts files and directories together, by step;
-- the graceful stop's deadline: the first write's bytes (all ranks') and seconds go through the same check as a
-  file's (:class:`~distqa.checkpoint.writer.CheckpointWriter`).
-
-The background write is a thread of each rank over a host copy of its shards (the stager the file writer uses),
-running ``dcp.save`` on a gloo group of its own, so its collectives never interleave with training's. Why not
-``dcp.async_save``: its future ends with the save, and the digests, the manifest and the rename must follow it on
-the same thread, in order. ``best.pt`` stays a single file gathered to rank 0 (:mod:`distqa.checkpoint.writer`): it
-holds the weights only (no optimizer state), it is what leaves the cluster (predict, export, the notebook), and it is
-written only when an evaluation improves. ``predict``, ``evaluate`` and ``export`` also take a step directory
-(:func:`load_sharded`, in one process).
+The background write is a thread of each rank over a host copy of its shards (the file writer's
+:class:`~distqa.checkpoint.writer.BackgroundWrite`), running ``dcp.save`` on a gloo group of its own, so its
+collectives never interleave with training's. Why not ``dcp.async_save``: its future ends with the save, and the
+digests, the manifest and the rename must follow it on the same thread, in order. ``best.pt`` stays a single file
+gathered to rank 0 (:mod:`distqa.checkpoint.writer`): it holds the weights only (no optimizer state), it is what
+leaves the cluster (predict, export, the notebook), and it is written only when an evaluation improves. ``predict``,
+``evaluate`` and ``export`` also take a step directory (:func:`load_sharded`, in one process).
 """
 
 from __future__ import annotations
