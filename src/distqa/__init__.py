@@ -20,6 +20,9 @@ MOVED = {
     "distqa.atomic_files": "distqa.checkpoint.files",
     "distqa.launch.elastic": "distqa.distributed.elastic",
     "distqa.launch.node_checks": "distqa.launch.node",
+    "distqa.parallel": "distqa.distributed",
+    "distqa.parallel.ddp": "distqa.distributed.ddp",
+    "distqa.parallel.fsdp": "distqa.distributed.fsdp",
     "distqa.launch.preflight": "distqa.training.preflight",
 }
 """Old module name -> new one, kept one release (CHANGELOG.md lists each, with the release that removes it)."""
@@ -41,4 +44,5 @@ class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__getattr__ = lambda attribute: getattr(new, attribute)  # names the new module defines later
 
 
-sys.meta_path.append(_MovedModule())
+# First on the path: a leftover copy of an old module (an installed older distqa) must not shadow the new one.
+sys.meta_path.insert(0, _MovedModule())

@@ -54,6 +54,7 @@ from distqa.checkpoint.resume import restore_training_state, resume
 from distqa.config import Config, ConfigError
 from distqa.config.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
 from distqa.distributed.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
+from distqa.distributed.fsdp import data_parallel_model
 from distqa.distributed.nccl_errors import survive_nccl_errors
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import seed_everything
@@ -66,7 +67,6 @@ from distqa.distributed.runtime import (
 )
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.distributed.stop import STOPPED_EXIT_CODE, TrainingStoppedError
-from distqa.parallel.fsdp import data_parallel_model
 from distqa.record.metrics import count_with_unit
 from distqa.record.rundir import prepare_run_dir
 from distqa.record.tracking import run_record
@@ -159,7 +159,7 @@ def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *
     data, model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
     evaluation. The benchmarks build theirs here too (``bench/our_trainer.py``): ``dataset`` replaces the task's
     training split, ``evaluation=False`` leaves the task's evaluator out, ``pin_memory`` goes to
-    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.parallel.fsdp.data_parallel_model`."""
+    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.distributed.fsdp.data_parallel_model`."""
     # Data: every rank reads a disjoint share of each epoch's permutation.
     loader = build_loader(config, runtime, task.train_dataset() if dataset is None else dataset, task.collate,
                           pin_memory)
@@ -181,7 +181,8 @@ def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *
     # shard the weights, gradients and optimizer state over the ranks (the task's sharding units, then the root),
     # computing in the precision's dtype. Compiled on GPUs. One process has nothing to share: it runs the model.
     if wrap is None:
-        training_model = data_parallel_model(model, task, runtime, config, precision)
+        training_model = data_parallel_model(model, runtime, config, precision, sync_buffers=task.sync_buffers,
+                                             sharding_units=task.sharding_units)
     else:
         training_model = wrap(model, precision)
 

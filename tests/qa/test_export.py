@@ -23,8 +23,8 @@ from distqa.settings.sources import load_config, saved_config
 from conftest import REPO_ROOT, clean_env
 from qa.qa_helpers import QA_ARGS, TinyEncoder, tiny_encoder_of
 
-NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
-"""An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
+NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "nq-checkpoint"
+"""An NQ best.pt with the submission predict wrote from it (its README.md)."""
 
 
 def run(module: str, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """`python -m distqa.predict|evaluate|score|export` run the command of the checkpoint's task (score: of
 ``--format``'s), importing that task and nothing else; a task without the command, or one this checkout lacks
-(a fork that deleted distqa/qa), is one line and exit status 2 (score's QA formats and format-2 checkpoints:
+(a fork that deleted distqa/qa), is one line and exit status 2, as is a checkpoint of format 2 (score's QA formats:
 tests/qa/test_commands_qa.py)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import ClassVar
 import pytest
 
 from distqa import evaluate, export, predict, score
-from distqa.checkpoint.format import ModelCheckpoint, Progress
+from distqa.checkpoint.format import FORMAT_2_REFUSED, ModelCheckpoint, Progress, save_checkpoint
 from distqa.config import ConfigError
 from distqa.settings.task_commands import checkpoint_task, task_command
 from distqa.tasks.base import Task
@@ -156,7 +156,6 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
 
 
 def test_unreadable_checkpoints_say_why(tmp_path: Path) -> None:
-    """(Format-2 checkpoints naming their task: tests/qa/test_commands_qa.py.)"""
     assert checkpoint_task(a_checkpoint_of("nq", tmp_path / "nq.pt")) == "nq"
     with pytest.raises(ConfigError, match=f"checkpoint {tmp_path / 'nope.pt'} does not exist; train first"):
         checkpoint_task(tmp_path / "nope.pt")
@@ -168,6 +167,18 @@ def test_unreadable_checkpoints_say_why(tmp_path: Path) -> None:
     damaged.write_bytes((tmp_path / "nq.pt").read_bytes()[:100])
     with pytest.raises(ConfigError, match=re.escape(str(damaged))):
         checkpoint_task(damaged)
+
+
+@pytest.mark.parametrize("command", list(ENTRY_POINTS))
+def test_a_format_2_checkpoint_is_one_line_naming_the_file_and_what_to_do(command: str, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Its config names a dataset, not a task: the dispatch says in one line what loading it says."""
+    old = tmp_path / "best.pt"
+    save_checkpoint({"format_version": 2, "config": {"dataset": "nq"}, "decoding": {}}, old)
+    assert ENTRY_POINTS[command](command_line(command, old, tmp_path)) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"python -m distqa.{command}: error: {FORMAT_2_REFUSED.format(path=old)}", line
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "best.pt.crc32"]  # nothing written
 
 
 class CommandsElsewhere(Task):

@@ -6,8 +6,8 @@ These commands read a task's answers, not its training, so each task brings its 
 and nothing else, then calls ``function(argv)`` with its whole command line. A task without the command, or one that
 cannot be imported here (a fork that deleted ``distqa/qa``), is one line on stderr and exit status 2.
 
-Nothing here depends on a module path stored anywhere: a checkpoint holds its task's name or import path (old ones:
-``dataset``), which the registry resolves as a run's ``--task`` does.
+Nothing here depends on a module path stored anywhere: a checkpoint holds its task's name or import path, which the
+registry resolves as a run's ``--task`` does.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ Command = Callable[[Sequence[str] | None], int]
 
 RUN_FILE = "distqa.json"
 """In a directory written by an ``export`` command (:mod:`distqa.qa.hf_format`): the run's config, with its task."""
-
-FORMAT_2_TASK = "dummy"
-"""The task of a format-2 checkpoint whose config names none (:func:`distqa.checkpoint.format.from_format_2`)."""
-
 
 def task_command(task: str, command: str) -> Command:
     """The function ``task`` (a registered name or ``package.module:ClassName``) declares for ``command``; a one-line
@@ -90,11 +86,13 @@ def checkpoint_task(path: Path) -> str:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # damaged or foreign: the full load names what is wrong, in one line
             state = _load_for_the_reason(path)
+        if isinstance(state, dict) and state.get("format_version") == 2:  # its config names no task: say what to do
+            state = _load_for_the_reason(path)
         config = state.get("config") if isinstance(state, dict) else None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} holds no saved config, so not its task: it was not written by distqa.train "
                           "(or python -m distqa.export).")
-    task = config.get("task", config.get("dataset", FORMAT_2_TASK))
+    task = config.get("task")
     if not isinstance(task, str):
         raise ConfigError(f"{path}: its saved config names the task {task!r}, not a task name or import path.")
     return task

@@ -157,7 +157,7 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} must define loss()")
 
     def sharding_units(self, model: nn.Module) -> list[nn.Module]:
-        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.parallel.fsdp`): each
+        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.distributed.fsdp`): each
         one's weights are gathered just before its forward and backward and freed after, so the largest unit
         sets the peak, and each is one compiled region. Default: the blocks of the model's largest
         ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold
