@@ -5,8 +5,8 @@ to search (grid, random, TPE) and how many trials to run; every trial is then a 
 directory, ``best.pt``, TensorBoard and MLflow run, started through the same launcher as a run by hand::
 
     python -m distqa.sweep demo                                  # 2 emulated nodes per trial, one at a time
-    python -m distqa.sweep bert-base-nq --launcher platform --nodes 4 --parallel 2 -- --nq-train-file /data/...
-    python -m distqa.sweep squad --launcher slurm --nodes 2 --launcher-args "--gpus-per-node 8"
+    python -m distqa.sweep NAME --launcher platform --nodes 4 --parallel 2 -- --data-file /data/...
+    python -m distqa.sweep NAME --launcher slurm --nodes 2 --launcher-args "--gpus-per-node 8"
     python -m distqa.sweep --show results/sweeps/demo             # the table of a sweep, running or done
 
 The settings of a trial are drawn here, once, and reach every rank of every node as ordinary flags (the
@@ -40,8 +40,8 @@ from dotenv import load_dotenv
 
 from distqa.config import ConfigError
 from distqa.config.errors import report_failure
+from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed.stop import STOPPED_EXIT_CODE
-from distqa.settings.sources import SettingSources, dotenv_file, load_config
 from distqa.sweeps import results
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import LAUNCHERS, Launcher, Running, ended_process, failure_reason
@@ -102,7 +102,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     environ = {**os.environ, "WORLD_SIZE": str(launcher.world_size)}
     # Every corner of the space through the trainer's own checks, for the world size the trials run on (a notice
     # of the settings' loading said once, not once per corner).
-    with said_once(logging.getLogger("distqa.settings.sources")):
+    with said_once(logging.getLogger("distqa.config.sources")):
         check_trial_configs(spec, lambda flags: load_config(flags, environ, prog="distqa.sweep (a trial)",
                                                             check_data_paths=args.launcher == "local"),
                             args.trainer_args)

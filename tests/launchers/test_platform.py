@@ -303,7 +303,7 @@ def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl
 
 
 def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
-    """The trainer's settings (``python -m distqa.settings.sources --run-dir``, which resolves them as train does) and
+    """The trainer's settings (``python -m distqa.config.sources --run-dir``, which resolves them as train does) and
     the platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the
     working directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
     here = tmp_path / "here"
@@ -315,7 +315,7 @@ def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_worki
     def read(**env: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
         launcher = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "t"], cwd=here, env=clean_env(**env),
                                   capture_output=True, text=True, timeout=60)
-        trainer = subprocess.run([sys.executable, "-m", "distqa.settings.sources", "--run-dir", "--preset", "none"],
+        trainer = subprocess.run([sys.executable, "-m", "distqa.config.sources", "--run-dir", "--preset", "none"],
                                  cwd=here,
                                  env=clean_env(**env), capture_output=True, text=True, timeout=60)
         return launcher, trainer

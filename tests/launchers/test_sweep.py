@@ -16,7 +16,7 @@ import pytest
 
 from distqa import sweep
 from distqa.config import Config, ConfigError
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.sweeps import results
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import Launcher, failure_reason

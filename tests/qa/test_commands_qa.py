@@ -18,8 +18,8 @@ from distqa import evaluate, predict, score
 from distqa.checkpoint.format import ModelCheckpoint, Progress, save_checkpoint
 from distqa.qa.nq import commands as nq_commands
 from distqa.qa.squad import commands as squad_commands
-from distqa.settings.task_commands import checkpoint_task, task_command
 from distqa.tasks import task_class
+from distqa.tasks.commands import checkpoint_task, task_command
 
 from conftest import REPO_ROOT, clean_env
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from distqa.config import Config, ConfigError
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT, clean_env
@@ -39,7 +39,7 @@ def test_the_old_name_dataset_still_loads_with_a_one_line_notice(tmp_path: Path,
     preset.write_text('dataset = "nq"\n')
     dotenv = tmp_path / ".env"
     dotenv.write_text("DISTQA_DATASET=nq\n")
-    with caplog.at_level(logging.WARNING, logger="distqa.settings.sources"):
+    with caplog.at_level(logging.WARNING, logger="distqa.config.sources"):
         assert load("--dataset", "nq").task == "nq"
         assert load("--preset", str(preset)).task == "nq"
         assert load(dotenv=dotenv).task == "nq"

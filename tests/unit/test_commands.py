@@ -19,8 +19,8 @@ import pytest
 from distqa import evaluate, export, predict, score
 from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import ConfigError
-from distqa.settings.task_commands import checkpoint_task, task_command
 from distqa.tasks.base import Task
+from distqa.tasks.commands import checkpoint_task, task_command
 
 from conftest import REPO_ROOT, clean_env
 
@@ -175,7 +175,7 @@ class CommandsElsewhere(Task):
 
     name = "elsewhere"
     commands: ClassVar[Mapping[str, str]] = {
-        "predict": "no_such_package.commands:main", "evaluate": "distqa.settings.task_commands:RUN_FILE"}
+        "predict": "no_such_package.commands:main", "evaluate": "distqa.tasks.commands:RUN_FILE"}
 
 
 def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
@@ -183,7 +183,7 @@ def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
                        r"importing no_such_package.commands failed \(ModuleNotFoundError"):
         task_command("unit.test_commands:CommandsElsewhere", "predict")
     with pytest.raises(ConfigError, match=re.escape(
-            "its evaluate command distqa.settings.task_commands:RUN_FILE is not a "
+            "its evaluate command distqa.tasks.commands:RUN_FILE is not a "
                                                                   "function")):
         task_command("unit.test_commands:CommandsElsewhere", "evaluate")
     with pytest.raises(ConfigError, match=r"task 'elsewhere' has no export command \(it has evaluate, predict\)"):

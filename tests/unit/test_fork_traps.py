@@ -15,9 +15,9 @@ import pytest
 from torch.nn.parallel import DistributedDataParallel
 
 from distqa.config import Config, ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.runtime import local_runtime
 from distqa.parallel.ddp import training_module
-from distqa.settings.sources import load_config
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT, clean_env

@@ -25,7 +25,7 @@ Two kinds, one schema: :class:`ModelCheckpoint` is ``best.pt`` (the model with t
 metric so far, its config and its task's inference state: what ``predict`` needs), and
 :class:`TrainingCheckpoint` adds what resuming needs (optimizer, scheduler, scaler, every rank's RNG
 state). The schema knows no task: which metric is best (name, direction, value) is in :class:`Progress`,
-and the task's inference state (NQ: its decoding thresholds) is stored as the task gave it. Both carry
+and the task's inference state (a QA task's: its decoding thresholds) is stored as the task gave it. Both carry
 :data:`FORMAT_VERSION`. A file of format 2 (the QA-only layout before the task seam) is migrated when it
 is loaded; a file of another version is refused with a message that says so, instead of failing
 somewhere in ``load_state_dict``.
@@ -300,7 +300,7 @@ def parse_checkpoint(data: IO[bytes] | mmap.mmap, path: Path | str, kind: type[C
 
 def from_format_2(state: Mapping[str, Any]) -> dict[str, Any]:
     """A format-2 checkpoint in format 3. Format 2 knew two datasets: ``config.dataset`` becomes the task,
-    NQ's ``decoding`` becomes its task state (the same dict), ``best_micro_f1`` (-1 before any evaluation)
+    its ``decoding`` thresholds become its task state (the same dict), ``best_micro_f1`` (-1 before any evaluation)
     the best metric. Keys are left as they are when missing, for :func:`load_checkpoint` to report."""
     state = {**state, "format_version": FORMAT_VERSION}
     if isinstance(state.get("config"), Mapping):

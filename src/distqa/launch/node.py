@@ -28,6 +28,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from distqa.config.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.config.sources import run_dir_of
 from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here
@@ -41,7 +42,6 @@ from distqa.launch.node_options import (
     parse_command_line,
     project_words,
 )
-from distqa.settings.sources import run_dir_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout (src/distqa/launch/node.py): its project.toml, and the PYTHONPATH entry a fork's packages import

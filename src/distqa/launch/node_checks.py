@@ -56,6 +56,6 @@ def check_trainer_range(node_range: NodeRange, trainer_args: Sequence[str]) -> N
     :class:`ConfigError` when ``node_range``'s largest world size exceeds the global batch of ``python -m
     distqa.train TRAINER_ARGS``."""
     # The settings' loader brings the task registry in; only this check needs it.
-    from distqa.settings.sources import load_config
+    from distqa.config.sources import load_config
 
     check_node_range(load_config(trainer_args, check_data_paths=False), node_range)

@@ -2,7 +2,7 @@
 
 ``configs/sweeps/NAME.toml`` (or any path to a ``.toml``)::
 
-    preset = "tiny-synthetic-squad"   # every trial's --preset (optional)
+    preset = "mytask"                 # every trial's --preset (optional)
     search = "grid"                   # grid (the file's order), random, or tpe (Optuna's TPE sampler)
     trials = 6                        # the budget; a grid runs all its points unless this is smaller
     seeds = [1, 2]                    # every point runs once per seed (default: one run, the preset's seed)
