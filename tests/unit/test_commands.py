@@ -17,10 +17,11 @@ from typing import ClassVar
 import pytest
 
 from distqa import evaluate, export, predict, score
+from distqa.checkpoint.commands import checkpoint_task
 from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import ConfigError
 from distqa.tasks.base import Task
-from distqa.tasks.commands import checkpoint_task, task_command
+from distqa.tasks.commands import task_command
 
 from conftest import REPO_ROOT, clean_env
 
@@ -149,7 +150,7 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
         "python -m distqa.predict: error: task 'nq': no module named 'distqa.qa'"), err
     code, _, err = said["score"]
     assert code == 2 and one_error_line(err).startswith(
-        "distqa.score: error: task 'nq': its score command distqa.qa.nq.commands:score: importing "
+        "distqa.score: error: task 'dummy': its score command distqa.qa.nq.commands:score: importing "
         "distqa.qa.nq.commands failed (ModuleNotFoundError: No module named 'distqa.qa')"), err
     code, out, _ = said["help"]
     assert code == 0 and "--checkpoint CHECKPOINT" in out, out
@@ -175,7 +176,7 @@ class CommandsElsewhere(Task):
 
     name = "elsewhere"
     commands: ClassVar[Mapping[str, str]] = {
-        "predict": "no_such_package.commands:main", "evaluate": "distqa.tasks.commands:RUN_FILE"}
+        "predict": "no_such_package.commands:main", "evaluate": "distqa.checkpoint.commands:RUN_FILE"}
 
 
 def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
@@ -183,7 +184,7 @@ def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
                        r"importing no_such_package.commands failed \(ModuleNotFoundError"):
         task_command("unit.test_commands:CommandsElsewhere", "predict")
     with pytest.raises(ConfigError, match=re.escape(
-            "its evaluate command distqa.tasks.commands:RUN_FILE is not a "
+            "its evaluate command distqa.checkpoint.commands:RUN_FILE is not a "
                                                                   "function")):
         task_command("unit.test_commands:CommandsElsewhere", "evaluate")
     with pytest.raises(ConfigError, match=r"task 'elsewhere' has no export command \(it has evaluate, predict\)"):

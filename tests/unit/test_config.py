@@ -161,3 +161,17 @@ def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path:
     assert run_dir_of([], {}, dotenv) == Path("from-dotenv/local")
 
 
+
+
+def test_the_removed_name_dataset_is_refused_in_one_line_naming_task(tmp_path: Path) -> None:
+    """--dataset, DISTQA_DATASET and a preset's dataset key were renamed task (CHANGELOG.md); none loads."""
+    with pytest.raises(ConfigError, match=r"^--dataset was renamed --task \(CHANGELOG.md\): write --task with the "
+                                          r"same value.$"):
+        load(["--dataset", "dummy"])
+    with pytest.raises(ConfigError, match=r"^environment variable DISTQA_DATASET is not a setting; it was renamed "
+                                          r"task \(CHANGELOG.md\): write task instead.$"):
+        load(environ={"DISTQA_DATASET": "dummy"})
+    old = tmp_path / "old.toml"
+    old.write_text('dataset = "dummy"\n')
+    with pytest.raises(ConfigError, match=rf"^preset {old}: unknown key 'dataset'; it was renamed task"):
+        load(["--preset", str(old)])

@@ -1,5 +1,5 @@
 """The task seam: choosing a task (a registered name or a fork's import path) and what a wrong choice says;
-a fork's settings declared wrongly (the registered QA tasks' names, the old --dataset name and another task's
+a fork's settings declared wrongly (the registered QA tasks' names and another task's
 settings: tests/qa/test_tasks_qa.py); run-defining marks that name several tasks (a fork's settings stopping a
 resume and its entry module on every node: tests/distributed/test_tasks.py)."""
 
