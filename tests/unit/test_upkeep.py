@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ import pytest
 from distqa.config.project import main as project_main
 from distqa.upkeep.git import Entry, tree
 from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
-from distqa.upkeep.update import plan_update
+from distqa.upkeep.update import own_project, plan_update
 
 from conftest import REPO_ROOT, clean_env
 from upkeep_helpers import (
@@ -162,6 +163,23 @@ def test_each_rule_of_the_update() -> None:
     assert collision.stops == ["new.py: the template now ships this path, which your fork has as its own file; "
                                "rename yours, then run the update again."]
 
+
+
+def test_a_fork_without_the_qa_tasks_gets_a_first_project_toml_naming_its_own_preset() -> None:
+    """A fork made before project.toml existed, that left the QA part out: the update writes the file with its own
+    preset (its one preset under configs/), never the template's QA preset, which that fork does not have."""
+    template = (REPO_ROOT / "project.toml").read_text()
+    e = Entry("100644", "x")
+    fork = {"configs/mytask.toml": e, "src/mytask/task.py": e, "configs/sweeps/s.toml": e}
+    text, notice = own_project(template, fork)
+    project = tomllib.loads(text.decode())
+    assert project["run"]["args"] == project["jobs"]["args"] == "--preset mytask"
+    assert project["image"] == tomllib.loads(template)["image"]  # the rest as the template's
+    assert notice == ("project.toml: new, yours (docs/FORKING.md, \"What a fork sets\"); its [run] and [jobs] args "
+                      "are '--preset mytask'")
+    text, notice = own_project(template, {"configs/a.toml": e, "configs/b.toml": e})
+    assert tomllib.loads(text.decode())["jobs"]["args"] == "" and notice.endswith("set its [run] and [jobs] args to "
+                                                                                  "your preset")
 
 # --- the machinery's tests need no optional part ---------------------------------------------------------------------
 
