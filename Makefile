@@ -90,7 +90,7 @@ run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, project.toml's
 train: $(INSTALLED) ## One process, no launcher, project.toml's [run] flags (ARGS="--max-steps 20")
 	@$(call project,run.args); set -x; $(PYTHON) -m distqa.train "$${PROJECT[@]}" $(ARGS)
 
-doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (ARGS="--preset bert-base-nq")
+doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (ARGS="--preset NAME")
 	$(PYTHON) -m distqa.doctor $(ARGS)
 
 # The Docker tier's images build in the background from the start (minutes on a fresh machine, mostly

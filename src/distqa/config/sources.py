@@ -104,24 +104,8 @@ def load_config(
     parser = build_arg_parser(prog, task, sections, description)
     flags = parse_flags(parser, source.argv, config_class, source.task)
 
-    values: dict[str, Any] = {"preset": source.preset, "task": source.task}
-    later: set[str] = set()  # the settings the environment or a flag set, over the preset's
-    for name, raw in source.preset_values.items():
-        if name in fields_of(config_class):
-            values[name] = coerce(name, raw, f"preset {source.preset_path}", config_class)
-        else:
-            _refuse_unknown(name, config_class, f"preset {source.preset_path}: unknown key {name!r}",
-                            f"preset {source.preset_path}")
-    for key, raw in source.env.items():
-        name = key[len(ENV_PREFIX):].lower()
-        if name in fields_of(config_class):
-            values[name] = coerce(name, raw, f"environment variable {key}", config_class)
-            later.add(name)
-        else:
-            _refuse_unknown(name, config_class, f"environment variable {key} is not a setting", "")
-    for name, raw in flags.items():
-        values[name] = coerce_flag(name, raw, config_class)
-        later.add(name)
+    typed, later = source.typed(config_class, flags)
+    values: dict[str, Any] = {"preset": source.preset, "task": source.task, **typed}
     config_class.settle_sources(values, later, source.preset_values, source.preset_path)
 
     config = config_class(**values)
@@ -168,6 +152,32 @@ class SettingSources:
                 raise ConfigError(preset.refusal(given, task))
             preset = read_preset("none")
         return cls(list(argv), env, preset.name, preset.path, preset.values, task)
+
+
+    def typed(self, config_class: type[Config], flags: Mapping[str, Any],
+              only: Sequence[str] = ()) -> tuple[dict[str, Any], set[str]]:
+        """The settings of ``config_class`` that the preset, the environment and ``flags`` give, typed, each
+        source over the one before, and the names the environment or a flag set. ``only``: those settings alone,
+        the other keys unread; else a key that is no setting is refused (:func:`_refuse_unknown`)."""
+        wanted = set(only or fields_of(config_class))
+        values: dict[str, Any] = {}
+        later: set[str] = set()
+        for name, raw in self.preset_values.items():
+            if name in wanted:
+                values[name] = coerce(name, raw, f"preset {self.preset_path}", config_class)
+            elif not only:
+                _refuse_unknown(name, config_class, f"preset {self.preset_path}: unknown key {name!r}",
+                                f"preset {self.preset_path}")
+        for key, raw in self.env.items():
+            if (name := key[len(ENV_PREFIX):].lower()) in wanted:
+                values[name] = coerce(name, raw, f"environment variable {key}", config_class)
+                later.add(name)
+            elif not only:
+                _refuse_unknown(name, config_class, f"environment variable {key} is not a setting", "")
+        for name, raw in flags.items():
+            values[name] = coerce_flag(name, raw, config_class)
+            later.add(name)
+        return values, later
 
 
 def _take_task(values: dict[str, Any], key: str, place: str) -> str | None:
@@ -331,15 +341,7 @@ def run_dir_of(argv: Sequence[str], environ: Mapping[str, str] | None = None,
     names = ("output_dir", "run_name")
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_setting_flags(parser, names, Config)
-    flags = vars(parser.parse_known_args(source.argv)[0])
-    values = {}
-    for name in names:
-        if name in source.preset_values:
-            values[name] = coerce(name, source.preset_values[name], f"preset {source.preset_path}", Config)
-        if (key := ENV_PREFIX + name.upper()) in source.env:
-            values[name] = coerce(name, source.env[key], f"environment variable {key}", Config)
-        if name in flags:
-            values[name] = coerce_flag(name, flags[name], Config)
+    values, _ = source.typed(Config, vars(parser.parse_known_args(source.argv)[0]), only=names)
     return Config(**values).run_dir
 
 
