@@ -74,7 +74,7 @@ def _load_for_the_reason(path: Path) -> object:
         raise ConfigError(str(err)) from None
 
 
-def run_checkpoint_command(command: str, prog: str, argv: Sequence[str] | None, ) -> int:
+def run_checkpoint_command(command: str, prog: str, argv: Sequence[str] | None) -> int:
     """``command`` of the task that the checkpoint in ``argv`` (``--checkpoint``) was trained on, called with
     ``argv``. Without a ``--checkpoint`` (``--help``, a usage error) that of the task the project's settings name
     (:func:`~distqa.config.sources.run_task`), whose parser says what the command takes; where that task cannot be
