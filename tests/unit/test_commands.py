@@ -20,6 +20,7 @@ from distqa import evaluate, export, predict, score
 from distqa.checkpoint.commands import checkpoint_task
 from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import ConfigError
+from distqa.config.sources import run_task
 from distqa.tasks.base import Task
 from distqa.tasks.commands import task_command
 
@@ -189,3 +190,14 @@ def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
         task_command("unit.test_commands:CommandsElsewhere", "evaluate")
     with pytest.raises(ConfigError, match=r"task 'elsewhere' has no export command \(it has evaluate, predict\)"):
         task_command("unit.test_commands:CommandsElsewhere", "export")
+
+
+def test_without_a_checkpoint_the_commands_ask_the_projects_task(tmp_path: Path) -> None:
+    """--help and score's default format: the task of project.toml's [run] args, under the command line's."""
+    project = tmp_path / "project.toml"
+    project.write_text(f'[run]\nargs = "--task {EXAMPLE_TASK}"\n[jobs]\nargs = ""\n[image]\npython = []\napt = []\n')
+    environ = {"ENV_FILE": str(tmp_path / "none.env")}
+    (tmp_path / "none.env").write_text("")
+    assert run_task(["--gold", "g"], environ, project) == EXAMPLE_TASK
+    assert run_task(["--task", "dummy", "--help"], environ, project) == "dummy"
+    assert run_task([], environ, tmp_path / "missing.toml") == "dummy"  # no project file: the default task

@@ -195,16 +195,16 @@ def _early_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_task(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+def run_task(argv: Sequence[str], environ: Mapping[str, str] | None = None, project: Path = REPO_ROOT / PROJECT) -> str:
     """The task a run of this project with ``argv`` trains, chosen as ``python -m distqa.train`` chooses it, over
     ``project.toml``'s ``[run] args`` (the fork's preset): what the commands ask that have no checkpoint to ask
     (``--help`` of predict, evaluate and export; score's default ``--format``). Imports no task."""
     environ = os.environ if environ is None else environ
     try:
-        project = split_setting(REPO_ROOT / PROJECT, "run.args", dict(environ))
+        flags = split_setting(project, "run.args", dict(environ))
     except ProjectError:  # a checkout without a readable project.toml: the settings alone
-        project = []
-    return SettingSources.read([*project, *argv], environ, None).task
+        flags = []
+    return SettingSources.read([*flags, *argv], environ, None).task
 
 
 def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
