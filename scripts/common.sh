@@ -72,7 +72,7 @@ dotenv_value() {
     printf '%s\n' "$value"
 }
 
-# The .env file, one rule for the scripts and the Python entry points (distqa.settings.sources.dotenv_file):
+# The .env file, one rule for the scripts and the Python entry points (distqa.config.sources.dotenv_file):
 # $ENV_FILE, else .env in the working directory. An ENV_FILE that names no file stops the script here.
 env_file="${ENV_FILE:-.env}"
 [[ "$env_file" == /* ]] || env_file="$PWD/$env_file"  # the same file after a script's own cd

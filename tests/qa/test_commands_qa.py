@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from distqa import evaluate, predict, score
+from distqa import evaluate, predict
 from distqa.checkpoint.format import ModelCheckpoint, Progress
+from distqa.config.registry import LIGHT_COMMANDS
 from distqa.qa.nq import commands as nq_commands
 from distqa.qa.squad import commands as squad_commands
-from distqa.settings.task_commands import task_command
 from distqa.tasks import task_class
+from distqa.tasks.commands import task_command
 
 from conftest import REPO_ROOT, clean_env
 
@@ -84,8 +85,8 @@ def test_nothing_behind_the_dispatch_compares_a_task_name() -> None:
 
 def test_score_imports_no_task_for_the_qa_formats_and_runs_what_their_classes_declare(tmp_path: Path) -> None:
     """Scoring an NQ or SQuAD file needs neither torch nor transformers (the tasks' modules import both)."""
-    for name, path in score.QA_SCORE_COMMANDS.items():
-        assert task_class(name).commands["score"] == path
+    for name, commands in LIGHT_COMMANDS.items():
+        assert {command: task_class(name).commands[command] for command in commands} == commands
     gold = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
     code = ("import sys; from distqa import score; "
             f"code = score.main(['--gold', {str(gold)!r}, '--submission', {str(tmp_path / 'none.csv')!r}]); "

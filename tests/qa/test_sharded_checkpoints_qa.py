@@ -12,9 +12,9 @@ import torch
 
 from distqa.checkpoint.format import ModelCheckpoint, TrainingCheckpoint, load_checkpoint
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, sharded_checkpoint_path
+from distqa.config.sources import saved_config
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 from distqa.qa.model import build_model
-from distqa.settings.sources import saved_config
 
 from conftest import REPO_ROOT, assert_close_values, clean_env, max_difference
 

@@ -8,10 +8,10 @@ import os
 
 import torch
 
+from distqa.config.sources import load_config
 from distqa.distributed.fsdp import shard_model
 from distqa.distributed.runtime import local_runtime
 from distqa.qa.model import build_model as build_qa_model
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from qa.qa_helpers import TinyEncoder

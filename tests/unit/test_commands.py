@@ -17,10 +17,12 @@ from typing import ClassVar
 import pytest
 
 from distqa import evaluate, export, predict, score
+from distqa.checkpoint.commands import checkpoint_task
 from distqa.checkpoint.format import FORMAT_2_REFUSED, ModelCheckpoint, Progress, save_checkpoint
 from distqa.config import ConfigError
-from distqa.settings.task_commands import checkpoint_task, task_command
+from distqa.config.sources import run_task
 from distqa.tasks.base import Task
+from distqa.tasks.commands import task_command
 
 from conftest import REPO_ROOT, clean_env
 
@@ -149,7 +151,7 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
         "python -m distqa.predict: error: task 'nq': no module named 'distqa.qa'"), err
     code, _, err = said["score"]
     assert code == 2 and one_error_line(err).startswith(
-        "distqa.score: error: task 'nq': its score command distqa.qa.nq.commands:score: importing "
+        "distqa.score: error: task 'dummy': its score command distqa.qa.nq.commands:score: importing "
         "distqa.qa.nq.commands failed (ModuleNotFoundError: No module named 'distqa.qa')"), err
     code, out, _ = said["help"]
     assert code == 0 and "--checkpoint CHECKPOINT" in out, out
@@ -186,7 +188,7 @@ class CommandsElsewhere(Task):
 
     name = "elsewhere"
     commands: ClassVar[Mapping[str, str]] = {
-        "predict": "no_such_package.commands:main", "evaluate": "distqa.settings.task_commands:RUN_FILE"}
+        "predict": "no_such_package.commands:main", "evaluate": "distqa.checkpoint.commands:RUN_FILE"}
 
 
 def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
@@ -194,8 +196,19 @@ def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
                        r"importing no_such_package.commands failed \(ModuleNotFoundError"):
         task_command("unit.test_commands:CommandsElsewhere", "predict")
     with pytest.raises(ConfigError, match=re.escape(
-            "its evaluate command distqa.settings.task_commands:RUN_FILE is not a "
+            "its evaluate command distqa.checkpoint.commands:RUN_FILE is not a "
                                                                   "function")):
         task_command("unit.test_commands:CommandsElsewhere", "evaluate")
     with pytest.raises(ConfigError, match=r"task 'elsewhere' has no export command \(it has evaluate, predict\)"):
         task_command("unit.test_commands:CommandsElsewhere", "export")
+
+
+def test_without_a_checkpoint_the_commands_ask_the_projects_task(tmp_path: Path) -> None:
+    """--help and score's default format: the task of project.toml's [run] args, under the command line's."""
+    project = tmp_path / "project.toml"
+    project.write_text(f'[run]\nargs = "--task {EXAMPLE_TASK}"\n[jobs]\nargs = ""\n[image]\npython = []\napt = []\n')
+    environ = {"ENV_FILE": str(tmp_path / "none.env")}
+    (tmp_path / "none.env").write_text("")
+    assert run_task(["--gold", "g"], environ, project) == EXAMPLE_TASK
+    assert run_task(["--task", "dummy", "--help"], environ, project) == "dummy"
+    assert run_task([], environ, tmp_path / "missing.toml") == "dummy"  # no project file: the default task

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.ddp import compile_enabled, training_module
 from distqa.distributed.runtime import local_runtime
-from distqa.settings.sources import load_config
 
 from conftest import MACHINERY_ARGS
 

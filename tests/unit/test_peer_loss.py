@@ -26,11 +26,11 @@ from distqa.checkpoint.format import (
 )
 from distqa.checkpoint.run_folder import checkpoint_path, newest_intact_checkpoint
 from distqa.checkpoint.sharded import load_sharded, sharded_checkpoint_path
+from distqa.config.sources import load_config
 from distqa.distributed import nccl_errors
 from distqa.distributed.fsdp import shard_model
 from distqa.distributed.nccl_errors import NCCLCollectiveError, survive_nccl_errors, wait_for_collectives
 from distqa.distributed.runtime import CollectiveTimeoutError, local_runtime
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.training import peer_loss
 from distqa.training import trainer as trainer_module

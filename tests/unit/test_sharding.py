@@ -14,10 +14,10 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.fsdp import device_mesh, shard_model
 from distqa.distributed.runtime import local_runtime
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.tasks.step_memory import Step, shards_of
 

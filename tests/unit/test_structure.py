@@ -169,7 +169,7 @@ def test_shared_types_and_helpers_import_no_torch() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-MACHINERY_TO_IMPORT = ("distqa.settings.sources", "distqa.settings.flags", "distqa.tasks", "distqa.tasks.base",
+MACHINERY_TO_IMPORT = ("distqa.config.sources", "distqa.config.flags", "distqa.tasks", "distqa.tasks.base",
                       "distqa.tasks.step_memory", "distqa.record.throughput", "distqa.doctor", "distqa.prepare",
                       "distqa.train")
 
@@ -183,7 +183,7 @@ def test_the_machinery_imports_neither_the_qa_tasks_nor_the_encoder_helpers() ->
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
-    light = ("import sys, distqa.tasks.step_memory, distqa.record.throughput, distqa.settings.sources; "
+    light = ("import sys, distqa.tasks.step_memory, distqa.record.throughput, distqa.config.sources; "
              "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", light], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)

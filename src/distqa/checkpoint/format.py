@@ -25,7 +25,7 @@ Two kinds, one schema: :class:`ModelCheckpoint` is ``best.pt`` (the model with t
 metric so far, its config and its task's inference state: what ``predict`` needs), and
 :class:`TrainingCheckpoint` adds what resuming needs (optimizer, scheduler, scaler, every rank's RNG
 state). The schema knows no task: which metric is best (name, direction, value) is in :class:`Progress`,
-and the task's inference state (NQ: its decoding thresholds) is stored as the task gave it. Both carry
+and the task's inference state (a QA task's: its decoding thresholds) is stored as the task gave it. Both carry
 :data:`FORMAT_VERSION`. A file of another version is refused with a message that says so and what to do,
 instead of failing somewhere in ``load_state_dict``.
 """

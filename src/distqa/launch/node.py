@@ -30,6 +30,7 @@ from pathlib import Path
 
 from distqa.config import ConfigError
 from distqa.config.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.config.sources import run_dir_of
 from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node_options import (
@@ -42,7 +43,6 @@ from distqa.launch.node_options import (
     parse_command_line,
     project_words,
 )
-from distqa.settings.sources import run_dir_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout (src/distqa/launch/node.py): its project.toml, and the PYTHONPATH entry a fork's packages import
@@ -253,8 +253,8 @@ def node_range_check(node: Node, nproc: int) -> None:
     restarted) at the first membership change."""
     # Only this check needs the settings' loader (it brings the task registry in) and distqa.distributed (whose
     # package imports torch): a node of a fixed node count starts without either.
+    from distqa.config.sources import load_config
     from distqa.distributed.elastic import NodeRange, check_node_range
-    from distqa.settings.sources import load_config
 
     try:
         config = load_config(["--run-name", node.run_id, *node.trainer_args], check_data_paths=False)

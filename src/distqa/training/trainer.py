@@ -13,7 +13,7 @@ the optimizer, scheduler and precision), and hands them to :class:`Trainer`, whi
 
 The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model reads, the
 loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and at the end, by all
-ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding thresholds) goes into the
+ranks together; each evaluation's metrics are logged, its state (a QA task's: its tuned thresholds) goes into the
 following checkpoints as it is, and the model with the best value of the evaluator's best metric so far is kept in
 ``checkpoints/best.pt``. With ``early_stopping_patience`` the run ends after that many evaluations without
 improvement (or a sweep's pruner's verdict), on every rank at once.

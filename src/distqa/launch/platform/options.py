@@ -14,9 +14,8 @@ Usage:
 
   scripts/run_distributed_on_platform.sh --nodes 2                       # DummyDataset, tiny model
   scripts/run_distributed_on_platform.sh --nodes 4 --preset gpu-large -- --preset bert-base
-  scripts/run_distributed_on_platform.sh --nodes 4 -- --preset bert-base-nq \
-      --nq-train-file /data/simplified-nq-train.jsonl --nq-cache-dir /project/results/nq-cache
-                                            # NQ, after `neuro-flow run prepare` (docs/PLATFORM.md)
+  scripts/run_distributed_on_platform.sh --nodes 4 -- --preset NAME
+                                            # a preset's task, after `neuro-flow run prepare` (docs/PLATFORM.md)
   scripts/run_distributed_on_platform.sh --run-id dq-0612 -- --preset bert-base   # resume that run
   scripts/run_distributed_on_platform.sh --nodes 4 --min-nodes 3 --external-store -- --preset bert-base
                                             # elastic: the loss of any node, node 0 too, leaves the run going
@@ -150,7 +149,7 @@ class Options:
 
 
 def env_file(environ: Mapping[str, str]) -> Path:
-    """The .env every entry point and script reads (distqa.settings.sources.dotenv_file, scripts/common.sh):
+    """The .env every entry point and script reads (distqa.config.sources.dotenv_file, scripts/common.sh):
     ``$ENV_FILE``, refused when it names no file, else ``.env`` in the working directory."""
     named = environ.get("ENV_FILE")
     if named and not Path(named).is_file():

@@ -1,70 +1,34 @@
-"""How ``python -m distqa.predict|evaluate|score|export`` find the command they run: the task's own.
-
-These commands read a task's answers, not its training, so each task brings its own (:attr:`Task.commands
-<distqa.tasks.base.Task.commands>`: command name -> ``package.module:function``). The entry point finds the task
-(a checkpoint's saved config, or score's ``--format``), imports that task's module and the module its command names,
-and nothing else, then calls ``function(argv)`` with its whole command line. A task without the command, or one that
-cannot be imported here (a fork that deleted ``distqa/qa``), is one line on stderr and exit status 2.
-
-Nothing here depends on a module path stored anywhere: a checkpoint holds its task's name or import path, which the
-registry resolves as a run's ``--task`` does.
+"""``python -m distqa.predict|evaluate|export``: the task a checkpoint was trained on, read from its saved config,
+and that task's command run (:mod:`distqa.tasks.commands` dispatches). A checkpoint holds its task's name or import
+path.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from distqa.config import ConfigError
 from distqa.config.errors import print_error
-from distqa.tasks import task_class
-
-Command = Callable[[Sequence[str] | None], int]
-"""A task's command: its whole command line (None: ``sys.argv[1:]``) -> the exit status."""
+from distqa.config.sources import run_task
+from distqa.tasks.commands import Command, task_command
 
 RUN_FILE = "distqa.json"
 """In a directory written by an ``export`` command (:mod:`distqa.qa.hf_format`): the run's config, with its task."""
 
-def task_command(task: str, command: str) -> Command:
-    """The function ``task`` (a registered name or ``package.module:ClassName``) declares for ``command``; a one-line
-    ConfigError when the task cannot be imported, has no such command, or its path does not name a function."""
-    chosen = task_class(task)
-    path = chosen.commands.get(command)
-    name = chosen.name or task
-    if path is None:
-        declared = f" (it has {', '.join(sorted(chosen.commands))})" if chosen.commands else ""
-        raise ConfigError(f"task {name!r} has no {command} command{declared}: {chosen.__name__}.commands names "
-                          f"none. A task declares its own as commands = {{{command!r}: 'package.module:function'}} "
-                          "(distqa.tasks.base.Task.commands).")
-    return import_command(path, name, command)
-
-
-def import_command(path: str, task: str, command: str) -> Command:
-    """The function at ``path`` (``package.module:function``), ``task``'s ``command``; a one-line ConfigError when
-    it cannot be imported or is not a function."""
-    module_name, _, function_name = path.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), function_name, None)
-    except ImportError as err:
-        raise ConfigError(f"task {task!r}: its {command} command {path}: importing {module_name} failed "
-                          f"({type(err).__name__}: {err}).") from None
-    if not callable(function):
-        raise ConfigError(f"task {task!r}: its {command} command {path} is not a function in {module_name}; "
-                          "commands maps a name to 'package.module:function'.")
-    return function
 
 
 def checkpoint_task(path: Path) -> str:
     """The task a checkpoint (a file, or a directory an export command wrote) was trained on, read from its saved
     config without loading its weights (a file is memory-mapped); a one-line ConfigError saying why otherwise."""
-    # Here, not at the top: the entry points import this module, and score (and featurising processes, which
-    # re-import their entry point) should not import torch for nothing.
+    # Here, not at the top: the entry points import this module, and featurising processes, which re-import their
+    # entry point, should not import torch for nothing.
     import torch
 
-    from distqa.checkpoint.format import STATE_FILE, is_sharded_checkpoint  # here too: torch, for checkpoints only
+    from distqa.checkpoint.format import STATE_FILE, is_sharded_checkpoint  # here too: it imports torch
 
     if is_sharded_checkpoint(path):  # a step-*.dcp directory: its config is in the state file beside the shards
         path = path / STATE_FILE
@@ -110,38 +74,26 @@ def _load_for_the_reason(path: Path) -> object:
         raise ConfigError(str(err)) from None
 
 
-def run_checkpoint_command(command: str, prog: str, argv: Sequence[str] | None, help_task: str) -> int:
+def run_checkpoint_command(command: str, prog: str, argv: Sequence[str] | None) -> int:
     """``command`` of the task that the checkpoint in ``argv`` (``--checkpoint``) was trained on, called with
-    ``argv``. Without a ``--checkpoint`` (``--help``, a usage error) that of ``help_task``, whose parser says what
-    the command takes; where that task cannot be imported, a parser of ``--checkpoint`` alone says it."""
+    ``argv``. Without a ``--checkpoint`` (``--help``, a usage error) that of the task the project's settings name
+    (:func:`~distqa.config.sources.run_task`), whose parser says what the command takes; where that task cannot be
+    imported, a parser of ``--checkpoint`` alone says it."""
     early = argparse.ArgumentParser(prog=prog, add_help=False)
     early.add_argument("--checkpoint", type=Path)
     checkpoint = early.parse_known_args(argv)[0].checkpoint
     try:
         if checkpoint is None:
-            return _task_command_or_usage(help_task, command, prog, argv)(argv)
+            return _task_command_or_usage(run_task(sys.argv[1:] if argv is None else argv), command, prog, argv)(argv)
         return task_command(checkpoint_task(checkpoint), command)(argv)
     except ConfigError as err:
         print_error(f"{prog}: error: {err}")
         return 2
 
 
-def run_named_command(command: str, prog: str, argv: Sequence[str] | None, option: str, default: str,
-                      known: Mapping[str, str]) -> int:
-    """``command`` of the task that ``option`` names in ``argv`` (``default`` when absent), called with ``argv``.
-    ``known``: task name -> the path its class declares for ``command``, imported without the task's module."""
-    early = argparse.ArgumentParser(prog=prog, add_help=False)
-    early.add_argument(option, default=default)
-    task = getattr(early.parse_known_args(argv)[0], option.lstrip("-").replace("-", "_"))
-    try:
-        function = import_command(known[task], task, command) if task in known else task_command(task, command)
-    except ConfigError as err:
-        print_error(f"{prog}: error: {err}")
-        return 2
-    return function(argv)
-
-
 def _task_command_or_usage(task: str, command: str, prog: str, argv: Sequence[str] | None) -> Command:
+    """``task``'s ``command``; where it has none or cannot be imported, a parser of ``--checkpoint`` alone answers
+    ``argv`` (``--help``, or a usage error), as argparse does."""
     try:
         return task_command(task, command)
     except ConfigError as err:  # no task here has the command: say what the command needs, as argparse does
