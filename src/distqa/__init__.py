@@ -43,7 +43,8 @@ class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         new_name = MOVED[module.__name__]
-        warnings.warn(f"{module.__name__} moved: import from {new_name} instead (CHANGELOG.md)", DeprecationWarning,
+        warnings.warn(f"{module.__name__} moved: import from {new_name} instead (a task imports what it uses from "
+                      "distqa.tasks: CHANGELOG.md)", DeprecationWarning,
                       stacklevel=2)
         new = importlib.import_module(new_name)
         module.__dict__.update({k: v for k, v in vars(new).items() if not k.startswith("__") or k == "__all__"})
