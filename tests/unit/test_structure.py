@@ -227,3 +227,9 @@ def test_a_run_of_a_task_without_transformers_never_imports_it(tmp_path: Path) -
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "0 []", result.stdout.splitlines()[-1]
     assert (tmp_path / "local" / "checkpoints" / "best.pt").is_file()  # the run went through a save of each kind
+
+
+def test_every_import_contract_holds_whole() -> None:
+    """One contract per family and none with exceptions: a layer crossed on purpose is a module in the wrong family."""
+    contracts = [REPO_ROOT / "pyproject.toml", *sorted((REPO_ROOT / "src").rglob("contracts.toml"))]
+    assert [path.name for path in contracts if "ignore_imports" in path.read_text()] == []
