@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,30 @@ def load_manifest(directory: Path) -> dict[str, Any]:
 def read_table(path: Path) -> pa.Table:
     with pa.memory_map(str(path)) as source:
         return pa.ipc.open_stream(source).read_all()
+
+
+class ArrowStreams:
+    """Arrow IPC stream files written table by table, one per name (``windows``, ``examples``) at ``paths``: a file
+    is created with the schema of its first table. A context manager; leaving it closes the files."""
+
+    def __init__(self, paths: Mapping[str, Path]) -> None:
+        self.paths = dict(paths)
+        self.sinks: dict[str, Any] = {}
+        self.writers: dict[str, Any] = {}
+
+    def __enter__(self) -> ArrowStreams:
+        return self
+
+    def write(self, name: str, table: pa.Table) -> None:
+        if name not in self.writers:
+            self.sinks[name] = pa.OSFile(str(self.paths[name]), "wb")
+            self.writers[name] = pa.ipc.new_stream(self.sinks[name], table.schema)
+        self.writers[name].write_table(table)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, writer in self.writers.items():
+            writer.close()
+            self.sinks[name].close()
 
 
 # --- reading ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm  # not tqdm.auto: a notebook needs no widget for a cache build
 
-from distqa.qa.feature_store import read_table
+from distqa.qa.feature_store import ArrowStreams, read_table
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,7 @@ def join_parts(building: Path, split: str, num_tasks: int) -> None:
     """Concatenate a split's part files in task order; window rows get global example indices."""
     (building / split).mkdir()
     examples_so_far = 0
-    writers: dict[str, Any] = {}
-    sinks = []
-    try:
+    with ArrowStreams({name: building / split / f"{name}.arrow" for name in ("windows", "examples")}) as files:
         for task in range(num_tasks):
             windows = read_table(part_file(building / "parts", split, "windows", task))
             examples = read_table(part_file(building / "parts", split, "examples", task))
@@ -127,13 +125,5 @@ def join_parts(building: Path, split: str, num_tasks: int) -> None:
             windows = windows.set_column(windows.schema.get_field_index("example_index"), "example_index",
                                          pa.array(index.astype(np.int32)))
             examples_so_far += examples.num_rows
-            for name, table in (("windows", windows), ("examples", examples)):
-                if name not in writers:
-                    sinks.append(pa.OSFile(str(building / split / f"{name}.arrow"), "wb"))
-                    writers[name] = pa.ipc.new_stream(sinks[-1], table.schema)
-                writers[name].write_table(table)
-    finally:
-        for writer in writers.values():
-            writer.close()
-        for sink in sinks:
-            sink.close()
+            files.write("windows", windows)
+            files.write("examples", examples)

@@ -58,11 +58,12 @@ def find_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: 
 def prepare_nq(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True, **kwargs: Any) -> Path:
     """Build (or find) the NQ feature cache of ``source`` (default: ``config.nq_train_file``) with
-    the settings of ``config``; returns its directory. ``kwargs`` override build_cache's arguments."""
+    the settings of ``config`` (a progress bar when its ``progress_bar``); returns its directory. ``kwargs``
+    override build_cache's arguments."""
     source = source or config.nq_train_path
     num_proc = config.num_proc or auto_num_proc(source.stat().st_size if source.is_file() else 0)
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
-               "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
+               "max_bad_line_fraction": config.max_bad_line_fraction, "progress": config.progress_bar} | kwargs
     return build_cache(nq_request(config, tokenizer, source, labelled), config.nq_cache_path, **options)
 
 
@@ -73,6 +74,6 @@ def require_nq_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, bu
     inside the run would leave every other rank waiting in a collective until the timeout.
     """
     if build and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
-        return prepare_nq(config, tokenizer, progress=config.progress_bar)
+        return prepare_nq(config, tokenizer)
     return find_features(config, tokenizer, hint=", before launching a multi-process run, on storage every node "
                                                   "mounts (the launcher scripts do this for you)")
