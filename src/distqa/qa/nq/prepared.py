@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.config import ConfigError
 from distqa.config.errors import DataError
+from distqa.qa.feature_store import BEFORE_LAUNCH, cached, find_cache
 from distqa.qa.featurize import auto_num_proc
-from distqa.qa.nq.cache import CacheRequest, build_cache, cached
+from distqa.qa.nq.cache import CacheRequest, build_cache
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.windows import WindowSettings
 
@@ -47,12 +48,8 @@ def find_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: 
     """The directory of the NQ feature cache of ``source`` with the settings of ``config``; a
     :class:`DataError` with the command that builds it when there is none (``hint`` ends the message)."""
     request = nq_request(config, tokenizer, source, labelled)
-    directory = cached(request, config.nq_cache_path)
-    if directory is None:
-        raise DataError(f"no NQ feature cache for {request.source} with these settings in {config.nq_cache_path}. "
-                        "Build it with `python -m distqa.prepare` and the same preset, .env and flags as this run"
-                        f"{hint}.")
-    return directory
+    return find_cache(request, config.nq_cache_path, f"NQ feature cache for {request.source}",
+                      "python -m distqa.prepare", hint)
 
 
 def prepare_nq(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
@@ -75,5 +72,4 @@ def require_nq_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, bu
     """
     if build and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
         return prepare_nq(config, tokenizer)
-    return find_features(config, tokenizer, hint=", before launching a multi-process run, on storage every node "
-                                                  "mounts (the launcher scripts do this for you)")
+    return find_features(config, tokenizer, hint=BEFORE_LAUNCH)

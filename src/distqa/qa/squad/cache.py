@@ -14,7 +14,8 @@ the fingerprint, the atomic publication (:mod:`distqa.qa.feature_store`) and the
 Building: the sources are read and checked (:mod:`distqa.qa.squad.reader`), the validation split is the validation file
 or whole contexts held out of the training file, then ``num_proc`` processes cut runs of questions into windows
 (:mod:`distqa.qa.squad.windows`) into part files joined in input order, at most two runs per process in flight
-(:mod:`distqa.qa.featurize`, as NQ's). ``datasets.Dataset.from_file(".../train/windows.arrow")`` opens a file for inspection.
+(:mod:`distqa.qa.featurize`, as NQ's). ``datasets.Dataset.from_file(".../train/windows.arrow")`` opens a file for
+inspection.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ from distqa.qa.feature_store import (
     StoredWindows,
     building_directory,
     hash_source,
+    list_rows,
     load_manifest,
     read_table,
 )
+from distqa.qa.feature_store import cached as cached  # the SQuAD cache's lookup, with its request
 from distqa.qa.featurize import featurising_pool, join_parts, part_file, run_tasks
 from distqa.qa.squad.reader import SquadExample, SquadRecords, hub_name, read_squad, source_path
 from distqa.qa.squad.windows import SquadFeatures, SquadFeaturizer, SquadStats, SquadWindowSettings, answer_span
@@ -102,12 +105,6 @@ class SquadCacheRequest:
         hub = hub_name(self.train)
         stem = "-".join(hub).replace("/", "-") if hub else Path(self.train).stem
         return Path(cache_dir) / f"{stem}-{self.fingerprint()}"
-
-
-def cached(request: SquadCacheRequest, cache_dir: Path) -> Path | None:
-    """The complete cache for ``request``, or None."""
-    directory = request.directory(cache_dir)
-    return directory if (directory / MANIFEST).is_file() else None
 
 
 def build_squad_cache(request: SquadCacheRequest, cache_dir: Path, num_proc: int = 1,
@@ -299,28 +296,13 @@ class SquadWindows(StoredWindows):
         self.document_begin = self.columns["context_start"]
         self.document_end = self.columns["context_end"]
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        input_ids = self.token_ids(index)
-        columns = {name: values[index] for name, values in self.columns.items()}
-        attention_mask = (self.positions < columns["length"]).astype(np.int64)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": attention_mask * (self.positions >= columns["segment_start"]),
-            "start_positions": columns["start_position"],
-            "end_positions": columns["end_position"],
-            "answer_type": columns["answer_type"],
-        }
+    def token_type_ids(self, index: int, attention_mask: np.ndarray) -> np.ndarray:
+        return attention_mask * (self.positions >= self.columns["segment_start"][index])
 
     def offsets(self) -> list[np.ndarray]:
         """Every window's context-token character offsets, (tokens, 2) each (for decoding; one pass). The training
         split keeps none (nothing decodes its windows): there each is empty."""
-        rows: list[np.ndarray] = []
-        for chunk in self.offsets_column.chunks:
-            bounds = chunk.offsets.to_numpy()
-            values = chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, 2)
-            rows.extend(np.split(values, (bounds[1:-1] - bounds[0]) // 2))
-        return rows
+        return [pairs.reshape(-1, 2) for pairs in list_rows(self.offsets_column)]
 
 
 def open_examples(directory: Path, split: str) -> pa.Table:
