@@ -1,17 +1,11 @@
 """Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
 
-Running the model over windows on every rank (:func:`~distqa.qa.inference.score_windows`) and loading a
-checkpoint's model (:func:`~distqa.qa.inference.load_trained`) are the QA package's, shared with SQuAD.
-
-Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
-``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
-per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
-all ranks run the same number of batches; those repeats are dropped by window index before
-decoding, and every window is checked to be present exactly once.
-
-:class:`Predictor` does the same for any NQ file with a trained checkpoint (``python -m distqa.predict``,
-``python -m distqa.evaluate`` and ``notebooks/inference.ipynb`` use it). Decoding the gathered spans
-into answers is :mod:`distqa.qa.nq.decode`'s.
+Running the model over windows on every rank, the sampler's padding repeats dropped
+(:func:`~distqa.qa.inference.score_windows`), and loading a checkpoint's model
+(:func:`~distqa.qa.inference.load_trained`) are the QA package's, shared with SQuAD. :class:`Evaluator` scores
+the validation windows; :class:`Predictor` answers any NQ file with a trained checkpoint (``python -m
+distqa.predict``, ``python -m distqa.evaluate`` and ``notebooks/inference.ipynb`` use it). Decoding the gathered
+spans into answers is :mod:`distqa.qa.nq.decode`'s.
 """
 
 from __future__ import annotations

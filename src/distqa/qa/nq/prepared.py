@@ -20,20 +20,13 @@ from distqa.qa.nq.windows import WindowSettings
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-def window_settings(config: NQConfig) -> WindowSettings:
-    """The window settings of ``config`` (its run-defining NQ settings: see ``Config.run_defining``)."""
-    try:
-        return WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
-                              config.negative_keep_rate, config.nq_seed)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
 
 def nq_request(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True) -> CacheRequest:
     """What determines the NQ features of ``source`` (default: ``config.nq_train_file``); a ConfigError when the
-    tokenizer's pair template does not fit the window settings."""
-    settings = window_settings(config)
+    tokenizer's pair template does not fit the window settings (NQConfig has checked them on their own)."""
+    settings = WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
+                              config.negative_keep_rate, config.nq_seed)
     try:
         return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, settings, labelled,
                                            config.validation_fraction)

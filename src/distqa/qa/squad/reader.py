@@ -41,15 +41,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distqa.config import resolve_path
-from distqa.config.errors import BadRecordError, DataError
+from distqa.config.errors import DataError
 from distqa.encoders.hub import hf_home, hub_offline, hub_unreachable
-from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
+from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction, report_bad
 
 log = logging.getLogger(__name__)
 
 AnswerCheck = Literal["train", "gold", "ignore"]
 HUB_PREFIX = "hf:"
-MAX_REPORTED_BAD_RECORDS = 20
 _MISSING = object()
 
 
@@ -122,11 +121,7 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
                                 "unique (predictions and scores are keyed by them)")
         except BadRecord as err:
             result.bad += 1
-            message = f"{where}: {err}"
-            if on_bad_line == "fail":
-                raise BadRecordError(f"{message}. {fix}") from None
-            if len(result.reports) < MAX_REPORTED_BAD_RECORDS:
-                result.reports.append(message)
+            report_bad(f"{where}: {err}", f". {fix}", on_bad_line, result.reports)
             continue
         first_seen[example.id] = where
         result.examples.append(example)
