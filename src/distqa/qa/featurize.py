@@ -15,9 +15,10 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, fields
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -33,10 +34,20 @@ AUTO_BYTES_PER_PROCESS = 16 * 2**20
 takes about a second to start, which featurising a few MB never wins back."""
 
 
-class SplitStats(Protocol):
-    """A task's counts over the examples of one split, added up with ``+=``."""
+@dataclass
+class SplitStats:
+    """A task's counts over the examples of one split (a dataclass of ints and dicts of ints), added up with
+    ``+=``: every field, a dict's key by key."""
 
-    def __iadd__(self, other: Self, /) -> Self: ...
+    def __iadd__(self, other: Self) -> Self:
+        for name in (field.name for field in fields(self)):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if isinstance(mine, dict):
+                for key, count in theirs.items():
+                    mine[key] = mine.get(key, 0) + count
+            else:
+                setattr(self, name, mine + theirs)
+        return self
 
 
 Work = TypeVar("Work")
