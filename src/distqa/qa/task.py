@@ -29,6 +29,7 @@ from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.encoders.template import PairTemplate
 from distqa.qa.collate import INPUT_NAMES, collate_trimmed
 from distqa.qa.config import QAConfig
+from distqa.qa.feature_store import BEFORE_LAUNCH
 from distqa.tasks.base import Batch, Evaluator, Task
 
 if TYPE_CHECKING:
@@ -128,7 +129,6 @@ class CachedQATask(QATask):
     """What the evaluator counts: ``examples``, ``questions``."""
     no_validation: ClassVar[str]
     """The warning when the validation split is empty (``{directory}``, ``{fraction}``: validation_fraction)."""
-    require_features: ClassVar[Callable[..., Path]]
     prepare_features: ClassVar[Callable[..., Path]]
     find_features: ClassVar[Callable[..., Path]]
     windows_class: ClassVar[Callable[[Path, str], Dataset]]
@@ -139,7 +139,12 @@ class CachedQATask(QATask):
         in a collective while one featurises."""
         super().check_inputs(may_build)
         try:
-            self.require_features(self.config, self.tokenizer, build=may_build)
+            try:
+                self.find_features(self.config, self.tokenizer, hint=BEFORE_LAUNCH)
+            except DataError:
+                if not may_build:
+                    raise
+                self.prepare_features(self.config, self.tokenizer)
         except DataError as err:
             raise DataError(f"feature cache: {err}") from None
 

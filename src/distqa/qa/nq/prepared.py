@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.config import ConfigError
 from distqa.config.errors import DataError
-from distqa.qa.feature_store import BEFORE_LAUNCH, cached, find_cache
+from distqa.qa.feature_store import find_cache
 from distqa.qa.featurize import auto_num_proc
 from distqa.qa.nq.cache import CacheRequest, build_cache
 from distqa.qa.nq.config import NQConfig
@@ -55,14 +55,3 @@ def prepare_nq(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Pat
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
                "max_bad_line_fraction": config.max_bad_line_fraction, "progress": config.progress_bar} | kwargs
     return build_cache(nq_request(config, tokenizer, source, labelled), config.nq_cache_path, **options)
-
-
-def require_nq_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:
-    """The NQ feature cache of ``config``; built here only with ``build`` (a single process is the whole job).
-
-    With several ranks it must exist before launch (``python -m distqa.prepare``): featurising
-    inside the run would leave every other rank waiting in a collective until the timeout.
-    """
-    if build and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
-        return prepare_nq(config, tokenizer)
-    return find_features(config, tokenizer, hint=BEFORE_LAUNCH)

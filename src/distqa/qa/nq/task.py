@@ -13,7 +13,7 @@ from distqa.encoders.config import ENCODER
 from distqa.qa.config import WINDOWS
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.config import NQ_FILES, NQConfig
-from distqa.qa.nq.prepared import find_features, prepare_nq, require_nq_features
+from distqa.qa.nq.prepared import find_features, prepare_nq
 from distqa.qa.task import CachedQATask, qa_commands
 
 if TYPE_CHECKING:  # the model side, imported where evaluation starts (distqa.qa.task's docstring)
@@ -29,8 +29,8 @@ class NQTask(CachedQATask):
     data_name, cache_setting, units = "NQ", "nq_cache_dir", "examples"
     no_validation = ("no evaluation: the validation split of {directory} is empty (too few examples for "
                      "validation_fraction {fraction})")
-    require_features, prepare_features = staticmethod(require_nq_features), staticmethod(prepare_nq)
-    find_features, windows_class = staticmethod(find_features), NQWindows
+    prepare_features, find_features = staticmethod(prepare_nq), staticmethod(find_features)
+    windows_class = NQWindows
 
     def evaluator(self, runtime: Runtime) -> Evaluator | None:
         if self.config.validation_fraction == 0:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.qa.feature_store import BEFORE_LAUNCH, cached, find_cache
+from distqa.qa.feature_store import find_cache
 from distqa.qa.featurize import auto_num_proc
 from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache
 from distqa.qa.squad.config import SquadConfig
@@ -49,11 +49,3 @@ def prepare_squad(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, sourc
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
                "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
     return build_squad_cache(request, config.squad_cache_path, **options)
-
-
-def require_squad_features(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:
-    """The cache of ``config``; built here only with ``build`` (a single process is the whole job). With several
-    ranks it must exist before launch, as NQ's (:func:`distqa.qa.nq.prepared.require_nq_features`)."""
-    if build and cached(squad_request(config, tokenizer), config.squad_cache_path) is None:
-        return prepare_squad(config, tokenizer)
-    return find_squad_features(config, tokenizer, hint=BEFORE_LAUNCH)

@@ -14,7 +14,7 @@ from distqa.encoders.config import ENCODER
 from distqa.qa.config import WINDOWS
 from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.config import SQUAD_FILES, SquadConfig
-from distqa.qa.squad.prepared import find_squad_features, prepare_squad, require_squad_features
+from distqa.qa.squad.prepared import find_squad_features, prepare_squad
 from distqa.qa.task import CachedQATask, qa_commands
 
 if TYPE_CHECKING:  # the model side, imported where evaluation starts (distqa.qa.task's docstring)
@@ -30,8 +30,8 @@ class SquadTask(CachedQATask):
     data_name, cache_setting, units = "SQuAD", "squad_cache_dir", "questions"
     no_validation = ("no evaluation and no best.pt: no squad_validation_file, and validation_fraction {fraction} "
                      "holds out no question")
-    require_features, prepare_features = staticmethod(require_squad_features), staticmethod(prepare_squad)
-    find_features, windows_class = staticmethod(find_squad_features), SquadWindows
+    prepare_features, find_features = staticmethod(prepare_squad), staticmethod(find_squad_features)
+    windows_class = SquadWindows
 
     def validation_evaluator(self, directory: Path, runtime: Runtime) -> SquadEvaluator:
         from distqa.qa.squad.inference import SquadEvaluator  # the model side: imported where evaluation starts
