@@ -42,6 +42,7 @@ from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
 from distqa.qa.bad_records import BadLinePolicy
 from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table
+from distqa.qa.feature_store import cached as cached  # the NQ cache's lookup, with its request
 from distqa.qa.featurize import featurising_pool, join_parts, run_tasks
 from distqa.qa.nq.featurize import featurize_run, init_worker, make_runs
 from distqa.qa.nq.reader import ScanResult, require_file, scan
@@ -117,12 +118,6 @@ class CacheRequest:
     @property
     def splits(self) -> tuple[str, ...]:
         return ("train", "validation") if self.labelled else ("test",)
-
-
-def cached(request: CacheRequest, cache_dir: Path) -> Path | None:
-    """The complete cache for ``request``, or None."""
-    directory = request.directory(cache_dir)
-    return directory if (directory / MANIFEST).is_file() else None
 
 
 def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_bad_line: BadLinePolicy = "skip",
@@ -247,17 +242,8 @@ class NQWindows(StoredWindows):
         self.document_begin = self.template.document_offset(self.columns["question_len"])
         self.document_end = self.columns["length"] - len(self.template.suffix)
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        input_ids = self.token_ids(index)
-        attention_mask = (self.positions < self.columns["length"][index]).astype(np.int64)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": self.template.token_type_ids(self.columns["question_len"][index], attention_mask),
-            "start_positions": self.columns["start_position"][index],
-            "end_positions": self.columns["end_position"][index],
-            "answer_type": self.columns["answer_type"][index],
-        }
+    def token_type_ids(self, index: int, attention_mask: np.ndarray) -> np.ndarray:
+        return self.template.token_type_ids(self.columns["question_len"][index], attention_mask)
 
 
 def window_template(directory: Path) -> PairTemplate:
