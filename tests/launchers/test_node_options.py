@@ -17,7 +17,8 @@ from distqa.launch.node import node_count, outcome, read_node, torchrun_args
 from distqa.launch.node_checks import entry_module_found, processes_here
 from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, seconds_of
 
-from conftest import REPO_ROOT, WORKER, clean_env, node_in_process
+from support.processes import clean_env, node_in_process
+from support.repo import REPO_ROOT, WORKER
 
 
 def node_of(*argv: str, **environ: str) -> Node:

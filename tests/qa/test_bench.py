@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 TARGET_LINE = re.compile(r"^(PASS|MISS)  (?P<name>.+?) +(?P<value>-?[0-9.]+|inf|nan)  \(target (<=|>=) [0-9.]+\)$",
                          re.MULTILINE)

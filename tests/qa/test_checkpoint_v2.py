@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, assert_close_values, clean_env, max_difference
+from support.compare import assert_close_values, max_difference
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 WINDOWS = ["--model-name-or-path", "tests/fixtures/checkpoint-v2/encoder", "--max-seq-len", "64",

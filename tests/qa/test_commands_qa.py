@@ -21,7 +21,8 @@ from distqa.qa.squad import commands as squad_commands
 from distqa.settings.task_commands import checkpoint_task, task_command
 from distqa.tasks import task_class
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 FORMAT_2_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
 QA = REPO_ROOT / "src" / "distqa" / "qa"

@@ -20,8 +20,9 @@ from distqa.qa.model import QAModel, build_model
 from distqa.record.rundir import versions
 from distqa.settings.sources import load_config, saved_config
 
-from conftest import REPO_ROOT, clean_env
-from qa.qa_helpers import QA_ARGS, TinyEncoder, tiny_encoder_of
+from support.processes import clean_env
+from support.qa import QA_ARGS, TinyEncoder, tiny_encoder_of
+from support.repo import REPO_ROOT
 
 NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
 """An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""

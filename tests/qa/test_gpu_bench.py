@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 GPU_SH = REPO_ROOT / "bench" / "gpu.sh"
 

@@ -23,9 +23,9 @@ from distqa.qa.nq.prepared import prepare_nq
 from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
-from conftest import max_difference
-from distributed.conftest import final_weights, run_training
-from qa.qa_helpers import FAST_ARGS, QA_ARGS
+from support.compare import final_weights, max_difference
+from support.qa import FAST_ARGS, QA_ARGS
+from support.runs import run_training
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

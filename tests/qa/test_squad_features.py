@@ -31,7 +31,7 @@ from distqa.qa.squad.windows import SquadFeaturizer, SquadWindowSettings, answer
 from distqa.settings.flags import build_arg_parser, prepare_sections
 from distqa.tasks import task_class
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 SAMPLE = REPO_ROOT / "data" / "squad-sample"
 TOKENIZER = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)

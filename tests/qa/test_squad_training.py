@@ -22,7 +22,8 @@ import torch
 
 from distqa import evaluate
 
-from conftest import REPO_ROOT, clean_env, free_port
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.distributed
 

@@ -18,7 +18,7 @@ from distqa.distributed.runtime import local_runtime
 from distqa.parallel.ddp import wrap_ddp
 from distqa.settings.sources import load_config
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 @pytest.mark.parametrize("hook", ["none", "bf16"])

@@ -22,7 +22,8 @@ from distqa.config import ConfigError
 from distqa.settings.task_commands import checkpoint_task, task_command
 from distqa.tasks.base import Task
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
 ENTRY_POINTS: dict[str, Callable[[Sequence[str] | None], int]] = {

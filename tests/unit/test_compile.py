@@ -13,7 +13,7 @@ from distqa.distributed.runtime import local_runtime
 from distqa.parallel.ddp import compile_enabled, training_module
 from distqa.settings.sources import load_config
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 def load(*flags: str):

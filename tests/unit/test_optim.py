@@ -14,7 +14,7 @@ from distqa.distributed.precision import Precision
 from distqa.settings.sources import load_config
 from distqa.training.optim import build_optimizer
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 class Block(nn.Module):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_A_FORK, MACHINERY_ARGS, REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import IN_A_FORK, MACHINERY_ARGS, REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
 ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.export",
