@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from support.upkeep import (
     NAME,
     in_fork,
@@ -15,6 +17,7 @@ from support.upkeep import (
 )
 
 
+@pytest.mark.slow
 @template_only
 def test_the_updated_forks_own_test_trains_its_task_through_a_lost_node_to_the_uninterrupted_weights(
         upstream_and_fork, tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def test_make_bench_runs_every_benchmark_this_file_checks() -> None:
         assert (REPO_ROOT / script).is_file(), f"{script} is listed in BENCH_SCRIPTS but does not exist"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [
     pytest.param(script, marks=[pytest.mark.distributed] if script in MULTI_PROCESS else [])
     for script in EXPECTED_TARGETS])

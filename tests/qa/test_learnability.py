@@ -31,7 +31,7 @@ import torch
 from support.processes import clean_env, free_port
 from support.repo import REPO_ROOT
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 @pytest.mark.long

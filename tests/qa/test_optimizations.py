@@ -106,6 +106,7 @@ def test_cuda_graphs_with_a_length_per_batch_are_refused_in_one_line(flags: tupl
         load("--compile-mode", "reduce-overhead", *flags)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_compiled_ddp_training_with_accumulation_ends_with_the_eager_weights(tmp_path: Path) -> None:
     """2 gloo ranks × 2 accumulation steps (no_sync inside the compiled DDP module), trimmed batches of
@@ -138,6 +139,7 @@ def test_activation_checkpointing_under_ddp_with_accumulation_ends_with_the_weig
     assert max_difference(final_weights(tmp_path / "stored"), final_weights(tmp_path / "recomputed")) < 1e-5
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_compiled_gives_the_eager_gradients() -> None:
     """torch.compile over the checkpointed encoder (one process): the same loss and gradients as eager, to float
     rounding, and the layers really are checkpointed."""

@@ -32,7 +32,7 @@ from support.repo import REPO_ROOT
 from support.runs import AT_STEP
 from support.shared_runs import once_per_session
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 DEMO = tomllib.loads((REPO_ROOT / "configs" / "sweeps" / "demo.toml").read_text())
 STEPS, EVAL_EVERY = DEMO["fixed"]["max_steps"], DEMO["fixed"]["eval_every"]
