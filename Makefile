@@ -25,15 +25,18 @@ SKYPILOT := $(SKYPILOT_VENV)/.installed
 ARGS ?=
 # pytest workers of make test, make test-dev and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
-# project.toml's settings (src/distqa/upkeep/project.py), read in a recipe's shell: `$(call project,run.args)` sets
+# project.toml's settings (src/distqa/config/project.py), read in a recipe's shell: `$(call project,run.args)` sets
 # the array PROJECT to the words of [run] args (a wrong project.toml: its one-line error, exit 2).
 PROJECT_TOML := project.toml
-project = words=$$($(PYTHON) src/distqa/upkeep/project.py --split $(1)) || exit 2; PROJECT=(); \
+project = words=$$($(PYTHON) src/distqa/config/project.py --split $(1)) || exit 2; PROJECT=(); \
 	[ -z "$$words" ] || mapfile -t PROJECT <<< "$$words"
 # The side environments of the parts this checkout has (a fork that left a part out has not its requirements).
 SIDE_VENVS := $(if $(wildcard requirements-apolo-flow.txt),$(FLOW26)) $(MLFLOW_SERVER) \
 	$(if $(wildcard requirements-transformers4.txt),$(TRANSFORMERS4)) \
 	$(if $(wildcard requirements-skypilot.txt),$(SKYPILOT))
+# tests/launchers/test_sweep_dashboard.py looks at optuna-dashboard through Debian's headless Chromium: the
+# distribution's package (nothing downloads a browser build of its own at install time).
+CHROMIUM := /usr/bin/chromium-headless-shell
 # What make lint checks: the folders and scripts this checkout has.
 PYTHON_DIRS := $(wildcard src tests bench notebooks examples)
 SHELL_SCRIPTS := $(wildcard scripts/*.sh scripts/*.sbatch bench/*.sh tests/docker/*.sh) .ci/run
@@ -47,7 +50,10 @@ CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml src/*/*/*/co
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-setup: $(INSTALLED) $(SIDE_VENVS) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot (those of the parts here)
+setup: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## Create .venv (pinned runtime + dev deps, the package), .venv-apolo-flow26, .venv-mlflow, .venv-transformers4, .venv-skypilot (those of the parts here), headless Chromium (apt)
+
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell >/dev/null
 
 $(MLFLOW_SERVER): requirements-mlflow-server.txt
 	python3 -m venv $(MLFLOW_VENV)
@@ -73,7 +79,7 @@ $(FLOW26): requirements-apolo-flow.txt
 # project.toml changing reinstalls nothing).
 PROJECT_REQUIREMENTS := $(VENV)/project-requirements.txt
 $(PROJECT_REQUIREMENTS): $(PROJECT_TOML)
-	@mkdir -p $(@D) && python3 src/distqa/upkeep/project.py image.python > $@.new
+	@mkdir -p $(@D) && python3 src/distqa/config/project.py image.python > $@.new
 	@cmp -s $@.new $@ || mv $@.new $@; rm -f $@.new
 
 $(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml $(PROJECT_REQUIREMENTS)
@@ -90,7 +96,7 @@ run: $(INSTALLED) ## The main job: 2 emulated nodes × 1 process, project.toml's
 train: $(INSTALLED) ## One process, no launcher, project.toml's [run] flags (ARGS="--max-steps 20")
 	@$(call project,run.args); set -x; $(PYTHON) -m distqa.train "$${PROJECT[@]}" $(ARGS)
 
-doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (ARGS="--preset bert-base-nq")
+doctor: $(INSTALLED) ## Preflight checks of this machine with the run's flags (ARGS="--preset NAME")
 	$(PYTHON) -m distqa.doctor $(ARGS)
 
 # The Docker tier's images build in the background from the start (minutes on a fresh machine, mostly
@@ -99,7 +105,7 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 	@mkdir -p build/docker; \
 	echo "building the Docker tier's images beside the tests (log: build/docker/build-beside-tests.log)"; \
 	PYTHON=$(PYTHON) $(DOCKER_TIER) --build-only >build/docker/build-beside-tests.log 2>&1 & build=$$!; \
-	$(MAKE) --no-print-directory --jobs 5 lint $(SIDE_VENVS) \
+	$(MAKE) --no-print-directory --jobs 5 lint $(SIDE_VENVS) $(CHROMIUM) \
 		&& $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS); status=$$?; \
 	wait $$build || echo "the Docker tier's build beside the tests failed (build/docker/build-beside-tests.log);" \
 		"make test-docker builds again and says why"; \
@@ -108,10 +114,10 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) $(DOCKER_TIER)
 
-test-dev: $(INSTALLED) $(SIDE_VENVS) ## The whole suite but the recipe runs and benchmarks (marked slow), no lint
+test-dev: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## The whole suite but the recipe runs and benchmarks (marked slow), no lint
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(ARGS)
 
-test-fast: $(INSTALLED) $(SIDE_VENVS) ## The tests that start no multi-process runs, nor the slow ones
+test-fast: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## The tests that start no multi-process runs, nor the slow ones
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed and not slow" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles
@@ -125,7 +131,7 @@ tiny-model: $(INSTALLED) ## Rebuild data/tiny-bert (tokenizer trained on data/to
 	$(PYTHON) -m distqa.encoders.tiny --corpus data/tokenizer-corpus.txt --output data/tiny-bert
 
 env-example: $(INSTALLED) ## Regenerate .env.example from the Config fields
-	$(PYTHON) -m distqa.settings.sources > .env.example
+	$(PYTHON) -m distqa.config.sources > .env.example
 
 tensorboard: $(INSTALLED) ## TensorBoard over every run in results/
 	$(VENV)/bin/tensorboard --logdir results --bind_all

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 
 from support.repo import REPO_ROOT
 

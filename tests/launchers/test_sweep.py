@@ -7,6 +7,7 @@ The sweeps themselves run in tests/qa/test_squad_sweep.py (2 emulated nodes) and
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from distqa import sweep
 from distqa.config import Config, ConfigError
-from distqa.settings.sources import load_config
-from distqa.sweeps import results
+from distqa.config.sources import load_config
+from distqa.sweeps import results, runner
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import Launcher, failure_reason
 from distqa.sweeps.pruning import TrialPruner, parse_trial
@@ -74,6 +74,31 @@ def test_random_search_draws_each_point_once_and_runs_it_with_every_seed_within_
     assert [seed for *_, seed in drawn] == [1, 2, 1, 2, 1]
     assert drawn[0][:2] == drawn[1][:2] and drawn[2][:2] == drawn[3][:2] and drawn[0][:2] != drawn[2][:2]
     assert all(0.0 <= wd <= 0.1 and lr in (3e-3, 1e-7) for lr, wd, _ in drawn)
+
+
+@pytest.mark.parametrize("search", ["random", "tpe"])
+def test_a_resumed_random_or_tpe_sweep_draws_what_an_uninterrupted_one_draws(tmp_path: Path, search: str) -> None:
+    """The issue's case in one process: a log-uniform lr and a list, 6 trials, the sweep stopped while trial 2 runs
+    and its study opened again as the same command opens it. The resumed sweep goes on with the sampler's stream
+    (each draw seeded by the sampler seed and the trials before it): no point of trials 0-2 is drawn again.
+    tests/qa/test_squad_sweep.py stops and resumes a TPE sweep's processes."""
+    spec = spec_of(tmp_path, f'search = "{search}"\ntrials = 6\n[space]\nlr = {{ low = 1e-5, high = 1e-2, log = true }}'
+                             '\nper_rank_batch_size = [16, 32, 64]\n')
+
+    def draws(directory: Path, stop_during: int | None) -> list[dict]:
+        study, drawn = studies.create_study(directory, spec, {}), []
+        while (trial := studies.next_trial(study, spec)) is not None:
+            drawn.append(trial.params)
+            if trial.number == stop_during:  # the same command again: the study from its journal, trial 2 resumed
+                study = studies.create_study(directory, spec, {})
+                assert [t.number for t in studies.interrupted(study)] == [stop_during]
+            study.tell(trial.number, -abs(math.log10(trial.params["lr"]) + 3))  # TPE reads the values so far
+        return drawn
+
+    resumed = draws(tmp_path / "resumed", stop_during=2)
+    assert resumed == draws(tmp_path / "uninterrupted", stop_during=None) and len(resumed) == 6
+    assert len({point["lr"] for point in resumed}) == 6, "no point drawn twice"
+    assert draws(tmp_path / "again", stop_during=None) == resumed, "the same sweep file draws the same points"
 
 
 def test_a_resumed_study_is_the_same_one_and_keeps_its_count(tmp_path: Path) -> None:
@@ -173,6 +198,8 @@ def test_a_trials_end_is_recorded_from_its_summary_and_the_table_sorts_by_the_ob
     study = studies.create_study(tmp_path / "d", spec, {})
     trials = [studies.next_trial(study, spec) for _ in range(5)]
     loss = {"status": "FINISHED", "best_metric": "loss", "best_mode": "min", "step": 40}
+    for trial, value in zip(trials[:3], (0.6, 0.4, 0.9), strict=True):
+        trial.report(-value, 10)  # the trials' rank 0 reports the metric signed (distqa.sweeps.pruning)
     assert studies.record_outcome(study, 0, {**loss, "best_value": 0.5}, "") == "done"
     assert studies.record_outcome(study, 1, {**loss, "best_value": 0.3}, "") == "done"
     assert studies.record_outcome(study, 2, {**loss, "best_value": 0.9, "step": 10, "pruned_at": 10}, "") == "pruned"
@@ -188,9 +215,12 @@ def test_a_trials_end_is_recorded_from_its_summary_and_the_table_sorts_by_the_ob
     assert "trial-003 failed: CUDA out of memory (exit 1)" in table
     assert "trial-004 failed: the objective loss is NaN" in "\n".join(table)
     assert trials[0].number == 0
-    page = results.picture(records, ["lr", "weight_decay"], lambda name: name == "lr", "t")
-    assert page.count("<svg") == 3 and "lr (log)" in page and "http" not in page.replace(
-        "http://www.w3.org/2000/svg", "")
+    page = results.picture(study, records, "t")  # Optuna's slice and intermediate values plots, as inline SVG
+    assert page.count("<svg") == 2 and "<script" not in page and all(
+        ref.startswith(("#", "data:")) for ref in re.findall(r'href="([^"]*)"', page)), "self-contained, no script"
+    assert "loss (lower is better); best: trial-001, loss 0.3" in page and page.count("best: trial-001") == 3, \
+        "the direction named and the best trial marked in each setting's slice"
+    assert "trial-001 (best)" in page, "its evaluations marked among the others'"
 
 
 @pytest.mark.parametrize(("log", "reason"), [
@@ -232,8 +262,8 @@ def test_a_second_sweep_process_or_a_bad_sweep_file_is_refused_in_one_line_befor
     sweep_file = tmp_path / "s.toml"
     sweep_file.write_text(BASE.replace("[fixed]", "[fixed]\ntask = 'examples.text_classification.task:"
                                                   "TextClassification'"))
-    with sweep.exclusive(tmp_path / "d"):
-        assert sweep.in_use(tmp_path / "d")
+    with studies.exclusive(tmp_path / "d"):
+        assert studies.in_use(tmp_path / "d")
         result = subprocess.run([sys.executable, "-m", "distqa.sweep", str(sweep_file), "--sweep-dir",
                                  str(tmp_path / "d"), "--", "--preset", "none"],
                                 cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
@@ -241,7 +271,7 @@ def test_a_second_sweep_process_or_a_bad_sweep_file_is_refused_in_one_line_befor
     assert result.stderr.strip().splitlines()[-1].startswith(f"distqa.sweep: {tmp_path / 'd'} is in use by another "
                                                              "sweep process")
     assert not (tmp_path / "d" / "sweep.json").exists(), "refused before anything was written"
-    assert not sweep.in_use(tmp_path / "d")
+    assert not studies.in_use(tmp_path / "d")
     sweep_file.write_text(sweep_file.read_text().replace("lr = [", "lrate = ["))
     bad = subprocess.run([sys.executable, "-m", "distqa.sweep", str(sweep_file), "--sweep-dir", str(tmp_path / "e"),
                           "--", "--preset", "none"], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True,
@@ -265,10 +295,10 @@ def test_with_mlflow_the_sweep_has_one_run_and_each_trials_run_is_its_child(tmp_
     spec = spec_of(tmp_path)
     study = studies.create_study(tmp_path / "d", spec, {})
     extra = [*MACHINERY_ARGS, "--tracker", "mlflow", "--mlflow-experiment", "sweeps"]
-    parent = sweep.mlflow_parent_run(study, spec, extra, {"WORLD_SIZE": "2"})
+    parent = runner.mlflow_parent_run(study, spec, extra, {"WORLD_SIZE": "2"})
     resumed = studies.create_study(tmp_path / "d", spec, {})
-    assert parent and sweep.mlflow_parent_run(resumed, spec, extra, {"WORLD_SIZE": "2"}) == parent
-    assert sweep.mlflow_parent_run(study, spec, MACHINERY_ARGS, {}) is None, "no tracker, no sweep run"
+    assert parent and runner.mlflow_parent_run(resumed, spec, extra, {"WORLD_SIZE": "2"}) == parent
+    assert runner.mlflow_parent_run(study, spec, MACHINERY_ARGS, {}) is None, "no tracker, no sweep run"
     opened: list[str] = []
     tracker = MLflowTracker(uri, "sweeps", "trial-000", None, {"lr": "0.003"}, opened.append,
                             tags={"mlflow.parentRunId": parent})
@@ -289,10 +319,10 @@ def test_a_resume_is_refused_while_an_interrupted_trials_launcher_from_a_killed_
         wait_for(lambda: b"trial-003" in Path(f"/proc/{launcher.pid}/cmdline").read_bytes(), timeout=60)
         with pytest.raises(ConfigError, match=rf"trial-003's launcher \(pid {launcher.pid}\) from an earlier sweep "
                                               r"process still runs; stop it"):
-            sweep.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")
-        sweep.refuse_if_still_running(4, f"{socket.gethostname()}:{launcher.pid}")  # another trial's pid: not it
-        sweep.refuse_if_still_running(3, f"elsewhere:{launcher.pid}")  # another host's: not seen from here
+            runner.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")
+        runner.refuse_if_still_running(4, f"{socket.gethostname()}:{launcher.pid}")  # another trial's pid: not it
+        runner.refuse_if_still_running(3, f"elsewhere:{launcher.pid}")  # another host's: not seen from here
     finally:
         launcher.kill()
         launcher.wait()
-    sweep.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")
+    runner.refuse_if_still_running(3, f"{socket.gethostname()}:{launcher.pid}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from distqa.config import DEFAULT_PRESET, Config, ConfigError, fields_of
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import REGISTERED, task_class
 
 from support.repo import REPO_ROOT
@@ -122,7 +122,7 @@ def test_the_shipped_sweeps_read_and_every_trial_loads_on_their_world_size(sweep
     of each range, every seed) loads with the trainer's rules on the world size its header names, and on one more GPU
     than the batches split over evenly (uneven shares); more GPUs than a global batch has examples are refused before
     any trial."""
-    from distqa.sweep import settings_class  # the sweep's own choice of the task's settings
+    from distqa.sweeps.runner import settings_class  # the sweep's own choice of the task's settings
     from distqa.sweeps.space import check_trial_configs, read_sweep
 
     spec = read_sweep(sweep_name, lambda preset, task: settings_class(preset, task, []))

@@ -14,18 +14,18 @@ import torch
 
 from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import ConfigError
+from distqa.config.sources import load_config, saved_config
 from distqa.encoders.tiny import FAMILIES as ENCODER_FAMILIES
 from distqa.qa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
 from distqa.qa.model import QAModel, build_model
 from distqa.record.rundir import versions
-from distqa.settings.sources import load_config, saved_config
 
 from support.processes import clean_env
 from support.qa import QA_ARGS, TinyEncoder, tiny_encoder_of
 from support.repo import REPO_ROOT
 
-NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
-"""An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
+NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "nq-checkpoint"
+"""An NQ best.pt with the submission predict wrote from it (its README.md)."""
 
 
 def run(module: str, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,18 +1,21 @@
 """A sweep on 2 emulated nodes per trial, with the tiny model on the learnable synthetic SQuAD data: one sweep run,
 checked by several tests (module-scoped).
 
-The sweep is ``configs/sweeps/demo.toml`` (``make sweep-demo``): a grid over the learning rate, 3e-3 (it learns)
-and two values far too small (1e-7, 3e-8), each with seeds 1 and 2 (6 trials), 40 steps each, evaluated every 10,
-pruned by the median rule once 2 trials completed. It is stopped by SIGTERM in the middle of trial-001 (asked for
-at its step 16 by the trial's own rank 0, so no clock decides where) and run again with the same command; then the
-best trial's settings (and the interrupted trial's, when another) train once more, standalone, through the command
-the sweep prints.
+The sweep is ``configs/sweeps/demo.toml`` (``make sweep-demo``) searched by TPE instead of its grid: the learning
+rate from 3e-3 (it learns) and two values far too small (1e-7, 3e-8), each point with seeds 1 and 2 (6 trials), 40
+steps each, evaluated every 10, pruned by the median rule once 2 trials completed; the sampler seed is one whose
+stream draws the good rate first, then each small one. It is stopped by SIGTERM in the middle of trial-001 (asked
+for at its step 16 by the trial's own rank 0, so no clock decides where) and run again with the same command, which
+draws trials 2 to 5 anew: they continue the sampler's stream (a sampler built afresh drew trial 0's point again).
+Then the best trial's settings (and the interrupted trial's, when another) train once more, standalone, through
+the command the sweep prints.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -25,6 +28,8 @@ from typing import Any
 import pytest
 
 from distqa.sweeps import study as studies
+from distqa.sweeps.runner import settings_class
+from distqa.sweeps.space import read_sweep
 
 from support.compare import final_weights, max_difference
 from support.processes import clean_env, free_port
@@ -37,6 +42,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 DEMO = tomllib.loads((REPO_ROOT / "configs" / "sweeps" / "demo.toml").read_text())
 STEPS, EVAL_EVERY = DEMO["fixed"]["max_steps"], DEMO["fixed"]["eval_every"]
 GOOD, *TOO_SMALL = DEMO["space"]["lr"]
+TPE = (REPO_ROOT / "configs" / "sweeps" / "demo.toml").read_text().replace(
+    'search = "grid"', 'search = "tpe"\ntrials = 6\nsampler_seed = 11')
 
 
 def run(command: list[str], env: dict[str, str], timeout: int) -> subprocess.CompletedProcess[str]:
@@ -68,9 +75,12 @@ def run_the_sweep(root: Path) -> dict[str, dict[str, Any]]:
     subprocess.run([sys.executable, "-m", "distqa.prepare", "--preset", "tiny-synthetic-squad", *data_args],
                    cwd=REPO_ROOT, env=clean_env(), check=True, capture_output=True, timeout=300)
     (root / "at_step.py").write_text(AT_STEP)
-    command = [sys.executable, "-m", "distqa.sweep", "demo", "--sweep-dir", str(sweep_dir),
+    (root / "demo-tpe.toml").write_text(TPE)
+    command = [sys.executable, "-m", "distqa.sweep", str(root / "demo-tpe.toml"), "--sweep-dir", str(sweep_dir),
                "--launcher-args", "--entry-module at_step", "--", *data_args]
-    env = clean_env(PYTHONPATH=str(root), AT_STEP="15", AT_RUN="trial-001", SIGNAL="SIGTERM", AT_WAIT_STOP="1",
+    # at_step.py's folder first on the path, before the caller's (a checkout's src/ ahead of an installed one's).
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = clean_env(PYTHONPATH=path, AT_STEP="15", AT_RUN="trial-001", SIGNAL="SIGTERM", AT_WAIT_STOP="1",
                     ACTED_FILE=str(root / "acted"))
     show = [sys.executable, "-m", "distqa.sweep", "--show", str(sweep_dir)]
     # The sweep's own pid is the target: exec keeps the shell's ($$).
@@ -81,7 +91,8 @@ def run_the_sweep(root: Path) -> dict[str, dict[str, Any]]:
     return {name: {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr} for name, r in runs.items()}
 
 
-def test_a_stopped_sweep_exits_75_and_the_same_command_resumes_it_running_no_trial_twice(swept: dict) -> None:
+def test_a_stopped_sweep_exits_75_and_the_same_command_resumes_it_running_no_trial_or_point_twice(
+        swept: dict, tmp_path: Path) -> None:
     stopped, resumed = swept["stopped"], swept["resumed"]
     assert stopped.returncode == 75, stopped.stderr[-4000:]
     assert "trial-001 stopped with a checkpoint; the same command resumes it" in stopped.stderr
@@ -93,6 +104,14 @@ def test_a_stopped_sweep_exits_75_and_the_same_command_resumes_it_running_no_tri
     assert "trial-000:" not in resumed.stderr, "a finished trial is never run again"
     records = swept["records"]
     assert sorted(records) == list(range(6)), "the trial count is kept"
+    # The resumed sweep drew trials 2 to 5 as an uninterrupted one draws them (each draw seeded by the sampler seed and
+    # the trials before it), so no point was drawn twice: the space's 3 points, each with both seeds.
+    spec = read_sweep(str(swept["root"] / "demo-tpe.toml"), lambda preset, task: settings_class(preset, task, []))
+    study = studies.create_study(tmp_path, spec, {})
+    uninterrupted = [t.params["lr"] for t in iter(lambda: studies.next_trial(study, spec), None)]
+    assert uninterrupted == [GOOD, GOOD, *(lr for lr in TOO_SMALL for _ in DEMO["seeds"])], \
+        "sampler_seed 11 no longer draws the good rate first, then each small one: choose another in TPE above"
+    assert [records[n].settings["lr"] for n in range(6)] == uninterrupted
     assert {n: r.launches for n, r in records.items()} == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1}
     log = (swept["dir"] / "trial-001" / "logs" / "rank-0.log").read_text()
     # Asked for at step 16; the ranks agree every stop_check_every (10) steps: at step 20.

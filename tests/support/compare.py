@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from distqa.config.sources import load_config
 from distqa.distributed.rng import seed_everything
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from support.repo import MACHINERY_ARGS

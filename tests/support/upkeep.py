@@ -54,6 +54,8 @@ def template_moves_on(template: Path) -> None:
     edit(template / "src/distqa/qa/model.py", '"""', '# Changed upstream after the fork.\n"""')
     edit(template / "docs/CONFIGURATION.md", "\n", "\n\nChanged upstream after the fork.\n")
     edit(template / "README.md", "\n", "\n\nChanged upstream after the fork.\n")
+    edit(template / "CHANGELOG.md", "\n## ",
+         "\n## upstream\n\n- [edit] `distqa.upstream` moved: write `from x import y`.\n\n## ")
     git(template, "commit", "--quiet", "--all", "-m", "machinery, QA, docs and README")
     edit(template / ".neuro/live.yml", "kind: live\n", "kind: live\n# Changed upstream after the fork.\n")
     edit(template / "Dockerfile", "FROM ${BASE_IMAGE}\n", "FROM ${BASE_IMAGE}\n# Changed upstream after the fork.\n")

@@ -20,8 +20,8 @@ from distqa.checkpoint.sharded import (
     sharded_checkpoint_path,
     uses_sharded_checkpoints,
 )
+from distqa.config.sources import load_config
 from distqa.distributed.stop import StopWindow
-from distqa.settings.sources import load_config
 
 from support.compare import max_difference
 from support.repo import MACHINERY_ARGS

@@ -2,6 +2,7 @@
 
 The pieces, each a module of plain functions with fast tests (``tests/launchers/test_sweep.py``):
 
+- :mod:`.runner`: a sweep's run: the trials started up to ``--parallel`` at once, their ends, stops and resumes;
 - :mod:`.space`: the sweep file (``configs/sweeps/NAME.toml``): the settings swept (a list, or a log or linear
   range), the seeds, the search, the budget and the pruning rule, checked in one line each;
 - :mod:`.study`: the Optuna study in the sweep directory (a journal file): the search (grid in the file's order,

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import IO, Literal
 
 from distqa.config import REPO_ROOT
+from distqa.distributed.stop import STOPPED_EXIT_CODE
 
 LauncherName = Literal["local", "platform", "slurm"]
 LAUNCHERS: tuple[LauncherName, ...] = ("local", "platform", "slurm")
-STOPPED_LOCALLY = 75
-"""The local launcher's and a Slurm job's exit status after a graceful stop (distqa.distributed.stop)."""
 
 
 @dataclass
@@ -118,12 +117,13 @@ class Launcher:
     def outcome(self, code: int, stop_asked: bool) -> Literal["ended", "stopped", "failed"]:
         """What the launcher's exit status says: the run ended (summary.json says how), stopped (resumable: from its
         checkpoint, or from the start when the stop came before one), or failed. Any other end after the sweep
-        asked for a stop is a stop too (a launcher signalled before its own handlers were set)."""
+        asked for a stop is a stop too (a launcher signalled before its own handlers were set). The local launcher
+        and a Slurm job exit ``STOPPED_EXIT_CODE`` after a graceful stop; the platform launcher 130."""
         if code == 0:
             return "ended"
         if stop_asked:
             return "stopped"
-        return "stopped" if code == STOPPED_LOCALLY and self.name != "platform" else "failed"
+        return "stopped" if code == STOPPED_EXIT_CODE and self.name != "platform" else "failed"
 
 
 @dataclass

@@ -1,19 +1,29 @@
 """What a sweep shows: the table of its trials sorted by the objective, the best trial (its ``best.pt`` and the
-command that trains its settings again), and a picture: a self-contained HTML page (inline SVG, no script, no
-download) with the metric against each swept setting and each trial's evaluations over the steps.
+command that trains its settings again), and a picture drawn with Optuna's own plots (its matplotlib module): a
+self-contained HTML page of inline SVG (no script, no download) with the metric of the completed trials against
+each swept setting and every trial's evaluations over the steps, the best trial and the metric's direction marked.
 """
 
 from __future__ import annotations
 
 import html
+import io
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from distqa.sweeps.space import flag_value
+import optuna
+from matplotlib import pyplot as plt
+from optuna.visualization import matplotlib as optuna_plots
+
+from distqa.sweeps import study as studies
+from distqa.sweeps.launch import Launcher
+from distqa.sweeps.space import flag_value, flags
 from distqa.sweeps.study import TrialRecord, trial_dir_name
 
+BEST = "#d62728"
+"""The best trial's colour in the picture."""
 ORDER = {"done": 0, "pruned": 1, "running": 2, "interrupted": 3, "failed": 4, "waiting": 5}
 
 
@@ -56,96 +66,74 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-# --- the picture -------------------------------------------------------------------------------------------------
+def summary(sweep_dir: Path) -> str:
+    """The table of the sweep in ``sweep_dir``, the best trial's ``best.pt`` and the command that reproduces it (what
+    ``--show DIR`` prints, for a sweep running or done)."""
+    saved = studies.read_record(sweep_dir)
+    study = studies.load_study(sweep_dir)
+    records = studies.records(study, running_now=studies.in_use(sweep_dir))
+    names = list(saved["spec"]["space"])
+    lines = [table(records, names)]
+    counts = {state: sum(r.state == state for r in records) for state in ORDER}
+    lines.append(f"{len(records)} of {saved['spec']['trials']} trials: " +
+                 ", ".join(f"{n} {state}" for state, n in counts.items() if n))
+    best = best_record(records)
+    if best is not None:
+        spec_args = [*(["--preset", saved["spec"]["preset"]] if saved["spec"]["preset"] else []),
+                     *flags(saved["spec"]["fixed"]), *saved["trainer_args"], *flags(best.settings),
+                     *([] if best.seed is None else ["--seed", str(best.seed)])]
+        launcher = Launcher(saved["launcher"], saved["nodes"], saved["procs_per_node"], saved["launcher_args"])
+        name = trial_dir_name(best.number)
+        lines += [f"best: {name}, {best.metric} {best.best:.4g}: {sweep_dir / name / 'checkpoints' / 'best.pt'}",
+                  f"reproduce: {launcher.reproduce([*spec_args, '--run-name', f'{name}-again'])}"]
+    if (sweep_dir / "sweep.html").exists():
+        lines.append(f"picture: {sweep_dir / 'sweep.html'}")
+    return "\n".join(lines)
 
-COLOURS = {"done": "#1f77b4", "pruned": "#ff7f0e", "running": "#2ca02c", "interrupted": "#9467bd",
-           "failed": "#d62728", "waiting": "#7f7f7f"}
-W, H, PAD = 420, 280, 48
 
-
-def picture(records: Sequence[TrialRecord], names: Sequence[str], log_scale: Callable[[str], bool],
-            title: str) -> str:
-    """The HTML page: one scatter per swept setting (the best metric of each trial against its value; log axes
-    where the setting's range is log, or its values span 100× and more) and the evaluations over the steps."""
+def picture(study: optuna.Study, records: Sequence[TrialRecord], title: str) -> str:
+    """The HTML page: Optuna's slice plot (the metric of each completed trial against each swept setting, on a log
+    axis where the setting's range is log) and its intermediate values plot (each trial's evaluations over the
+    steps, pruned and running ones too), both in the metric as the task gives it (the study holds it signed), its
+    direction in the axis's name and the best completed trial marked."""
     metric = next((r.metric for r in records if r.metric), None) or "objective"
-    scored = [r for r in records if r.best is not None and not math.isnan(r.best)]
-    plots = []
-    for name in names:
-        values = [r.settings.get(name) for r in scored]
-        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) and values
-        log = bool(numeric) and min(values) > 0 and (log_scale(name) or max(values) >= 100 * min(values))
-        points = [(r.settings.get(name), r.best, r) for r in scored]
-        plots.append(_scatter(points, name, metric, bool(numeric), log))
-    series = [(r, sorted(r.evaluations.items())) for r in records if r.evaluations]
-    plots.append(_lines(series, metric))
-    legend = " ".join(f'<span style="color:{c}">&#9679; {s}</span>' for s, c in COLOURS.items())
+    mode = next((r.mode for r in records if r.mode), "max")
+    label = f"{metric} ({'higher' if mode == 'max' else 'lower'} is better)"
+    best = best_record(records)
+    plt.switch_backend("agg")  # files only, never a window: the sweep may run where there is a display, or none
+    figures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the plots' API, not our use
+        warnings.filterwarnings("ignore", "Attempting to set identical")  # one value on an axis: matplotlib widens it
+        if best is not None:  # the slice plot shows the completed trials: one of them is the best
+            axes = optuna_plots.plot_slice(study, target=lambda t: studies.signed(t.value, mode), target_name=label)
+            frozen = study.get_trials(deepcopy=False)[best.number]
+            for ax, name in zip(getattr(axes, "flat", [axes]), sorted(frozen.params), strict=True):
+                x = frozen.params[name]  # a list's values are the plot's categories, named as Optuna names them
+                listed = isinstance(frozen.distributions[name], optuna.distributions.CategoricalDistribution)
+                star = ax.scatter([repr(x) if listed else x], [best.best], marker="*", s=300, c=BEST, zorder=3,
+                                  label=f"best: {trial_dir_name(best.number)}")
+                ax.legend(handles=[star], loc="best")
+            figures.append(ax.figure)
+        if any(r.evaluations for r in records):
+            ax = optuna_plots.plot_intermediate_values(study)
+            ax.set(ylabel=label, title=f"{metric} at each evaluation")
+            for line in ax.get_lines():
+                number = int(line.get_label().removeprefix("Trial"))
+                line.set_ydata([studies.signed(y, mode) for y in line.get_ydata()])
+                if best is not None and number == best.number:
+                    line.set(linewidth=3, color=BEST, label=f"{trial_dir_name(number)} (best)", zorder=3)
+            ax.relim()
+            ax.autoscale_view()
+            ax.legend(bbox_to_anchor=(1.05, 1), loc="upper left", borderaxespad=0.0)
+            figures.append(ax.figure)
+    images = []
+    for figure in figures:
+        svg = io.StringIO()
+        figure.savefig(svg, format="svg", bbox_inches="tight", metadata={"Date": None})
+        plt.close(figure)
+        images.append(svg.getvalue()[svg.getvalue().index("<svg"):])  # inline: no XML prologue, no DTD
+    shown = f"best: {trial_dir_name(best.number)}, {metric} {best.best:.4g}" if best else "no completed trial yet"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
-            f"<body style='font-family:sans-serif'><h2>{html.escape(title)}</h2><p>{legend}</p>"
-            f"{''.join(plots)}</body></html>\n")
-
-
-def _axis(values: Sequence[float], log: bool, lo_px: float, hi_px: float) -> Callable[[float], float]:
-    f = (lambda v: math.log10(v)) if log else (lambda v: v)
-    low, high = min(map(f, values)), max(map(f, values))
-    if high == low:
-        low, high = low - 1, high + 1
-    return lambda v: lo_px + (f(v) - low) / (high - low) * (hi_px - lo_px)
-
-
-def _frame(body: str, xlabel: str, ylabel: str, ticks: str) -> str:
-    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' style='margin:8px'>"
-            f"<rect x='{PAD}' y='8' width='{W - PAD - 8}' height='{H - PAD - 8}' fill='none' stroke='#999'/>{ticks}"
-            f"<text x='{(W + PAD) / 2}' y='{H - 6}' text-anchor='middle' font-size='13'>{html.escape(xlabel)}</text>"
-            f"<text x='12' y='{H / 2}' text-anchor='middle' font-size='13' transform='rotate(-90 12 {H / 2})'>"
-            f"{html.escape(ylabel)}</text>{body}</svg>")
-
-
-def _ticks(values: Sequence[Any], position: Callable[[Any], float], vertical: bool) -> str:
-    out = []
-    for v in dict.fromkeys(values):
-        p = position(v)
-        label = html.escape(f"{v:.3g}" if isinstance(v, float) else str(v))
-        out.append(f"<text x='{p}' y='{H - PAD + 16}' text-anchor='middle' font-size='10'>{label}</text>" if vertical
-                   else f"<text x='{PAD - 4}' y='{p + 3}' text-anchor='end' font-size='10'>{label}</text>")
-    return "".join(out)
-
-
-def _scatter(points: list[tuple[Any, float, TrialRecord]], name: str, metric: str, numeric: bool, log: bool) -> str:
-    if not points:
-        return _frame("", name, metric, "")
-    xs = [p[0] for p in points]
-    categories = list(dict.fromkeys(map(repr, xs)))
-    x_of = _axis(xs, log, PAD + 16, W - 24) if numeric else \
-        (lambda v: PAD + 16 + categories.index(repr(v)) * (W - PAD - 40) / max(1, len(categories) - 1))
-    y_of = _axis([p[1] for p in points], False, H - PAD - 8, 20)
-    dots = "".join(f"<circle cx='{x_of(x):.1f}' cy='{y_of(y):.1f}' r='5' fill='{COLOURS.get(r.state, '#000')}' "
-                   f"fill-opacity='0.8'><title>{trial_dir_name(r.number)} {name}={x} seed={r.seed}: {metric} "
-                   f"{y:.4g} ({r.state})</title></circle>" for x, y, r in points)
-    ys = sorted({p[1] for p in points})
-    ticks = _ticks(xs, x_of, True) + _ticks([ys[0], ys[-1]], y_of, False)
-    return _frame(dots, f"{name}{' (log)' if log else ''}", metric, ticks)
-
-
-def _lines(series: list[tuple[TrialRecord, list[tuple[int, float]]]], metric: str) -> str:
-    values = [(s, v) for _, points in series for s, v in points if not math.isnan(v)]
-    if not values:
-        return _frame("", "step", metric, "")
-    x_of = _axis([s for s, _ in values], False, PAD + 8, W - 16)
-    y_of = _axis([v for _, v in values], False, H - PAD - 8, 20)
-    body = ""
-    for r, points in series:  # a line per trial, a dot per evaluation (a trial pruned at its first has only that)
-        shown = [(x_of(s), y_of(v)) for s, v in points if not math.isnan(v)]
-        colour, title = COLOURS.get(r.state, "#000"), f"<title>{trial_dir_name(r.number)} ({r.state})</title>"
-        body += (f"<polyline points='{' '.join(f'{x:.1f},{y:.1f}' for x, y in shown)}' fill='none' "
-                 f"stroke='{colour}' stroke-width='2'>{title}</polyline>")
-        body += "".join(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3' fill='{colour}'>{title}</circle>" for x, y in shown)
-    steps = sorted({s for s, _ in values})
-    ys = sorted({v for _, v in values})
-    ticks = _ticks([steps[0], steps[-1]], x_of, True) + _ticks([ys[0], ys[-1]], y_of, False)
-    return _frame(body, "step", metric, ticks)
-
-
-def write_picture(path: Path, records: Sequence[TrialRecord], names: Sequence[str],
-                  log_scale: Callable[[str], bool], title: str) -> Path:
-    path.write_text(picture(records, names, log_scale, title))
-    return path
+            f"<body style='font-family:sans-serif'><h2>{html.escape(title)}</h2><p>{html.escape(label)}; "
+            f"{html.escape(shown)}</p>{''.join(images)}</body></html>\n")

@@ -1,28 +1,10 @@
 """The sweep file: what a sweep varies, how it searches, how many trials it may run, and when it prunes.
 
-``configs/sweeps/NAME.toml`` (or any path to a ``.toml``)::
-
-    preset = "tiny-synthetic-squad"   # every trial's --preset (optional)
-    search = "grid"                   # grid (the file's order), random, or tpe (Optuna's TPE sampler)
-    trials = 6                        # the budget; a grid runs all its points unless this is smaller
-    seeds = [1, 2]                    # every point runs once per seed (default: one run, the preset's seed)
-
-    [fixed]                           # settings of every trial, as flags (a preset's keys)
-    max_steps = 48
-
-    [space]                           # each setting: a list, or a range (linear, or log = true)
-    lr = [3e-3, 1e-6, 1e-7]
-    weight_decay = { low = 0.0, high = 0.1, points = 3 }     # a grid takes `points` values of a range
-
-    [prune]                           # the median rule over the trials at the same step (or none, percentile)
-    rule = "median"
-    startup_trials = 2                # completed trials before any trial is pruned
-    min_step = 0                      # no trial is pruned before this optimizer step
-
-Everything is checked when the file is read, before any trial starts, each error one line naming the file and
-the key: an unknown setting (against the task's settings class), an empty list or range, a log range over zero,
-a grid larger than its budget allows. What needs the whole config (a world size above the global batch) is
-checked by :func:`check_trial_configs` with the trainer's own rules. No torch here.
+``configs/sweeps/NAME.toml`` (or any path to a ``.toml``; docs/SWEEPS.md shows every key). Everything is checked
+when the file is read, before any trial starts, each error one line naming the file and the key: an unknown setting
+(against the task's settings class), an empty list or range, a log range over zero, a grid larger than its budget
+allows. What needs the whole config (a world size above the global batch) is checked by
+:func:`check_trial_configs` with the trainer's own rules. No torch here.
 """
 
 from __future__ import annotations
@@ -181,6 +163,8 @@ def read_sweep(name: str, settings_of: Callable[[str | None, str | None], type[C
     spec = SweepSpec(path=path, name=path.stem, search=search, trials=0, seeds=tuple(seeds), settings=settings,
                      fixed=fixed, preset=preset, sampler_seed=_typed(raw, "sampler_seed", int, 0, where),
                      pruning=_pruning(_table(raw, "prune", where), where))
+    if spec.sampler_seed < 0:
+        raise ConfigError(f"{where}: sampler_seed must be 0 or more, got {spec.sampler_seed}.")
     runs_per_point = max(1, len(spec.seeds))
     if search == "grid":
         for s in settings:

@@ -1,32 +1,35 @@
 """The sweep's Optuna study, kept in the sweep directory, and what the sweep records of each trial.
 
-The sweep directory holds:
-
-    sweep.json          the sweep file as read (a resumed sweep must read the same), the launcher and the command
-    study.journal       Optuna's journal storage (JournalFileBackend: one appended line per change, made for shared
-                        file systems): every trial's settings, state, evaluations and record
-    sweep.lock          held (flock) by the one sweep process working on the directory
-    trial-NNN/          each trial's run directory (its config, logs, TensorBoard, checkpoints, best.pt)
+The sweep directory (docs/SWEEPS.md lists it) holds ``sweep.json`` (the sweep file as read: a resumed sweep must
+read the same), ``study.journal`` (Optuna's journal storage, which ``optuna-dashboard`` opens too: one appended
+line per change, made for shared file systems), ``sweep.lock`` (held by the one sweep process working there) and
+each trial's run directory.
 
 The objective is the task's ``BestMetric``, signed so that higher is better (its value for ``max``, minus it for
 ``min``): the study always maximises, whatever the task, and the table shows the metric as the task gives it.
 Which metric and direction it is, the trials say (their evaluations name it); the sweep needs to know no task.
 
 Sampling happens here, once: a grid is enqueued in the file's order at the start; random and TPE draw a point
-when a trial is about to start, and each point runs once per seed (the other seeds enqueued behind it). A trial
-is an Optuna trial from its start to its end: RUNNING while it runs (or when a stopped sweep left it
-interrupted), then COMPLETE, PRUNED or FAIL.
+when a trial is about to start, with a sampler seeded by the sampler seed and the number of trials before it (so
+a resumed sweep draws what an uninterrupted one would, never its first points again), and each point runs once
+per seed (the other seeds enqueued behind it). A trial is an Optuna trial from its start to its end: RUNNING
+while it runs (or when a stopped sweep left it interrupted), then COMPLETE, PRUNED or FAIL.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
-from collections.abc import Mapping
+import os
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import numpy as np
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
@@ -37,6 +40,7 @@ from distqa.sweeps.space import Pruning, Setting, SweepSpec
 STUDY_NAME = "sweep"
 JOURNAL_FILE = "study.journal"
 SWEEP_FILE = "sweep.json"
+LOCK_FILE = "sweep.lock"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep's own log says what happens, in its words
 
@@ -76,7 +80,7 @@ def create_study(sweep_dir: Path, spec: SweepSpec, record: Mapping[str, Any]) ->
     else:
         saved_path.write_text(json.dumps({"spec": spec.to_dict(), **record}, indent=1) + "\n")
     study = optuna.create_study(study_name=STUDY_NAME, storage=storage(sweep_dir), direction="maximize",
-                                sampler=sampler(spec), pruner=pruner(spec.pruning), load_if_exists=True)
+                                pruner=pruner(spec.pruning), load_if_exists=True)
     if spec.search == "grid" and not study.get_trials(deepcopy=False):
         runs = ((point, seed) for point in spec.grid_points() for seed in (spec.seeds or (None,)))
         for _, (point, seed) in zip(range(spec.trials), runs, strict=False):
@@ -98,10 +102,15 @@ def read_record(sweep_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
+def sampler(spec: SweepSpec, drawn: int) -> optuna.samplers.BaseSampler:
+    """The sampler that draws the point of the trial after ``drawn`` others: seeded by the sweep's sampler seed and
+    ``drawn``, so that the same sweep file draws the same points, and a resumed sweep goes on with the stream where
+    one built afresh on the seed alone would draw the first trials' points again. TPE reads the trials so far from
+    the study; a grid's points are all enqueued, drawn by none."""
+    seed = int(np.random.SeedSequence([spec.sampler_seed, drawn]).generate_state(1)[0])
     if spec.search == "tpe":
-        return optuna.samplers.TPESampler(seed=spec.sampler_seed)
-    return optuna.samplers.RandomSampler(seed=spec.sampler_seed)  # a grid's points are all enqueued: fixed
+        return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
 
 
 def next_trial(study: optuna.Study, spec: SweepSpec) -> optuna.Trial | None:
@@ -111,6 +120,7 @@ def next_trial(study: optuna.Study, spec: SweepSpec) -> optuna.Trial | None:
     waiting = any(t.state == TrialState.WAITING for t in trials)
     if not waiting and len(trials) >= spec.trials:
         return None
+    study.sampler = sampler(spec, len(trials))
     trial = study.ask()
     for setting in spec.settings:
         suggest(trial, setting)
@@ -214,6 +224,10 @@ def record_outcome(study: optuna.Study, number: int, summary: Mapping[str, Any] 
         study.tell(number, state=TrialState.PRUNED)
         return "pruned"
     study.tell(number, signed(best, mode))
+    if study.metric_names is None:  # optuna-dashboard's name of the objective (the study holds the metric signed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the API's age, not our use
+            study.set_metric_names([progress["best_metric"] if mode == "max" else f"-{progress['best_metric']}"])
     return "done"
 
 
@@ -225,3 +239,36 @@ def add_to_record(study: optuna.Study, number: int, **values: Any) -> None:
         if key in ("seconds", "launches"):
             value = attrs.get(key, 0) + value
         study._storage.set_trial_user_attr(trial_id, key, value)
+
+
+@contextlib.contextmanager
+def exclusive(sweep_dir: Path) -> Iterator[IO[str]]:
+    """Hold ``sweep.lock`` in ``sweep_dir`` (flock) for the block; a ConfigError when another sweep process has it."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with (sweep_dir / LOCK_FILE).open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise ConfigError(f"{sweep_dir} is in use by another sweep process (pid {holder}); wait for it to end, "
+                              f"or stop it (Ctrl-C) and run this again to resume.") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield lock
+
+
+def in_use(sweep_dir: Path) -> bool:
+    """Whether a sweep process holds ``sweep_dir``'s lock now."""
+    path = sweep_dir / LOCK_FILE
+    if not path.exists():
+        return False
+    with path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return False

@@ -1,7 +1,7 @@
 """The task seam: what a run trains on and how it is scored. A fork implements one class, and nothing else.
 
 The trainer, the checkpoints, the doctor, the preflight and the launchers know only this interface; the
-built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task brings:
+registered tasks (``dummy`` and the rest) go through it like a fork's own. A task brings:
 
 - **its settings**: ``config_class``, a dataclass that extends :class:`~distqa.config.Config` with fields
   made by a :class:`~distqa.config.Section`. Flags, ``DISTQA_*`` variables, presets, ``--help`` and
@@ -14,7 +14,7 @@ built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task bring
   run shards one by one (:meth:`Task.sharding_units`; a default rule);
 - **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
   ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
-- **its inference state**: :attr:`Evaluation.state` (NQ: the tuned decoding thresholds) is saved in every
+- **its inference state**: :attr:`Evaluation.state` (a QA task's: its tuned decoding thresholds) is saved in every
   checkpoint as it is and handed back on resume; the trainer never looks inside.
 
 What a task gets for free: DDP with the same global batch on any world size, exact resume, graceful stops
@@ -106,7 +106,7 @@ class Task:
     commands: ClassVar[Mapping[str, str]] = {}
     """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
     name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
-    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.settings.task_commands`); only that module is
+    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.tasks.commands`); only that module is
     imported. A command the task leaves out says so in one line."""
 
     def __init__(self, config: Config) -> None:
@@ -130,7 +130,7 @@ class Task:
 
     # --- inside the process group, on every rank --------------------------------------------------
     def setup(self, runtime: Runtime) -> None:
-        """Collective set-up before the data and the model are built (NQ: hub files downloaded once, by
+        """Collective set-up before the data and the model are built (an encoder task's: hub files downloaded once, by
         rank 0, while the others wait)."""
 
     def train_dataset(self) -> Dataset:
@@ -157,7 +157,7 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} must define loss()")
 
     def sharding_units(self, model: nn.Module) -> list[nn.Module]:
-        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.parallel.fsdp`): each
+        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.distributed.fsdp`): each
         one's weights are gathered just before its forward and backward and freed after, so the largest unit
         sets the peak, and each is one compiled region. Default: the blocks of the model's largest
         ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold

@@ -111,7 +111,7 @@ class ShardingUnits:
 
     def state(self, step: Step, moment: Literal["forward", "backward", "end"]) -> dict[str, int]:
         """Bytes of the training state of one rank of a sharded ``step`` during the forward, the backward, or at
-        the end of the backward (every gradient made), as distqa.parallel.fsdp runs it: fp32 shards, and FSDP2's
+        the end of the backward (every gradient made), as distqa.distributed.fsdp runs it: fp32 shards, and FSDP2's
         ``MixedPrecisionPolicy(param_dtype=<the step's precision>, reduce_dtype=fp32)`` instead of autocast:
 
         - **weights** (fp32, 4 bytes per parameter) and **AdamW moments** (8), divided by the shards.

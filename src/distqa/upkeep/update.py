@@ -9,13 +9,21 @@ tree, an edited template file, an unknown REF) changes nothing and says why in o
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distqa.config.project import PROJECT
 from distqa.upkeep import git
 from distqa.upkeep.git import Entry, UpkeepError
+from distqa.upkeep.new_fork import set_string
 from distqa.upkeep.ownership import DECLARATION, Declaration
 from distqa.upkeep.record import RECORD, ForkRecord
+
+CHANGELOG = "CHANGELOG.md"
+EDIT_MARK = "[edit]"
+"""An entry that opens with it needs a change in the fork's own files (CHANGELOG.md says which and how)."""
 
 
 @dataclass
@@ -28,6 +36,8 @@ class Plan:
     notices: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     """Template-owned files of kept parts the fork had deleted, which the update writes again."""
+    texts: dict[str, bytes] = field(default_factory=dict)
+    """Fork-owned files written for the fork (their first copy), in place of the template's: :func:`own_project`."""
 
     def summary(self) -> list[str]:
         """The notices, then one line for the restored files."""
@@ -86,6 +96,17 @@ def plan_update(declaration: Declaration, base: dict[str, Entry], ref: dict[str,
     return plan
 
 
+def own_project(template_text: str, fork: Mapping[str, Entry]) -> tuple[bytes, str]:
+    """The first ``project.toml`` of a fork without the QA tasks (made before the file existed), and the notice that
+    says so: the template's, with ``[run]`` and ``[jobs]`` args naming the fork's preset (its one preset under
+    ``configs/``), else none, never the template's own QA preset, which that fork does not have."""
+    presets = sorted(path[len("configs/"):-len(".toml")] for path in fork if re.fullmatch(r"configs/[^/]+\.toml", path))
+    args = f"--preset {presets[0]}" if len(presets) == 1 else ""
+    text = set_string(set_string(template_text, "run", "args", args), "jobs", "args", args)
+    said = f"its [run] and [jobs] args are {args!r}" if args else "set its [run] and [jobs] args to your preset"
+    return text.encode(), f"{PROJECT}: new, yours (docs/FORKING.md, \"What a fork sets\"); {said}"
+
+
 def apply(root: Path, plan: Plan) -> None:
     """Write and delete what ``plan`` says in the fork at ``root`` (the template's blobs are fetched into it)."""
     for path in plan.deletes:
@@ -94,6 +115,8 @@ def apply(root: Path, plan: Plan) -> None:
         while parent != root and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
+    for path, content in plan.texts.items():
+        (root / path).write_bytes(content)
     for path, entry in plan.writes.items():
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -129,12 +152,17 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
         left_out = list(record.left_out)  # type: ignore[union-attr]
     parts_out = declaration.with_requirements(name for name in left_out if name != "none")
     plan = plan_update(declaration, base_tree, ref_tree, fork, parts_out, base_commit[:12], target[:12])
+    if "qa" in parts_out and PROJECT in plan.writes and PROJECT not in base_tree and PROJECT not in fork:
+        text, notice = own_project(git.blob(root, plan.writes.pop(PROJECT).blob).decode(), fork)
+        plan.texts[PROJECT], plan.notices = text, [*plan.notices, notice]
     if plan.stops:
         raise UpkeepError("\n".join(plan.stops))
     apply(root, plan)
+    news = changelog_between(git.read(root, base_commit, CHANGELOG), git.read(root, target, CHANGELOG))
     ForkRecord(upstream, target, tuple(sorted(parts_out))).write(root)
-    lines = [*plan.summary(), f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template from "
-             f"{base_commit[:12]} to {target[:12]} ({ref}), parts left out: {', '.join(sorted(parts_out)) or 'none'}"]
+    parts = ", ".join(sorted(parts_out)) or "none"
+    lines = [*news, *plan.summary(), f"{len(plan.writes)} file(s) written, {len(plan.deletes)} deleted: the template "
+             f"from {base_commit[:12]} to {target[:12]} ({ref}), parts left out: {parts}"]
     if not git.dirty(root):
         lines.append("already up to date")
     elif commit:
@@ -142,6 +170,35 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
                                     "make update-template (docs/FORKING.md)")
         lines.append(f"committed {made[:12]}")
     return "\n".join(lines)
+
+
+def changelog_entries(text: bytes | None) -> list[str]:
+    """The entries of a CHANGELOG.md: each ``- `` line joined with the indented lines that continue it."""
+    entries: list[str] = []
+    open_entry = False
+    for line in (text or b"").decode().splitlines():
+        if line.startswith("- "):
+            entries.append(line[2:].strip())
+            open_entry = True
+        elif open_entry and line.startswith("  ") and line.strip():
+            entries[-1] += " " + line.strip()
+        else:  # a blank line, a heading or prose ends the entry
+            open_entry = False
+    return entries
+
+
+def changelog_between(base: bytes | None, ref: bytes | None) -> list[str]:
+    """What the update prints from REF's changelog: the entries the fork's template commit did not have (all of
+    them for a fork made before the changelog existed), those that need an edit in the fork first."""
+    known = set(changelog_entries(base))
+    news = [entry for entry in changelog_entries(ref) if entry not in known]
+    if not news:
+        return []
+    edits = [entry for entry in news if entry.startswith(EDIT_MARK)]
+    header = (f"{CHANGELOG}: {len(news)} change(s) since your template commit, {len(edits)} needing an edit in "
+              "your fork (marked EDIT; do it before your next run):")
+    marked = [f"  EDIT {entry[len(EDIT_MARK):].strip()}" for entry in edits]
+    return [header, *marked, *(f"  - {entry}" for entry in news if entry not in edits)]
 
 
 def refuse_dirty(root: Path) -> None:
