@@ -27,7 +27,7 @@ from distqa.qa.nq.windows import (
     window_span_to_tokens,
 )
 
-from qa.nq_examples import (
+from support.nq_examples import (
     UNDECODABLE_LINES,
     UNDECODABLE_REASONS,
     UNICODE_WORDS,
