@@ -258,7 +258,10 @@ def test_with_a_range_a_failed_job_is_resubmitted_once_and_the_run_grows_back_an
     job's main process, exits 137); node 0 goes on alone and waits after step 4 until a new round restarts it.
     The launcher says so in one line and submits node 1's job again; that job joins the round, and the run
     ends on both nodes."""
-    env = {**platform, **RENDEZVOUS, "INJECT_FAULT": "kill-node:rank=1:step=2,pause:rank=0:step=4"}
+    # Node 1's job starts after the master runs (a poll or two later): the first round waits up to 15 s for it
+    # (with RENDEZVOUS's 1 s last call, a loaded machine started node 0 alone and node 1 was never lost).
+    env = {**platform, **RENDEZVOUS, "RDZV_LAST_CALL_TIMEOUT": "15",
+           "INJECT_FAULT": "kill-node:rank=1:step=2,pause:rank=0:step=4"}
     launcher = launch(env, "rs", "--min-nodes", "1", "--", *MACHINERY_ARGS, "--max-steps", "6", "--checkpoint-every",
                       "2", "--global-batch-size", "8", "--per-rank-batch-size", "4", "--stop-check-every", "1")
     output = rejoined_after_the_survivor_went_on_alone(platform, launcher, "distributed_training-rs-1",
