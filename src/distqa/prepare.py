@@ -1,25 +1,14 @@
-"""Build once what a task reads before training: for ``--task nq`` the NQ feature cache, for ``--task squad``
-the SQuAD one; a fork's task builds what its ``build_data`` builds.
+"""Build once what a task reads before training: what its ``build_data`` builds (a feature cache; the QA tasks':
+docs/NQ_DATA.md and docs/SQUAD.md, with their commands).
 
 The task is the run's, chosen as ``python -m distqa.train`` chooses it (``--task``, ``DISTQA_TASK``, the preset's
-``task``; ``dummy`` by default, which has nothing to build and says so in one line). The committed NQ sample with
-the default (tiny-cpu) window settings::
-
-    python -m distqa.prepare --task nq
-
-The real data, 16 processes (the platform's ``prepare`` job runs this; the preset names its task, ``nq``)::
-
-    python -m distqa.prepare --preset bert-base-nq --nq-train-file data/nq/simplified-nq-train.jsonl \\
-        --nq-cache-dir /data/nq-cache --num-proc 16
-
-It reads the settings the way ``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the
-training run finds the cache by the same fingerprint; its flags (``--task nq --help``) are those that
-determine the cache and how it is built (the task's ``prepare_sections``). Re-running with unchanged input,
-tokenizer and window settings reuses the cache at once; changing any of them builds a new one. Run it before
-launching a multi-process training: ranks never featurise while others wait in a collective. Prints the cache
-directory on stdout; the summary goes to the log (stderr). With ``--only-if-needed`` (what the launchers pass,
-followed by the trainer's arguments) it accepts every flag of training and does nothing, silently, when that
-run's task builds nothing (its ``build_data`` returns None).
+``task``; ``dummy`` by default, which has nothing to build and says so in one line). It reads the settings the way
+``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the training run finds what it built; its flags
+(``--task NAME --help``) are the task's ``prepare_sections``. Run it before launching a multi-process training:
+ranks never build data while others wait in a collective. Prints the directory built on stdout; the summary goes to
+the log (stderr). With ``--only-if-needed`` (what the launchers pass, followed by the trainer's arguments) it accepts
+every flag of training and does nothing, silently, when that run's task builds nothing (its ``build_data`` returns
+None).
 """
 
 from __future__ import annotations
@@ -45,17 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     argv = list(sys.argv[1:] if argv is None else argv)
     # The launchers pass the trainer's own arguments with this flag: prepare what that run will read.
-    if "--only-if-nq" in argv:  # its name before tasks other than nq and dummy existed
-        logging.getLogger("distqa.prepare").warning("--only-if-nq is deprecated: use --only-if-needed")
-        argv = ["--only-if-needed" if arg == "--only-if-nq" else arg for arg in argv]
     for_training = "--only-if-needed" in argv
     argv = [arg for arg in argv if arg != "--only-if-needed"]
     try:
         config = load_config(argv, prog="python -m distqa.prepare",
                              sections=train_sections if for_training else prepare_sections, description=(
-            "Build what the run's task reads before training (--task nq: the NQ feature cache; the task is chosen "
-            "as train chooses it). With --only-if-needed, the arguments are a training command line (all of "
-            "train's flags): prepare what that run reads."),
+            "Build what the run's task reads before training (the task is chosen as train chooses it). With "
+            "--only-if-needed, the arguments are a training command line (all of train's flags): prepare what that "
+            "run reads."),
             # Alone, it reads the data at once, in one process: the reader names a missing file.
             check_data_paths=for_training)
         # The task is imported here, not at the top: it imports torch, and each featurising process re-imports

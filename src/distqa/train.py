@@ -21,11 +21,8 @@ Two emulated nodes on this machine, through the same c10d rendezvous::
 
 What the run trains is its task (``--task``: a registered name, ``dummy`` by default, or a fork's
 ``package.module:ClassName``, docs/FORKING.md). A task with an evaluator is scored every ``--eval-every`` steps
-and at the end, on all ranks, and its best model kept in ``checkpoints/best.pt``. For the built-in QA tasks
-(``nq``, Natural Questions, scored by Kaggle's micro-F1; ``squad``), then::
-
-    python -m distqa.predict --checkpoint results/local/checkpoints/best.pt \
-        --input data/nq-sample/simplified-nq-test.jsonl --output submission.csv
+and at the end, on all ranks, and its best model kept in ``checkpoints/best.pt`` (what a task's own commands,
+such as ``predict``, then read: its docs).
 
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
 variables or flags; see ``distqa.settings.sources``. A restart with the same ``--run-name`` resumes from its

@@ -35,6 +35,7 @@ import json
 import string
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -84,11 +85,7 @@ def tiny_bert_config(vocab_size: int, pad_token_id: int) -> BertConfig:
 
 def build_tiny_model_dir(corpus: Path, output: Path) -> Path:
     """The tiny BERT (``data/tiny-bert``)."""
-    tokenizer = train_tokenizer(corpus)
-    output.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(output)
-    tiny_bert_config(len(tokenizer), tokenizer.pad_token_id).save_pretrained(output)
-    return output
+    return build_family_dir("bert", corpus, output)
 
 
 # --- the other families ----------------------------------------------------------------------
@@ -108,8 +105,9 @@ def _byte_level_bpe(corpus: Path, specials: list[str], vocab_size: int = 1000) -
     return tokenizer
 
 
-def _save(tokenizer: Tokenizer, output: Path, tokenizer_class: str, **special: str) -> None:
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **special)
+def _save(tokenizer: Tokenizer, output: Path, tokenizer_class: str, **init: Any) -> None:
+    """``init``: the special tokens, and what else the tokenizer's config holds (``model_input_names``)."""
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **init)
     wrapped.save_pretrained(output)
     config_file = output / "tokenizer_config.json"
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"tokenizer_class": tokenizer_class},
@@ -140,10 +138,8 @@ def _modernbert_tokenizer(corpus: Path, output: Path) -> None:
     tokenizer.post_processor = _template(tokenizer, {"single": "[CLS]:0 $A:0 [SEP]:0",
                                                      "pair": "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1"})
     _save(tokenizer, output, "PreTrainedTokenizerFast", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-          pad_token="[PAD]", mask_token="[MASK]")
-    config_file = output / "tokenizer_config.json"  # ModernBERT's tokenizer gives no token types
-    config_file.write_text(json.dumps(json.loads(config_file.read_text())
-                                      | {"model_input_names": ["input_ids", "attention_mask"]}, indent=2) + "\n")
+          pad_token="[PAD]", mask_token="[MASK]",
+          model_input_names=["input_ids", "attention_mask"])  # ModernBERT's tokenizer gives no token types
 
 
 def _deberta_v3_tokenizer(corpus: Path, output: Path) -> None:
@@ -162,7 +158,7 @@ def _deberta_v3_tokenizer(corpus: Path, output: Path) -> None:
 
 ConfigOf = Callable[[PreTrainedTokenizerBase], PretrainedConfig]
 FAMILIES: dict[str, tuple[Callable[[Path, Path], None], ConfigOf]] = {
-    "bert": (_wordpiece_family("TokenizersBackend"),
+    "bert": (lambda corpus, output: train_tokenizer(corpus).save_pretrained(output),
              lambda t: tiny_bert_config(len(t), t.pad_token_id)),
     "distilbert": (_wordpiece_family("DistilBertTokenizer"),
                    lambda t: DistilBertConfig(vocab_size=len(t), dim=128, n_layers=2, n_heads=2, hidden_dim=512,
@@ -193,8 +189,6 @@ FAMILIES: dict[str, tuple[Callable[[Path, Path], None], ConfigOf]] = {
 def build_family_dir(family: str, corpus: Path, output: Path) -> Path:
     """A tiny model directory of ``family``: the tokenizer files, loaded back through ``AutoTokenizer`` (the
     family's own tokenizer class, as from the hub), and a config sized to that tokenizer. No weights."""
-    if family == "bert":
-        return build_tiny_model_dir(corpus, output)
     write_tokenizer, config_of = FAMILIES[family]
     output.mkdir(parents=True, exist_ok=True)
     write_tokenizer(corpus, output)

@@ -1,30 +1,16 @@
-"""What a training log line reports: loss, throughput, model-FLOPs utilisation, and every rank's step times.
+"""What a training log line reports: loss, throughput, model-FLOPs utilisation, and every rank's step times. Each
+figure, the straggler rule and the TensorBoard names: docs/PERFORMANCE.md, "Throughput, MFU and slow ranks in the
+logs" (the rule's thresholds are :data:`STRAGGLER_RATIO`, :data:`STRAGGLER_MIN_EXCESS_S`,
+:data:`STRAGGLER_MIN_STEPS` and :data:`STRAGGLER_REPEAT_STEPS`).
 
-:class:`MetricsWindow` collects the steps since the last log line on each rank, on the device where
-it can (no host sync per step), and :meth:`MetricsWindow.flush` gathers every rank's figures in one
-collective per log line, never per step. :func:`summarise` turns them into job-wide numbers:
-
-- **samples/s**: optimizer steps × global batch / seconds of the window.
-- **tokens/s**: non-padding tokens (attention mask 1) of every rank per second; and the padded tokens
-  (every position of every window, which the model computes on) per second. A task whose batches have
-  no ``attention_mask`` column counts no tokens. Only a micro-batch's real examples count: the copies that pad a
-  rank's uneven share of the global batch to whole micro-batches (:meth:`MetricsWindow.count_batch`) do not.
-- **MFU**: model FLOPs of the padded tokens (the task's ``flops_per_token``, at each batch's sequence
-  length) per second, over the bf16 peak of the job's GPUs (``peak_tflops`` or the table of
-  :func:`distqa.record.throughput.peak_bf16_flops`); omitted on CPUs, unknown GPUs and tasks that count no FLOPs.
-- **per-rank step times**, p50 and p95 over the window: the *step* time (wall, one optimizer step) and
-  the *local* time (data loading, forward passes and the backward passes of the micro-batches before
-  the last: what a rank does before the backward whose gradients are all-reduced). DDP makes every
-  rank wait for the slowest in that all-reduce, so step times come out alike on all ranks while a
-  slow node (a slower GPU, a slow disk, a busy CPU) shows in its local time; :func:`summarise` marks
-  the slowest rank of a window when its local p50 exceeds the median rank's by :data:`STRAGGLER_RATIO`
-  (and by :data:`STRAGGLER_MIN_EXCESS_S` at least), and :class:`StragglerWatch` names it in the log only when
-  the same rank is marked in every window for :data:`STRAGGLER_MIN_STEPS` steps in a row, at most once every
-  :data:`STRAGGLER_REPEAT_STEPS` steps: one slow window (a step with a garbage collection, a page fault, a
-  neighbour's burst) is noise, a rank slower for many steps is a straggler.
-
-On GPUs the times are CUDA events on the compute stream (read at flush, which waits for them anyway);
-on CPUs the host clock.
+:class:`MetricsWindow` collects the steps since the last log line on each rank, on the device where it can (no host
+sync per step: on GPUs the times are CUDA events on the compute stream, read at flush, which waits for them anyway;
+on CPUs the host clock), and :meth:`MetricsWindow.flush` gathers every rank's figures in one collective per log
+line, never per step. :func:`summarise` turns them into job-wide numbers and marks the window's slowest rank, which
+:class:`StragglerWatch` names only when it stays the slowest. Only a micro-batch's real examples count tokens and
+FLOPs: the copies that pad a rank's uneven share of the global batch to whole micro-batches
+(:meth:`MetricsWindow.count_batch`) do not. The MFU's peak is ``peak_tflops``, else the table of
+:func:`distqa.record.throughput.peak_bf16_flops`.
 """
 
 from __future__ import annotations

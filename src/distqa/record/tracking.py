@@ -1,19 +1,10 @@
 """A run's record outside its directory: every scalar the trainer writes goes to TensorBoard and, with
-``--tracker mlflow``, to the MLflow tracking server at ``MLFLOW_TRACKING_URI``, at the same steps.
-
-Rank 0 alone records. With MLflow it logs, once per training run, the resolved config (after
-``grow_global_batch``) as parameters with the world size, the library versions and the git commit; then every
-training and evaluation scalar; at the end the run's small files (``config.json``, ``run.json``,
-``summary.json``) as artifacts and the status: FINISHED (exit 0), KILLED (a graceful stop, exit 75) or FAILED.
-
-One MLflow run per training run, across restarts: its id is kept in the checkpoints' progress and, from the
-moment the run is opened, in the run directory's ``tracking.json`` (rank 0, written atomically), so a start with
-``--resume auto`` logs into the same MLflow run also before the first checkpoint exists (a worker killed at step
-20 of a run that checkpoints every 1000 steps, restarted by torchrun or relaunched by hand). The steps it logs
-again after starting from an earlier point than its last log (exact resumption makes them the same values) are
-dropped, so no step is logged twice. A run that an earlier start left RUNNING (its process was killed before it
-could close it) is taken over and closed by this start; with ``--resume none`` the start opens a new MLflow
-run and ends such a leftover as FAILED.
+``--tracker mlflow``, to the MLflow tracking server at ``MLFLOW_TRACKING_URI``, at the same steps. Rank 0 alone
+records. What MLflow gets (the resolved config after ``grow_global_batch`` as parameters, the scalars, the small
+files as artifacts, the status) and how one MLflow run spans a training run's restarts (its id in the checkpoints'
+progress and, from its opening on, in the run directory's ``tracking.json``, written atomically; the steps a restart
+logs again dropped; a run an earlier start left RUNNING taken over, or with ``--resume none`` ended as FAILED):
+docs/PLATFORM.md, "Tracking with MLflow".
 
 Tracking never costs a run: every call to the server happens on a thread of its own, so a training step never
 waits for it; requests time out after ``MLFLOW_HTTP_REQUEST_TIMEOUT`` s (10 unless set) with
