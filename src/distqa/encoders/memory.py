@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from distqa.tasks.base import default_sharding_units
 from distqa.tasks.step_memory import ShardingUnits, Step, StepMemory
 
 
@@ -131,7 +132,8 @@ class EncoderMemory:
         """Counted on ``model`` (build it with :func:`count_on_meta`: no memory), sized by ``encoder_config``."""
         linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
         parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        layers = [sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in encoder_layers(model)]
+        layers = [sum(p.numel() for p in unit.parameters() if p.requires_grad)
+                  for unit in default_sharding_units(model)]  # the encoder's layers
         return cls(parameters=parameters, linear_weights=sum(m.weight.numel() for m in linears),
                    linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None),
                    encoder=Encoder.of(encoder_config), seq_len=seq_len, attention=attention,
@@ -300,15 +302,6 @@ def backward_transient(encoder: Encoder, batch: int, seq: int, kernels: Kernels)
         candidates.append(batch * encoder.heads * seq ** 2
                           * kernels.softmax(kernels.attention_compute))
     return max(candidates)
-
-
-def encoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The encoder's layers, the units a sharded run all-gathers one at a time: the children of the model's
-    largest ``nn.ModuleList`` (BERT's ``encoder.layer``, DistilBERT's ``transformer.layer``, ModernBERT's
-    ``layers``); none for a model without one."""
-    lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
-    largest = max(lists, key=lambda layers: sum(p.numel() for p in layers.parameters()), default=None)
-    return list(largest) if largest is not None else []
 
 
 def count_on_meta(build: Callable[[], nn.Module]) -> nn.Module:

@@ -161,12 +161,9 @@ class Task:
         one's weights are gathered just before its forward and backward and freed after, so the largest unit
         sets the peak, and each is one compiled region. Default: the blocks of the model's largest
         ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold
-        parameters; what no unit holds belongs to the root (the model), gathered for the whole step."""
-        lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
-        largest = max(lists, key=_parameter_count, default=None)
-        if largest is not None and _parameter_count(largest) > 0:
-            return [block for block in largest if _parameter_count(block) > 0]
-        return [child for child in model.children() if _parameter_count(child) > 0]
+        parameters (:func:`default_sharding_units`); what no unit holds belongs to the root (the model), gathered for
+        the whole step."""
+        return default_sharding_units(model)
 
     def evaluator(self, runtime: Runtime) -> Evaluator | None:
         """The evaluation of this run; None: no evaluation, no ``best.pt`` (say why in the log)."""
@@ -183,6 +180,16 @@ class Task:
         encoder's task returns ``EncoderMemory.of_model`` (``encoders/memory.py``) of its model built by
         ``count_on_meta`` (no weights loaded). None: the doctor prints no estimate."""
         return None
+
+
+def default_sharding_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks that hold parameters of the model's largest ``nn.ModuleList`` (BERT's ``encoder.layer``,
+    DistilBERT's ``transformer.layer``, ModernBERT's ``layers``), else its direct children that hold parameters."""
+    lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
+    largest = max(lists, key=_parameter_count, default=None)
+    if largest is not None and _parameter_count(largest) > 0:
+        return [block for block in largest if _parameter_count(block) > 0]
+    return [child for child in model.children() if _parameter_count(child) > 0]
 
 
 def _parameter_count(module: nn.Module) -> int:
