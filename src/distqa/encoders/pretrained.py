@@ -10,13 +10,9 @@ A hub name is downloaded once per run into ``HF_HOME`` (shared storage on the pl
 :func:`fetch_once` lets global rank 0 fetch it while the others wait at a barrier, after which every
 rank loads from the cache without asking the hub again.
 
-Pretrained or random weights (``from_scratch``, :func:`weights_choice`): ``auto`` loads the pretrained weights
-where the model has them and starts from random ones only where it has none (a directory of a config alone,
-such as ``data/tiny-bert``); ``true`` and ``false`` force either. Every rank logs which one happened, in one
-line, so naming a model with weights never trains random ones silently.
-
-The attention kernel (:func:`attention_kernel`): transformers has no SDPA kernel for some encoders
-(DeBERTa-v2/v3); those fall back to ``eager`` with one warning.
+Pretrained or random weights (``from_scratch``, :func:`weights_choice`, logged by every rank in one line) and the
+attention kernel (:func:`attention_kernel`, ``eager`` where transformers has no SDPA kernel): docs/CONFIGURATION.md,
+"Another encoder".
 """
 
 from __future__ import annotations

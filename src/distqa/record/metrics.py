@@ -36,8 +36,6 @@ STRAGGLER_MIN_STEPS = 20
 """A straggler is named in the log once the same rank was marked in every window for this many steps in a row."""
 STRAGGLER_REPEAT_STEPS = 1000
 """... and named again, while it stays one, at most once in this many steps."""
-_FIELDS = ("loss", "grad_norm", "steps", "step_p50", "step_p95", "local_p50", "local_p95", "tokens",
-           "padded_tokens", "flops", "seconds")
 
 
 @dataclass(frozen=True)
