@@ -4,11 +4,8 @@ A model or tokenizer source is a local directory (``data/tiny-bert``, a download
 or a hub name. transformers reports a source it cannot load with a long ``OSError`` traceback, from inside
 a rank that may already wait in a process group. :func:`check_sources` runs on every rank before any
 process group exists and turns each case into one :class:`~distqa.config.ConfigError` that names the
-path and the fix; the loaders below translate what is left (a hub name that does not exist).
-
-A hub name is downloaded once per run into ``HF_HOME`` (shared storage on the platform):
-:func:`fetch_once` lets global rank 0 fetch it while the others wait at a barrier, after which every
-rank loads from the cache without asking the hub again.
+path and the fix; the loaders below translate what is left (a hub name that does not exist). A hub name is
+downloaded once per run into ``HF_HOME`` (shared storage on the platform), by global rank 0 (:func:`fetch_once`).
 
 Pretrained or random weights (``from_scratch``, :func:`weights_choice`, logged by every rank in one line) and the
 attention kernel (:func:`attention_kernel`, ``eager`` where transformers has no SDPA kernel): docs/CONFIGURATION.md,

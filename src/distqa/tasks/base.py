@@ -1,21 +1,12 @@
 """The task seam: what a run trains on and how it is scored. A fork implements one class, and nothing else.
 
 The trainer, the checkpoints, the doctor, the preflight and the launchers know only this interface; the
-built-in tasks (``dummy``, ``nq``) go through it like a fork's own. A task brings:
-
-- **its settings**: ``config_class``, a dataclass that extends :class:`~distqa.config.Config` with fields
-  made by a :class:`~distqa.config.Section`. Flags, ``DISTQA_*`` variables, presets, ``--help`` and
-  run-defining checks come from those fields (``python -m distqa.train --task NAME --help`` shows them);
-- **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
-  must exist before training (:meth:`Task.check_inputs`) and a cache built once (:meth:`Task.build_data`);
-- **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
-  called with, by name) and :meth:`Task.loss` (the mean over a micro-batch's real rows); rank 0's buffers
-  are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`); which submodules a sharded
-  run shards one by one (:meth:`Task.sharding_units`; a default rule);
-- **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
-  ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
-- **its inference state**: :attr:`Evaluation.state` (NQ: the tuned decoding thresholds) is saved in every
-  checkpoint as it is and handed back on resume; the trainer never looks inside.
+built-in tasks go through it like a fork's own. A task brings its settings (``config_class``, a dataclass that
+extends :class:`~distqa.config.Config` with fields made by a :class:`~distqa.config.Section`), its data, its model
+and loss, its evaluation (an :class:`Evaluator`) and, where it has them, its FLOPs, its memory estimate and its
+commands: each member of :class:`Task` below says what the trainer does with it, and docs/FORKING.md lists them in
+one table beside the example's. Its inference state (:attr:`Evaluation.state`: a QA task's tuned decoding
+thresholds) is saved in every checkpoint as it is and handed back on resume; the trainer never looks inside.
 
 What a task gets for free: DDP with the same global batch on any world size, exact resume, graceful stops
 and restarts, the preflight checks and the doctor, every launcher (docs/FORKING.md). A task is chosen with
