@@ -25,17 +25,6 @@ def seed_for_step(seed: int, step: int, rank: int) -> None:
     seed_everything(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0] >> 1))
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """This rank's random generators, as plain containers (loadable with weights_only=True)."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [name, keys.tolist(), position, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
 def rng_states_to_save(seeds_per_step: bool, world_size: int) -> list[dict[str, Any] | None]:
     """What a step checkpoint keeps of the ranks' random generators. A run whose steps seed them from (seed, step,
     rank) (:func:`seed_for_step`) keeps none, as a survivor's save keeps none (:mod:`distqa.training.peer_loss`), and
@@ -44,7 +33,14 @@ def rng_states_to_save(seeds_per_step: bool, world_size: int) -> list[dict[str, 
     gathers them on rank 0, which writes them: collective then, every rank calls it."""
     if seeds_per_step:
         return [None] * world_size
-    return gather_objects_to_main(capture_rng_state()) or []
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    mine = {  # this rank's generators, as plain containers (loadable with weights_only=True)
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return gather_objects_to_main(mine) or []
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

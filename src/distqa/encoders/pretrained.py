@@ -113,12 +113,12 @@ def _setting_of(config: EncoderConfig, name: str) -> str:
     return "model_name_or_path" if name == config.model_source else "tokenizer_name_or_path"
 
 
-def _from_pretrained(load: Callable[..., Any], config: EncoderConfig, setting: str, source: str, what: str,
-                     fix: str, errors: tuple[type[Exception], ...] = (OSError, ValueError), **kwargs: Any) -> Any:
+def _from_pretrained(load: Callable[..., Any], settings: EncoderConfig, setting: str, source: str, what: str,
+                     fix: str, /, errors: tuple[type[Exception], ...] = (OSError, ValueError), **kwargs: Any) -> Any:
     """``load(source)``: a local directory as it is; a hub name from the cache alone once it is there (put there
     by fetch_once, or by :func:`fetch` here, in a process of its own such as prepare or predict). A hub name neither
     cached nor fetched is the ConfigError of its line; a load that raises one of ``errors`` is a ConfigError naming
-    ``setting``, ``what`` could not be loaded from ``source``, and the ``fix``."""
+    ``setting`` (of ``settings``), ``what`` could not be loaded from ``source``, and the ``fix``."""
     if not Path(source).is_dir() and source not in _cached:
         failure = fetch(source, setting)
         if failure:
@@ -132,7 +132,7 @@ def _from_pretrained(load: Callable[..., Any], config: EncoderConfig, setting: s
                 log.warning("%s is not in this rank's HF_HOME; downloading it here", source)
         return load(source, **kwargs)
     except errors as err:
-        raise ConfigError(f"{setting}={getattr(config, setting)!r}: cannot load {what} from {source} "
+        raise ConfigError(f"{setting}={getattr(settings, setting)!r}: cannot load {what} from {source} "
                           f"({_first_line(err)}). {fix}") from None
 
 

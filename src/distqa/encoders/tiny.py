@@ -78,11 +78,6 @@ def train_tokenizer(corpus: Path, vocab_size: int = 2048) -> PreTrainedTokenizer
     )
 
 
-def tiny_bert_config(vocab_size: int, pad_token_id: int) -> BertConfig:
-    return BertConfig(vocab_size=vocab_size, max_position_embeddings=512, type_vocab_size=2,
-                      pad_token_id=pad_token_id, **LAYERS)
-
-
 def build_tiny_model_dir(corpus: Path, output: Path) -> Path:
     """The tiny BERT (``data/tiny-bert``)."""
     return build_family_dir("bert", corpus, output)
@@ -159,7 +154,8 @@ def _deberta_v3_tokenizer(corpus: Path, output: Path) -> None:
 ConfigOf = Callable[[PreTrainedTokenizerBase], PretrainedConfig]
 FAMILIES: dict[str, tuple[Callable[[Path, Path], None], ConfigOf]] = {
     "bert": (lambda corpus, output: train_tokenizer(corpus).save_pretrained(output),
-             lambda t: tiny_bert_config(len(t), t.pad_token_id)),
+             lambda t: BertConfig(vocab_size=len(t), max_position_embeddings=512, type_vocab_size=2,
+                                  pad_token_id=t.pad_token_id, **LAYERS)),
     "distilbert": (_wordpiece_family("DistilBertTokenizer"),
                    lambda t: DistilBertConfig(vocab_size=len(t), dim=128, n_layers=2, n_heads=2, hidden_dim=512,
                                               max_position_embeddings=512, pad_token_id=t.pad_token_id)),

@@ -228,11 +228,10 @@ def tracked_scalars(window: Summary, ranks: list[RankWindow], lr: float) -> dict
 
 class StragglerWatch:
     """Rank 0's memory of the windows' stragglers: :meth:`observe` returns the rank to name in the log, when the same
-    rank has been each window's straggler for ``min_steps`` steps in a row and was not named in the last
-    ``repeat_steps`` steps; None otherwise."""
+    rank has been each window's straggler for :data:`STRAGGLER_MIN_STEPS` steps in a row and was not named in the last
+    :data:`STRAGGLER_REPEAT_STEPS` steps; None otherwise."""
 
-    def __init__(self, min_steps: int = STRAGGLER_MIN_STEPS, repeat_steps: int = STRAGGLER_REPEAT_STEPS) -> None:
-        self.min_steps, self.repeat_steps = min_steps, repeat_steps
+    def __init__(self) -> None:
         self.rank: int | None = None
         """The rank that was the straggler of every window of the current streak."""
         self.streak_steps = 0
@@ -247,7 +246,7 @@ class StragglerWatch:
             return None
         self.streak_steps += window.steps
         named = self._named_at.get(self.rank)
-        if self.streak_steps >= self.min_steps and (named is None or step - named >= self.repeat_steps):
+        if self.streak_steps >= STRAGGLER_MIN_STEPS and (named is None or step - named >= STRAGGLER_REPEAT_STEPS):
             self._named_at[self.rank] = step
             return self.rank
         return None
