@@ -8,7 +8,7 @@ per process) and, in one job, interleaves three contenders, each running
 ``distqa.training.trainer.Trainer.train_step`` on the tiny-cpu model with per-rank batch 8 and 2 micro-batches
 per optimizer step, on pre-collated DummyDataset batches:
 
-  ddp         both ranks, the model wrapped by ``distqa.parallel.ddp.wrap_ddp`` (gloo all-reduce of the
+  ddp         both ranks, the model wrapped by ``distqa.distributed.ddp.wrap_ddp`` (gloo all-reduce of the
               gradients on the last micro-batch, ``no_sync`` before it): global batch 32
   1 process   rank 0 alone with the bare model (global batch 16) while rank 1 waits, blocked, in a barrier
   2 × alone   both ranks at once, each with the bare model and no communication: what sharing the

@@ -9,7 +9,7 @@ are); ``--batch-size`` windows per optimizer step (no accumulation). For each se
 
   ours bf16            ``distqa.training.trainer.Trainer.train_step`` (bench/harness.py builds it as distqa.train does:
                        fused AdamW, clipping, schedule, ``Precision`` bf16 autocast) fed by ``build_loader``
-  ours bf16 compile    the same with ``--compile true`` (``distqa.parallel.ddp.training_module``); its compile time
+  ours bf16 compile    the same with ``--compile true`` (``distqa.distributed.ddp.training_module``); its compile time
                        is the warm-up column
   ours fp16            fp16 autocast + ``GradScaler`` (``Precision.choose("fp16")``), seq 512 only; the loss
                        scale at the end shows whether steps were skipped (it halves on every overflow)

@@ -7,10 +7,10 @@
 Model: BERT-large at its published sizes with random weights (bench/gpu_common.py), our QA heads and loss, seq 512
 (DummyDataset windows padded to it), micro-batch 8 per GPU, bf16, not compiled (the same eager step in both rows: a
 compile of each sharding unit against one of the DDP module would add the compilers' differences to the wrap's).
-Rows: ``ddp`` (``distqa.parallel.ddp.wrap_ddp``: torch's DistributedDataParallel even on one GPU) and ``fsdp``
-(``distqa.parallel.fsdp.shard_model``: each transformer layer, then the root, bf16 weights gathered, fp32 reductions),
-each ``Trainer.train_step`` timed as bench/gpu_bert.py times it (warm-up, then ``--repeats`` × ``--steps`` steps);
-samples/s of the whole job, MFU per GPU, and the peak of ``torch.cuda.max_memory_allocated`` on the fullest GPU.
+Rows: ``ddp`` (``distqa.distributed.ddp.wrap_ddp``: torch's DistributedDataParallel even on one GPU) and ``fsdp``
+(``distqa.distributed.fsdp.shard_model``: each transformer layer, then the root, bf16 weights gathered, fp32
+reductions), each ``Trainer.train_step`` timed as bench/gpu_bert.py times it (warm-up, then ``--repeats`` × ``--steps``
+steps); samples/s of the whole job, MFU per GPU, and the peak of ``torch.cuda.max_memory_allocated`` on the fullest GPU.
 
 On one GPU full sharding is pointless (one shard holds everything): the fsdp row then measures only what the wrap
 costs (its hooks, the copies into and out of the flat gather buffers, the bf16 casts), and its memory the same
@@ -43,12 +43,12 @@ from harness import add_common_arguments, bench_config, dummy_dataset, endless, 
 from torch import nn
 
 from distqa.config import Config
+from distqa.distributed.ddp import wrap_ddp
+from distqa.distributed.fsdp import shard_model
 from distqa.distributed.nccl_errors import survive_nccl_errors
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_reduce_max, distributed_runtime, join_process_group
 from distqa.encoders.pretrained import load_encoder_config
-from distqa.parallel.ddp import wrap_ddp
-from distqa.parallel.fsdp import shard_model
 from distqa.record.throughput import mfu, peak_bf16_flops
 from distqa.tasks import make_task
 from distqa.train import build_trainer
@@ -114,7 +114,7 @@ def gpu_trainer(config: Config, runtime: Runtime, work: Path, pin_memory: bool |
                 **ddp_options: Any) -> Trainer:
     """Our trainer as :func:`distqa.train.build_trainer` builds it (no evaluation), wrapped by DDP or sharded
     whatever the world size; ``pin_memory`` and ``ddp_options`` as :func:`distqa.train.build_loader` and
-    :func:`distqa.parallel.ddp.wrap_ddp` take them."""
+    :func:`distqa.distributed.ddp.wrap_ddp` take them."""
     task = make_task(config)
 
     def wrap(model: nn.Module, precision: Precision) -> nn.Module:

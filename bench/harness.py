@@ -23,13 +23,13 @@ from our_trainer import build_our_trainer as build_our_trainer  # re-exported: t
 from targets import Target  # re-exported: every benchmark imports it from here
 from torch.utils.data import Dataset
 
+from distqa.config.sources import load_config
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import QAConfig
 from distqa.qa.model import forward, qa_loss
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
 from distqa.qa.nq.synthetic import write_jsonl
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.training.trainer import Trainer
 

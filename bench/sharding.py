@@ -1,4 +1,5 @@
-"""Full sharding (``--data-parallel fsdp``, distqa.parallel.fsdp) against DDP on CPU: memory per rank, step time, saves.
+"""Full sharding (``--data-parallel fsdp``, distqa.distributed.fsdp) against DDP on CPU: memory per rank, step time,
+saves.
 
     .venv/bin/python bench/sharding.py           # about 4 minutes on 2 cores
     .venv/bin/python bench/sharding.py --quick   # smoke test (tiny model, figures meaningless)
@@ -9,7 +10,7 @@ on pre-collated DummyDataset batches of max_seq_len 128. Each rank runs one torc
 
 (a) memory per rank, at 1, 2 and 4 ranks (1 rank in this process; 2 and 4 under ``torchrun --standalone``, the
     2-rank launch measuring (b) and (c) after it): the
-    model built, wrapped as distqa.train wraps it (``distqa.parallel.fsdp.data_parallel_model``: DDP's wrap, or
+    model built, wrapped as distqa.train wraps it (``distqa.distributed.fsdp.data_parallel_model``: DDP's wrap, or
     ``shard_model`` per transformer layer then the root; at 1 rank both are the bare model), AdamW, one step,
     then a second forward, backward and optimizer step with the gradients kept. Counted: the bytes of the
     parameters, their gradients and AdamW's state as this rank holds them (``DTensor.to_local()`` for shards).
@@ -67,6 +68,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import Dataset
 
 from distqa.config import Config
+from distqa.distributed.fsdp import full_model_state, full_optimizer_state
 from distqa.distributed.runtime import (
     Runtime,
     all_gather_objects,
@@ -76,7 +78,6 @@ from distqa.distributed.runtime import (
     distributed_runtime,
     local_runtime,
 )
-from distqa.parallel.fsdp import full_model_state, full_optimizer_state
 from distqa.tasks import make_task
 from distqa.train import build_trainer
 from distqa.training.trainer import Trainer

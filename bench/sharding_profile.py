@@ -7,7 +7,7 @@ bench/sharding.py's model, batches and trainers (BERT of hidden 256, 6 layers, f
 gloo on loopback, one torch thread per rank). Three contenders, interleaved repeats, the slower rank's seconds per step:
 
   ddp              distqa.train's DDP wrap
-  fsdp             distqa.parallel.fsdp.shard_model as it is: the last layer kept gathered from its forward to its
+  fsdp             distqa.distributed.fsdp.shard_model as it is: the last layer kept gathered from its forward to its
                    backward, which begins right after it (one all-gather fewer per micro-batch)
   fsdp, all resharded  the same with every layer resharded after its forward (``set_reshard_after_forward(True)``
                    on the last unit too), as shard_model did before

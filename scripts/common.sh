@@ -1,5 +1,5 @@
-# Helpers shared by the scripts (sourced, not run): the Python to use, settings from .env, the flow
-# CLI, and the check that a job can write its storage. Each exists here once.
+# Helpers shared by the scripts (sourced, not run): the Python to use (the platform launcher's too), settings from
+# .env, and the check that a job can write its storage. Each exists here once.
 # shellcheck shell=bash
 
 # find_python REPO_ROOT: sets PYTHON unless it is set already: the repository's .venv/bin/python
@@ -10,6 +10,9 @@ find_python() {
     elif command -v python3 >/dev/null; then PYTHON=python3
     else PYTHON=python; fi
 }
+
+# usage SCRIPT: what SCRIPT's --help prints, its header comment (line 2 up to `set -euo`) without the '# '.
+usage() { sed -n '2,/^set -euo/p' "$1" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
 # require_writable WHO DIR...: stop (exit 2) unless this process can create files in every DIR
 # (created first when missing). The platform mounts storage folders with an owner and mode it
@@ -37,21 +40,17 @@ require_writable() {
     done
 }
 
-# The flow CLI: $FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old
-# name). Both read .neuro/live.yml and accept the same subcommands.
-find_flow_cli() {
-    if [[ -n "${FLOW_CLI:-}" ]]; then
-        command -v "$FLOW_CLI" >/dev/null || { echo "FLOW_CLI=$FLOW_CLI is not on PATH" >&2; return 1; }
-        echo "$FLOW_CLI"
-    elif command -v apolo-flow >/dev/null; then
-        echo apolo-flow
-    elif command -v neuro-flow >/dev/null; then
-        echo neuro-flow
-    else
-        echo "neither apolo-flow nor neuro-flow is on PATH: 'make setup' installs it into .venv" \
-             "(then 'source .venv/bin/activate'), or 'pip install neuro-flow'; log in with 'apolo login'" >&2
-        return 1
+# platform_python SCRIPT REPO_ROOT: what the platform launcher (python -m distqa.launch.platform, and .kill) runs
+# with: find_python's interpreter, which must import python-dotenv (the launcher reads .env with it, as the trainer
+# does), and this checkout's package on PYTHONPATH, installed or not. The launcher runs on the user's machine.
+platform_python() {
+    find_python "$2"
+    if ! "$PYTHON" -c "import dotenv" 2>/dev/null; then
+        echo "$1: $PYTHON cannot import dotenv (python-dotenv): run 'make setup' (the repository's .venv), or" \
+             "'pip install python-dotenv', or name another Python in PYTHON" >&2
+        exit 2
     fi
+    export PYTHONPATH="$2/src${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 # dotenv_value KEY FILE: the value of KEY=... in a .env file, read as python-dotenv (the trainer's
@@ -73,7 +72,7 @@ dotenv_value() {
     printf '%s\n' "$value"
 }
 
-# The .env file, one rule for the scripts and the Python entry points (distqa.settings.sources.dotenv_file):
+# The .env file, one rule for the scripts and the Python entry points (distqa.config.sources.dotenv_file):
 # $ENV_FILE, else .env in the working directory. An ENV_FILE that names no file stops the script here.
 env_file="${ENV_FILE:-.env}"
 [[ "$env_file" == /* ]] || env_file="$PWD/$env_file"  # the same file after a script's own cd
@@ -102,7 +101,7 @@ parse_synthetic_run_args() {
     shift
     while [[ $# -gt 0 ]]; do
         case "$1" in
-            -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+            -h|--help) usage "$0"; exit 0 ;;
             --data-dir|--run-id|--output-dir|"$cache_flag")
                 [[ $# -ge 2 && -n "$2" ]] || { echo "$script: $1 needs a value" >&2; exit 2; }
                 case "$1" in

@@ -32,7 +32,6 @@ keep_zip=0
 required_files=(simplified-nq-train.jsonl simplified-nq-test.jsonl)
 needed_gb=22
 
-usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "download_nq.sh: $*" >&2; exit 1; }
 usage_error() { echo "download_nq.sh: $* (see --help)" >&2; exit 2; }
 
@@ -41,7 +40,7 @@ while [[ $# -gt 0 ]]; do
         --dir) [[ $# -ge 2 && -n "$2" ]] || usage_error "--dir needs a value"; dir="$2"; shift 2 ;;
         --env-file) [[ $# -ge 2 && -n "$2" ]] || usage_error "--env-file needs a value"; env_file="$2"; shift 2 ;;
         --keep-zip) keep_zip=1; shift ;;
-        -h|--help) usage; exit 0 ;;
+        -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
         *) usage_error "unknown argument '$1'" ;;
     esac
 done

@@ -15,7 +15,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/common.sh"
 find_python "$repo_root"
 case "${1:-}" in
-    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
 esac
 dir="${1:-$repo_root/data/squad-sample}"
 

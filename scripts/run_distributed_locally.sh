@@ -53,7 +53,6 @@ max_restarts="${MAX_RESTARTS:-0}"
 entry_module=distqa.train
 external_store=0
 
-usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "run_distributed_locally.sh: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"; }
 
@@ -68,7 +67,7 @@ while [[ $# -gt 0 ]]; do
         --max-restarts) need_value "$@"; max_restarts="$2"; shift 2 ;;
         --entry-module) need_value "$@"; entry_module="$2"; shift 2 ;;
         --external-store) external_store=1; shift ;;
-        -h|--help) usage; exit 0 ;;
+        -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
         --) shift; trainer_args+=("$@"); break ;;
         *) trainer_args+=("$1"); shift ;;
     esac

@@ -14,12 +14,6 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/common.sh
 source "$repo_root/scripts/common.sh"  # also refuses an ENV_FILE that names no file
-find_python "$repo_root"
-if ! "$PYTHON" -c "import dotenv" 2>/dev/null; then
-    echo "run_distributed_on_platform.sh: $PYTHON cannot import dotenv (python-dotenv): run 'make setup' (the" \
-         "repository's .venv), or 'pip install python-dotenv', or name another Python in PYTHON" >&2
-    exit 2
-fi
-# The package from this checkout, installed or not; exec: Ctrl-C and SIGTERM reach the launcher itself.
-export PYTHONPATH="$repo_root/src${PYTHONPATH:+:$PYTHONPATH}"
+platform_python run_distributed_on_platform.sh "$repo_root"
+# exec: Ctrl-C and SIGTERM reach the launcher itself.
 exec "$PYTHON" -m distqa.launch.platform "$@"

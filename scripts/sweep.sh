@@ -28,7 +28,7 @@ source "$repo_root/scripts/common.sh"
 find_python "$repo_root"
 export PYTHON  # the trials' launchers use the same interpreter
 case "${1:-}" in
-    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
 esac
 # exec: a terminal's Ctrl-C and a SIGTERM reach the sweep itself, which stops its trials gracefully.
 exec "$PYTHON" -m distqa.sweep "$@"

@@ -14,7 +14,7 @@
 # imports nothing else), and execs
 # `python -m distqa.launch.node` with its arguments, which does the rest in one process, torchrun's agent included
 # (src/distqa/launch/: node.py; the options and the --help text: node_options.py; Kubeflow's and SkyPilot's
-# variables: engines.py; the checks: node_checks.py). So the process the engine started is the node's Python, and
+# variables: engines.py). So the process the engine started is the node's Python, and
 # SIGTERM/SIGINT to it reach torchrun's agent as SIGTERM. Exit status: 0 when the run finished; 75 when the workers
 # stopped on a signal after a checkpoint of the step reached; 3 when node 0's rendezvous could not be reached; 4 when
 # it did not fill up; 2 for a wrong option; the workers' own when they refused to run; torchrun's otherwise.

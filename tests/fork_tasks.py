@@ -18,11 +18,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from distqa.config import Config, Section, resolve_path
-from distqa.config.errors import DataError
-from distqa.distributed.precision import Precision
-from distqa.distributed.runtime import Runtime, all_gather_tensor
-from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
+from distqa.tasks import (
+    Batch,
+    BestMetric,
+    Config,
+    DataError,
+    Evaluation,
+    Precision,
+    Runtime,
+    Section,
+    Task,
+    all_gather_tensor,
+    resolve_path,
+)
 
 TESTS = str(Path(__file__).resolve().parent)
 # How tests/*/test_fork_traps.py runs these tasks: this folder on PYTHONPATH, one thread, a short run.

@@ -22,10 +22,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from distqa.config import Config, ConfigError, Section, resolve_path
-from distqa.config.errors import DataError
-from distqa.distributed import Precision, Runtime, all_gather_tensor, on_device
-from distqa.tasks.base import Batch, BestMetric, Evaluation, Task
+from distqa.tasks import (
+    Batch,
+    BestMetric,
+    Config,
+    ConfigError,
+    DataError,
+    Evaluation,
+    Precision,
+    Runtime,
+    Section,
+    Task,
+    all_gather_tensor,
+    on_device,
+    resolve_path,
+)
 
 # --- settings: one section, shown by `python -m distqa.train --task ... --help` ------------------------
 

@@ -19,6 +19,16 @@ MOVED = {
     "distqa.errors": "distqa.config.errors",
     "distqa.atomic_files": "distqa.checkpoint.files",
     "distqa.launch.elastic": "distqa.distributed.elastic",
+    "distqa.launch.node_checks": "distqa.launch.node",
+    "distqa.settings": "distqa.config",
+    "distqa.settings.flags": "distqa.config.flags",
+    "distqa.settings.presets": "distqa.config.presets",
+    "distqa.settings.sources": "distqa.config.sources",
+    "distqa.settings.task_commands": "distqa.checkpoint.commands",
+    "distqa.upkeep.project": "distqa.config.project",
+    "distqa.parallel": "distqa.distributed",
+    "distqa.parallel.ddp": "distqa.distributed.ddp",
+    "distqa.parallel.fsdp": "distqa.distributed.fsdp",
     "distqa.launch.preflight": "distqa.training.preflight",
 }
 """Old module name -> new one, kept one release (CHANGELOG.md lists each, with the release that removes it)."""
@@ -33,11 +43,13 @@ class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         new_name = MOVED[module.__name__]
-        warnings.warn(f"{module.__name__} moved: import from {new_name} instead (CHANGELOG.md)", DeprecationWarning,
+        warnings.warn(f"{module.__name__} moved: import from {new_name} instead (a task imports what it uses from "
+                      "distqa.tasks: CHANGELOG.md)", DeprecationWarning,
                       stacklevel=2)
         new = importlib.import_module(new_name)
         module.__dict__.update({k: v for k, v in vars(new).items() if not k.startswith("__") or k == "__all__"})
         module.__getattr__ = lambda attribute: getattr(new, attribute)  # names the new module defines later
 
 
-sys.meta_path.append(_MovedModule())
+# First on the path: a leftover copy of an old module (an installed older distqa) must not shadow the new one.
+sys.meta_path.insert(0, _MovedModule())

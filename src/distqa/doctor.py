@@ -3,16 +3,16 @@
 Run it before a long job, with the same launcher, settings and environment as the job itself.
 One process (this machine, one GPU)::
 
-    python -m distqa.doctor --preset bert-base-nq
+    python -m distqa.doctor --preset NAME
 
 One node, all its GPUs::
 
-    torchrun --standalone --nproc-per-node gpu -m distqa.doctor --preset bert-base-nq
+    torchrun --standalone --nproc-per-node gpu -m distqa.doctor --preset NAME
 
 Every node of a multi-node job (the same command line as the run's, with ``--doctor``)::
 
-    scripts/worker.sh --doctor --nnodes 2 --node-rank 0 --run-id my-run -- --preset bert-base-nq
-    scripts/worker.sh --doctor --nnodes 2 --node-rank 1 --master-addr HOST0 --run-id my-run -- --preset bert-base-nq
+    scripts/worker.sh --doctor --nnodes 2 --node-rank 0 --run-id my-run -- --preset NAME
+    scripts/worker.sh --doctor --nnodes 2 --node-rank 1 --master-addr HOST0 --run-id my-run -- --preset NAME
 
 It takes every setting ``python -m distqa.train`` takes (the config it checks is the run's) plus the
 flags in the "doctor" group of ``--help``. Rank 0 prints one table (a row per rank: host, device, GPUs,
@@ -21,8 +21,8 @@ per failed check saying what to fix. Checks: the world size (``--expect-world-si
 (distqa and the task's package), config and library versions on every rank; an all-reduce of
 ``--allreduce-mb`` with its result checked and its bandwidth measured; /dev/shm size; free disk and
 writability of the results directory, and every rank seeing the file rank 0 writes there (storage
-every node mounts); what the task reads (its ``check_inputs``: the model's sources,
-NQ's feature cache with ``--task nq``); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
+every node mounts); what the task reads (its ``check_inputs``: the model's sources, a
+feature cache); MASTER_ADDR resolving; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming
 interfaces that exist and are up; the estimated peak memory of a training step against each rank's GPU
 (``--gpu-memory-gb`` checks it against a GPU of that size, also from a CPU machine) for the run's
 ``data_parallel`` layout, with the fixes when it does not fit, and one line naming the smallest sharded layout
@@ -51,11 +51,11 @@ from dotenv import load_dotenv
 
 from distqa.config import Config, ConfigError
 from distqa.config.errors import DataError, print_error
+from distqa.config.flags import build_arg_parser
+from distqa.config.sources import SettingSources, dotenv_file, load_config
 from distqa.distributed.elastic import NodeRange, range_report
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_gather_objects, broadcast_object, distributed_runtime, setup_logging
-from distqa.settings.flags import build_arg_parser
-from distqa.settings.sources import SettingSources, dotenv_file, load_config
 from distqa.tasks import make_task, task_class
 from distqa.tasks.base import Task
 from distqa.tasks.step_memory import GiB, Step, fixes, needed_bytes, sharding_advice, shards_of, smallest_sharded_layout
@@ -77,7 +77,7 @@ log = logging.getLogger("distqa.doctor")
 
 
 def add_doctor_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The doctor's own flags (the run's settings are parsed by :func:`distqa.settings.sources.load_config`)."""
+    """The doctor's own flags (the run's settings are parsed by :func:`distqa.config.sources.load_config`)."""
     group = parser.add_argument_group("doctor")
     group.add_argument("--expect-world-size", type=int, default=0, metavar="N",
                        help="Fail unless the job has N ranks (nodes × processes per node); 0 = no expectation.")

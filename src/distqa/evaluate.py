@@ -1,16 +1,14 @@
-"""Score a checkpoint on the validation split of its NQ feature cache; print the metrics as JSON.
+"""Score a checkpoint on its task's validation data, as training does; print the metrics as JSON.
 
-One process, or all ranks of a torchrun job (they share the windows)::
+One process, or all ranks of a torchrun job::
 
-    python -m distqa.evaluate --checkpoint results/nq-sample/checkpoints/best.pt
-    torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output answers.csv
+    python -m distqa.evaluate --checkpoint results/RUN/checkpoints/best.pt
+    torchrun --standalone --nproc-per-node 2 -m distqa.evaluate --checkpoint … --output FILE
 
-The checkpoint's task runs it (its ``evaluate`` command, :attr:`distqa.tasks.base.Task.commands`). For an ``nq``
-(or ``dummy``) checkpoint that is :func:`distqa.qa.nq.commands.evaluate`: the decoding thresholds are tuned again
-unless both ``--long-threshold`` and ``--short-threshold`` are given, and ``--output`` also writes the answers as a
-submission CSV; a ``squad`` checkpoint's, :func:`distqa.qa.squad.commands.evaluate`, scores it on the validation
-split of its SQuAD feature cache with the official metrics and the no-answer threshold (``--output``: the
-predictions JSON). A task without one is one line on stderr and exit status 2.
+The checkpoint's task runs it (its ``evaluate`` command, :attr:`distqa.tasks.base.Task.commands`), and its command
+line is that task's: ``--help`` shows the command of the task the project's settings name (``--task NAME --help``:
+another's). The QA tasks' is :mod:`distqa.qa.commands.evaluate` (docs/EVALUATION.md). A task without one is one line
+on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,14 +16,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from distqa.settings.task_commands import run_checkpoint_command
-
-HELP_TASK = "nq"
-"""The task whose command answers ``--help`` and usage errors when no ``--checkpoint`` is given."""
+from distqa.checkpoint.commands import run_checkpoint_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_checkpoint_command("evaluate", "python -m distqa.evaluate", argv, HELP_TASK)
+    return run_checkpoint_command("evaluate", "python -m distqa.evaluate", argv)
 
 
 if __name__ == "__main__":

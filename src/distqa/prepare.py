@@ -1,14 +1,18 @@
-"""Build once what a task reads before training: what its ``build_data`` builds (a feature cache; the QA tasks':
-docs/NQ_DATA.md and docs/SQUAD.md, with their commands).
+"""Build once what a task reads before training (a feature cache, say): what the run's task's ``build_data`` builds.
 
 The task is the run's, chosen as ``python -m distqa.train`` chooses it (``--task``, ``DISTQA_TASK``, the preset's
-``task``; ``dummy`` by default, which has nothing to build and says so in one line). It reads the settings the way
-``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the training run finds what it built; its flags
-(``--task NAME --help``) are the task's ``prepare_sections``. Run it before launching a multi-process training:
-ranks never build data while others wait in a collective. Prints the directory built on stdout; the summary goes to
-the log (stderr). With ``--only-if-needed`` (what the launchers pass, followed by the trainer's arguments) it accepts
-every flag of training and does nothing, silently, when that run's task builds nothing (its ``build_data`` returns
-None).
+``task``; ``dummy`` by default, which has nothing to build and says so in one line)::
+
+    python -m distqa.prepare --preset NAME --num-proc 16
+
+It reads the settings the way ``python -m distqa.train`` does (preset, .env, DISTQA_*, flags), so the
+training run finds the cache by the same fingerprint; its flags (``--task NAME --help``) are those that
+determine the cache and how it is built (the task's ``prepare_sections``). Re-running with unchanged input,
+tokenizer and window settings reuses the cache at once; changing any of them builds a new one. Run it before
+launching a multi-process training: ranks never featurise while others wait in a collective. Prints the cache
+directory on stdout; the summary goes to the log (stderr). With ``--only-if-needed`` (what the launchers pass,
+followed by the trainer's arguments) it accepts every flag of training and does nothing, silently, when that
+run's task builds nothing (its ``build_data`` returns None). The QA tasks' caches: their pages in docs/.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from dotenv import load_dotenv
 
 from distqa.config import ConfigError
 from distqa.config.errors import SKIP_ADVICE, BadRecordError, DataError
-from distqa.settings.flags import prepare_sections, train_sections
-from distqa.settings.sources import dotenv_file, load_config
+from distqa.config.flags import prepare_sections, train_sections
+from distqa.config.sources import dotenv_file, load_config
 from distqa.tasks import available_tasks, make_task
 
 
@@ -39,9 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(argv, prog="python -m distqa.prepare",
                              sections=train_sections if for_training else prepare_sections, description=(
-            "Build what the run's task reads before training (the task is chosen as train chooses it). With "
-            "--only-if-needed, the arguments are a training command line (all of train's flags): prepare what that "
-            "run reads."),
+            "Build what the run's task reads before training (a feature cache; the task is chosen as train "
+            "chooses it). With --only-if-needed, the arguments are a training command line (all of "
+            "train's flags): prepare what that run reads."),
             # Alone, it reads the data at once, in one process: the reader names a missing file.
             check_data_paths=for_training)
         # The task is imported here, not at the top: it imports torch, and each featurising process re-imports

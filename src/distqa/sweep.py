@@ -5,8 +5,8 @@ to search (grid, random, TPE) and how many trials to run; every trial is then a 
 directory, ``best.pt``, TensorBoard and MLflow run, started through the same launcher as a run by hand::
 
     python -m distqa.sweep demo                                  # 2 emulated nodes per trial, one at a time
-    python -m distqa.sweep bert-base-nq --launcher platform --nodes 4 --parallel 2 -- --nq-train-file /data/...
-    python -m distqa.sweep squad --launcher slurm --nodes 2 --launcher-args "--gpus-per-node 8"
+    python -m distqa.sweep NAME --launcher platform --nodes 4 --parallel 2 -- --data-file /data/...
+    python -m distqa.sweep NAME --launcher slurm --nodes 2 --launcher-args "--gpus-per-node 8"
     python -m distqa.sweep --show results/sweeps/demo             # the table of a sweep, running or done
 
 Ctrl-C or SIGTERM stops the running trials with a checkpoint each (exit 75); the same command again resumes them.
@@ -26,7 +26,7 @@ from dotenv import load_dotenv
 
 from distqa.config import ConfigError
 from distqa.config.errors import report_failure
-from distqa.settings.sources import dotenv_file
+from distqa.config.sources import dotenv_file
 from distqa.sweeps.launch import LAUNCHERS
 from distqa.sweeps.results import summary
 from distqa.sweeps.runner import run_sweep

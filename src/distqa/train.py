@@ -21,11 +21,13 @@ Two emulated nodes on this machine, through the same c10d rendezvous::
 
 What the run trains is its task (``--task``: a registered name, ``dummy`` by default, or a fork's
 ``package.module:ClassName``, docs/FORKING.md). A task with an evaluator is scored every ``--eval-every`` steps
-and at the end, on all ranks, and its best model kept in ``checkpoints/best.pt`` (what a task's own commands,
-such as ``predict``, then read: its docs).
+and at the end, on all ranks, and its best model kept in ``checkpoints/best.pt``; then its own commands answer a
+file and score the answers (the QA tasks': docs/EVALUATION.md)::
+
+    python -m distqa.predict --checkpoint results/local/checkpoints/best.pt --input FILE --output ANSWERS
 
 Every setting (``python -m distqa.train --help``) can come from a preset, ``.env``/``DISTQA_*``
-variables or flags; see ``distqa.settings.sources``. A restart with the same ``--run-name`` resumes from its
+variables or flags; see ``distqa.config.sources``. A restart with the same ``--run-name`` resumes from its
 newest checkpoint.
 
 :func:`train` is the story of a run: the checks every rank passes, then :func:`build_trainer` (data, model, resume,
@@ -50,7 +52,9 @@ from distqa.checkpoint.format import Progress
 from distqa.checkpoint.resume import restore_training_state, resume
 from distqa.config import Config, ConfigError
 from distqa.config.errors import SKIP_ADVICE, BadRecordError, DataError, DiskFullError, print_error, report_failure
+from distqa.config.sources import dotenv_file, load_config
 from distqa.distributed.elastic import ROUND_VARIABLE, NodeRange, check_node_range, membership_line
+from distqa.distributed.fsdp import data_parallel_model
 from distqa.distributed.nccl_errors import survive_nccl_errors
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import seed_everything
@@ -63,11 +67,9 @@ from distqa.distributed.runtime import (
 )
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.distributed.stop import STOPPED_EXIT_CODE, TrainingStoppedError
-from distqa.parallel.fsdp import data_parallel_model
 from distqa.record.metrics import count_with_unit
 from distqa.record.rundir import prepare_run_dir
 from distqa.record.tracking import run_record
-from distqa.settings.sources import dotenv_file, load_config
 from distqa.tasks import make_task
 from distqa.tasks.base import Task
 from distqa.training.optim import build_optimizer, build_scheduler
@@ -152,7 +154,7 @@ def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *
     data, model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
     evaluation. The benchmarks build theirs here too (``bench/our_trainer.py``): ``dataset`` replaces the task's
     training split, ``evaluation=False`` leaves the task's evaluator out, ``pin_memory`` goes to
-    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.parallel.fsdp.data_parallel_model` (the model as
+    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.distributed.fsdp.data_parallel_model` (the model as
     training steps run it, from the bare model and the precision)."""
     # Data: every rank reads a disjoint share of each epoch's permutation.
     loader = build_loader(config, runtime, task.train_dataset() if dataset is None else dataset, task.collate,
@@ -175,7 +177,8 @@ def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *
     # shard the weights, gradients and optimizer state over the ranks (the task's sharding units, then the root),
     # computing in the precision's dtype. Compiled on GPUs. One process has nothing to share: it runs the model.
     if wrap is None:
-        training_model = data_parallel_model(model, task, runtime, config, precision)
+        training_model = data_parallel_model(model, runtime, config, precision, sync_buffers=task.sync_buffers,
+                                             sharding_units=task.sharding_units)
     else:
         training_model = wrap(model, precision)
 

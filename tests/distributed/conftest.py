@@ -31,8 +31,8 @@ import psutil
 import pytest
 import torch
 
+from distqa.config.sources import load_config
 from distqa.distributed.rng import seed_everything
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, reviews

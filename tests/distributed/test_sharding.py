@@ -1,4 +1,5 @@
-"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.parallel.fsdp) in real runs: the same model as DDP.
+"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.distributed.fsdp) in real runs: the same model as
+DDP.
 
 Real runs of the machinery task, fp32, the same global batch of 16 with accumulation (2 micro-batches per rank) and
 clipping on: DDP and FSDP on 2 ranks, HSDP on 2 emulated nodes × 2 processes (the local launcher, ``--min-nodes 1``)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 
 from conftest import REPO_ROOT
 

@@ -1,6 +1,6 @@
 """A node's options as plain functions, without bash or a process: scripts/worker.sh's command line, its time spans,
 the engines' variables (Kubeflow's PET_*, SkyPilot's SKYPILOT_*), the checks and their one-line errors, and the
-torchrun command line the node builds (src/distqa/launch/node_options.py, engines.py, node_checks.py, node.py).
+torchrun command line the node builds (src/distqa/launch/node_options.py, engines.py, node.py).
 worker.sh itself, the shim that runs them, keeps its end-to-end cases in tests/launchers/test_launchers.py and the
 engines' files."""
 
@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
-from distqa.launch.node import node_count, outcome, read_node, torchrun_args
-from distqa.launch.node_checks import entry_module_found, processes_here
+from distqa.launch.node import entry_module_found, node_count, outcome, processes_here, read_node, torchrun_args
 from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, seconds_of
 
 from conftest import REPO_ROOT, WORKER, clean_env, node_in_process
@@ -54,6 +53,7 @@ def test_flags_win_over_the_variables_that_give_their_defaults() -> None:
     flags = node_of("--nnodes", "2", "--min-nodes", "2", "--max-restarts", "0", "--nproc-per-node", "4",
                     "--join-timeout", "5", **environ)
     assert (flags.min_nodes, flags.max_restarts, flags.nproc_per_node, flags.join_timeout) == (2, 0, 4, 5)
+    assert node_of("--nnodes=2", "--min-nodes=1", "--", "--lr=1").min_nodes == 1, "--flag=value, as argparse"
 
 
 def test_what_follows_the_double_dash_is_the_trainers_and_help_ends_the_reading() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from distqa.config.project import split_setting
 from distqa.launch.platform.cli import main as launcher_main
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, wait_for
@@ -78,7 +79,7 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
     assert words[-3:] == ["--", "--lr", "1e-3"]
     assert words[words.index("--master-addr") + 1] == "m.x" and words[words.index("--node-rank") + 1] == "1"
     assert "run:r" in training.tags and training.detach
-    predict = shlex.split(platform_cli.render("predict", None, {"run_id": "r"}).cmd)
+    predict = shlex.split(platform_cli.render("predict", None, {"run_id": "r", "input": "/data/in.jsonl"}).cmd)
     assert predict[:5] == ["bash", "/project/scripts/in_job.sh", "python", "-m", "distqa.predict"]
     assert predict[predict.index("--checkpoint") + 1] == "/project/results/r/checkpoints/best.pt"
     assert predict[predict.index("--output") + 1] == "/project/results/r/submission.csv"
@@ -90,13 +91,24 @@ def test_every_job_renders_with_its_defaults_and_mounts_data_read_only(monkeypat
         default = shlex.split(platform_cli.render(job_id, "r-0", {}).cmd)
         assert default[default.index("--entry-module") + 1] == "distqa.train"
     assert shlex.split(platform_cli.render("predict", None, {"module": "mytask.answer"}).cmd)[4] == "mytask.answer"
-    # prepare builds whatever the preset's task builds; NQ's file, cache and processes go as DISTQA_* variables,
-    # which a task without those settings ignores.
-    prepare = platform_cli.render("prepare", None, {"config": "mine"})
-    assert shlex.split(prepare.cmd)[2:7] == ["python", "-m", "distqa.prepare", "--preset", "mine"]
-    assert {k: v for k, v in prepare.env.items() if k.startswith("DISTQA_NQ") or k == "DISTQA_NUM_PROC"} == {
-        "DISTQA_NQ_TRAIN_FILE": "/data/simplified-nq-train.jsonl", "DISTQA_NQ_CACHE_DIR": "/project/results/nq-cache",
-        "DISTQA_NUM_PROC": "8"}
+    # prepare builds whatever the project's task builds: its flags start with project.toml's [jobs] args (in_job.sh
+    # --project-args inserts them), then the job's own; no setting of a task is the job's default.
+    prepare = platform_cli.render("prepare", None, {"args": "--num-proc 4"})
+    assert shlex.split(prepare.cmd)[2:] == ["--project-args", "python", "-m", "distqa.prepare", "--num-proc", "4"]
+    assert {k: v for k, v in prepare.env.items() if k.startswith("DISTQA_")} == {
+        "DISTQA_NUM_PROC": "8", "DISTQA_OUTPUT_DIR": "/project/results"}
+
+
+def test_in_job_project_args_puts_the_projects_jobs_args_before_the_jobs_own(tmp_path: Path) -> None:
+    """The prepare job's module gets project.toml's [jobs] args (the project's task and preset), then its own."""
+    env = clean_env(DISTQA_OUTPUT_DIR=str(tmp_path), HF_HOME=str(tmp_path / "cache"))
+    in_job = ["bash", str(REPO_ROOT / "scripts" / "in_job.sh"), "--project-args"]
+    done = subprocess.run([*in_job, "echo", "-m", "module", "--own", "1"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    project = split_setting(REPO_ROOT / "project.toml", "jobs.args", {"DISTQA_OUTPUT_DIR": str(tmp_path)})
+    assert done.stdout.split() == ["-m", "module", *project, "--own", "1"], done.stdout + done.stderr
+    refused = subprocess.run([*in_job, "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert (refused.returncode, refused.stderr) == (2, "in_job.sh: --project-args comes before python -m MODULE\n")
 
 
 @pytest.mark.parametrize("job_id", ["distributed_training", "train"])
@@ -303,7 +315,7 @@ def test_external_store_job_is_submitted_first_every_node_is_its_client_and_ctrl
 
 
 def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_working_directorys(tmp_path: Path) -> None:
-    """The trainer's settings (``python -m distqa.settings.sources --run-dir``, which resolves them as train does) and
+    """The trainer's settings (``python -m distqa.config.sources --run-dir``, which resolves them as train does) and
     the platform launcher (``--dry-run``: its node count) read the same file: ``$ENV_FILE``, else ``.env`` in the
     working directory, whatever the repository holds; an ENV_FILE naming no file is refused by both in one line."""
     here = tmp_path / "here"
@@ -315,7 +327,7 @@ def test_every_entry_point_and_script_reads_one_env_file_env_file_else_the_worki
     def read(**env: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
         launcher = subprocess.run(["bash", str(LAUNCH), "--dry-run", "--run-id", "t"], cwd=here, env=clean_env(**env),
                                   capture_output=True, text=True, timeout=60)
-        trainer = subprocess.run([sys.executable, "-m", "distqa.settings.sources", "--run-dir", "--preset", "none"],
+        trainer = subprocess.run([sys.executable, "-m", "distqa.config.sources", "--run-dir", "--preset", "none"],
                                  cwd=here,
                                  env=clean_env(**env), capture_output=True, text=True, timeout=60)
         return launcher, trainer

@@ -6,6 +6,7 @@ launcher against the stand-in platform; these cases are each of its branches, in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from distqa.launch.platform import kill
 from distqa.launch.platform.jobs import (
     JOB,
     STORE_JOB,
@@ -429,3 +431,23 @@ def test_killing_the_run_kills_every_node_then_the_store(capsys: pytest.CaptureF
     launch.kill_all()
     assert flow.given == ["kill distributed_training r-0", "kill distributed_training r-1", "kill rendezvous_store r"]
     assert "[platform] killing rendezvous_store r (the rendezvous store)" in capsys.readouterr().err
+
+
+def test_kill_distributed_kills_every_node_then_the_store_and_fails_when_a_kill_did(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/kill_distributed.sh's module against a flow CLI that records its commands and fails to kill r-1."""
+    calls = tmp_path / "calls"
+    cli = tmp_path / "neuro-flow"
+    cli.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$3" != r-1 ]\n')
+    cli.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    environ = {**os.environ, "FLOW_CLI": "neuro-flow", "ENV_FILE": "", "NODES": "3"}
+    assert kill.main(["--run-id", "r"], environ, tmp_path) == 1
+    assert calls.read_text().splitlines() == ["kill distributed_training r-0", "kill distributed_training r-1",
+                                              "kill distributed_training r-2", "kill rendezvous_store r"]
+    assert "[platform] could not kill distributed_training r-1: run 'neuro-flow kill distributed_training r-1'" in \
+        capsys.readouterr().err
+    assert kill.main(["--all"], environ, tmp_path) == 0 and calls.read_text().splitlines()[-1] == "kill ALL"
+    assert kill.main(["--nodes", "2"], environ, tmp_path) == 2
+    assert capsys.readouterr().err == ("kill_distributed.sh: name the run with --run-id ID (the launcher printed it), "
+                                       "or pass --all\n")

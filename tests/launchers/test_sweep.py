@@ -16,7 +16,7 @@ import optuna
 import pytest
 
 from distqa.config import Config, ConfigError
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.sweeps import results, runner
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import Launcher, failure_reason

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from distqa.config.sources import load_config
 from distqa.distributed.rng import seed_everything
 from distqa.qa.model import build_model
-from distqa.settings.sources import load_config
 
 from conftest import max_difference
 from distributed.conftest import run_training

@@ -1,7 +1,7 @@
 """The QA tasks' commands through the dispatch: each task's class names its own module (nq's serves the dummy task
 too), which a checkpoint of the task reaches, and nothing behind the dispatch asks the task's name again; scoring an NQ
-or SQuAD file runs what their classes declare, with neither torch nor transformers; format-2 checkpoints (before the
-task seam) name their task (the dispatch itself: tests/unit/test_commands.py)."""
+or SQuAD file runs what their classes declare, with neither torch nor transformers (the dispatch itself:
+tests/unit/test_commands.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from distqa import evaluate, predict, score
-from distqa.checkpoint.format import ModelCheckpoint, Progress, save_checkpoint
+from distqa import evaluate, predict
+from distqa.checkpoint.format import ModelCheckpoint, Progress
+from distqa.config.registry import LIGHT_COMMANDS
 from distqa.qa.nq import commands as nq_commands
 from distqa.qa.squad import commands as squad_commands
-from distqa.settings.task_commands import checkpoint_task, task_command
 from distqa.tasks import task_class
+from distqa.tasks.commands import task_command
 
 from conftest import REPO_ROOT, clean_env
 
-FORMAT_2_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
 QA = REPO_ROOT / "src" / "distqa" / "qa"
 COMMANDS_MODULES = {"dummy": "distqa.qa.nq.commands", "nq": "distqa.qa.nq.commands",
                     "squad": "distqa.qa.squad.commands"}
@@ -86,8 +85,8 @@ def test_nothing_behind_the_dispatch_compares_a_task_name() -> None:
 
 def test_score_imports_no_task_for_the_qa_formats_and_runs_what_their_classes_declare(tmp_path: Path) -> None:
     """Scoring an NQ or SQuAD file needs neither torch nor transformers (the tasks' modules import both)."""
-    for name, path in score.QA_SCORE_COMMANDS.items():
-        assert task_class(name).commands["score"] == path
+    for name, commands in LIGHT_COMMANDS.items():
+        assert {command: task_class(name).commands[command] for command in commands} == commands
     gold = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
     code = ("import sys; from distqa import score; "
             f"code = score.main(['--gold', {str(gold)!r}, '--submission', {str(tmp_path / 'none.csv')!r}]); "
@@ -96,11 +95,3 @@ def test_score_imports_no_task_for_the_qa_formats_and_runs_what_their_classes_de
                           text=True, timeout=120)
     assert done.stdout.strip() == "2 []", done.stdout + done.stderr
     assert done.stderr == f"distqa.score: error: {tmp_path / 'none.csv'}: no such submission file\n"
-
-
-def test_format_2_checkpoints_name_their_task(tmp_path: Path) -> None:
-    assert checkpoint_task(FORMAT_2_BEST) == "nq"  # format 2: config.dataset
-    state = torch.load(FORMAT_2_BEST, weights_only=True)
-    del state["config"]["dataset"]
-    save_checkpoint(state, tmp_path / "no-dataset.pt")
-    assert checkpoint_task(tmp_path / "no-dataset.pt") == "dummy"  # as distqa.checkpoint.format.from_format_2 reads it

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from distqa.config import DEFAULT_PRESET, Config, ConfigError, fields_of
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import local_runtime
 from distqa.encoders.flops import non_embedding_parameters
@@ -34,7 +35,6 @@ from distqa.qa.squad.cache import SquadWindows
 from distqa.qa.squad.cache import open_examples as open_squad_examples
 from distqa.qa.squad.inference import decode_answers
 from distqa.record.rundir import prepare_run_dir
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.train import train
 

@@ -14,17 +14,17 @@ import torch
 
 from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import ConfigError
+from distqa.config.sources import load_config, saved_config
 from distqa.encoders.tiny import FAMILIES as ENCODER_FAMILIES
 from distqa.qa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_checkpoint
 from distqa.qa.model import QAModel, build_model
 from distqa.record.rundir import versions
-from distqa.settings.sources import load_config, saved_config
 
 from conftest import REPO_ROOT, clean_env
 from qa.qa_helpers import QA_ARGS, TinyEncoder, tiny_encoder_of
 
-NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2"
-"""An NQ best.pt (of format 2, migrated on load) with the submission predict wrote from it."""
+NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "nq-checkpoint"
+"""An NQ best.pt with the submission predict wrote from it (its README.md)."""
 
 
 def run(module: str, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:

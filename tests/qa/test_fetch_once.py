@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from distqa.config.sources import load_config
 from distqa.encoders.pretrained import hub_names
-from distqa.settings.sources import load_config
 
 from conftest import REPO_ROOT, clean_env
 
@@ -49,7 +49,7 @@ logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(messag
 
 from distqa.distributed.runtime import broadcast_object
 from distqa.encoders.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 
 config = load_config(["--preset", "none", "--model-name-or-path", "stand-in/tiny-bert"], dotenv_path=os.devnull)
 dist.init_process_group("gloo")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from distqa.config import Config, ConfigError, fields_of
+from distqa.config.presets import read_preset
+from distqa.config.sources import load_config
 from distqa.qa.model import build_model
-from distqa.settings.presets import read_preset
-from distqa.settings.sources import load_config
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, clean_env
@@ -50,7 +50,7 @@ def test_the_default_preset_applies_only_to_the_tasks_it_is_for(caplog: pytest.L
     for task in ("dummy", "nq", "squad"):
         assert load("--task", task).preset == "tiny-cpu"
     assert load().lr == tiny_cpu.values["lr"] and load().checkpoint_every == tiny_cpu.values["checkpoint_every"]
-    with caplog.at_level(logging.WARNING, logger="distqa.settings.sources"):
+    with caplog.at_level(logging.WARNING, logger="distqa.config.sources"):
         config = load("--task", "fork_tasks:Regression")
     # The fork's run: the built-in defaults, recorded as such, and nothing said about other tasks' settings.
     defaults = {name: f.default for name, f in fields_of(type(config)).items() if name not in ("preset", "task")}

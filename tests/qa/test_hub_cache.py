@@ -29,9 +29,9 @@ from huggingface_hub.utils.sha import git_hash
 from safetensors.torch import load_file
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.encoders.hub import cached_snapshot
 from distqa.encoders.tiny import build_family_dir
-from distqa.settings.sources import load_config
 
 from conftest import REPO_ROOT, clean_env, free_port
 from qa.qa_helpers import QA_ARGS
@@ -116,7 +116,7 @@ LOAD_SCRIPT = """
 import os, sys
 from safetensors.torch import save_file
 from distqa.encoders.pretrained import fetch_once, load_encoder, load_encoder_config, load_tokenizer
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 
 config = load_config(sys.argv[2:], dotenv_path=os.devnull)
 fetch_once(config, 0, lambda value: value)

@@ -24,15 +24,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, DebertaV2Config, PretrainedConfig, XLMRobertaXLConfig
 
+from distqa.config.sources import load_config
+from distqa.distributed.ddp import wrap_ddp
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import local_runtime
 from distqa.doctor import check_memory
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.parallel.ddp import wrap_ddp
 from distqa.qa.config import QAConfig
 from distqa.qa.model import build_model, qa_loss
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.tasks.step_memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_bytes, smallest_gpu
 from distqa.training.optim import build_optimizer

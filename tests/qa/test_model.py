@@ -15,11 +15,11 @@ import torch
 from transformers import AutoTokenizer
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.pretrained import check_sources
 from distqa.qa.answers import AnswerType
 from distqa.qa.model import QAModel, build_model, qa_loss
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from conftest import REPO_ROOT, clean_env

@@ -15,12 +15,12 @@ import torch
 from torch.utils.data import default_collate
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.collate import LENGTH_MULTIPLE, SEQUENCE_COLUMNS, collate_for, collate_trimmed
 from distqa.qa.model import build_model, forward, qa_loss
 from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from conftest import max_difference

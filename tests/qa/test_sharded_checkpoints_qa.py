@@ -12,13 +12,13 @@ import torch
 
 from distqa.checkpoint.format import ModelCheckpoint, TrainingCheckpoint, load_checkpoint
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, sharded_checkpoint_path
+from distqa.config.sources import saved_config
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 from distqa.qa.model import build_model
-from distqa.settings.sources import saved_config
 
 from conftest import REPO_ROOT, assert_close_values, clean_env, max_difference
 
-NQ_BEST = REPO_ROOT / "tests" / "fixtures" / "checkpoint-v2" / "best.pt"
+NQ_BEST = REPO_ROOT / "tests" / "fixtures" / "nq-checkpoint" / "best.pt"
 
 
 def test_export_predict_and_evaluate_take_a_sharded_checkpoint_as_they_take_the_file(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_export_predict_and_evaluate_take_a_sharded_checkpoint_as_they_take_the_
     # evaluate: the validation split of the cache the fixture's run used (prepared with its windows), the file's
     # evaluation byte for byte.
     cache = tmp_path / "train-cache"
-    encoder = "tests/fixtures/checkpoint-v2/encoder"
+    encoder = "tests/fixtures/nq-checkpoint/encoder"
     for command in (["distqa.prepare", "--task", "nq", "--model-name-or-path", encoder, "--max-seq-len", "64",
                      "--max-question-len", "16", "--doc-stride", "32", "--num-proc", "1"],
                     ["distqa.evaluate", "--checkpoint", str(sharded_checkpoint_path(tmp_path, 7))]):

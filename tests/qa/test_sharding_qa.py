@@ -1,6 +1,6 @@
-"""The QA model sharded (``--data-parallel fsdp``, distqa.parallel.fsdp): the QA tasks shard their encoder's transformer
-layers, and an encoder checkpointed and sharded by layer gives the gradients of the bare model (sharding itself, on
-the machinery task: tests/distributed/test_sharding.py)."""
+"""The QA model sharded (``--data-parallel fsdp``, distqa.distributed.fsdp): the QA tasks shard their encoder's
+transformer layers, and an encoder checkpointed and sharded by layer gives the gradients of the bare model (sharding
+itself, on the machinery task: tests/distributed/test_sharding.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import os
 
 import torch
 
+from distqa.config.sources import load_config
+from distqa.distributed.fsdp import shard_model
 from distqa.distributed.runtime import local_runtime
-from distqa.parallel.fsdp import shard_model
 from distqa.qa.model import build_model as build_qa_model
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from qa.qa_helpers import TinyEncoder

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from distqa import prepare
 from distqa.config import ConfigError
+from distqa.config.flags import build_arg_parser, prepare_sections
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.qa.answers import AnswerType
 from distqa.qa.feature_store import load_manifest, read_table
@@ -28,7 +29,6 @@ from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.reader import SquadExample, read_squad
 from distqa.qa.squad.synthetic import write
 from distqa.qa.squad.windows import SquadFeaturizer, SquadWindowSettings, answer_span
-from distqa.settings.flags import build_arg_parser, prepare_sections
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT

@@ -15,8 +15,7 @@ import pytest
 
 from distqa import prepare
 from distqa.config import ConfigError, fields_of
-from distqa.qa.nq.config import NQConfig
-from distqa.settings.flags import (
+from distqa.config.flags import (
     build_arg_parser,
     coerce_flag,
     ordered_sections,
@@ -24,6 +23,7 @@ from distqa.settings.flags import (
     section_fields,
     train_sections,
 )
+from distqa.qa.nq.config import NQConfig
 from distqa.tasks import REGISTERED, task_class
 
 from conftest import REPO_ROOT, clean_env
@@ -47,7 +47,7 @@ def test_the_qa_tasks_import_their_model_side_only_to_build_a_model() -> None:
             "[task_class(name) for name in ('dummy', 'nq', 'squad')]; "
             "model_side = ('transformers.modeling_utils', 'torch._dynamo', 'distqa.qa.model', 'distqa.qa.inference'); "
             "print(sorted(set(model_side) & set(sys.modules))); "
-            "from distqa.settings.sources import load_config; from distqa.tasks import make_task; "
+            "from distqa.config.sources import load_config; from distqa.tasks import make_task; "
             "make_task(load_config(['--task', 'dummy'])).build_model(); "
             "print(sorted(set(model_side[:3]) & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,

@@ -1,10 +1,9 @@
-"""The task seam with the registered QA tasks: a registered name and its import path are one task, the old
---dataset name still loads, another task's settings are ignored in the environment and refused as flags, FAST_ARGS
-is a dummy-task run, and prepare alone prepares the default task (the seam itself: tests/unit/test_tasks.py)."""
+"""The task seam with the registered QA tasks: a registered name and its import path are one task, another task's
+settings are ignored in the environment and refused as flags, FAST_ARGS is a dummy-task run, and prepare alone
+prepares the default task (the seam itself: tests/unit/test_tasks.py)."""
 
 from __future__ import annotations
 
-import logging
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from distqa.config import Config, ConfigError
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT, clean_env
@@ -31,25 +30,6 @@ def test_registered_tasks_and_an_import_path_resolve_to_the_same_class() -> None
     assert load("--task", "nq").task == "nq"
     config = load("--task", "examples.text_classification.task:TextClassification")
     assert type(config).__name__ == "TextClassificationConfig" and config.data_file.endswith("reviews.tsv")
-
-
-def test_the_old_name_dataset_still_loads_with_a_one_line_notice(tmp_path: Path,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
-    preset = tmp_path / "old.toml"
-    preset.write_text('dataset = "nq"\n')
-    dotenv = tmp_path / ".env"
-    dotenv.write_text("DISTQA_DATASET=nq\n")
-    with caplog.at_level(logging.WARNING, logger="distqa.settings.sources"):
-        assert load("--dataset", "nq").task == "nq"
-        assert load("--preset", str(preset)).task == "nq"
-        assert load(dotenv=dotenv).task == "nq"
-        assert load("--preset", str(preset), "--task", "dummy").task == "dummy"  # a flag still wins
-    notices = [r.getMessage() for r in caplog.records]
-    assert notices[0] == "--dataset is deprecated: use --task (the same values)"
-    assert notices[1] == f"preset {preset} sets dataset, a deprecated name: use task (the same values)"
-    assert notices[2] == "the environment sets DISTQA_DATASET, a deprecated name: use DISTQA_TASK (the same values)"
-    with pytest.raises(ConfigError, match="--task dummy and --dataset nq disagree"):
-        load("--task", "dummy", "--dataset", "nq")
 
 
 def test_settings_of_another_task_in_the_environment_are_ignored_and_as_flags_refused() -> None:

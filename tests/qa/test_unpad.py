@@ -15,12 +15,12 @@ import torch
 
 from distqa.checkpoint.format import ModelCheckpoint, Progress
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.encoders.varlen import VARLEN_ATTENTION
 from distqa.qa.config import QAConfig
 from distqa.qa.hf_format import export_model
 from distqa.qa.model import QAModel, build_model, qa_loss
 from distqa.record.rundir import versions
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from distributed.conftest import run_training

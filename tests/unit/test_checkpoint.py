@@ -1,5 +1,5 @@
 """Atomic checkpoint files: no partial file under a real name, newest found, old pruned, junk refused; the
-schema: what a step checkpoint and best.pt hold, a format-2 file migrated, and a file of another format
+schema: what a step checkpoint and best.pt hold, a format-2 file refused with what to do, and a file of another format
 version refused by name;
 integrity: a truncated or bit-flipped checkpoint detected by its sidecar and skipped for the previous
 one, a full disk reported with the folder and its free space, the previous checkpoint intact."""
@@ -108,22 +108,30 @@ def test_a_training_checkpoint_round_trips_through_its_schema(tmp_path: Path) ->
     assert load_checkpoint(path, ModelCheckpoint).task_state == task_state
 
 
-@pytest.mark.parametrize(("best_micro_f1", "best"), [(-1.0, (None, None, None)), (0.25, ("micro_f1", "max", 0.25))])
-def test_a_format_2_checkpoint_is_migrated(best_micro_f1: float, best: tuple[object, ...], tmp_path: Path) -> None:
-    """Format 2 (before the task seam) stored NQ's decoding, the best micro-F1 and the dataset by name."""
-    path = tmp_path / "step-00000004.pt"
+def a_format_2_checkpoint(path: Path) -> Path:
+    """A file as distqa wrote it before the task seam (format 2): NQ's decoding, the best micro-F1, the dataset."""
     state = a_model_checkpoint(format_version=2, optimizer={}, scheduler={}, scaler={}, rng=[{}], world_size=1,
                                saved_by_rank=0)
     del state["task_state"]
     state |= {"decoding": {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30},
               "config": {"run_name": "r", "dataset": "nq"},
-              "progress": {"step": 4, "epoch": 0, "samples_in_epoch": 32, "best_micro_f1": best_micro_f1}}
-    torch.save(state, path)
-    read = load_checkpoint(path)
-    assert read.task_state == {"long_threshold": 1.5, "short_threshold": -0.5, "max_answer_len": 30}
-    assert read.config == {"run_name": "r", "task": "nq"}
-    assert (read.progress.step, read.progress.samples_in_epoch) == (4, 32)
-    assert (read.progress.best_metric, read.progress.best_mode, read.progress.best_value) == best
+              "progress": {"step": 4, "epoch": 0, "samples_in_epoch": 32, "best_micro_f1": 0.25}}
+    save_checkpoint(state, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", [ModelCheckpoint, TrainingCheckpoint])
+def test_a_format_2_checkpoint_is_refused_in_one_line_that_says_what_to_do(kind: type[ModelCheckpoint],
+                                                                            tmp_path: Path) -> None:
+    """No migration any more: the file named, who wrote it, and the two ways on (convert it with 0.1, or retrain),
+    before any complaint about the fields format 2 lacks."""
+    path = a_format_2_checkpoint(tmp_path / "step-00000004.pt")
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path, kind)
+    assert str(refused.value) == (
+        f"{path} is a checkpoint of format 2, written by distqa before 0.2.0 (before the task seam), which this distqa "
+        "no longer reads: with distqa 0.1, which migrates it, load it (distqa.checkpoint.format.load_checkpoint) and "
+        "save it again (.save(new_path)), or train anew (--resume none).")
 
 
 def test_best_pt_holds_no_training_state_and_says_so(tmp_path: Path) -> None:
@@ -143,8 +151,7 @@ def test_a_checkpoint_of_another_format_version_is_refused(version: int | None, 
     torch.save(state, path)
     shown = 1 if version is None else version
     with pytest.raises(CheckpointError, match=f"{path} has checkpoint format version {shown}, written by {age} "
-                                              rf"distqa \(0.1.0\); this one reads version {FORMAT_VERSION} \(and "
-                                              r"migrates version 2\)\. "
+                                              rf"distqa \(0.1.0\); this one reads version {FORMAT_VERSION}\. "
                                               r"Use the distqa version that wrote it, or train anew"):
         load_checkpoint(path, ModelCheckpoint)
 

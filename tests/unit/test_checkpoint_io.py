@@ -27,9 +27,9 @@ from distqa.checkpoint.format import Progress, TrainingCheckpoint, verify_checkp
 from distqa.checkpoint.run_folder import checkpoint_path, list_checkpoints
 from distqa.checkpoint.writer import CheckpointWriter
 from distqa.config.errors import DiskFullError
+from distqa.config.sources import load_config
 from distqa.distributed.runtime import local_runtime
 from distqa.distributed.stop import StopWindow, graceful_stop_window
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, node_in_process

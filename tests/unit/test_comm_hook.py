@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
+from distqa.config.sources import load_config
+from distqa.distributed.ddp import wrap_ddp
 from distqa.distributed.runtime import local_runtime
-from distqa.parallel.ddp import wrap_ddp
-from distqa.settings.sources import load_config
 
 from conftest import MACHINERY_ARGS
 

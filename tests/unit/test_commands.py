@@ -1,6 +1,6 @@
 """`python -m distqa.predict|evaluate|score|export` run the command of the checkpoint's task (score: of
 ``--format``'s), importing that task and nothing else; a task without the command, or one this checkout lacks
-(a fork that deleted distqa/qa), is one line and exit status 2 (score's QA formats and format-2 checkpoints:
+(a fork that deleted distqa/qa), is one line and exit status 2, as is a checkpoint of format 2 (score's QA formats:
 tests/qa/test_commands_qa.py)."""
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from typing import ClassVar
 import pytest
 
 from distqa import evaluate, export, predict, score
-from distqa.checkpoint.format import ModelCheckpoint, Progress
+from distqa.checkpoint.commands import checkpoint_task
+from distqa.checkpoint.format import FORMAT_2_REFUSED, ModelCheckpoint, Progress, save_checkpoint
 from distqa.config import ConfigError
-from distqa.settings.task_commands import checkpoint_task, task_command
+from distqa.config.sources import run_task
 from distqa.tasks.base import Task
+from distqa.tasks.commands import task_command
 
 from conftest import REPO_ROOT, clean_env
 
@@ -149,14 +151,13 @@ def test_without_the_qa_package_the_commands_import_and_refuse_in_one_line(examp
         "python -m distqa.predict: error: task 'nq': no module named 'distqa.qa'"), err
     code, _, err = said["score"]
     assert code == 2 and one_error_line(err).startswith(
-        "distqa.score: error: task 'nq': its score command distqa.qa.nq.commands:score: importing "
+        "distqa.score: error: task 'dummy': its score command distqa.qa.nq.commands:score: importing "
         "distqa.qa.nq.commands failed (ModuleNotFoundError: No module named 'distqa.qa')"), err
     code, out, _ = said["help"]
     assert code == 0 and "--checkpoint CHECKPOINT" in out, out
 
 
 def test_unreadable_checkpoints_say_why(tmp_path: Path) -> None:
-    """(Format-2 checkpoints naming their task: tests/qa/test_commands_qa.py.)"""
     assert checkpoint_task(a_checkpoint_of("nq", tmp_path / "nq.pt")) == "nq"
     with pytest.raises(ConfigError, match=f"checkpoint {tmp_path / 'nope.pt'} does not exist; train first"):
         checkpoint_task(tmp_path / "nope.pt")
@@ -170,12 +171,24 @@ def test_unreadable_checkpoints_say_why(tmp_path: Path) -> None:
         checkpoint_task(damaged)
 
 
+@pytest.mark.parametrize("command", list(ENTRY_POINTS))
+def test_a_format_2_checkpoint_is_one_line_naming_the_file_and_what_to_do(command: str, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Its config names a dataset, not a task: the dispatch says in one line what loading it says."""
+    old = tmp_path / "best.pt"
+    save_checkpoint({"format_version": 2, "config": {"dataset": "nq"}, "decoding": {}}, old)
+    assert ENTRY_POINTS[command](command_line(command, old, tmp_path)) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"python -m distqa.{command}: error: {FORMAT_2_REFUSED.format(path=old)}", line
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "best.pt.crc32"]  # nothing written
+
+
 class CommandsElsewhere(Task):
     """A task whose commands name what is not there."""
 
     name = "elsewhere"
     commands: ClassVar[Mapping[str, str]] = {
-        "predict": "no_such_package.commands:main", "evaluate": "distqa.settings.task_commands:RUN_FILE"}
+        "predict": "no_such_package.commands:main", "evaluate": "distqa.checkpoint.commands:RUN_FILE"}
 
 
 def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
@@ -183,8 +196,19 @@ def test_a_command_path_that_does_not_lead_to_a_function_is_one_line() -> None:
                        r"importing no_such_package.commands failed \(ModuleNotFoundError"):
         task_command("unit.test_commands:CommandsElsewhere", "predict")
     with pytest.raises(ConfigError, match=re.escape(
-            "its evaluate command distqa.settings.task_commands:RUN_FILE is not a "
+            "its evaluate command distqa.checkpoint.commands:RUN_FILE is not a "
                                                                   "function")):
         task_command("unit.test_commands:CommandsElsewhere", "evaluate")
     with pytest.raises(ConfigError, match=r"task 'elsewhere' has no export command \(it has evaluate, predict\)"):
         task_command("unit.test_commands:CommandsElsewhere", "export")
+
+
+def test_without_a_checkpoint_the_commands_ask_the_projects_task(tmp_path: Path) -> None:
+    """--help and score's default format: the task of project.toml's [run] args, under the command line's."""
+    project = tmp_path / "project.toml"
+    project.write_text(f'[run]\nargs = "--task {EXAMPLE_TASK}"\n[jobs]\nargs = ""\n[image]\npython = []\napt = []\n')
+    environ = {"ENV_FILE": str(tmp_path / "none.env")}
+    (tmp_path / "none.env").write_text("")
+    assert run_task(["--gold", "g"], environ, project) == EXAMPLE_TASK
+    assert run_task(["--task", "dummy", "--help"], environ, project) == "dummy"
+    assert run_task([], environ, tmp_path / "missing.toml") == "dummy"  # no project file: the default task

@@ -1,5 +1,6 @@
-"""``--compile`` and ``--compile-mode`` (distqa.parallel.ddp): compiled by default on GPUs only, in the mode asked for
-(that compiling leaves the results as they were: tests/qa/test_optimizations.py; its speed: bench/optimizations.py)."""
+"""``--compile`` and ``--compile-mode`` (distqa.distributed.ddp): compiled by default on GPUs only, in the mode asked
+for (that compiling leaves the results as they were: tests/qa/test_optimizations.py; its speed:
+bench/optimizations.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
+from distqa.distributed.ddp import compile_enabled, training_module
 from distqa.distributed.runtime import local_runtime
-from distqa.parallel.ddp import compile_enabled, training_module
-from distqa.settings.sources import load_config
 
 from conftest import MACHINERY_ARGS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from distqa.config import Config, ConfigError, fields_of
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.tasks import available_tasks, task_class
 
 from conftest import MACHINERY_TASK
@@ -57,7 +57,7 @@ def test_values_are_typed_from_strings() -> None:
 
 
 def test_every_field_has_help_and_a_flag() -> None:
-    from distqa.settings.flags import build_arg_parser
+    from distqa.config.flags import build_arg_parser
 
     for task in [MACHINERY_TASK, *available_tasks()]:
         help_text = build_arg_parser(task=task_class(task)).format_help()
@@ -148,9 +148,9 @@ def test_grow_global_batch_rounds_up_to_whole_micro_batches_and_is_off_by_defaul
 
 
 def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path: Path) -> None:
-    """`python -m distqa.settings.sources --run-dir` (worker.sh, before every node start) reads output_dir and
+    """`python -m distqa.config.sources --run-dir` (worker.sh, before every node start) reads output_dir and
     run_name alone, without importing the task, and agrees with the full resolution whatever source sets them."""
-    from distqa.settings.sources import run_dir_of
+    from distqa.config.sources import run_dir_of
 
     dotenv = tmp_path / ".env"
     dotenv.write_text("DISTQA_OUTPUT_DIR=from-dotenv\n")
@@ -161,3 +161,17 @@ def test_the_run_directory_for_worker_sh_is_the_trainers(preset: Path, tmp_path:
     assert run_dir_of([], {}, dotenv) == Path("from-dotenv/local")
 
 
+
+
+def test_the_removed_name_dataset_is_refused_in_one_line_naming_task(tmp_path: Path) -> None:
+    """--dataset, DISTQA_DATASET and a preset's dataset key were renamed task (CHANGELOG.md); none loads."""
+    with pytest.raises(ConfigError, match=r"^--dataset was renamed --task \(CHANGELOG.md\): write --task with the "
+                                          r"same value.$"):
+        load(["--dataset", "dummy"])
+    with pytest.raises(ConfigError, match=r"^environment variable DISTQA_DATASET is not a setting; it was renamed "
+                                          r"task \(CHANGELOG.md\): write task instead.$"):
+        load(environ={"DISTQA_DATASET": "dummy"})
+    old = tmp_path / "old.toml"
+    old.write_text('dataset = "dummy"\n')
+    with pytest.raises(ConfigError, match=rf"^preset {old}: unknown key 'dataset'; it was renamed task"):
+        load(["--preset", str(old)])

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.elastic import NodeRange, check_node_range, membership_line, range_report, split_line
-from distqa.settings.sources import load_config
 
 from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, node_in_process
 from distributed.conftest import ELASTIC_TRAINER_ARGS as TRAINER_ARGS

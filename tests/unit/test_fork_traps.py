@@ -15,9 +15,9 @@ import pytest
 from torch.nn.parallel import DistributedDataParallel
 
 from distqa.config import Config, ConfigError
+from distqa.config.sources import load_config
+from distqa.distributed.ddp import training_module
 from distqa.distributed.runtime import local_runtime
-from distqa.parallel.ddp import training_module
-from distqa.settings.sources import load_config
 from distqa.tasks import task_class
 
 from conftest import REPO_ROOT, clean_env
@@ -63,7 +63,7 @@ def test_a_preset_that_names_no_tasks_is_for_any_and_a_wrong_tasks_key_is_named(
     preset.write_text("lr = 1e-3\n")
     assert load("--preset", str(preset), "--task", "fork_tasks:Regression").lr == 1e-3
     preset.write_text('tasks = "nq"\n')
-    with pytest.raises(ConfigError, match=r"tasks must be a list of task names, such as tasks = \[\"nq\"\]"):
+    with pytest.raises(ConfigError, match=r"tasks must be a list of task names, such as tasks = \[\"mytask\"\]"):
         load("--preset", str(preset))
     preset.write_text('tasks = ["squad"]\ntask = "nq"\n')
     with pytest.raises(ConfigError, match=r"its task 'nq' is not one of its tasks \['squad'\]; add it there"):

@@ -19,7 +19,8 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
 from distqa.launch import agent
-from distqa.launch.agent import STORE_LOST_EXIT_CODE, JoinedNode, RendezvousWatcher
+from distqa.launch.agent import STORE_LOST_EXIT_CODE
+from distqa.launch.rendezvous_watcher import JoinedNode, RendezvousWatcher
 
 from conftest import REPO_ROOT, clean_env, free_port, node_in_process
 
@@ -99,7 +100,7 @@ def test_a_store_lost_after_the_rendezvous_filled_is_one_line_not_a_traceback(
 
 AGENT_ENDS_MID_STORE_CALL = """
 import socket, sys, threading, time
-from distqa.launch.agent import POLL_S, RendezvousWatcher
+from distqa.launch.rendezvous_watcher import POLL_S, RendezvousWatcher
 
 store = socket.create_server(("127.0.0.1", 0))  # node 0's store, as far as the watcher can tell: it never answers
 store.settimeout(60)
@@ -145,13 +146,14 @@ from datetime import timedelta
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from distqa.launch import agent
+from distqa.launch.rendezvous_watcher import POLL_S, RendezvousWatcher
 
 port = int(sys.argv[1])
 # node 0's rendezvous store as torch's c10d backend opens it on the host (_create_tcp_store: multi_tenant)
 store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False,
                  timeout=timedelta(seconds=10))
 reads = threading.Semaphore(0)
-read = agent.RendezvousWatcher._read
+read = RendezvousWatcher._read
 
 
 def counted(self, store):
@@ -161,13 +163,13 @@ def counted(self, store):
         reads.release()
 
 
-agent.RendezvousWatcher._read = counted
+RendezvousWatcher._read = counted
 """
 """What both scripts start with: node 0's store, and each read of the watcher released on ``reads``."""
 
 
 NODE_0_AGENT_RETURNS = NODE_0_STORE_AND_COUNTED_READS + """
-watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 0, 2, "127.0.0.1", hosts_store=True).start()
+watcher = RendezvousWatcher("127.0.0.1", port, "ends", 0, 2, "127.0.0.1", hosts_store=True).start()
 watcher.rendezvous_begins()
 assert reads.acquire(timeout=60)  # the watcher reads the rendezvous
 del store  # torchrun's agent returns; its rendezvous handler, the store's owner, goes
@@ -181,11 +183,11 @@ NODE_1_PASSES_THE_EXIT_BARRIER = NODE_0_STORE_AND_COUNTED_READS + """
 def node_0_ends_as_the_barrier_lets_it_go(_agent):
     global store
     store = None  # node 0's agent returns; its store's server closes
-    reads.acquire(timeout=3 * agent.POLL_S)  # a read of node 1's watcher here is the C++ warning
+    reads.acquire(timeout=3 * POLL_S)  # a read of node 1's watcher here is the C++ warning
 
 
 SimpleElasticAgent._exit_barrier = node_0_ends_as_the_barrier_lets_it_go
-watcher = agent.RendezvousWatcher("127.0.0.1", port, "ends", 1, 2, "127.0.0.1").start()
+watcher = RendezvousWatcher("127.0.0.1", port, "ends", 1, 2, "127.0.0.1").start()
 watcher.rendezvous_begins()
 assert reads.acquire(timeout=60)  # node 1's watcher reads the rendezvous
 with agent.watching_until_the_exit_barrier(watcher):

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.precision import Precision
-from distqa.settings.sources import load_config
 from distqa.training.optim import build_optimizer
 
 from conftest import MACHINERY_ARGS

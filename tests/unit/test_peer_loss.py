@@ -26,22 +26,23 @@ from distqa.checkpoint.format import (
 )
 from distqa.checkpoint.run_folder import checkpoint_path, newest_intact_checkpoint
 from distqa.checkpoint.sharded import load_sharded, sharded_checkpoint_path
+from distqa.config.sources import load_config
 from distqa.distributed import nccl_errors
+from distqa.distributed.fsdp import shard_model
 from distqa.distributed.nccl_errors import NCCLCollectiveError, survive_nccl_errors, wait_for_collectives
 from distqa.distributed.runtime import CollectiveTimeoutError, local_runtime
-from distqa.parallel.fsdp import shard_model
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.training import peer_loss
 from distqa.training import trainer as trainer_module
 from distqa.training.peer_loss import (
-    LastCompleteStep,
     PeerLostError,
     ReplicaGroup,
+    Survivor,
     lost_peer,
     replica_verdict,
     save_what_survives,
 )
+from distqa.training.run_state import RunState
 
 from conftest import MACHINERY_ARGS
 
@@ -71,23 +72,27 @@ def test_a_collective_timeout_is_a_lost_peer() -> None:
 
 
 def survivor(run_dir: Path, *, rank: int = 1, step: int = 17, backend: str = "gloo", data_parallel: str = "ddp",
-             save_on_peer_loss: bool = True, first_step: int = 0) -> Any:
-    """What save_what_survives reads of a distqa.training.trainer.Trainer, with a real model, optimizer and
-    scheduler."""
+             save_on_peer_loss: bool = True, progressed: bool = True) -> Survivor:
+    """A survivor of a run's state (as a Trainer holds it) with a real model, optimizer and scheduler, after
+    ``progressed``: whether this process completed a step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     settings = {"seed": 1, "data_parallel": data_parallel}
-    return SimpleNamespace(
-        runtime=SimpleNamespace(rank=rank, world_size=3, backend=backend), run_dir=run_dir,
-        progress=Progress(step=step, seeds_per_step=True), first_step=first_step, survivable=LastCompleteStep(),
-        config=SimpleNamespace(data_parallel=data_parallel, save_on_peer_loss=save_on_peer_loss,
+    state = RunState(
+        runtime=SimpleNamespace(rank=rank, world_size=3, backend=backend), run_dir=run_dir,  # type: ignore[arg-type]
+        progress=Progress(step=step, seeds_per_step=True),
+        config=SimpleNamespace(data_parallel=data_parallel, save_on_peer_loss=save_on_peer_loss,  # type: ignore[arg-type]
                                to_dict=lambda: dict(settings)),
         model=model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-        precision=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)),
-        task_state=None, evaluation=None, replica_group=None)
+        precision=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)))  # type: ignore[arg-type]
+    survived = Survivor(state)
+    if progressed:  # as the trainer marks a step it completed in this process
+        survived.update_begins()
+        survived.step_done()
+    return survived
 
 
 def test_a_ddp_survivor_saves_the_step_it_completed(tmp_path: Path) -> None:
@@ -99,8 +104,8 @@ def test_a_ddp_survivor_saves_the_step_it_completed(tmp_path: Path) -> None:
     saved = load_checkpoint(checkpoint_path(tmp_path, 17))
     assert err.saved == checkpoint_path(tmp_path, 17)
     assert saved.progress.step == 17 and saved.saved_by_rank == 1 and saved.rng == [None, None, None]
-    assert torch.equal(saved.model["weight"], trainer.model.weight.detach())
-    assert saved.optimizer["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    assert torch.equal(saved.model["weight"], trainer.state.model.weight.detach())
+    assert saved.optimizer["state"][0]["step"] == trainer.state.optimizer.state_dict()["state"][0]["step"]
     assert not list(tmp_path.glob("checkpoints/.*claim")), "the claim is released"
 
 
@@ -134,7 +139,7 @@ def test_a_survivor_without_a_whole_step_saves_nothing_and_says_why(tmp_path: Pa
     updating = change.pop("updating", False)
     trainer = survivor(tmp_path, **change)
     if updating:
-        trainer.survivable.update_begins()
+        trainer.update_begins()
     err = save_what_survives(trainer, RuntimeError(GLOO_RESET), "gloo")
     assert why in str(err) and str(err).endswith(": the resume goes back to the newest checkpoint")
     assert err.saved is None and not (tmp_path / "checkpoints").exists()
@@ -222,7 +227,7 @@ def test_the_step_waits_for_the_collectives_before_its_update_is_marked_or_made(
     seen: list[bool] = []
 
     def the_peer_is_gone(runtime: Any, timeout_s: float, step: int) -> None:
-        seen.append(trainer.survivable.updating)
+        seen.append(trainer.survivor.updating)
         raise NCCLCollectiveError("NCCL communicator was aborted (TIMEOUT) before optimizer step 18's update")
 
     monkeypatch.setattr(trainer_module, "wait_for_collectives", the_peer_is_gone)
@@ -235,10 +240,11 @@ def test_the_step_waits_for_the_collectives_before_its_update_is_marked_or_made(
         task=SimpleNamespace(input_names=["input"], loss=lambda output, batch: output.sum()),
         precision=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)), optimizer=optimizer,
         config=SimpleNamespace(max_grad_norm=0, save_on_peer_loss=True, dist_timeout_s=10, per_rank_batch_size=2),
-        survivable=LastCompleteStep(), progress=Progress(step=17))
+        progress=Progress(step=17))
+    trainer.survivor = Survivor(trainer)
     with pytest.raises(NCCLCollectiveError):
         trainer_module.Trainer.train_step(trainer, iter([{"input": torch.ones(2, 3)}]))  # type: ignore[arg-type]
-    assert seen == [False] and not trainer.survivable.updating
+    assert seen == [False] and not trainer.survivor.updating
     assert model.weight.grad is not None and torch.equal(model.weight.detach(), before), "no update was made"
 
 
@@ -255,9 +261,9 @@ def test_only_a_rank_that_progressed_reports_a_membership_change(tmp_path: Path,
     reports = tmp_path / "reports"
     reports.mkdir()
     monkeypatch.setenv("WORKER_STOP_REPORT_DIR", str(reports))
-    stuck = save_what_survives(survivor(tmp_path / "a", first_step=17), RuntimeError(GLOO_RESET), "gloo")
+    stuck = save_what_survives(survivor(tmp_path / "a", progressed=False), RuntimeError(GLOO_RESET), "gloo")
     assert stuck.exit_code(rank=1) == 1 and not list(reports.iterdir())
-    moved = save_what_survives(survivor(tmp_path / "b", first_step=12), RuntimeError(GLOO_RESET), "gloo")
+    moved = save_what_survives(survivor(tmp_path / "b"), RuntimeError(GLOO_RESET), "gloo")
     assert moved.exit_code(rank=1) == 76
     assert (reports / "peer-lost-rank-1").read_text() == f"{moved}\n"
 
@@ -268,7 +274,7 @@ def test_the_stop_signals_stay_handled_while_a_survivor_saves(monkeypatch: pytes
     .step-N.pt.tmp and claim written, and the resume went back to the newest checkpoint)."""
     handlers = []
 
-    def save(trainer: Any, err: BaseException, reason: str) -> Exception:
+    def save(survivor: Any, err: BaseException, reason: str) -> Exception:
         handlers.append(signal.getsignal(signal.SIGTERM))
         return PeerLostError("saved", None, progressed=True)
 
@@ -281,7 +287,7 @@ def test_the_stop_signals_stay_handled_while_a_survivor_saves(monkeypatch: pytes
     fake = SimpleNamespace(
         _log_plan=lambda: None, _already_done=lambda: False, runtime=runtime, progress=Progress(step=3),
         config=SimpleNamespace(stop_check_every=1, progress_bar=False), plan=SimpleNamespace(total_steps=10),
-        checkpoints=SimpleNamespace(finishing=contextlib.nullcontext), _train_epoch=lose_the_peer)
+        checkpoints=SimpleNamespace(finishing=contextlib.nullcontext), _train_epoch=lose_the_peer, survivor=None)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(PeerLostError, match="saved"):
         trainer_module.Trainer.fit(fake, SimpleNamespace(writer=None))  # type: ignore[arg-type]
@@ -338,8 +344,8 @@ def hsdp_survivor(run_dir: Path, rank: int = 0) -> Any:
     model(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long)).sum().backward()
     optimizer.step()
     trainer = survivor(run_dir, rank=rank, data_parallel="hsdp")
-    trainer.model, trainer.optimizer, trainer.replica_group = model, optimizer, ReplicaGroup(None, [rank])
-    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer.state.model, trainer.state.optimizer, trainer.replica_group = model, optimizer, ReplicaGroup(None, [rank])
+    trainer.state.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     return trainer
 
 
@@ -355,7 +361,7 @@ def test_a_whole_replica_group_saves_its_step_as_a_sharded_checkpoint(tmp_path: 
     verify_directory(directory)
     assert sorted(p.name for p in directory.iterdir()) == [".metadata", "__0_0.distcp", MANIFEST, STATE_FILE]
     saved = load_sharded(directory)
-    whole = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True))
+    whole = get_model_state_dict(trainer.state.model, options=StateDictOptions(full_state_dict=True))
     assert saved.model.keys() == whole.keys()
     assert all(torch.equal(saved.model[name], whole[name]) for name in whole)
     state = torch.load(directory / STATE_FILE, weights_only=True)

@@ -20,8 +20,8 @@ from distqa.checkpoint.sharded import (
     sharded_checkpoint_path,
     uses_sharded_checkpoints,
 )
+from distqa.config.sources import load_config
 from distqa.distributed.stop import StopWindow
-from distqa.settings.sources import load_config
 
 from conftest import MACHINERY_ARGS, max_difference
 

@@ -1,7 +1,7 @@
-"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.parallel.fsdp) in this process: the sharding units
-(the default ones, compiled ones giving the eager gradients, bf16 computing in bf16 over fp32 shards), hsdp refusing
-nodes of unequal process counts, and what sharding divides and adds in the memory estimate the doctor checks, on a
-bare encoder. The real multi-rank runs: tests/distributed/test_sharding.py."""
+"""Sharded data parallelism (``--data-parallel fsdp | hsdp``, distqa.distributed.fsdp) in this process: the sharding
+units (the default ones, compiled ones giving the eager gradients, bf16 computing in bf16 over fp32 shards), hsdp
+refusing nodes of unequal process counts, and what sharding divides and adds in the memory estimate the doctor checks,
+on a bare encoder. The real multi-rank runs: tests/distributed/test_sharding.py."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from distqa.config import ConfigError
+from distqa.config.sources import load_config
+from distqa.distributed.fsdp import device_mesh, shard_model
 from distqa.distributed.runtime import local_runtime
 from distqa.encoders.memory import EncoderMemory, count_on_meta
-from distqa.parallel.fsdp import device_mesh, shard_model
-from distqa.settings.sources import load_config
 from distqa.tasks import make_task
 from distqa.tasks.step_memory import Step, shards_of
 

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from distqa.config import Config, ConfigError
+from distqa.config.sources import load_config
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.record.metrics import MetricsWindow
-from distqa.settings.sources import load_config
 from distqa.training.step_plan import StepPlan, micro_batch_loss, real_rows_of
 
 from conftest import MACHINERY_TASK

@@ -107,6 +107,30 @@ def test_modules_hold_one_concern() -> None:
     assert not large, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {large}"
 
 
+FORK_API = ["Task", "Batch", "BestMetric", "Evaluation", "Evaluator", "Config", "Section", "ConfigError",
+            "resolve_path", "DataError", "BadRecordError", "Runtime", "Precision", "all_gather_tensor",
+            "all_gather_objects", "all_reduce_mean", "broadcast_object", "barrier", "on_device"]
+
+
+def test_what_a_fork_imports_is_one_module_whose_names_stay_put() -> None:
+    """distqa.tasks names the fork-facing API (docs/FORKING.md): a name leaves it only with a CHANGELOG.md entry and
+    this list changed in the same commit. Importing it loads no torch; each name is the machinery's own object;
+    the example and the test fork task import distqa through it alone."""
+    code = ("import sys, distqa.tasks as api; assert 'torch' not in sys.modules, 'the registry stays light'; "
+            "print(api.__all__); import distqa.config.errors as e, distqa.distributed as d, distqa.tasks.base as b; "
+            "assert api.DataError is e.DataError and api.Runtime is d.Runtime and api.Task is b.Task; "
+            "[getattr(api, name) for name in api.__all__]")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == repr(FORK_API), "distqa.tasks.__all__ changed: say so in CHANGELOG.md"
+    for path in (REPO_ROOT / "examples/text_classification/task.py", REPO_ROOT / "tests/fork_tasks.py"):
+        tree = ast.parse(path.read_text())
+        used = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+                and node.module.startswith("distqa")}
+        assert used == {"distqa.tasks"}, f"{path.name} imports distqa through {used}"
+
+
 def test_a_moved_module_keeps_its_old_name_for_a_release_and_says_the_new_one() -> None:
     """A fork's task written before a module moved (distqa.errors, CHANGELOG.md) keeps importing it across the
     update: the old name gives the same objects, with a warning naming the module to import from instead."""
@@ -169,7 +193,7 @@ def test_shared_types_and_helpers_import_no_torch() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-MACHINERY_TO_IMPORT = ("distqa.settings.sources", "distqa.settings.flags", "distqa.tasks", "distqa.tasks.base",
+MACHINERY_TO_IMPORT = ("distqa.config.sources", "distqa.config.flags", "distqa.tasks", "distqa.tasks.base",
                       "distqa.tasks.step_memory", "distqa.record.throughput", "distqa.doctor", "distqa.prepare",
                       "distqa.train")
 
@@ -183,7 +207,7 @@ def test_the_machinery_imports_neither_the_qa_tasks_nor_the_encoder_helpers() ->
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
-    light = ("import sys, distqa.tasks.step_memory, distqa.record.throughput, distqa.settings.sources; "
+    light = ("import sys, distqa.tasks.step_memory, distqa.record.throughput, distqa.config.sources; "
              "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", light], cwd=REPO_ROOT, env=clean_env(), capture_output=True,
                             text=True, timeout=120)
@@ -203,3 +227,9 @@ def test_a_run_of_a_task_without_transformers_never_imports_it(tmp_path: Path) -
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "0 []", result.stdout.splitlines()[-1]
     assert (tmp_path / "local" / "checkpoints" / "best.pt").is_file()  # the run went through a save of each kind
+
+
+def test_every_import_contract_holds_whole() -> None:
+    """One contract per family and none with exceptions: a layer crossed on purpose is a module in the wrong family."""
+    contracts = [REPO_ROOT / "pyproject.toml", *sorted((REPO_ROOT / "src").rglob("contracts.toml"))]
+    assert [path.name for path in contracts if "ignore_imports" in path.read_text()] == []

@@ -1,5 +1,5 @@
 """The task seam: choosing a task (a registered name or a fork's import path) and what a wrong choice says;
-a fork's settings declared wrongly (the registered QA tasks' names, the old --dataset name and another task's
+a fork's settings declared wrongly (the registered QA tasks' names and another task's
 settings: tests/qa/test_tasks_qa.py); run-defining marks that name several tasks (a fork's settings stopping a
 resume and its entry module on every node: tests/distributed/test_tasks.py)."""
 
@@ -16,7 +16,7 @@ from typing import Literal
 import pytest
 
 from distqa.config import OPTIMISATION, Config, ConfigError, Section
-from distqa.settings.sources import load_config
+from distqa.config.sources import load_config
 from distqa.tasks.base import Task
 
 from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env
@@ -208,7 +208,7 @@ def test_a_fork_without_the_qa_package_shows_its_settings(without_qa: tuple[Path
     assert "registered: none here" in " ".join(shown.stdout.split())
     refused = run("-m", "distqa.train", "--task", EXAMPLE_TASK, "--nq-cache-dir", "x")
     assert refused.returncode == 2 and "unrecognized arguments: --nq-cache-dir x" in refused.stderr
-    example = run("-m", "distqa.settings.sources")
+    example = run("-m", "distqa.config.sources")
     assert example.returncode == 0 and "DISTQA_LR=" in example.stdout
     assert "DISTQA_MODEL_NAME_OR_PATH" not in example.stdout
     for result in (shown, refused, example):

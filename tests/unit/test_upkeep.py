@@ -15,14 +15,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from distqa.config.project import main as project_main
 from distqa.upkeep.git import Entry, tree
 from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
-from distqa.upkeep.project import main as project_main
-from distqa.upkeep.update import changelog_between, changelog_entries, plan_update
+from distqa.upkeep.update import changelog_between, changelog_entries, own_project, plan_update
 
 from conftest import REPO_ROOT, clean_env
 from upkeep_helpers import (
@@ -175,6 +176,22 @@ def test_the_update_prints_the_changelog_entries_new_to_the_fork_those_needing_a
     assert changelog_entries((REPO_ROOT / "CHANGELOG.md").read_bytes()), "the template's own changelog has entries"
 
 
+def test_a_fork_without_the_qa_tasks_gets_a_first_project_toml_naming_its_own_preset() -> None:
+    """A fork made before project.toml existed, that left the QA part out: the update writes the file with its own
+    preset (its one preset under configs/), never the template's QA preset, which that fork does not have."""
+    template = (REPO_ROOT / "project.toml").read_text()
+    e = Entry("100644", "x")
+    fork = {"configs/mytask.toml": e, "src/mytask/task.py": e, "configs/sweeps/s.toml": e}
+    text, notice = own_project(template, fork)
+    project = tomllib.loads(text.decode())
+    assert project["run"]["args"] == project["jobs"]["args"] == "--preset mytask"
+    assert project["image"] == tomllib.loads(template)["image"]  # the rest as the template's
+    assert notice == ("project.toml: new, yours (docs/FORKING.md, \"What a fork sets\"); its [run] and [jobs] args "
+                      "are '--preset mytask'")
+    text, notice = own_project(template, {"configs/a.toml": e, "configs/b.toml": e})
+    assert tomllib.loads(text.decode())["jobs"]["args"] == "" and notice.endswith("set its [run] and [jobs] args to "
+                                                                                  "your preset")
+
 # --- the machinery's tests need no optional part ---------------------------------------------------------------------
 
 def imported_modules(path: Path) -> set[str]:
@@ -276,7 +293,7 @@ def test_the_updated_fork_passes_lint_and_collects_every_test_it_has(upstream_an
     assert not [line for line in collected.stdout.splitlines() if line.startswith("tests/qa/")]
     dry_run = make(fork, "-n", "run")
     assert '--split run.args' in dry_run.stdout, dry_run.stdout
-    said = in_fork(fork, "src/distqa/upkeep/project.py", "--split", "run.args")
+    said = in_fork(fork, "src/distqa/config/project.py", "--split", "run.args")
     assert said.stdout.split() == ["--preset", NAME], "make run trains the fork's task"
     settings = in_fork(fork, "-m", "distqa.train", "--preset", f"configs/{NAME}.toml", "--help")
     assert settings.returncode == 0 and "--embedding-dim" in settings.stdout and "Traceback" not in settings.stderr

@@ -1,4 +1,4 @@
-"""Checkpoints: what they hold (one typed, versioned schema), atomic save, find the newest, load, prune.
+"""Checkpoints: what they hold (one typed, versioned schema), atomic save, verification, load.
 
 A checkpoint is one ``torch.save`` file ``<run dir>/checkpoints/step-00000100.pt`` holding plain
 tensors and Python containers, so it loads with ``weights_only=True`` (no pickled code runs).
@@ -25,10 +25,9 @@ Two kinds, one schema: :class:`ModelCheckpoint` is ``best.pt`` (the model with t
 metric so far, its config and its task's inference state: what ``predict`` needs), and
 :class:`TrainingCheckpoint` adds what resuming needs (optimizer, scheduler, scaler, every rank's RNG
 state). The schema knows no task: which metric is best (name, direction, value) is in :class:`Progress`,
-and the task's inference state (NQ: its decoding thresholds) is stored as the task gave it. Both carry
-:data:`FORMAT_VERSION`. A file of format 2 (the QA-only layout before the task seam) is migrated when it
-is loaded; a file of another version is refused with a message that says so, instead of failing
-somewhere in ``load_state_dict``.
+and the task's inference state (a QA task's: its decoding thresholds) is stored as the task gave it. Both carry
+:data:`FORMAT_VERSION`. A file of another version is refused with a message that says so and what to do,
+instead of failing somewhere in ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -50,8 +49,13 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 3
 """Version of the checkpoint layout below; raise it whenever a field is added, removed or changes meaning.
 1: the unversioned layout of the first releases (no ``format_version`` key), refused.
-2: the QA-only layout (``decoding``, ``progress.best_micro_f1``, ``config.dataset``), migrated on load
-(:func:`from_format_2`)."""
+2: the QA-only layout before the task seam (``decoding``, ``progress.best_micro_f1``, ``config.dataset``), refused
+(:data:`FORMAT_2_REFUSED`: distqa 0.1 migrated it on load; 0.2.0 removed the migration)."""
+FORMAT_2_REFUSED = ("{path} is a checkpoint of format 2, written by distqa before 0.2.0 (before the task seam), which "
+                    "this distqa no longer reads: with distqa 0.1, which migrates it, load it "
+                    "(distqa.checkpoint.format.load_checkpoint) and save it again (.save(new_path)), or train anew "
+                    "(--resume none).")
+"""What loading a format-2 file says (one line, the file named; :func:`parse_checkpoint`)."""
 
 
 class CheckpointError(ValueError):
@@ -279,8 +283,8 @@ def parse_checkpoint(data: IO[bytes] | mmap.mmap, path: Path | str, kind: type[C
                               "pass another file or --resume none.") from err
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint of distqa.train.")
-    if state.get("format_version") == 2:
-        state = from_format_2(state)
+    if state.get("format_version") == 2:  # before the fields below, which it lacks: the line names what to do
+        raise CheckpointError(FORMAT_2_REFUSED.format(path=path))
     missing = {f.name for f in dataclasses.fields(kind)} - set(state)
     if missing:
         is_model = {f.name for f in dataclasses.fields(ModelCheckpoint)} <= set(state)
@@ -293,30 +297,9 @@ def parse_checkpoint(data: IO[bytes] | mmap.mmap, path: Path | str, kind: type[C
         raise CheckpointError(
             f"{path} has checkpoint format version {version}, written by {age} distqa "
             f"({(state.get('versions') or {}).get('distqa', 'version unknown')}); this one reads version "
-            f"{FORMAT_VERSION} (and migrates version 2). Use the distqa version that wrote it, or train anew "
+            f"{FORMAT_VERSION}. Use the distqa version that wrote it, or train anew "
             "(--resume none).")
     return kind.from_state(state)
-
-
-def from_format_2(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A format-2 checkpoint in format 3. Format 2 knew two datasets: ``config.dataset`` becomes the task,
-    NQ's ``decoding`` becomes its task state (the same dict), ``best_micro_f1`` (-1 before any evaluation)
-    the best metric. Keys are left as they are when missing, for :func:`load_checkpoint` to report."""
-    state = {**state, "format_version": FORMAT_VERSION}
-    if isinstance(state.get("config"), Mapping):
-        config = dict(state["config"])
-        config.setdefault("task", config.pop("dataset", "dummy"))
-        state["config"] = config
-    if "decoding" in state:
-        state["task_state"] = state.pop("decoding")
-    if isinstance(state.get("progress"), Mapping) and "best_micro_f1" in state["progress"]:
-        progress = dict(state["progress"])
-        best = progress.pop("best_micro_f1")
-        evaluated = best >= 0
-        progress.update(best_metric="micro_f1" if evaluated else None, best_mode="max" if evaluated else None,
-                        best_value=float(best) if evaluated else None)
-        state["progress"] = progress
-    return state
 
 
 def why_it_ends(progress: Progress, early: bool, min_delta: float) -> str:

@@ -41,10 +41,10 @@ from distqa.checkpoint.format import (
 from distqa.checkpoint.run_folder import newest_intact_checkpoint, remove_stale_temporaries
 from distqa.checkpoint.sharded import load_model, load_optimizer
 from distqa.config import Config, ConfigError
+from distqa.distributed.fsdp import load_optimizer_state
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import restore_rng_state, seed_everything
 from distqa.distributed.runtime import Runtime, all_gather_objects, broadcast_buffer, broadcast_object, node_local_group
-from distqa.parallel.fsdp import load_optimizer_state
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def restore_training_state(checkpoint: TrainingCheckpoint, config: Config, runti
                            optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                            precision: Precision) -> None:
     """Collective for a sharded model. The rest of :func:`resume`'s ``checkpoint`` into the optimizer (built over
-    ``model`` as training runs it: replicated or sharded, :func:`distqa.parallel.fsdp.load_optimizer_state`), the
+    ``model`` as training runs it: replicated or sharded, :func:`distqa.distributed.fsdp.load_optimizer_state`), the
     scheduler, the scaler and this rank's random generators."""
     directory = sharded_directory(checkpoint.optimizer)
     if directory is not None:

@@ -12,44 +12,31 @@
                                        ``model`` and ``optimizer`` left empty
         manifest.json                  size and CRC-32 of every file above, gathered from the ranks, written last
 
-The promises of the single file hold for the directory as a whole:
+The promises of the single file hold for the directory as a whole (docs/FAULT_TOLERANCE.md, "Sharded checkpoints",
+has each with its test): complete or ignored (the ranks write into ``.step-00000100.dcp.tmp``; once every rank has
+finished, the gather of their files' digests being the agreement, rank 0 writes ``state.pt``, then the manifest, and
+renames the directory into place); a full disk on any rank fails DCP's save on every rank
+(:class:`~distqa.config.errors.DiskFullError`, the temporary removed); damaged shards are found against the manifest
+before a resume reads any (:func:`~distqa.checkpoint.format.verify_directory`); pruning counts files and directories
+together, by step; the first write goes through the stop deadline's check as a file's does.
 
-- complete or ignored: the ranks write into ``.step-00000100.dcp.tmp``; once every rank has finished (the gather of
-  their files' digests is the agreement), rank 0 writes ``state.pt`` and then the manifest, and renames the
-  directory into place. A kill before the rename leaves a temporary that
-  :func:`~distqa.checkpoint.run_folder.remove_stale_temporaries` deletes at the next start, and the previous checkpoint
-  in use;
-- full disk: a rank whose write fails with ENOSPC fails DCP's save on every rank (DCP gathers every rank's write
-  result and broadcasts the outcome), each raises :class:`~distqa.config.errors.DiskFullError`, rank 0 removes the
-  temporary; the previous checkpoint is intact;
-- damaged shards: :func:`~distqa.checkpoint.format.verify_directory` compares each file's size, then its CRC-32, with
-the
-  manifest before a resume reads any of it; :func:`~distqa.checkpoint.run_folder.newest_intact_checkpoint` renames a
-  damaged one ``*.corrupt``;
-- rotation: :func:`~distqa.checkpoint.run_folder.prune_checkpoints` counts files and directories together, by step;
-- the graceful stop's deadline: the first write's bytes (all ranks') and seconds go through the same check as a
-  file's (:class:`~distqa.checkpoint.writer.CheckpointWriter`).
-
-The background write is a thread of each rank over a host copy of its shards (the stager the file writer uses),
-running ``dcp.save`` on a gloo group of its own, so its collectives never interleave with training's. Why not
-``dcp.async_save``: its future ends with the save, and the digests, the manifest and the rename must follow it on
-the same thread, in order. ``best.pt`` stays a single file gathered to rank 0 (:mod:`distqa.checkpoint.writer`): it
-holds the weights only (no optimizer state), it is what leaves the cluster (predict, export, the notebook), and it is
-written only when an evaluation improves. ``predict``, ``evaluate`` and ``export`` also take a step directory
-(:func:`load_sharded`, in one process).
+The background write is a thread of each rank over a host copy of its shards (the file writer's
+:class:`~distqa.checkpoint.writer.BackgroundWrite`), running ``dcp.save`` on a gloo group of its own, so its
+collectives never interleave with training's. Why not ``dcp.async_save``: its future ends with the save, and the
+digests, the manifest and the rename must follow it on the same thread, in order. ``best.pt`` stays a single file
+gathered to rank 0 (:mod:`distqa.checkpoint.writer`): it holds the weights only (no optimizer state), it is what
+leaves the cluster (predict, export, the notebook), and it is written only when an evaluation improves. ``predict``,
+``evaluate`` and ``export`` also take a step directory (:func:`load_sharded`, in one process).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +47,6 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -72,7 +58,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 from distqa.checkpoint.files import OUT_OF_SPACE, atomic_write, file_digest, free_space, fsync_folder
 from distqa.checkpoint.format import MANIFEST, STATE_FILE, CheckpointError, ModelCheckpoint, read_sharded
 from distqa.checkpoint.run_folder import checkpoint_dir, prune_checkpoints
-from distqa.checkpoint.writer import CheckpointWriter
+from distqa.checkpoint.writer import BackgroundWrite, CheckpointWriter
 from distqa.config.errors import DiskFullError
 
 log = logging.getLogger(__name__)
@@ -98,7 +84,7 @@ def load_sharded(directory: Path) -> ModelCheckpoint:
 
 def load_model(directory: Path, model: nn.Module) -> None:
     """Collective where a process group exists. The weights in ``directory`` into ``model`` (bare, or sharded by
-    :func:`~distqa.parallel.fsdp.shard_model`): DCP reads into each rank's tensors the parts they hold, whatever the
+    :func:`~distqa.distributed.fsdp.shard_model`): DCP reads into each rank's tensors the parts they hold, whatever the
     world size that wrote them."""
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, storage_reader=FileSystemReader(str(directory)))
@@ -124,9 +110,8 @@ class ShardedCheckpointWriter(CheckpointWriter):
         distributed = dist.is_available() and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if distributed else None
         """The background write's collectives (DCP's plan and results, the digests): never those of training."""
-        self._shards_stager: DefaultStager | None = None
-        self._shards_thread: threading.Thread | None = None
-        self._shards_error: BaseException | None = None
+        self._shards = BackgroundWrite(self._cuda, "distqa-sharded-writer")
+        self._writes.append(self._shards)  # wait() and finishing() complete it before rank 0's files
 
     def step_path(self, step: int) -> Path:
         return sharded_checkpoint_path(self.run_dir, step)
@@ -137,54 +122,15 @@ class ShardedCheckpointWriter(CheckpointWriter):
         directory (returned), with
         ``state`` (rank 0: the rest of the checkpoint; its model and optimizer are not read) beside them. Returns
         once the shards are copied to host memory, after the previous sharded write is complete (its error raised)."""
-        self.wait_sharded()
+        self._shards.wait()
         directory = sharded_checkpoint_path(self.run_dir, step)
         shards = shards_of(model, optimizer)
         rest = None if state is None else {**state.to_state(), "model": {}, "optimizer": {}}
         if not self.background:
             self._write_sharded(shards, directory, rest)
             return directory
-        if self._shards_stager is None:
-            self._shards_stager = DefaultStager(StagingOptions(use_pinned_memory=self._cuda, use_shared_memory=False,
-                                                               use_async_staging=False,
-                                                               use_non_blocking_copy=self._cuda))
-        snapshot = self._shards_stager.stage(shards)
-        self._shards_thread = threading.Thread(target=self._write_sharded_in_background,
-                                               args=(snapshot, directory, rest), name="distqa-sharded-writer")
-        self._shards_thread.start()
+        self._shards.start(shards, lambda snapshot: self._write_sharded(snapshot, directory, rest))
         return directory
-
-    def wait_sharded(self) -> None:
-        if self._shards_thread is not None:
-            self._shards_thread.join()
-            self._shards_thread = None
-        if self._shards_error is not None:
-            error, self._shards_error = self._shards_error, None
-            raise error
-
-    def wait(self) -> None:
-        """Both writes in flight complete (the sharded one first: it is every rank's); their errors raised."""
-        try:
-            self.wait_sharded()
-        finally:
-            super().wait()
-
-    @contextlib.contextmanager
-    def finishing(self) -> Iterator[CheckpointWriter]:
-        try:
-            with super().finishing():
-                yield self
-        finally:
-            if self._shards_stager is not None:
-                self._shards_stager.close()
-                self._shards_stager = None
-
-    def _write_sharded_in_background(self, shards: dict[str, Any], directory: Path,
-                                     rest: dict[str, Any] | None) -> None:
-        try:
-            self._write_sharded(shards, directory, rest)
-        except BaseException as err:  # raised in the main thread by wait()
-            self._shards_error = err
 
     def _write_sharded(self, shards: dict[str, Any], directory: Path, rest: dict[str, Any] | None) -> None:
         started = time.perf_counter()

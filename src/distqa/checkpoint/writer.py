@@ -25,23 +25,10 @@ bandwidth as the run sees it) is compared once with the time a graceful stop has
 its own checkpoint, so it needs up to two writes. A warning names the numbers and the fixes when that is
 longer than the window.
 
-Why not ``torch.distributed.checkpoint.async_save`` (torchtitan's ``async_mode``)? It stages to host
-memory the same way, and then every rank writes a share: for DDP's replicated state its planner spreads
-the tensors over the ranks, so a save uses the bandwidth of every node instead of rank 0's. What it would
-change: the checkpoint becomes a directory of per-rank ``.distcp`` files and a ``.metadata`` file, a new
-format with a new loader (``dcp.load`` into a built state dict, the optimizer through ``get_state_dict``/
-``set_state_dict``) beside the migration of formats 2 and 3, and ``best.pt``, ``predict``, ``export`` and the
-notebook read one ``torch.save`` file today; it has no checksum, and its data files are written in place
-(only ``.metadata`` is renamed into place, last), so the sidecar, the newest intact checkpoint and pruning
-would have to work per file of a directory; its background write ends with collectives (every rank's
-results gathered for the metadata), which need a process group of their own beside DDP's, and a rank that
-dies mid-write spoils the checkpoint for all; and a DDP resume still reads the whole state on every rank.
-Here the file, the format, the sidecar and the resume path stay as they are, and the write's bandwidth
-matters only to the stop's deadline (checked below) and to how often one can checkpoint (a write longer
-than ``checkpoint_every`` steps makes the next save wait). DCP's spread-out write is the better choice once
-the state is sharded (FSDP) or one node cannot write a checkpoint within the stop window: that is
-``checkpoint_format = sharded`` (:mod:`distqa.checkpoint.sharded`, which does all of the above).
-"""
+Why one file from rank 0 rather than ``torch.distributed.checkpoint.async_save`` (torchtitan's ``async_mode``):
+docs/FAULT_TOLERANCE.md. DCP's spread-out write is the better choice once the state is sharded (FSDP) or one node
+cannot write a checkpoint within the stop window: that is ``checkpoint_format = sharded``
+(:mod:`distqa.checkpoint.sharded`)."""
 
 from __future__ import annotations
 
@@ -49,7 +36,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +56,54 @@ log = logging.getLogger(__name__)
 _STAGER_IS_SINGLE_USE = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
 
 
+class BackgroundWrite:
+    """One write at a time, in a thread, from a host copy of what it writes (``DefaultStager``: kept and refilled at
+    each write, in pinned memory on GPUs); the error of a write is raised in the main thread by :meth:`wait`."""
+
+    def __init__(self, cuda: bool, name: str) -> None:
+        self.cuda, self.name = cuda, name
+        self._stager: DefaultStager | None = None
+        """Holds the host copy of the state between writes (made at the first)."""
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, state: Any, write: Callable[[Any], None]) -> None:
+        """``write(copy)`` in a thread, ``copy`` being ``state`` copied to host memory now (one call: tensors that
+        ``state`` holds twice are copied once). Call :meth:`wait` first."""
+        if self._stager is not None and _STAGER_IS_SINGLE_USE:
+            self.close()
+        if self._stager is None:
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self.cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=self.cuda))
+        snapshot = self._stager.stage(state)
+        self._thread = threading.Thread(target=self._run, args=(write, snapshot), name=self.name)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Return once the write in flight, if any, is complete and durable; raise its error (once)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        """Free the host copy."""
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    def _run(self, write: Callable[[Any], None], snapshot: Any) -> None:
+        try:
+            write(snapshot)
+        except BaseException as err:  # raised in the main thread by wait()
+            self._error = err
+
+
 class CheckpointWriter:
     """Rank 0's checkpoint files, written in a background thread (or, with ``background`` false, at once)."""
 
@@ -78,11 +113,10 @@ class CheckpointWriter:
         self.stop_window = stop_window
         """The graceful stop's deadline that the first write is compared with; None: no deadline is known."""
         self._cuda = device.type == "cuda"
-        self._stager: DefaultStager | None = None
-        """Holds the host copy of the state between saves (made at the first background save)."""
-        self._thread: threading.Thread | None = None
+        self._files = BackgroundWrite(self._cuda, "distqa-checkpoint-writer")
+        self._writes = [self._files]
+        """Every background write of this writer, the one the others wait for last."""
         self._writing: list[Path] = []
-        self._error: BaseException | None = None
         self._timed = False
 
     def step_path(self, step: int) -> Path:
@@ -94,9 +128,9 @@ class CheckpointWriter:
         memory and the write has started, after the previous write is complete; raises the previous write's
         error. Step checkpoints (:class:`TrainingCheckpoint`) older than the newest ``keep_checkpoints`` are
         pruned after the write."""
-        if self._thread is not None and self._thread.is_alive():
+        if self._files.in_flight():
             started, writing = time.perf_counter(), ", ".join(path.name for path in self._writing)
-            self._thread.join()
+            self._files.wait()
             log.info("waited %.1f s for the write of %s before saving %s: at most one checkpoint write is in "
                      "flight, and that one took longer than the steps since it began", time.perf_counter() - started,
                      writing, ", ".join(path.name for path in files))
@@ -107,27 +141,16 @@ class CheckpointWriter:
         if not self.background:
             self._write(states, paths, prune)
             return
-        if self._stager is not None and _STAGER_IS_SINGLE_USE:
-            self._stager.close()
-            self._stager = None
-        if self._stager is None:
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self._cuda, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=self._cuda))
-        # One call: tensors shared by the files (best.pt's model is the step checkpoint's) are copied once.
-        snapshot = self._stager.stage(states)
         self._writing = paths
-        self._thread = threading.Thread(target=self._write_in_background, args=(snapshot, paths, prune),
-                                        name="distqa-checkpoint-writer")
-        self._thread.start()
+        self._files.start(states, lambda snapshot: self._write(snapshot, paths, prune))
 
     def wait(self) -> None:
-        """Return once the write in flight, if any, is complete and durable; raise its error (once)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread, self._writing = None, []
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        """Return once every write in flight is complete and durable (the last-made first); raise their errors."""
+        try:
+            for write in reversed(self._writes[1:]):
+                write.wait()
+        finally:
+            self._writes[0].wait()
 
     @contextlib.contextmanager
     def finishing(self) -> Iterator[CheckpointWriter]:
@@ -143,15 +166,8 @@ class CheckpointWriter:
                 log.error("the checkpoint write in flight failed as well: %s", err)
             raise
         finally:
-            if self._stager is not None:
-                self._stager.close()
-                self._stager = None
-
-    def _write_in_background(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
-        try:
-            self._write(states, paths, prune)
-        except BaseException as err:  # raised in the main thread by wait()
-            self._error = err
+            for write in self._writes:
+                write.close()
 
     def _write(self, states: list[dict[str, Any]], paths: list[Path], prune: bool) -> None:
         for state, path in zip(states, paths, strict=True):

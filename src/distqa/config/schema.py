@@ -10,7 +10,7 @@ the machinery's (:data:`SECTIONS`, shown first in a fixed order); a task's own c
 
 A config checks its values (types, ranges, consistency) when it is built, and nothing else: what the
 machine must provide (paths that exist, network access to the hub) is checked by the entry points
-through :func:`distqa.settings.sources.load_config`, which also says where values come from (defaults < preset
+through :func:`distqa.config.sources.load_config`, which also says where values come from (defaults < preset
 < .env and ``DISTQA_*`` variables < flags) and which sections each entry point accepts. A settings class adds
 its own rules there through two hooks: :meth:`Config.settle_sources` (values that depend on which source set
 them) and :meth:`Config.check_machine` (what the machine must provide besides the ``must_exist`` paths).
@@ -96,10 +96,9 @@ class Config:
 
     # --- task --------------------------------------------------------------------------------------
     task: str = TASK(
-        "dummy", "What the run trains and how it is scored: a registered task ('dummy', the offline synthetic "
-        "DummyDataset; 'nq', Natural Questions from the feature cache `python -m distqa.prepare` builds; 'squad', "
-        "any data in the SQuAD schema, cached the same way) or a fork's own as package.module:ClassName "
-        "(docs/FORKING.md). Replaces --dataset.", defines_run=True)
+        "dummy", "What the run trains and how it is scored: a registered task (--help lists those here; 'dummy', "
+        "offline synthetic data, by default) or a fork's own as package.module:ClassName (docs/FORKING.md).",
+        defines_run=True)
 
     # --- run and output ----------------------------------------------------------------------------
     run_name: str = RUN(
@@ -303,7 +302,7 @@ class Config:
 
     def check_machine(self) -> None:
         """A ConfigError when this machine lacks what these settings need, besides the ``must_exist`` paths that
-        :func:`distqa.settings.sources.check_environment` checks for every settings class (a local model that is
+        :func:`distqa.config.sources.check_environment` checks for every settings class (a local model that is
         missing, a hub name while offline). Runs in the entry points, not for a config rebuilt from a checkpoint.
         A subclass calls super() first. Default: nothing."""
 

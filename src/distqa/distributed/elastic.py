@@ -5,7 +5,7 @@ every round restarts the workers, which resume from the newest checkpoint at the
 batch stays the same at any world size: the ranks take shares of it that differ by at most one example, padded to
 whole micro-batches, and weigh their loss by their share (:mod:`distqa.distributed.sampler`,
 :mod:`distqa.training.step_plan`), so the range need not divide it. What it must do is give every rank an example:
-:func:`check_node_range`, run by the node before the rendezvous (``launch.node_checks``) and by every worker
+:func:`check_node_range`, run by the node before the rendezvous (``launch.node``) and by every worker
 before its process group. :func:`membership_line` is the one line rank 0 logs for each round.
 
 ``worker.sh`` exports the range as :data:`RANGE_VARIABLE` (torchrun tells a worker the node count of its round,

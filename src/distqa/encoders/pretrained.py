@@ -84,7 +84,7 @@ def fetch(name: str, setting: str) -> str | None:
     """Put the hub model ``name`` (the value of ``setting``) into the hub cache: None when it is there, else the
     one line saying why it is not (:func:`distqa.encoders.hub.not_available`).
 
-    Offline (``HF_HUB_OFFLINE``) nothing is asked: the name must be cached (as :func:`~distqa.settings.sources.
+    Offline (``HF_HUB_OFFLINE``) nothing is asked: the name must be cached (as :func:`~distqa.config.sources.
     check_environment` has checked). Otherwise ``snapshot_download`` asks the hub for its newest commit and
     downloads what the cache lacks of it; where the hub cannot be reached it returns the cached snapshot, and
     fails at once (no retries) where there is none. "downloaded" is logged only when files were."""

@@ -96,7 +96,7 @@ class PairTemplate:
     @classmethod
     def bert(cls, cls_id: int, sep_id: int) -> PairTemplate:
         """``[CLS] question [SEP] document [SEP]``, types 0 up to the first [SEP] and 1 after: the only layout the
-        NQ feature caches had before the template was read from the tokenizer (and so not stored with them)."""
+        feature caches had before the template was read from the tokenizer (and so not stored with them)."""
         return cls((cls_id,), (sep_id,), (sep_id,), question_type=0, document_type=1)
 
 

@@ -1,3 +1,3 @@
-"""Starting a node: the agent around torchrun, the node range of an elastic run, the rendezvous store that can run
-apart from the nodes, the reachability probe of the rendezvous and the preflight checks before the first step.
-It never imports the loop, checkpoints or parallelism (pyproject.toml's contracts)."""
+"""Before and around torchrun: a node's options and checks, torchrun's agent in the node's process, the rendezvous
+store that can run apart from the nodes, the probe of its reachability, and the platform launcher (``platform/``).
+Nothing here runs inside a rank; it never imports the loop, checkpoints or parallelism (pyproject.toml's contracts)."""

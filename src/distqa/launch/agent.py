@@ -50,12 +50,10 @@ from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args, parse_min_max_nnodes
 
 # The report folder's name from distqa.config.errors, which imports nothing: distqa.distributed.stop would bring
-# distqa.distributed.runtime and
-# the settings into an agent that uses neither (every node's agent pays its imports before the workers start).
+# distqa.distributed.runtime and the settings into an agent that uses neither (every node's agent pays its imports
+# before the workers start).
 from distqa.config.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
-from distqa.launch.rendezvous_watcher import POLL_S, JoinedNode, RendezvousWatcher
-
-__all__ = ["POLL_S", "JoinedNode", "RendezvousWatcher", "main"]  # the watcher's names, as before it had a module
+from distqa.launch.rendezvous_watcher import RendezvousWatcher
 
 ROUND_VARIABLE = "WORKER_RENDEZVOUS_ROUND"
 """distqa.distributed.elastic.ROUND_VARIABLE (not imported: distqa.distributed.elastic brings in the settings)."""
@@ -91,17 +89,6 @@ class SignalsSeen:
             with contextlib.suppress(BlockingIOError):
                 self._seen = bool(os.read(self._read_end, 512))
         return self._seen
-
-
-def _reported_exit_code(err: ChildFailedError, report_dir: str | None) -> int | None:
-    """The exit code every failed worker reported (distqa.config.errors.report_failure: ``exit-<CODE>-rank-<R>`` in the
-    report folder), or None when one did not."""
-    codes = {failure.exitcode for failure in err.failures.values()}
-    if not report_dir or len(codes) != 1 or not all(
-            (Path(report_dir) / f"exit-{failure.exitcode}-rank-{rank}").is_file()
-            for rank, failure in err.failures.items()):
-        return None
-    return codes.pop()
 
 
 def _refusal_code(report_dir: str | None) -> int | None:
@@ -226,7 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with watching_until_the_exit_barrier(watcher), membership_rounds(report_dir, signals):
             torchrun_main(torchrun_args)
     except ChildFailedError as err:
-        if (code := _reported_exit_code(err, report_dir)) is None:
+        code = _refusal_code(report_dir)
+        reported = all(os.path.isfile(f"{report_dir}/exit-{code}-rank-{rank}") for rank in err.failures)
+        if code is None or {failure.exitcode for failure in err.failures.values()} != {code} or not reported:
             raise
         return code  # each failed worker said why in one line: no traceback of torchrun's below it
     except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as err:

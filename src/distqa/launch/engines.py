@@ -1,18 +1,12 @@
-"""What an engine tells a node about its run, as the defaults of worker.sh's flags (a flag given wins).
+"""What an engine tells a node about its run, as the defaults of worker.sh's flags (a flag given wins; which variable
+gives which flag: worker.sh --help, "Environment").
 
-Kubeflow: Trainer v2.3 (TrainJob, pkg/runtime/framework/plugins/torch/torch.go) sets PET_NNODES, PET_NPROC_PER_NODE,
-PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT and leaves torchrun to the job's command; the training operator
-v1.9 (PyTorchJob, pkg/controller.v1/pytorch/envvar.go, master.go, elastic.go) sets the same plus MASTER_ADDR,
-MASTER_PORT, WORLD_SIZE and RANK, and with an elasticPolicy PET_RDZV_ENDPOINT, PET_RDZV_BACKEND, PET_RDZV_ID,
-PET_RDZV_CONF, PET_MAX_RESTARTS and PET_STANDALONE. torchrun reads every PET_<OPTION> as its --<option> (torch's
-distributed/argparse_util.py), behind the flags given: PET_STANDALONE="" makes torch 2.13's torchrun fail with a
-ValueError, PET_NODE_RANK warns on every node but 0. So :func:`kubeflow_environment` reads them and unsets them:
-torchrun gets the node's flags only.
-
-SkyPilot (deploy/skypilot/task.yaml; docs/SKYPILOT.md): a task's ``run:`` runs on each of its num_nodes nodes with
-SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (the nodes' addresses, one a line, in rank order), SKYPILOT_NUM_NODES and
-SKYPILOT_NUM_GPUS_PER_NODE (0 without GPUs) set (SkyPilot 0.14: sky/skylet/constants.py,
-sky/backends/task_codegen.py RayCodeGen._add_ray_task): :func:`skypilot_environment` reads them.
+Kubeflow (docs/KUBERNETES.md, "What each engine gives a pod", cites the controllers' sources): Trainer v2 (TrainJob)
+and the training operator v1 (PyTorchJob, elastic or not) set PET_* variables, which torchrun would read as its own
+options behind the node's flags, so :func:`kubeflow_environment` reads them and unsets them. SkyPilot 0.14
+(deploy/skypilot/task.yaml; docs/SKYPILOT.md; sky/skylet/constants.py, sky/backends/task_codegen.py) runs a task's
+``run:`` on each node with SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (one address a line, in rank order),
+SKYPILOT_NUM_NODES and SKYPILOT_NUM_GPUS_PER_NODE: :func:`skypilot_environment` reads them.
 
 Both take the node's :class:`~distqa.launch.node_options.NodeOptions` (its defaults so far) and the environment, which
 they change as the node's processes must see it; each wrong value is a one-line

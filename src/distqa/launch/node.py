@@ -6,7 +6,7 @@ statuses and environment, :mod:`distqa.launch.node_options`)::
     python -m distqa.launch.node [--nnodes N] [--node-rank I] [--master-addr HOST] ... [--] [TRAINER ARGS...]
 
 In order: the engines' variables (:mod:`distqa.launch.engines`), the command line and project.toml's [jobs] args,
-the options' checks, then what needs this machine (storage it can write, the entry module, the GPU count, the run
+the options' checks, then what needs this machine (the entry module, the GPU count, the run
 directory for the flight recorder, the node range against the global batch), the environment of the workers, the
 one line that says what runs, a wait for the rendezvous store (nodes 1..N-1, or every node of an external store),
 and :func:`distqa.launch.agent.main` (``torch.distributed.run.main``) in this process. torch is imported only for
@@ -15,6 +15,7 @@ the agent, and to count GPUs where a GPU driver's device node exists and --nproc
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import signal
@@ -27,10 +28,11 @@ from collections.abc import Iterator, MutableMapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from distqa.config import ConfigError
 from distqa.config.errors import WORKER_REPORT_DIR_VARIABLE
+from distqa.config.sources import run_dir_of
 from distqa.launch import reachability
 from distqa.launch.engines import kubeflow_environment, skypilot_environment
-from distqa.launch.node_checks import entry_module_found, node_range_check, processes_here
 from distqa.launch.node_options import (
     RENDEZVOUS_SETTINGS,
     USAGE,
@@ -41,7 +43,6 @@ from distqa.launch.node_options import (
     parse_command_line,
     project_words,
 )
-from distqa.settings.sources import run_dir_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout (src/distqa/launch/node.py): its project.toml, and the PYTHONPATH entry a fork's packages import
@@ -51,6 +52,8 @@ CHECKOUT_VARIABLE = "WORKER_CHECKOUT"
 distqa is installed from (a job's uploaded copy beside a shared environment) keeps its own project.toml and packages."""
 STOPPED_EXIT_CODE = 75
 """The workers stopped on a signal after a checkpoint of the step reached (distqa.distributed.stop)."""
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+"""A GPU driver's device node (NVIDIA's, WSL2's, ROCm's): without one torch sees no GPU."""
 
 
 def read_node(argv: Sequence[str], environ: MutableMapping[str, str], repo_root: Path = REPO_ROOT) -> Node | None:
@@ -222,6 +225,42 @@ def outcome(node: Node, status: int, reports: Path, run_dir: Path | None) -> int
     if status not in (0, RENDEZVOUS_TIMEOUT_EXIT_CODE):  # the agent said why in one line
         say(f"{where}: torchrun exited with status {status} (see above)")
     return status
+
+
+def entry_module_found(module: str) -> bool:
+    """Whether this interpreter finds ``module`` (the repository on its path), without running it; a parent package
+    that is missing or fails to import counts as not found."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except Exception:
+        return False
+
+
+def processes_here(device_nodes: Sequence[str] = GPU_DEVICE_NODES) -> int:
+    """One process per GPU torch sees, or 1 without. A node with no GPU driver's device node sees none, and skips
+    importing torch just to count none (about 1.5 CPU-seconds a start)."""
+    if not any(Path(node).exists() for node in device_nodes):
+        return 1
+    # torch only to count GPUs where a driver is: about 1.5 CPU-seconds a start.
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
+def node_range_check(node: Node, nproc: int) -> None:
+    """An elastic range (--min-nodes below --nnodes) whose largest world size exceeds the global batch of ``python -m
+    distqa.train TRAINER_ARGS`` stops the node before any rendezvous, in one line, instead of failing (and being
+    restarted) at the first membership change."""
+    # Only this check needs the settings' loader (it brings the task registry in) and distqa.distributed (whose
+    # package imports torch): a node of a fixed node count starts without either.
+    from distqa.config.sources import load_config
+    from distqa.distributed.elastic import NodeRange, check_node_range
+
+    try:
+        config = load_config(["--run-name", node.run_id, *node.trainer_args], check_data_paths=False)
+        check_node_range(config, NodeRange(node.min_nodes, node.nnodes, nproc))
+    except ConfigError as err:
+        raise NodeError(f"configuration error: {err}") from err
 
 
 def start(node: Node, environ: MutableMapping[str, str], repo_root: Path) -> int:

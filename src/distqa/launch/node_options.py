@@ -119,7 +119,7 @@ Environment:
 from __future__ import annotations
 
 import re
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,31 +211,50 @@ _VALUED = {"--nnodes": "nnodes", "--min-nodes": "min_nodes", "--node-rank": "nod
            "--master-addr": "master_addr", "--master-port": "master_port", "--run-id": "run_id",
            "--max-restarts": "max_restarts", "--nproc-per-node": "nproc_per_node", "--join-timeout": "join_timeout",
            "--stop-after": "stop_after", "--life-span": "life_span", "--entry-module": "entry_module"}
-_SWITCHES = {"--external-store": "external_store", "--dry-run": "dry_run", "--project-args": "project_args"}
+_SWITCHES: dict[str, tuple[str, str | bool]] = {
+    "--external-store": ("external_store", True), "--dry-run": ("dry_run", True),
+    "--project-args": ("project_args", True), "--doctor": ("entry_module", "distqa.doctor")}
+
+
+def read_flags(argv: Sequence[str], valued: Mapping[str, str],
+               switches: Mapping[str, tuple[str, str | bool]]) -> tuple[dict[str, str | bool], list[str]] | None:
+    """The flags before ``--`` as {name: value} (``valued``: flag → name; ``switches``: flag → name, value) and the
+    words after ``--``, for the node and the platform launcher alike; None for ``-h``/``--help``, which ends the
+    reading. A :class:`ValueError` names a flag without its value, or a word that is no flag."""
+    found: dict[str, str | bool] = {}
+    args = list(argv)
+    while args:
+        flag = args.pop(0)
+        if flag in ("-h", "--help"):
+            return None
+        if flag == "--":
+            break
+        if flag.startswith("--") and "=" in flag and flag.partition("=")[0] in valued:  # --flag=value, as argparse
+            flag, _, value = flag.partition("=")
+            args.insert(0, value)
+        if flag in switches:
+            name, value = switches[flag]
+            found[name] = value
+        elif flag not in valued:
+            raise ValueError(f"unknown option '{flag}'; trainer flags go after -- (see --help)")
+        elif not args:
+            raise ValueError(f"{flag} needs a value (see --help)")
+        else:
+            found[valued[flag]] = args.pop(0)
+    return found, args
 
 
 def parse_command_line(argv: Sequence[str], options: NodeOptions) -> NodeOptions:
     """``options`` with the command line's flags over them (a flag given wins over every variable); what follows
     ``--`` is the trainer's. ``-h``/``--help`` sets ``options.help`` and ends the reading."""
-    args = list(argv)
-    while args:
-        flag = args.pop(0)
-        if flag in _VALUED:
-            if not args:
-                raise NodeError(f"{flag} needs a value (see --help)")
-            setattr(options, _VALUED[flag], args.pop(0))
-        elif flag in _SWITCHES:
-            setattr(options, _SWITCHES[flag], True)
-        elif flag == "--doctor":
-            options.entry_module = "distqa.doctor"
-        elif flag in ("-h", "--help"):
-            options.help = True
-            break
-        elif flag == "--":
-            options.trainer_args += args
-            break
-        else:
-            raise NodeError(f"unknown option '{flag}'; trainer flags go after -- (see --help)")
+    try:
+        read = read_flags(argv, _VALUED, _SWITCHES)
+    except ValueError as err:
+        raise NodeError(str(err)) from err
+    flags, trainer_args = read or ({"help": True}, [])
+    for name, value in flags.items():
+        setattr(options, name, value)
+    options.trainer_args += trainer_args
     return options
 
 
@@ -278,10 +297,10 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
         raise NodeError("--node-rank is required with an elastic PyTorchJob (PET_RDZV_ENDPOINT, no node rank): pass "
                         "the pod's replica index, as deploy/kubernetes/pytorchjob-elastic.yaml does")
     master_addr = options.master_addr
-    # The engine's name for node 0 serves the other nodes; node 0 itself hosts the rendezvous at its own address, as
-    # on every launcher: a pod's DNS name may not resolve before the pod is ready. An external store is no engine's
-    # node: its address is --master-addr's alone.
-    if not master_addr and _number(options.node_rank) > 0 and not options.external_store:
+    # The engine's name for node 0 serves the other nodes (a node rank above 0: a whole number, not all zeros); node 0
+    # itself hosts the rendezvous at its own address, as on every launcher: a pod's DNS name may not resolve before the
+    # pod is ready. An external store is no engine's node: its address is --master-addr's alone.
+    if not (master_addr or options.external_store) and options.node_rank.lstrip("0").isdecimal():
         master_addr = options.engine_master_addr
     numbers = {"nnodes": options.nnodes, "min_nodes": min_nodes, "node_rank": options.node_rank,
                "master_port": options.master_port, "max_restarts": options.max_restarts,
@@ -290,33 +309,32 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
         if not _WHOLE.fullmatch(text):
             raise NodeError(f"--{name.replace('_', '-')} must be a whole number, got '{text}'")
     nnodes, low, node_rank, port = (int(numbers[name]) for name in ("nnodes", "min_nodes", "node_rank", "master_port"))
-    if nnodes < 1:
-        raise NodeError("--nnodes must be at least 1")
-    if not 1 <= low <= nnodes:
-        raise NodeError(f"--min-nodes must be in 1..{nnodes} (--nnodes), got {low}")
-    for name in RENDEZVOUS_SETTINGS.values():
-        if not re.fullmatch(r"[1-9][0-9]*", environ.get(name) or "1"):
-            raise NodeError(f"{name} must be a positive whole number of seconds, got '{environ[name]}'")
-    if node_rank >= nnodes:
-        raise NodeError(f"--node-rank {node_rank} is outside 0..{nnodes - 1} for --nnodes {nnodes}")
-    if not 1024 <= port <= 65535:
-        raise NodeError(f"--master-port must be in 1024..65535, got {port}")
-    if not _RUN_ID.fullmatch(options.run_id):
-        raise NodeError(f"--run-id may hold letters, digits, '.', '_' and '-' only, got '{options.run_id}'")
-    if not MODULE_NAME.fullmatch(options.entry_module):
-        raise NodeError("--entry-module must be a dotted Python module name such as mytask.train, got "
-                        f"'{options.entry_module}'")
+    setting = next((name for name in RENDEZVOUS_SETTINGS.values()
+                    if not re.fullmatch(r"[1-9][0-9]*", environ.get(name) or "1")), "")
+    nproc = options.nproc_per_node
+    for wrong, message in (
+        (nnodes < 1, "--nnodes must be at least 1"),
+        (not 1 <= low <= nnodes, f"--min-nodes must be in 1..{nnodes} (--nnodes), got {low}"),
+        (setting, f"{setting} must be a positive whole number of seconds, got '{environ.get(setting)}'"),
+        (node_rank >= nnodes, f"--node-rank {node_rank} is outside 0..{nnodes - 1} for --nnodes {nnodes}"),
+        (not 1024 <= port <= 65535, f"--master-port must be in 1024..65535, got {port}"),
+        (not _RUN_ID.fullmatch(options.run_id),
+         f"--run-id may hold letters, digits, '.', '_' and '-' only, got '{options.run_id}'"),
+        (not MODULE_NAME.fullmatch(options.entry_module),
+         f"--entry-module must be a dotted Python module name such as mytask.train, got '{options.entry_module}'"),
+        (options.external_store and not master_addr,
+         "--external-store needs --master-addr: the address of the host running python -m "
+         "distqa.launch.rendezvous_store"),
+        (node_rank > 0 and not master_addr,
+         f"--master-addr is required on node {node_rank}: the address of node 0 (its internal hostname on the "
+         "platform)"),
+        (nproc and not re.fullmatch(r"[1-9][0-9]*", nproc),
+         f"--nproc-per-node must be a positive whole number, got '{nproc}'"),
+    ):
+        if wrong:
+            raise NodeError(message)
     # A failed check is the doctor's finding, not a fault: a restart would only run it again and print its table.
     max_restarts = 0 if options.entry_module == "distqa.doctor" else int(options.max_restarts)
-    if options.external_store and not master_addr:
-        raise NodeError("--external-store needs --master-addr: the address of the host running python -m "
-                        "distqa.launch.rendezvous_store")
-    if node_rank > 0 and not master_addr:
-        raise NodeError(f"--master-addr is required on node {node_rank}: the address of node 0 (its internal "
-                        "hostname on the platform)")
-    nproc = options.nproc_per_node
-    if nproc and not re.fullmatch(r"[1-9][0-9]*", nproc):
-        raise NodeError(f"--nproc-per-node must be a positive whole number, got '{nproc}'")
     return Node(nnodes=nnodes, min_nodes=low, node_rank=node_rank, master_addr=master_addr, master_port=port,
                 external_store=options.external_store, run_id=options.run_id, max_restarts=max_restarts,
                 nproc_per_node=int(nproc) if nproc else None, join_timeout=int(options.join_timeout),
@@ -324,16 +342,11 @@ def check(options: NodeOptions, environ: MutableMapping[str, str]) -> Node:
                 trainer_args=list(options.trainer_args))
 
 
-def _number(text: str) -> int:
-    """A node rank before its check: text that is no whole number counts as 0 (the check names it next)."""
-    return int(text) if _WHOLE.fullmatch(text) else 0
-
-
 def project_words(repo_root: Path, environ: MutableMapping[str, str]) -> list[str]:
     """project.toml's [jobs] args (--project-args), split as a shell would, each ${NAME} the environment's NAME;
     a wrong project.toml is a :class:`NodeError` in project.py's words."""
     # Standard library only: the Makefile and the Dockerfile run it as a script, before any environment exists.
-    from distqa.upkeep.project import ProjectError, split_setting
+    from distqa.config.project import ProjectError, split_setting
 
     try:
         return split_setting(repo_root / "project.toml", "jobs.args", dict(environ))

@@ -1,15 +1,15 @@
 """Can this node reach the rendezvous? One line that says why not, instead of torch's traceback.
 
-``scripts/worker.sh`` runs it on nodes 1..N-1 before starting torchrun::
+The node (:mod:`distqa.launch.node`) waits with :func:`wait_for_rendezvous` on nodes 1..N-1 (every node, with an
+external store) before starting torchrun; the local and Slurm launchers wait for the store they start by hand::
 
     python -m distqa.launch.reachability HOST PORT TIMEOUT_S
 
-It retries a TCP connection to node 0's rendezvous store (which torchrun on node 0 opens as soon as it
-starts) until it succeeds or ``TIMEOUT_S`` (the join timeout) has passed, so a node started before
-node 0 simply waits. On failure it prints one line naming ``HOST:PORT``, what the last attempt found
-(name not resolvable, connection refused, no answer) and what to check, and exits 3. Without it,
-torchrun's agent gives up after its store timeout (60 s) with a ``RendezvousConnectionError`` traceback.
-Standard library only: it runs before anything heavy is imported.
+It retries a TCP connection to the rendezvous store until it succeeds or ``TIMEOUT_S`` has passed, so a node started
+before node 0 simply waits. On failure it prints one line naming ``HOST:PORT``, what the last attempt found (name not
+resolvable, connection refused, no answer) and what to check, and exits 3; torchrun's agent would give up after its
+store timeout (60 s) with a ``RendezvousConnectionError`` traceback. Standard library only: it runs before anything
+heavy is imported.
 """
 
 from __future__ import annotations

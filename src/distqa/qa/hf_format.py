@@ -33,6 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForQuestionAnswering, PreTrainedModel
 
+from distqa.checkpoint.commands import (
+    RUN_FILE,  # the run's config, inference state and metrics: the commands read its task
+)
 from distqa.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
@@ -43,13 +46,10 @@ from distqa.checkpoint.format import (
 )
 from distqa.checkpoint.sharded import load_sharded
 from distqa.config import ConfigError
+from distqa.config.sources import saved_config
 from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.config import QAConfig
 from distqa.qa.model import QAModel, build_model
-from distqa.settings.sources import saved_config
-from distqa.settings.task_commands import (
-    RUN_FILE,  # the run's config, inference state and metrics: the commands read its task
-)
 
 log = logging.getLogger(__name__)
 

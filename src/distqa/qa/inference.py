@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from distqa.checkpoint.format import ModelCheckpoint
 from distqa.config import ConfigError
+from distqa.config.sources import saved_config
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime, all_gather_objects, on_device
 from distqa.qa.collate import collate_trimmed
@@ -24,7 +25,6 @@ from distqa.qa.config import QAConfig
 from distqa.qa.hf_format import load_model_checkpoint
 from distqa.qa.model import INPUT_NAMES, build_model, forward
 from distqa.qa.spans import WindowSpans, document_mask, merge_gathered, top_spans
-from distqa.settings.sources import saved_config
 
 
 class _IndexedWindows(Dataset):

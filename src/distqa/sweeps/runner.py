@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from distqa.config import ConfigError
+from distqa.config.sources import SettingSources, load_config
 from distqa.distributed.stop import STOPPED_EXIT_CODE
-from distqa.settings.sources import SettingSources, load_config
 from distqa.sweeps import results
 from distqa.sweeps import study as studies
 from distqa.sweeps.launch import Launcher, Running, ended_process, failure_reason
@@ -41,7 +41,7 @@ def run_sweep(args: argparse.Namespace, command: str) -> int:
     environ = {**os.environ, "WORLD_SIZE": str(launcher.world_size)}
     # Every corner of the space through the trainer's own checks, for the world size the trials run on (a notice
     # of the settings' loading said once, not once per corner).
-    with said_once(logging.getLogger("distqa.settings.sources")):
+    with said_once(logging.getLogger("distqa.config.sources")):
         check_trial_configs(spec, lambda flags: load_config(flags, environ, prog="distqa.sweep (a trial)",
                                                             check_data_paths=args.launcher == "local"),
                             args.trainer_args)

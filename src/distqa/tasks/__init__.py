@@ -1,104 +1,69 @@
-"""The tasks a run can train, by name, and the import of a fork's own (``--task package.module:ClassName``).
+"""The task seam, and what a fork may import: ``from distqa.tasks import Task, Config, Runtime, DataError, ...``.
 
-The interface is :mod:`distqa.tasks.base`. This module stays free of torch and of every task: the registry
-holds import paths, and only the task a run uses is imported (:func:`task_class`). Other registered tasks are
-imported only where their settings must be named (a flag or key that is not the run's, ``.env.example``), and
-one whose module is gone (a fork that deleted ``distqa/qa``) is left out there (:func:`available_tasks`).
-``python -m distqa.prepare`` resolves settings through it, and its featurising processes re-import what it
-imports.
+:data:`__all__` names it all, in one place (docs/FORKING.md, "What a fork imports"; tests/unit/test_structure.py
+pins it): the interface a task implements (:mod:`distqa.tasks.base`), the settings it declares with, the errors of
+bad input, and the rank's runtime. These names stay put from release to release; a change to them is a
+CHANGELOG.md entry. The package also holds the registry of tasks by name (:mod:`distqa.config.registry`, re-exported
+here: the settings read it, so it sits in their package) and the dispatch of a task's commands
+(:mod:`distqa.tasks.commands`).
+
+Importing this package imports no torch and no task: a name of the API that needs torch is imported when first used
+(PEP 562), so that the registry stays as light as the settings that read it.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import traceback
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from distqa.config import Config, ConfigError, fields_of
+from distqa.config import Config, ConfigError, Section, resolve_path
+from distqa.config.errors import BadRecordError, DataError
 
-if TYPE_CHECKING:
-    from distqa.tasks.base import Task
+# The registry, for the machinery's callers (not a fork's: a fork names its task by import path).
+from distqa.config.registry import REGISTERED as REGISTERED
+from distqa.config.registry import available_tasks as available_tasks
+from distqa.config.registry import other_tasks_settings as other_tasks_settings
+from distqa.config.registry import task_class as task_class
 
-REGISTERED = {
-    "dummy": "distqa.qa.dummy:DummyTask",
-    "nq": "distqa.qa.nq.task:NQTask",
-    "squad": "distqa.qa.squad.task:SquadTask",
-}
-"""Registered tasks: name -> ``package.module:ClassName``. A fork needs no entry here: ``--task`` takes the path."""
+if TYPE_CHECKING:  # for type checkers and editors; at run time these load on first use (they import torch)
+    from distqa.distributed import (
+        Precision,
+        Runtime,
+        all_gather_objects,
+        all_gather_tensor,
+        all_reduce_mean,
+        barrier,
+        broadcast_object,
+        on_device,
+    )
+    from distqa.tasks.base import Batch, BestMetric, Evaluation, Evaluator, Task
+
+__all__ = [  # noqa: RUF022  (grouped by what a task uses them for, not sorted)
+    # the seam a task implements
+    "Task", "Batch", "BestMetric", "Evaluation", "Evaluator",
+    # the settings it declares with, and the errors of bad input (one line each, exit 2)
+    "Config", "Section", "ConfigError", "resolve_path", "DataError", "BadRecordError",
+    # the rank's runtime
+    "Runtime", "Precision", "all_gather_tensor", "all_gather_objects", "all_reduce_mean", "broadcast_object",
+    "barrier", "on_device",
+]
+"""What a fork may import from here: the names that stay put from release to release."""
+
+_IMPORTS_TORCH = {"distqa.tasks.base": ("Task", "Batch", "BestMetric", "Evaluation", "Evaluator"),
+                  "distqa.distributed": ("Runtime", "Precision", "all_gather_tensor", "all_gather_objects",
+                                         "all_reduce_mean", "broadcast_object", "barrier", "on_device")}
+_HOME = {name: module for module, names in _IMPORTS_TORCH.items() for name in names}
 
 
-def task_class(spec: str) -> type[Task]:
-    """The Task class that ``spec`` names: a registered name or ``package.module:ClassName``; a one-line
-    ConfigError saying what failed otherwise (an unknown name lists the registered ones)."""
-    path = REGISTERED.get(spec, spec)
-    module_name, colon, class_name = path.partition(":")
-    if not colon or not module_name or not class_name.isidentifier():
-        raise ConfigError(f"task {spec!r} is not a registered task ({', '.join(REGISTERED)}); a fork's own task "
-                          "is given as package.module:ClassName (docs/FORKING.md).")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):
-            raise ConfigError(f"task {spec!r}: no module named {err.name!r} on the Python path; run from the "
-                              "repository (scripts/worker.sh adds it to PYTHONPATH) or install the package that "
-                              "holds it.") from None
-        raise ConfigError(f"task {spec!r}: importing {module_name} failed: {_where(err, module_name)}") from None
-    except Exception as err:  # a fork's module can fail in any way while it is imported; say where, in one line
-        raise ConfigError(f"task {spec!r}: importing {module_name} failed: {_where(err, module_name)}") from None
-    found = getattr(module, class_name, None)
-    # Here, not at the top: the interface imports torch, which this registry must not (see the docstring).
-    from distqa.tasks.base import Task
-
-    if not (isinstance(found, type) and issubclass(found, Task)):
-        kind = "class" if isinstance(found, type) else type(found).__name__
-        what = "is not defined" if found is None else f"is a {kind}, not a subclass of Task"
-        raise ConfigError(f"task {spec!r}: {class_name} in {module_name} {what}; a task is a subclass of "
-                          "distqa.tasks.base.Task (docs/FORKING.md).")
-    if not (isinstance(found.config_class, type) and issubclass(found.config_class, Config)):
-        raise ConfigError(f"task {spec!r}: {class_name}.config_class must be a dataclass that extends "
-                          f"distqa.config.Config, got {found.config_class!r}.")
-    return found
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'distqa.tasks' has no attribute {name!r}; what a fork may import from it is "
+                             "distqa.tasks.__all__ (docs/FORKING.md)")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # once: the next lookup finds it here
+    return value
 
 
 def make_task(config: Config) -> Task:
     """The task of ``config`` (its ``task`` setting), built over it."""
-    return task_class(config.task)(config)
-
-
-def available_tasks() -> list[str]:
-    """The registered tasks whose module is on the Python path, found without importing it (a fork may delete
-    ``distqa/qa`` and keep this registry as it is)."""
-    return [name for name, path in REGISTERED.items() if _module_exists(path.partition(":")[0])]
-
-
-def other_tasks_settings(config_class: type[Config]) -> dict[str, set[str]]:
-    """Available registered task -> the settings it has and ``config_class`` lacks (a ``.env`` or a preset may
-    hold them; a flag of them is refused naming the task). Imports every available task: call it only where a
-    setting is not ``config_class``'s."""
-    mine = set(fields_of(config_class))
-    return {name: extra for name in available_tasks()
-            if (extra := set(fields_of(task_class(name).config_class)) - mine)}
-
-
-def _module_exists(module_name: str) -> bool:
-    try:
-        return importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:  # a package above it is missing
-        return False
-
-
-def _where(err: BaseException, module_name: str) -> str:
-    """``Type: message (file:line)`` on one line; the line is the deepest one in the package of ``module_name``
-    (the fork's own code), else where it was raised."""
-    if isinstance(err, SyntaxError) and err.filename:
-        place = f"{err.filename}:{err.lineno}"
-    else:
-        frames = traceback.extract_tb(err.__traceback__)
-        spec = importlib.util.find_spec(module_name.split(".")[0])
-        roots = [str(Path(p)) for p in (spec.submodule_search_locations or [])] if spec else []
-        own = [f for f in frames if any(f.filename.startswith(root) for root in roots)] or frames
-        place = f"{own[-1].filename}:{own[-1].lineno}" if own else ""
-    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {message}" + (f" ({place})" if place else "")
+    return task_class(config.task)(config)  # type: ignore[return-value]  # the registry checked it extends Task

@@ -1,12 +1,13 @@
 """The task seam: what a run trains on and how it is scored. A fork implements one class, and nothing else.
 
 The trainer, the checkpoints, the doctor, the preflight and the launchers know only this interface; the
-built-in tasks go through it like a fork's own. A task brings its settings (``config_class``, a dataclass that
-extends :class:`~distqa.config.Config` with fields made by a :class:`~distqa.config.Section`), its data, its model
-and loss, its evaluation (an :class:`Evaluator`) and, where it has them, its FLOPs, its memory estimate and its
-commands: each member of :class:`Task` below says what the trainer does with it, and docs/FORKING.md lists them in
-one table beside the example's. Its inference state (:attr:`Evaluation.state`: a QA task's tuned decoding
-thresholds) is saved in every checkpoint as it is and handed back on resume; the trainer never looks inside.
+registered tasks (``dummy`` and the rest) go through it like a fork's own. A task brings its settings
+(``config_class``, a dataclass that extends :class:`~distqa.config.Config` with fields made by a
+:class:`~distqa.config.Section`), its data, its model and loss, its evaluation (an :class:`Evaluator`) and, where it
+has them, its FLOPs, its memory estimate and its commands: each member of :class:`Task` below says what the trainer
+does with it, and docs/FORKING.md lists them in one table beside the example's. Its inference state
+(:attr:`Evaluation.state`: a QA task's tuned decoding thresholds) is saved in every checkpoint as it is and handed
+back on resume; the trainer never looks inside.
 
 What a task gets for free: DDP with the same global batch on any world size, exact resume, graceful stops
 and restarts, the preflight checks and the doctor, every launcher (docs/FORKING.md). A task is chosen with
@@ -97,7 +98,7 @@ class Task:
     commands: ClassVar[Mapping[str, str]] = {}
     """The commands that read this task's checkpoints or answers (``predict``, ``evaluate``, ``score``, ``export``):
     name -> ``package.module:function``, called with the command line as ``function(argv) -> exit status`` by
-    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.settings.task_commands`); only that module is
+    ``python -m distqa.<name>`` once it found the task (:mod:`distqa.tasks.commands`); only that module is
     imported. A command the task leaves out says so in one line."""
 
     def __init__(self, config: Config) -> None:
@@ -121,7 +122,7 @@ class Task:
 
     # --- inside the process group, on every rank --------------------------------------------------
     def setup(self, runtime: Runtime) -> None:
-        """Collective set-up before the data and the model are built (NQ: hub files downloaded once, by
+        """Collective set-up before the data and the model are built (an encoder task's: hub files downloaded once, by
         rank 0, while the others wait)."""
 
     def train_dataset(self) -> Dataset:
@@ -148,7 +149,7 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} must define loss()")
 
     def sharding_units(self, model: nn.Module) -> list[nn.Module]:
-        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.parallel.fsdp`): each
+        """The submodules that ``data_parallel = fsdp | hsdp`` shards one by one (:mod:`distqa.distributed.fsdp`): each
         one's weights are gathered just before its forward and backward and freed after, so the largest unit
         sets the peak, and each is one compiled region. Default: the blocks of the model's largest
         ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold

@@ -111,7 +111,7 @@ class ShardingUnits:
 
     def state(self, step: Step, moment: Literal["forward", "backward", "end"]) -> dict[str, int]:
         """Bytes of the training state of one rank of a sharded ``step`` during the forward, the backward, or at
-        the end of the backward (every gradient made), as distqa.parallel.fsdp runs it: fp32 shards, and FSDP2's
+        the end of the backward (every gradient made), as distqa.distributed.fsdp runs it: fp32 shards, and FSDP2's
         ``MixedPrecisionPolicy(param_dtype=<the step's precision>, reduce_dtype=fp32)`` instead of autocast. Each
         part in words: docs/FAULT_TOLERANCE.md, "The memory check"; where FSDP2 does what it counts: a micro-batch
         without gradient sync (``set_requires_gradient_sync(False)``) keeps every unit's unsharded fp32 gradient

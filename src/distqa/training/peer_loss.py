@@ -1,36 +1,19 @@
 """A lost peer costs at most the step in flight: when a collective fails because another rank is gone (its node
-lost, its process killed, or stalled past ``dist_timeout_s``), each surviving rank that holds a complete state of
-the last optimizer step saves it as that step's checkpoint before it leaves, and says so in one line
-(docs/FAULT_TOLERANCE.md, "A lost peer").
+lost, its process killed, or stalled past ``dist_timeout_s``), each surviving rank that holds a complete state of the
+last optimizer step saves it as that step's checkpoint before it leaves, and says so in one line. The design, its
+limits and its tests: docs/FAULT_TOLERANCE.md, "A lost peer costs one step". In short:
 
-Under DDP every rank holds the whole model, optimizer, scheduler and scaler, and the sampler's position. The state is
-complete between two optimizer steps: the trainer marks where it is (:class:`LastCompleteStep`). A failure inside a
-step's forward or backward (DDP's gradient all-reduce) leaves the model as the previous step made it; a failure in a
-step's bookkeeping (its log line's gather, the evaluation, the checkpoint's gather, the stop check) leaves that
-step's state whole. The random generators need no saving: every step seeds them from (seed, step, rank)
-(:func:`distqa.distributed.rng.seed_for_step`), so the resume draws what the lost ranks would have drawn, and the run
-ends with the weights of one never interrupted, dropout included. Only the optimizer's update itself is no place to save
-from. Under NCCL the GPU runs behind the host, so each update first waits for the collectives queued before it and
-checks the error NCCL's watchdog recorded (:mod:`distqa.distributed.nccl_errors`): no update is made from gradients a
-lost peer left partial.
-
-A sharded model is not whole on any rank. Under fsdp the lost ranks held shards no one else has: the run goes back to
-the newest checkpoint. Under hsdp every node's ranks hold one replica, sharded over them (the mesh's ``shard``
-dimension, :func:`distqa.parallel.fsdp.device_mesh`): the ranks of a node none of whose ranks is lost hold every
-shard of the last complete step. Under gloo they find so together (:class:`ReplicaGroup`: each tells the others its
-step and whether it holds it whole, on a gloo group of the node's ranks that training never uses, each collective
-bounded by ``dist_timeout_s``) and write it as a sharded checkpoint with that group alone, the default group being
-broken: DCP (:func:`distqa.checkpoint.sharded.write_shards`) writes each chunk of the replica once, the group's first
-rank writes what rank 0 writes (``state.pt``, the manifest) and renames the directory into place. A node that lost a
-rank, or whose ranks do not all hold the same whole step, saves nothing and says why; so does an hsdp run under NCCL
-(no replica group: it goes back to the newest checkpoint).
-
-Survivors write in parallel without clobbering one another, or rank 0's own write of the same step: the first to
-create ``.step-<N>.pt.claim`` writes the file (atomically, with its CRC sidecar: ``checkpoint.files.claimed``),
-the others leave it to that rank. Replica groups likewise: the first rank of the first group to create
-``.step-<N>.dcp.claim`` has its group write the directory, through a temporary of the group's own that rank 0's
-background write, failing meanwhile, cannot remove.
-A write cut short by another failure leaves no file or directory, and the resume takes the newest complete one.
+- the state is whole between two optimizer steps: the trainer marks the update (:class:`Survivor`); no rank's random
+  state is saved, since every step seeds the generators from (seed, step, rank)
+  (:func:`distqa.distributed.rng.seed_for_step`); under NCCL each update first waits for the collectives queued
+  before it and checks NCCL's recorded error (:mod:`distqa.distributed.nccl_errors`);
+- fsdp: no rank holds the model whole, nothing is saved. hsdp under gloo: the ranks of a node none of whose ranks is
+  lost hold every shard of their replica, agree on it over a gloo group of their own that training never uses
+  (:class:`ReplicaGroup`, each collective bounded by ``dist_timeout_s``) and write it together as a sharded
+  checkpoint (:func:`distqa.checkpoint.sharded.write_shards`), the group's first rank writing what rank 0 writes;
+- several survivors: the first to create ``.step-<N>.pt.claim`` (a replica group's first rank:
+  ``.step-<N>.dcp.claim``, written through a temporary of the group's own) writes, the others leave it to that rank;
+  a write cut short by another failure leaves no file or directory, and the resume takes the newest complete one.
 """
 
 from __future__ import annotations
@@ -40,22 +23,19 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 from distqa.checkpoint.files import claimed
-from distqa.checkpoint.format import TrainingCheckpoint, verify_checkpoint, verify_directory
+from distqa.checkpoint.format import verify_checkpoint, verify_directory
 from distqa.checkpoint.run_folder import checkpoint_path
 from distqa.checkpoint.sharded import sharded_checkpoint_path, shards_of, write_shards
 from distqa.config import Config
 from distqa.config.errors import PEER_LOST_REPORT, WORKER_REPORT_DIR_VARIABLE
 from distqa.distributed.nccl_errors import reported_error
 from distqa.distributed.runtime import GLOO_TIMEOUT, CollectiveTimeoutError, Runtime, collective_of, node_local_group
-from distqa.record.rundir import versions
-
-if TYPE_CHECKING:
-    from distqa.training.trainer import Trainer
+from distqa.training.run_state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +67,22 @@ class PeerLostError(Exception):
         return PEER_LOST_EXIT_CODE
 
 
-class LastCompleteStep:
-    """Where the trainer is: inside an optimizer's update, or not (then the last complete step is whole)."""
+class Survivor:
+    """What a rank saves after a lost peer: the run's ``state``, when the trainer is not inside an optimizer's update
+    (then the last complete step is whole); under hsdp with the ranks of its ``replica_group``."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: RunState, replica_group: ReplicaGroup | None = None) -> None:
+        self.state, self.replica_group = state, replica_group
         self.updating = False
         """Inside the optimizer's update: the weights are neither the last step's nor the next one's."""
+        self.progressed = False
+        """Whether this process completed a step (:class:`PeerLostError`'s ``progressed``)."""
 
     def update_begins(self) -> None:
         self.updating = True
 
     def step_done(self) -> None:
-        self.updating = False
+        self.updating, self.progressed = False, True
 
 
 def lost_peer(err: BaseException) -> str | None:
@@ -180,52 +164,54 @@ def _in_a_few_words(err: BaseException) -> str:
     return type(err).__name__
 
 
-def save_what_survives(trainer: Trainer, err: BaseException, reason: str) -> PeerLostError:
+def save_what_survives(survivor: Survivor, err: BaseException, reason: str) -> PeerLostError:
     """This rank's one line, once it saved the last complete step (or says why it could not); never raises."""
-    rank, step = trainer.runtime.rank, trainer.progress.step
+    state = survivor.state
+    rank, step = state.runtime.rank, state.progress.step
     if isinstance(err, CollectiveTimeoutError):
         what = f"collective timeout: {err}"
     else:
         what = f"rank {rank}: lost a peer during {collective_of(err)} after optimizer step {step} ({reason})"
     saved: Path | None = None
     try:
-        why_not = _why_not_complete(trainer)
-        replica = trainer.replica_group
+        why_not = _why_not_complete(survivor)
+        replica = survivor.replica_group
         if replica is not None:  # hsdp: the ranks of this rank's replica decide, and save, together
             why_not = replica.agree(step, why_not)
         if why_not is not None:
             outcome = f"{why_not}: the resume goes back to the newest checkpoint"
         elif replica is not None:
-            saved, outcome = _save_shards(trainer, replica, step)
+            saved, outcome = _save_shards(state, replica, step)
         else:
-            saved, outcome = _save(trainer, step)
+            saved, outcome = _save(state, step)
     except Exception as failure:  # the line is all that is left to say; the previous checkpoint stays
         outcome = f"saving step {step} failed too ({failure!r}): the resume goes back to the newest checkpoint"
-    return PeerLostError(f"{what}; {outcome}", saved, progressed=trainer.progress.step > trainer.first_step)
+    return PeerLostError(f"{what}; {outcome}", saved, progressed=survivor.progressed)
 
 
-def _why_not_complete(trainer: Trainer) -> str | None:
-    if not trainer.config.save_on_peer_loss:
+def _why_not_complete(survivor: Survivor) -> str | None:
+    config, runtime = survivor.state.config, survivor.state.runtime
+    if not config.save_on_peer_loss:
         return "save_on_peer_loss is off"
-    if trainer.config.data_parallel != "ddp" and trainer.replica_group is None:  # fsdp (hsdp: ReplicaGroup)
-        return (f"data_parallel={trainer.config.data_parallel} shards the model and its optimizer over the ranks, so "
+    if config.data_parallel != "ddp" and survivor.replica_group is None:  # fsdp (hsdp: ReplicaGroup)
+        return (f"data_parallel={config.data_parallel} shards the model and its optimizer over the ranks, so "
                 "no rank holds it whole")
-    if trainer.runtime.backend == "nccl" and reported_error() is None:
+    if runtime.backend == "nccl" and reported_error() is None:
         # Each update waits for the collectives before it and checks NCCL's recorded error (distqa.distributed.
         # nccl_errors.wait_for_collectives): without that error, an update from partial gradients cannot be ruled out.
         return ("this torch's ProcessGroupNCCL does not report NCCL's errors (get_error), so this rank cannot tell "
                 "that its weights are a whole step's")
-    if trainer.survivable.updating:
-        return f"the failure fell inside step {trainer.progress.step + 1}'s optimizer update"
+    if survivor.updating:
+        return f"the failure fell inside step {survivor.state.progress.step + 1}'s optimizer update"
     return None
 
 
-def _save(trainer: Trainer, step: int) -> tuple[Path | None, str]:
+def _save(state: RunState, step: int) -> tuple[Path | None, str]:
     """Write step ``step``'s checkpoint unless it is on disk already or another survivor claimed it."""
-    if (on_disk := _saved_already(trainer.run_dir, step)) is not None:
+    if (on_disk := _saved_already(state.run_dir, step)) is not None:
         return on_disk, f"step {step} is saved already ({on_disk.name}) for the resume"
-    path = checkpoint_path(trainer.run_dir, step)
-    checkpoint = _checkpoint(trainer, trainer.model.state_dict(), trainer.optimizer.state_dict())
+    path = checkpoint_path(state.run_dir, step)
+    checkpoint = state.training_checkpoint(state.model.state_dict(), state.optimizer.state_dict(), _no_rng(state))
     if not checkpoint.save(path):
         return None, f"another survivor saves step {step} for the resume"
     log.info("saved %s, the last step this rank completed, after a peer was lost", path)
@@ -244,36 +230,31 @@ def _saved_already(run_dir: Path, step: int) -> Path | None:
     return None
 
 
-def _checkpoint(trainer: Trainer, model: dict[str, Any], optimizer: dict[str, Any]) -> TrainingCheckpoint:
-    # No rank's random state: each step seeds every generator from (seed, step, rank)
-    # (distqa.distributed.rng.seed_for_step).
-    rng: list[dict[str, Any] | None] = [None] * trainer.runtime.world_size
-    return TrainingCheckpoint(
-        model=model, config=trainer.config.to_dict(), task_state=trainer.task_state, evaluation=trainer.evaluation,
-        progress=trainer.progress, versions=versions(), optimizer=optimizer, scheduler=trainer.scheduler.state_dict(),
-        scaler=trainer.precision.scaler.state_dict(), rng=rng, world_size=trainer.runtime.world_size,
-        saved_by_rank=trainer.runtime.rank)
+def _no_rng(state: RunState) -> list[dict[str, Any] | None]:
+    """No rank's random state: each step seeds every generator from (seed, step, rank)
+    (distqa.distributed.rng.seed_for_step)."""
+    return [None] * state.runtime.world_size
 
 
-def _save_shards(trainer: Trainer, replica: ReplicaGroup, step: int) -> tuple[Path | None, str]:
+def _save_shards(state: RunState, replica: ReplicaGroup, step: int) -> tuple[Path | None, str]:
     """Collective over ``replica``, bounded: its ranks write step ``step``'s sharded checkpoint, each its shards, its
     first rank the rest (``state.pt``, the manifest, the rename), unless the step is on disk already or another replica
     group claimed it. The first rank decides, and says what came of it, for the group."""
-    directory = sharded_checkpoint_path(trainer.run_dir, step)
-    first = trainer.runtime.rank == replica.ranks[0]
+    directory = sharded_checkpoint_path(state.run_dir, step)
+    first = state.runtime.rank == replica.ranks[0]
     with claimed(directory) if first else contextlib.nullcontext(False) as ours:
         decision = None  # "write", "claimed", or the name of the step's checkpoint on disk
         if first:  # in the claim: a directory renamed into place before is there now
-            on_disk = _saved_already(trainer.run_dir, step)
+            on_disk = _saved_already(state.run_dir, step)
             decision = on_disk.name if on_disk is not None else "write" if ours else "claimed"
         decision = replica.first_says(decision)
         if decision not in ("write", "claimed"):
             return directory.with_name(decision), f"step {step} is saved already ({decision}) for the resume"
         if decision == "claimed":
             return None, f"another replica group saves step {step} for the resume"
-        rest = _checkpoint(trainer, {}, {}).to_state() if first else None  # the weights go in the shards
+        rest = state.training_checkpoint({}, {}, _no_rng(state)).to_state() if first else None  # weights: the shards
         temporary = directory.with_name(f".{directory.name}.group-{replica.ranks[0]}.tmp")
-        written = write_shards(shards_of(trainer.model, trainer.optimizer), directory, rest, replica.group,
+        written = write_shards(shards_of(state.model, state.optimizer), directory, rest, replica.group,
                                temporary, replace=False)
         kept = replica.first_says(first and written is None)  # the directory was renamed into place meanwhile
     if kept:

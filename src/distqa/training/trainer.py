@@ -2,18 +2,18 @@
 (rank 0, atomic, written in the background: :mod:`distqa.checkpoint.writer`).
 
 The job consumes one global batch per optimizer step whatever its world size: every rank runs ``accumulation``
-micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.parallel.fsdp`) averages the
+micro-batches of ``per_rank_batch_size`` and DDP (or the sharding, :mod:`distqa.distributed.fsdp`) averages the
 gradients once, on the last micro-batch. Progress is counted in optimizer steps and in examples consumed by the
 whole job in the current epoch, which together with the RNG states makes a resumed run continue exactly where the
 interrupted one stopped.
 
 ``distqa.train.build_trainer`` builds every object the loop uses, in order (:class:`StepPlan`,
-:func:`distqa.checkpoint.resume.resume` into the model, the DDP wrap of :mod:`distqa.parallel.ddp` or the sharding,
+:func:`distqa.checkpoint.resume.resume` into the model, the DDP wrap of :mod:`distqa.distributed.ddp` or the sharding,
 the optimizer, scheduler and precision), and hands them to :class:`Trainer`, which only runs.
 
 The loop knows its task only through :class:`~distqa.tasks.base.Task`: which batch columns the model reads, the
 loss, and the evaluator. With an evaluator the model is scored every ``eval_every`` steps and at the end, by all
-ranks together; each evaluation's metrics are logged, its state (NQ: the tuned decoding thresholds) goes into the
+ranks together; each evaluation's metrics are logged, its state (a QA task's: its tuned thresholds) goes into the
 following checkpoints as it is, and the model with the best value of the evaluator's best metric so far is kept in
 ``checkpoints/best.pt``. With ``early_stopping_patience`` the run ends after that many evaluations without
 improvement (or a sweep's pruner's verdict), on every rank at once.
@@ -26,7 +26,6 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +36,8 @@ from distqa.checkpoint.format import ModelCheckpoint, Progress, TrainingCheckpoi
 from distqa.checkpoint.run_folder import best_checkpoint_path
 from distqa.checkpoint.sharded import ShardedCheckpointWriter, checkpoint_writer
 from distqa.config import Config
+from distqa.distributed import fsdp
+from distqa.distributed.ddp import broadcast_buffers, compile_enabled
 from distqa.distributed.nccl_errors import wait_for_collectives
 from distqa.distributed.precision import Precision
 from distqa.distributed.rng import rng_states_to_save, seed_for_step
@@ -50,8 +51,6 @@ from distqa.distributed.runtime import (
 )
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.distributed.stop import StopSignal, TrainingStoppedError, graceful_stop_window
-from distqa.parallel import fsdp
-from distqa.parallel.ddp import broadcast_buffers, compile_enabled
 from distqa.record.metrics import (
     MetricsWindow,
     RankWindow,
@@ -62,23 +61,23 @@ from distqa.record.metrics import (
     summarise,
     tracked_scalars,
 )
-from distqa.record.rundir import versions
 from distqa.record.tracking import RunRecord
 from distqa.sweeps.pruning import TrialPruner
 from distqa.tasks.base import Evaluator, Task
 from distqa.training.faults import ArmedFault
-from distqa.training.peer_loss import LastCompleteStep, ReplicaGroup, lost_peer, save_what_survives
+from distqa.training.peer_loss import ReplicaGroup, Survivor, lost_peer, save_what_survives
+from distqa.training.run_state import RunState
 from distqa.training.step_plan import StepPlan, micro_batch_loss
 
 log = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(RunState):
     """Runs the loop over objects built by ``distqa.train``; builds none itself.
 
     ``model`` is the bare model (its weights are what checkpoints hold and evaluation runs); ``ddp_model`` is the
-    model as training steps run it: :func:`distqa.parallel.ddp.training_module`'s (DDP, compiled), or with sharding the
-    model itself (:func:`distqa.parallel.fsdp.shard_model` shards it in place).
+    model as training steps run it: :func:`distqa.distributed.ddp.training_module`'s (DDP, compiled), or with sharding
+    the model itself (:func:`distqa.distributed.fsdp.shard_model` shards it in place).
     """
 
     def __init__(self, *, config: Config, runtime: Runtime, run_dir: Path, task: Task, model: nn.Module,
@@ -88,15 +87,13 @@ class Trainer:
                  hosts: list[str] | None = None) -> None:
         if not isinstance(loader.sampler, ResumableDistributedSampler):
             raise TypeError("the loader needs a ResumableDistributedSampler for exact resumption")
-        self.config, self.runtime, self.run_dir, self.task = config, runtime, run_dir, task
-        self.model, self.ddp_model, self.optimizer, self.scheduler = model, ddp_model, optimizer, scheduler
-        self.precision, self.loader, self.plan, self.evaluator = precision, loader, plan, evaluator
+        super().__init__(config=config, runtime=runtime, run_dir=run_dir, model=model, optimizer=optimizer,
+                         scheduler=scheduler, precision=precision,
+                         progress=resumed.progress if resumed else Progress(seeds_per_step=True),
+                         task_state=resumed.task_state if resumed else None,
+                         evaluation=resumed.evaluation if resumed else None)
+        self.task, self.ddp_model, self.loader, self.plan, self.evaluator = task, ddp_model, loader, plan, evaluator
         self.sampler: ResumableDistributedSampler = loader.sampler
-        self.progress = resumed.progress if resumed else Progress(seeds_per_step=True)
-        self.task_state: dict[str, Any] | None = resumed.task_state if resumed else None
-        """The task's inference state from the latest evaluation, saved with the checkpoints as it is."""
-        self.evaluation: dict[str, Any] | None = resumed.evaluation if resumed else None
-        """Step and metrics of the latest evaluation, saved with the checkpoints."""
         self.hosts = hosts or [f"rank {rank}" for rank in range(runtime.world_size)]
         """Every rank's host name, to name a slow one in the log."""
         self.peak_flops = peak_flops(config.peak_tflops, runtime.device)
@@ -111,9 +108,8 @@ class Trainer:
         """Rank 0's checkpoint files, written off the step; with sharded checkpoints every rank's shards too."""
         self.fault = ArmedFault.from_environment(runtime.rank, run_dir)
         self.pruner = TrialPruner(config.sweep_trial, runtime.is_main_process) if config.sweep_trial else None
-        self.survivable = LastCompleteStep()
-        self.replica_group = ReplicaGroup.of(runtime, config)
-        """hsdp: this rank's replica, whose ranks save the last complete step together after a lost peer."""
+        self.survivor = Survivor(self, ReplicaGroup.of(runtime, config))
+        """What this rank saves after a lost peer (distqa.training.peer_loss); hsdp: with its replica's ranks."""
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self, record: RunRecord) -> Progress:
@@ -139,7 +135,7 @@ class Trainer:
             except (RuntimeError, CollectiveTimeoutError) as err:  # a peer gone: save what this rank holds
                 if (reason := lost_peer(err)) is None or not self.runtime.is_distributed:
                     raise
-                raise save_what_survives(self, err, reason) from None
+                raise save_what_survives(self.survivor, err, reason) from None
         log.info("training finished at step %d", self.progress.step)
         return self.progress
 
@@ -193,7 +189,7 @@ class Trainer:
                      "the first log window's throughput includes it)", time.perf_counter() - started)
         progress.step += 1
         progress.samples_in_epoch += self.config.global_batch_size
-        self.survivable.step_done()
+        self.survivor.step_done()
         self.fault.at(progress.step)  # INJECT_FAULT's kill or hang, to test a resume (distqa.training.faults)
         self.metrics.add(loss, grad_norm)
         bar.update(1)
@@ -255,7 +251,7 @@ class Trainer:
             self.model.parameters(), self.config.max_grad_norm or float("inf")))
         if self.config.save_on_peer_loss:  # NCCL: no update from gradients that a lost peer left partial
             wait_for_collectives(self.runtime, self.config.dist_timeout_s, self.progress.step)
-        self.survivable.update_begins()  # until step_done, no complete step to save (distqa.training.peer_loss)
+        self.survivor.update_begins()  # until step_done, no complete step to save (distqa.training.peer_loss)
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
         self.scheduler.step()
@@ -276,15 +272,11 @@ class Trainer:
         optimizer_state = fsdp.full_optimizer_state(self.model, self.optimizer, main) if step and not shards else {}
         rest = None  # with shards: rank 0's part of the step checkpoint, all but the weights and optimizer state
         if main:
-            fields = self._model_checkpoint_fields(model_state)
             files: dict[Path, ModelCheckpoint] = {}
             if step:
-                files[path] = TrainingCheckpoint(
-                    **fields, optimizer=optimizer_state, scheduler=self.scheduler.state_dict(),
-                    scaler=self.precision.scaler.state_dict(), rng=rng_states, world_size=self.runtime.world_size,
-                    saved_by_rank=self.runtime.rank)
+                files[path] = self.training_checkpoint(model_state, optimizer_state, rng_states)
             if best:
-                files[best_checkpoint_path(self.run_dir)] = ModelCheckpoint(**fields)
+                files[best_checkpoint_path(self.run_dir)] = self.model_checkpoint(model_state)
             rest = files.pop(path) if shards else None
             if files:
                 self.checkpoints.submit(files)
@@ -298,10 +290,6 @@ class Trainer:
         agents end the rest (distqa.launch.agent), which must not catch rank 0 mid-write."""
         self.checkpoints.wait()  # a file writer has nothing in flight on the other ranks
         barrier()
-
-    def _model_checkpoint_fields(self, model_state: dict[str, torch.Tensor]) -> dict[str, Any]:
-        return {"model": model_state, "config": self.config.to_dict(), "task_state": self.task_state,
-                "evaluation": self.evaluation, "progress": self.progress, "versions": versions()}
 
     # --- evaluation --------------------------------------------------------------------------
     def evaluate(self, scalars: RunRecord | None = None) -> bool:

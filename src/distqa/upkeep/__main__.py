@@ -26,7 +26,8 @@ from distqa.upkeep.update import refuse_dirty, update
 
 HANDED_OVER = "DISTQA_UPKEEP_COMMIT"
 """Set when REF's copy of the upkeep runs: the commit it was taken from (no second hand-over)."""
-PACKAGE = ("src/distqa/__init__.py", "src/distqa/upkeep")
+PACKAGE = ("src/distqa/__init__.py", "src/distqa/upkeep", "src/distqa/config")
+"""What REF's copy of the upkeep runs from: the package, and the settings' (project.toml's reader, stdlib only)."""
 
 
 def parser() -> argparse.ArgumentParser:

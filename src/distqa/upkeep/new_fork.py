@@ -12,10 +12,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from distqa.config.project import PROJECT
 from distqa.upkeep import git
 from distqa.upkeep.git import UpkeepError
 from distqa.upkeep.ownership import DECLARATION, Declaration
-from distqa.upkeep.project import PROJECT
 from distqa.upkeep.record import ForkRecord
 
 EXAMPLE = "examples/text_classification"
@@ -110,7 +110,8 @@ What {name} sets and where, and what the template keeps: [docs/FORKING.md](docs/
         platform = git.read(template, commit, ".neuro/project.yml")
         if platform is not None:
             platform_text = re.sub(r"^id: .*$", f"id: {name}", platform.decode(), count=1, flags=re.M)
-            platform_text = platform_text.replace("local: data/nq\n", f"local: data/{name}\n")
+            # The data volume's folder: the fork's data, not the template's task's.
+            platform_text = re.sub(r"^(    local: )data/.*$", rf"\g<1>data/{name}", platform_text, count=1, flags=re.M)
             if "notebooks" not in kept:  # `neuro-flow upload ALL` fails on a volume whose local folder is missing
                 platform_text = platform_text.replace("    local: notebooks\n", "")
             files[".neuro/project.yml"] = platform_text.encode()

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distqa.config.project import PROJECT
 from distqa.upkeep import git
 from distqa.upkeep.git import Entry, UpkeepError
+from distqa.upkeep.new_fork import set_string
 from distqa.upkeep.ownership import DECLARATION, Declaration
 from distqa.upkeep.record import RECORD, ForkRecord
 
@@ -33,6 +37,8 @@ class Plan:
     notices: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     """Template-owned files of kept parts the fork had deleted, which the update writes again."""
+    texts: dict[str, bytes] = field(default_factory=dict)
+    """Fork-owned files written for the fork (their first copy), in place of the template's: :func:`own_project`."""
 
     def summary(self) -> list[str]:
         """The notices, then one line for the restored files."""
@@ -91,12 +97,25 @@ def plan_update(declaration: Declaration, base: dict[str, Entry], ref: dict[str,
     return plan
 
 
+def own_project(template_text: str, fork: Mapping[str, Entry]) -> tuple[bytes, str]:
+    """The first ``project.toml`` of a fork without the QA tasks (made before the file existed), and the notice that
+    says so: the template's, with ``[run]`` and ``[jobs]`` args naming the fork's preset (its one preset under
+    ``configs/``), else none, never the template's own QA preset, which that fork does not have."""
+    presets = sorted(path[len("configs/"):-len(".toml")] for path in fork if re.fullmatch(r"configs/[^/]+\.toml", path))
+    args = f"--preset {presets[0]}" if len(presets) == 1 else ""
+    text = set_string(set_string(template_text, "run", "args", args), "jobs", "args", args)
+    said = f"its [run] and [jobs] args are {args!r}" if args else "set its [run] and [jobs] args to your preset"
+    return text.encode(), f"{PROJECT}: new, yours (docs/FORKING.md, \"What a fork sets\"); {said}"
+
+
 def apply(root: Path, plan: Plan) -> None:
     """Write and delete what ``plan`` says in the fork at ``root`` (the template's blobs are fetched into it)."""
     for path in plan.deletes:
         (root / path).unlink()
         with contextlib.suppress(OSError):  # the folders it emptied, up to the first that is not (the root never is)
             os.removedirs((root / path).parent)
+    for path, content in plan.texts.items():
+        (root / path).write_bytes(content)
     for path, entry in plan.writes.items():
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +151,9 @@ def update(root: Path, upstream: str, ref: str, target: str, base: str | None = 
         left_out = list(record.left_out)  # type: ignore[union-attr]
     parts_out = declaration.with_requirements(name for name in left_out if name != "none")
     plan = plan_update(declaration, base_tree, ref_tree, fork, parts_out, base_commit[:12], target[:12])
+    if "qa" in parts_out and PROJECT in plan.writes and PROJECT not in base_tree and PROJECT not in fork:
+        text, notice = own_project(git.blob(root, plan.writes.pop(PROJECT).blob).decode(), fork)
+        plan.texts[PROJECT], plan.notices = text, [*plan.notices, notice]
     if plan.stops:
         raise UpkeepError("\n".join(plan.stops))
     apply(root, plan)

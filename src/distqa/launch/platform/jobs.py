@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from distqa.launch.platform.options import Options
 
@@ -178,8 +179,8 @@ def parse_listing(output: str) -> Listing:
 
 
 def find_flow_cli(environ: Mapping[str, str]) -> str:
-    """$FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old name); as
-    scripts/common.sh's find_flow_cli, which kill_distributed.sh uses."""
+    """$FLOW_CLI if set, else apolo-flow (the current name), else neuro-flow (the old name): for the launcher and for
+    scripts/kill_distributed.sh (:mod:`distqa.launch.platform.kill`)."""
     named = environ.get("FLOW_CLI")
     path = environ.get("PATH")
     if named:
@@ -237,11 +238,15 @@ class Flow:
         return subprocess.Popen(command, cwd=self.repo_root, stdout=sys.stderr.fileno(), stdin=subprocess.DEVNULL,
                                 preexec_fn=_sigint_ignored)
 
+    def call(self, *words: str, **options: Any) -> subprocess.CompletedProcess[str]:
+        """`<flow> WORDS`, its output captured; an OSError (no CLI) or a TimeoutExpired (300 s) for the caller."""
+        return subprocess.run([self.cli, *words], cwd=self.repo_root, capture_output=True, text=True, errors="replace",
+                              stdin=subprocess.DEVNULL, timeout=300, check=False, **options)
+
     def status(self, job_id: str, suffix: str) -> JobStatus:
         """The job's status; "unknown" when the CLI cannot say (a network hiccup, a job not found)."""
         try:
-            done = subprocess.run([self.cli, "status", job_id, suffix], cwd=self.repo_root, capture_output=True,
-                                  text=True, errors="replace", stdin=subprocess.DEVNULL, timeout=300, check=False)
+            done = self.call("status", job_id, suffix)
         except (OSError, subprocess.TimeoutExpired):
             return JobStatus("unknown")
         return parse_status(done.stdout + done.stderr)
@@ -251,9 +256,7 @@ class Flow:
         count (docs/DESIGN.md, "Scale": one call per poll, never one per job)."""
         words = f"'{self.cli} ps'"
         try:
-            done = subprocess.run([self.cli, "ps"], cwd=self.repo_root, capture_output=True, text=True,
-                                  errors="replace", stdin=subprocess.DEVNULL, timeout=300, check=False,
-                                  env={**os.environ, "COLUMNS": PS_COLUMNS})
+            done = self.call("ps", env={**os.environ, "COLUMNS": PS_COLUMNS})
         except OSError as error:
             return Listing({}, f"{words} could not start: {error}")
         except subprocess.TimeoutExpired:
@@ -274,11 +277,9 @@ class Flow:
     def kill(self, job_id: str, suffix: str) -> bool:
         """`<flow> kill JOB SUFFIX`: returns once the platform has the job cancelled; whether that worked."""
         try:
-            done = subprocess.run([self.cli, "kill", job_id, suffix], cwd=self.repo_root, capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=300, check=False)
+            return self.call("kill", job_id, suffix).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return done.returncode == 0
 
     def follow_logs(self, rank: int) -> subprocess.Popen[bytes]:
         """`<flow> logs` of node ``rank``'s job on the launcher's stdout, until the job ends."""

@@ -14,9 +14,8 @@ Usage:
 
   scripts/run_distributed_on_platform.sh --nodes 2                       # DummyDataset, tiny model
   scripts/run_distributed_on_platform.sh --nodes 4 --preset gpu-large -- --preset bert-base
-  scripts/run_distributed_on_platform.sh --nodes 4 -- --preset bert-base-nq \
-      --nq-train-file /data/simplified-nq-train.jsonl --nq-cache-dir /project/results/nq-cache
-                                            # NQ, after `neuro-flow run prepare` (docs/PLATFORM.md)
+  scripts/run_distributed_on_platform.sh --nodes 4 -- --preset NAME
+                                            # a preset's task, after `neuro-flow run prepare` (docs/PLATFORM.md)
   scripts/run_distributed_on_platform.sh --run-id dq-0612 -- --preset bert-base   # resume that run
   scripts/run_distributed_on_platform.sh --nodes 4 --min-nodes 3 --external-store -- --preset bert-base
                                             # elastic: the loss of any node, node 0 too, leaves the run going
@@ -91,17 +90,17 @@ reached and stop within the platform's grace period; run again with the same --r
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from dotenv import dotenv_values
 
-from distqa.launch.node_options import MODULE_NAME, seconds_of
+from distqa.launch.node_options import MODULE_NAME, read_flags, seconds_of
 
 PROG = "run_distributed_on_platform.sh"
 """The name usage errors start with: the documented command."""
@@ -150,7 +149,7 @@ class Options:
 
 
 def env_file(environ: Mapping[str, str]) -> Path:
-    """The .env every entry point and script reads (distqa.settings.sources.dotenv_file, scripts/common.sh):
+    """The .env every entry point and script reads (distqa.config.sources.dotenv_file, scripts/common.sh):
     ``$ENV_FILE``, refused when it names no file, else ``.env`` in the working directory."""
     named = environ.get("ENV_FILE")
     if named and not Path(named).is_file():
@@ -159,54 +158,35 @@ def env_file(environ: Mapping[str, str]) -> Path:
     return Path(named or ".env")
 
 
+_DEFAULTS = {"nodes": "2", "min_nodes": "", "preset": "gpu-small", "external_store": "0", "store_preset": "cpu-small",
+             "run_id": "", "port": "29400", "max_restarts": "3", "max_resubmits": "3", "life_span": "1d",
+             "timeout": "900", "poll": "15", "entry_module": "distqa.train", "tracker": "none", "mlflow_uri": "",
+             "mlflow_token": ""}
+"""Every option's default, as text, by its flag's name (--max-restarts: max_restarts)."""
+_VARIABLES = {"nodes": "NODES", "min_nodes": "MIN_NODES", "preset": "PLATFORM_PRESET",
+              "external_store": "EXTERNAL_STORE", "store_preset": "STORE_PRESET", "tracker": "DISTQA_TRACKER",
+              "mlflow_uri": "MLFLOW_TRACKING_URI", "mlflow_token": "MLFLOW_TOKEN_SECRET", "run_id": "RUN_ID",
+              "timeout": "SCHEDULE_TIMEOUT", "poll": "POLL_INTERVAL"}
+"""The variables that give an option's default instead."""
+_ENVIRONMENT_ONLY = ("RUN_ID", "SCHEDULE_TIMEOUT", "POLL_INTERVAL")
+_VALUED = {f"--{name.replace('_', '-')}": name for name in _DEFAULTS if name != "external_store"}
+_SWITCHES: dict[str, tuple[str, str | bool]] = {"--external-store": ("external_store", "1"),
+                                                "--dry-run": ("dry_run", True)}
+
+
 def settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """The launcher's variables: the environment's, else the .env file's (read by python-dotenv, as the trainer
-    reads it); an empty value counts as unset. RUN_ID, SCHEDULE_TIMEOUT and POLL_INTERVAL come from the
-    environment alone."""
+    """Each option's value before the flags: its variable's in the environment, else in the .env file (read by
+    python-dotenv, as the trainer reads it), else its default; an empty value counts as unset. RUN_ID,
+    SCHEDULE_TIMEOUT and POLL_INTERVAL come from the environment alone."""
     path = env_file(environ)
-    from_file = {k: v for k, v in dotenv_values(path).items() if v} if path.is_file() else {}
-    names = ("NODES", "MIN_NODES", "PLATFORM_PRESET", "EXTERNAL_STORE", "STORE_PRESET", "DISTQA_TRACKER",
-             "MLFLOW_TRACKING_URI", "MLFLOW_TOKEN_SECRET")
-    found = {name: environ.get(name) or from_file.get(name, "") for name in names}
-    found |= {name: environ.get(name, "") for name in ("RUN_ID", "SCHEDULE_TIMEOUT", "POLL_INTERVAL")}
-    return found
+    from_file = dotenv_values(path) if path.is_file() else {}
+    given = {name: environ.get(variable) or (from_file.get(variable) if variable not in _ENVIRONMENT_ONLY else "")
+             for name, variable in _VARIABLES.items()}
+    return {**_DEFAULTS, **{name: value for name, value in given.items() if value}}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        """One line, as the script always said it: "--nodes needs a value (see --help)"."""
-        missing = re.fullmatch(r"argument (--[a-z-]+): (expected one argument|needs a value)", message)
-        raise UsageError(f"{missing[1]} needs a value (see --help)" if missing else f"{message} (see --help)")
-
-
-def _value(text: str) -> str:
-    if not text:
-        raise argparse.ArgumentTypeError("needs a value")
-    return text
-
-
-def build_parser(defaults: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The options before ``--``; every value a string, checked by :func:`parse_options`."""
-    parser = _Parser(prog=PROG, add_help=False, allow_abbrev=False)
-    for flag, default in (("--nodes", defaults["NODES"] or "2"), ("--min-nodes", defaults["MIN_NODES"]),
-                          ("--preset", defaults["PLATFORM_PRESET"] or "gpu-small"),
-                          ("--store-preset", defaults["STORE_PRESET"] or "cpu-small"),
-                          ("--run-id", defaults["RUN_ID"] or time.strftime("dq-%m%d-%H%M%S", time.gmtime())),
-                          ("--port", "29400"), ("--max-restarts", "3"), ("--max-resubmits", "3"),
-                          ("--life-span", "1d"), ("--timeout", defaults["SCHEDULE_TIMEOUT"] or "900"),
-                          ("--poll", defaults["POLL_INTERVAL"] or "15"), ("--entry-module", "distqa.train"),
-                          ("--tracker", defaults["DISTQA_TRACKER"] or "none"),
-                          ("--mlflow-uri", defaults["MLFLOW_TRACKING_URI"]),
-                          ("--mlflow-token", defaults["MLFLOW_TOKEN_SECRET"])):
-        parser.add_argument(flag, type=_value, default=default or None)  # argparse would check a default too
-    parser.add_argument("--external-store", action="store_const", const="1",
-                        default=defaults["EXTERNAL_STORE"] or "0")
-    parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("-h", "--help", action="store_true")
-    return parser
-
-
-def _whole(name: str, value: str) -> int:
+def whole(name: str, value: str) -> int:
+    """``value`` as a whole number; else a :class:`UsageError` naming ``name``."""
     if not re.fullmatch(r"[0-9]+", value):
         raise UsageError(f"{name} must be a whole number, got '{value}' (flag, environment or .env)")
     return int(value)
@@ -214,20 +194,21 @@ def _whole(name: str, value: str) -> int:
 
 def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Options | None:
     """The launch ``argv`` asks for, or None for --help; a :class:`UsageError` names the first bad value."""
-    environ = os.environ if environ is None else environ
-    argv = list(argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    own, trainer_args = argv[:split], argv[split + 1:]
-    if "-h" in own or "--help" in own:
+    try:
+        read = read_flags(argv, _VALUED, _SWITCHES)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    if read is None:
         return None
-    parsed, unknown = build_parser(settings(environ)).parse_known_args(own)
-    raw = argparse.Namespace(**{name: "" if value is None else value for name, value in vars(parsed).items()})
-    if unknown:
-        raise UsageError(f"unknown option '{unknown[0]}'; trainer flags go after -- (see --help)")
-    nodes = _whole("nodes", raw.nodes)
-    min_nodes = _whole("min_nodes", raw.min_nodes or raw.nodes)
-    port, max_restarts = _whole("port", raw.port), _whole("max_restarts", raw.max_restarts)
-    max_resubmits, timeout_s = _whole("max_resubmits", raw.max_resubmits), _whole("timeout_s", raw.timeout)
+    flags, trainer_args = read
+    if empty := next((flag for flag, name in _VALUED.items() if flags.get(name) == ""), None):
+        raise UsageError(f"{empty} needs a value (see --help)")
+    raw = SimpleNamespace(**{**settings(os.environ if environ is None else environ), **flags})
+    raw.run_id = raw.run_id or time.strftime("dq-%m%d-%H%M%S", time.gmtime())
+    nodes = whole("nodes", raw.nodes)
+    min_nodes = whole("min_nodes", raw.min_nodes or raw.nodes)
+    port, max_restarts = whole("port", raw.port), whole("max_restarts", raw.max_restarts)
+    max_resubmits, timeout_s = whole("max_resubmits", raw.max_resubmits), whole("timeout_s", raw.timeout)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", raw.poll):
         raise UsageError(f"--poll must be a number of seconds, got '{raw.poll}'")
     if raw.external_store not in ("0", "1"):
@@ -261,4 +242,4 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
                    store_preset=raw.store_preset, run_id=raw.run_id, port=port, max_restarts=max_restarts,
                    max_resubmits=max_resubmits, life_span=raw.life_span, timeout_s=timeout_s, poll_s=float(raw.poll),
                    entry_module=raw.entry_module, tracker=raw.tracker, mlflow_uri=raw.mlflow_uri,
-                   mlflow_token=raw.mlflow_token, dry_run=raw.dry_run, trainer_args=trainer_args)
+                   mlflow_token=raw.mlflow_token, dry_run=flags.get("dry_run") is True, trainer_args=trainer_args)

@@ -299,15 +299,19 @@ class Launch:
                 return
             watch.count_unknown(unknown)
 
-    def kill_store(self) -> None:
+    def kill_store(self) -> bool:
+        """Kill the store's job; whether that worked."""
         o = self.options
         log(f"killing {STORE_JOB} {o.run_id} (the rendezvous store)")
         if not self.flow.kill(STORE_JOB, o.run_id):
             log(f"could not kill {STORE_JOB} {o.run_id}: run '{self.flow.cli} kill {STORE_JOB} {o.run_id}'")
+            return False
+        return True
 
-    def kill_all(self) -> None:
+    def kill_all(self) -> bool:
         """Stop the CLI commands still running, kill every node's job, then the store's (last: the nodes' agents
-        leave the rendezvous while they stop); Ctrl-C is ignored meanwhile."""
+        leave the rendezvous while they stop); Ctrl-C is ignored meanwhile. Whether every kill worked."""
+        killed = True
         with signals_ignored():
             for process in [self.logs, *self.submitting]:
                 if process is not None and process.poll() is None:
@@ -316,5 +320,7 @@ class Launch:
                 log(f"killing {JOB} {suffix}")
                 if not self.flow.kill(JOB, suffix):
                     log(f"could not kill {JOB} {suffix}: run '{self.flow.cli} kill {JOB} {suffix}'")
+                    killed = False
             if self.store_started:
-                self.kill_store()
+                killed = self.kill_store() and killed
+        return killed

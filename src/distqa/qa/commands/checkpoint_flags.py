@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from dotenv import load_dotenv
 
+from distqa.checkpoint.commands import checkpoint_task
 from distqa.config.errors import print_error
-from distqa.settings.flags import add_setting_flags, refuse_other_tasks_flags
-from distqa.settings.sources import dotenv_file
-from distqa.settings.task_commands import checkpoint_task
+from distqa.config.flags import add_setting_flags, refuse_other_tasks_flags
+from distqa.config.sources import dotenv_file
 from distqa.tasks import available_tasks, task_class
 
 TaskSettings = Mapping[str, Sequence[str]]

@@ -1,6 +1,18 @@
 """The export command of the question-answering tasks (``python -m distqa.export`` runs it for their checkpoints): a
-Hugging Face directory that ``transformers`` loads offline, as :mod:`distqa.export` shows; what the directory holds is
-:mod:`distqa.qa.hf_format`.
+Hugging Face directory that ``transformers`` loads offline; what the directory holds is :mod:`distqa.qa.hf_format`::
+
+    python -m distqa.export --checkpoint results/nq-sample/checkpoints/best.pt --output results/nq-sample/model
+
+Then, with no network and nothing of this repository::
+
+    from transformers import AutoModelForQuestionAnswering, pipeline
+    model = AutoModelForQuestionAnswering.from_pretrained("results/nq-sample/model")
+    answer = pipeline("question-answering", model="results/nq-sample/model")(question=..., context=...)
+
+and ``python -m distqa.predict --checkpoint results/nq-sample/model …`` writes the same file as from ``best.pt``
+(the answer-type head, the tuned thresholds and the run's config are in the directory too). To publish it on a
+model hub: ``hf upload ORG/NAME DIR`` (the ``huggingface_hub`` CLI, after ``hf auth login``), or
+``model.push_to_hub`` after loading it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The command line of ``python -m distqa.score`` for the question-answering tasks' answer files, one for all:
 ``--format`` names the task (``python -m distqa.score`` runs that task's score command,
-:mod:`distqa.settings.task_commands`),
+:mod:`distqa.tasks.commands`),
 whose score parses it here: the Kaggle NQ micro-F1 of a submission CSV (:func:`distqa.qa.nq.commands.score`), or the
 official SQuAD metrics of a predictions JSON (:func:`distqa.qa.squad.commands.score`).
 
-Natural Questions (the default ``--format nq``): a submission CSV against a train-format jsonl holding the same
-examples with their annotations::
+Natural Questions (``--format nq``; the default ``dummy`` task's answers are NQ's too): a submission CSV against a
+train-format jsonl holding the same examples with their annotations::
 
     python -m distqa.score --gold data/nq-sample/simplified-nq-test-gold.jsonl --submission submission.csv
 

@@ -29,6 +29,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from distqa.config.flags import setting_overrides
 from distqa.qa.commands import evaluate as evaluate_command
 from distqa.qa.commands import predict as predict_command
 from distqa.qa.commands import score as score_command
@@ -36,7 +37,6 @@ from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.metric import SubmissionError, read_gold, read_submission, score_answers, write_submission
 from distqa.qa.nq.prepared import find_features
 from distqa.qa.nq.reader import require_file
-from distqa.settings.flags import setting_overrides
 
 
 def predict(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from distqa.config.flags import setting_overrides
 from distqa.qa.commands import evaluate as evaluate_command
 from distqa.qa.commands import predict as predict_command
 from distqa.qa.commands import score as score_command
@@ -31,7 +32,6 @@ from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import read_gold, read_predictions, score_predictions, write_predictions
 from distqa.qa.squad.prepared import find_squad_features
 from distqa.qa.squad.reader import hub_name, source_path
-from distqa.settings.flags import setting_overrides
 
 
 def predict(argv: Sequence[str] | None = None) -> int:

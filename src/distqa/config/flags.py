@@ -3,27 +3,27 @@
 ``python -m distqa.train`` and the doctor take every section of the task's settings (:func:`train_sections`),
 ``python -m distqa.prepare`` what builds the task's cache (:func:`prepare_sections`), ``predict`` and
 ``evaluate`` a few settings each (:func:`add_setting_flags`); a flag means the same thing everywhere. Values
-are typed by :mod:`distqa.config.values`; where they come from is :mod:`distqa.settings.sources`'s.
+are typed by :mod:`distqa.config.values`; where they come from is :mod:`distqa.config.sources`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from distqa.config import ENV_PREFIX, PRESET, SECTIONS, TASK, Config, ConfigError, Section, fields_of
+from distqa.config.registry import TaskClass, available_tasks, other_tasks_settings, task_class
+from distqa.config.schema import ENV_PREFIX, PRESET, SECTIONS, TASK, Config, ConfigError, Section, fields_of
 from distqa.config.values import coerce, metavar
-from distqa.tasks import available_tasks, other_tasks_settings, task_class
 
-if TYPE_CHECKING:
-    from distqa.tasks.base import Task
-
-SectionsOf = Callable[[type["Task"]], Sequence[Section]]
+SectionsOf = Callable[[type[TaskClass]], Sequence[Section]]
 """Which sections of a task's settings an entry point shows."""
 
+RENAMED = {"dataset": "task"}
+"""Settings an earlier release renamed: a flag, variable or preset key of the old name is refused naming the new."""
 
-def train_sections(task: type[Task]) -> list[Section]:
+
+def train_sections(task: type[TaskClass]) -> list[Section]:
     """``python -m distqa.train`` (and the doctor): every section of the task's settings (:func:`ordered_sections`)."""
     return ordered_sections(f.metadata["section"] for f in fields_of(task.config_class).values())
 
@@ -36,7 +36,7 @@ def ordered_sections(used: Iterable[Section]) -> list[Section]:
     return [s for s in SECTIONS if s in used] + list(dict.fromkeys(s for s in used if s not in SECTIONS))
 
 
-def prepare_sections(task: type[Task]) -> list[Section]:
+def prepare_sections(task: type[TaskClass]) -> list[Section]:
     """``python -m distqa.prepare``: the preset, the task, and what determines the task's cache."""
     return [PRESET, TASK, *[s for s in task.prepare_sections if s not in (PRESET, TASK)]]
 
@@ -47,7 +47,7 @@ def section_fields(sections: Iterable[Section], config_class: type[Config]) -> l
     return [name for name, f in fields_of(config_class).items() if f.metadata["section"] in wanted]
 
 
-def build_arg_parser(prog: str = "python -m distqa.train", task: type[Task] | None = None,
+def build_arg_parser(prog: str = "python -m distqa.train", task: type[TaskClass] | None = None,
                      sections: SectionsOf = train_sections, description: str = "") -> argparse.ArgumentParser:
     """The command line of an entry point for ``task`` (default: the built-in default task): one
     ``--field-name`` flag per setting of ``sections``, grouped by section, with the help of the field docs."""
@@ -65,8 +65,6 @@ def build_arg_parser(prog: str = "python -m distqa.train", task: type[Task] | No
     for section in sections(task):
         group = parser.add_argument_group(section.title)
         add_setting_flags(group, section_fields((section,), config_class), config_class)
-        if section is TASK:
-            group.add_argument("--dataset", dest="task", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -77,6 +75,9 @@ def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str], config_cla
     flags, unknown = parser.parse_known_args(argv)
     for argument in unknown:
         name = argument.split("=", 1)[0].removeprefix("--").replace("-", "_")
+        if argument.startswith("--") and name in RENAMED:
+            raise ConfigError(f"--{name} was renamed --{RENAMED[name]} (CHANGELOG.md): write --{RENAMED[name]} "
+                              "with the same value.")
         owners = [owner for owner, fields in other_tasks_settings(config_class).items() if name in fields]
         if argument.startswith("--") and owners:
             raise ConfigError(f"--{name.replace('_', '-')} is a setting of task {' and '.join(map(repr, owners))}, "

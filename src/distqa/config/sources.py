@@ -8,15 +8,14 @@ Precedence, lowest to highest::
 The preset is picked with ``--preset NAME`` (or ``DISTQA_PRESET``); ``tiny-cpu`` is the default and
 ``--preset none`` uses the built-in defaults alone. The task is picked next, by the same precedence
 (``--task``, ``DISTQA_TASK``, the preset's ``task``), and its settings class (``Task.config_class``)
-decides which settings exist: ``python -m distqa.train --task nq --help`` shows the ``nq`` task's. The
-old name ``dataset`` (flag, variable, preset key, saved configs) still works, with a one-line notice.
-A preset applies only to the tasks it names (:mod:`distqa.settings.presets`): the default one is left out of another
+decides which settings exist: ``python -m distqa.train --task NAME --help`` shows that task's.
+A preset applies only to the tasks it names (:mod:`distqa.config.presets`): the default one is left out of another
 task's run (a fork's gets the built-in defaults), and one given for another task is refused.
 
 A preset and the environment describe a whole run, so they may set any setting of the task; a setting
 of another registered task there is ignored (a ``.env`` may serve several tasks), while a flag of another
 task is refused with the fix. The command line of each entry point accepts (and ``--help`` shows) only
-the sections it uses (:mod:`distqa.settings.flags`). ``predict`` and ``evaluate`` take the checkpoint's settings
+the sections it uses (:mod:`distqa.config.flags`). ``predict`` and ``evaluate`` take the checkpoint's settings
 (:func:`saved_config`) and add a few flags of their own, so a flag means the same there as here.
 
 :func:`load_config` checks every value before any process group exists, so a typo fails in a second
@@ -30,7 +29,7 @@ setting wrongly is refused by :func:`~distqa.config.values.check_declarations`, 
 
 Which ``.env``, for every entry point and script (``scripts/common.sh``): ``$ENV_FILE`` (refused when it names no
 file), else ``.env`` in the working directory (:func:`dotenv_file`). Print every setting with its meaning:
-``python -m distqa.train --help``; regenerate ``.env.example`` with ``python -m distqa.settings.sources >
+``python -m distqa.train --help``; regenerate ``.env.example`` with ``python -m distqa.config.sources >
 .env.example``."""
 
 from __future__ import annotations
@@ -51,14 +50,15 @@ from distqa.config import (
     DEFAULT_PRESET,
     ENV_PREFIX,
     PRESETS_DIR,
+    REPO_ROOT,
     Config,
     ConfigError,
     fields_of,
     require_existing,
     resolve_path,
 )
-from distqa.config.values import check_declarations, coerce
-from distqa.settings.flags import (
+from distqa.config.flags import (
+    RENAMED,
     SectionsOf,
     add_setting_flags,
     build_arg_parser,
@@ -67,13 +67,14 @@ from distqa.settings.flags import (
     parse_flags,
     train_sections,
 )
-from distqa.settings.presets import read_preset
-from distqa.tasks import available_tasks, other_tasks_settings, task_class
+from distqa.config.presets import read_preset
+from distqa.config.project import PROJECT, ProjectError, split_setting
+from distqa.config.registry import available_tasks, other_tasks_settings, task_class
+from distqa.config.values import check_declarations, coerce
 
 log = logging.getLogger(__name__)
 
-DEPRECATED = {"dataset": "task"}
-"""Old setting names that still load (flags, variables, preset keys, saved configs), with a notice."""
+
 def load_config(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -103,24 +104,8 @@ def load_config(
     parser = build_arg_parser(prog, task, sections, description)
     flags = parse_flags(parser, source.argv, config_class, source.task)
 
-    values: dict[str, Any] = {"preset": source.preset, "task": source.task}
-    later: set[str] = set()  # the settings the environment or a flag set, over the preset's
-    for name, raw in source.preset_values.items():
-        if name in fields_of(config_class):
-            values[name] = coerce(name, raw, f"preset {source.preset_path}", config_class)
-        else:
-            _refuse_unknown(name, config_class, f"preset {source.preset_path}: unknown key {name!r}",
-                            f"preset {source.preset_path}")
-    for key, raw in source.env.items():
-        name = key[len(ENV_PREFIX):].lower()
-        if name in fields_of(config_class):
-            values[name] = coerce(name, raw, f"environment variable {key}", config_class)
-            later.add(name)
-        else:
-            _refuse_unknown(name, config_class, f"environment variable {key} is not a setting", "")
-    for name, raw in flags.items():
-        values[name] = coerce_flag(name, raw, config_class)
-        later.add(name)
+    typed, later = source.typed(config_class, flags)
+    values: dict[str, Any] = {"preset": source.preset, "task": source.task, **typed}
     config_class.settle_sources(values, later, source.preset_values, source.preset_path)
 
     config = config_class(**values)
@@ -159,13 +144,9 @@ class SettingSources:
         preset = read_preset(early.preset or merged.get(ENV_PREFIX + "PRESET") or default)
         # The task decides which settings exist, so it is chosen first, by the same precedence.
         task = default_task or fields_of(Config)["task"].default
-        task = _take_task(preset.values, "task", "dataset", f"preset {preset.path}") or task
-        task = _take_task(env, ENV_PREFIX + "TASK", ENV_PREFIX + "DATASET", "the environment") or task
-        if early.dataset is not None:
-            log.warning("--dataset is deprecated: use --task (the same values)")
-            if early.task is not None and early.task != early.dataset:
-                raise ConfigError(f"--task {early.task} and --dataset {early.dataset} disagree; give --task alone.")
-        task = early.task or early.dataset or task
+        task = _take_task(preset.values, "task", f"preset {preset.path}") or task
+        task = _take_task(env, ENV_PREFIX + "TASK", "the environment") or task
+        task = early.task or task
         if not preset.is_for(task):  # the default preset is left out of another task's run; a given one refused
             if given:
                 raise ConfigError(preset.refusal(given, task))
@@ -173,13 +154,35 @@ class SettingSources:
         return cls(list(argv), env, preset.name, preset.path, preset.values, task)
 
 
-def _take_task(values: dict[str, Any], key: str, old_key: str, place: str) -> str | None:
-    """Take the task (or its deprecated name, with a notice) out of one source's values; None if it has none."""
+    def typed(self, config_class: type[Config], flags: Mapping[str, Any],
+              only: Sequence[str] = ()) -> tuple[dict[str, Any], set[str]]:
+        """The settings of ``config_class`` that the preset, the environment and ``flags`` give, typed, each
+        source over the one before, and the names the environment or a flag set. ``only``: those settings alone,
+        the other keys unread; else a key that is no setting is refused (:func:`_refuse_unknown`)."""
+        wanted = set(only or fields_of(config_class))
+        values: dict[str, Any] = {}
+        later: set[str] = set()
+        for name, raw in self.preset_values.items():
+            if name in wanted:
+                values[name] = coerce(name, raw, f"preset {self.preset_path}", config_class)
+            elif not only:
+                _refuse_unknown(name, config_class, f"preset {self.preset_path}: unknown key {name!r}",
+                                f"preset {self.preset_path}")
+        for key, raw in self.env.items():
+            if (name := key[len(ENV_PREFIX):].lower()) in wanted:
+                values[name] = coerce(name, raw, f"environment variable {key}", config_class)
+                later.add(name)
+            elif not only:
+                _refuse_unknown(name, config_class, f"environment variable {key} is not a setting", "")
+        for name, raw in flags.items():
+            values[name] = coerce_flag(name, raw, config_class)
+            later.add(name)
+        return values, later
+
+
+def _take_task(values: dict[str, Any], key: str, place: str) -> str | None:
+    """Take the task out of one source's values; None if it has none."""
     chosen = values.pop(key, None)
-    if old_key in values:
-        log.warning("%s sets %s, a deprecated name: use %s (the same values)", place, old_key, key)
-        old = values.pop(old_key)
-        chosen = old if chosen is None else chosen
     if chosen is not None and not isinstance(chosen, str):
         raise ConfigError(f"task: invalid value {chosen!r} from {place}: expected a string.")
     return chosen
@@ -187,22 +190,30 @@ def _take_task(values: dict[str, Any], key: str, old_key: str, place: str) -> st
 
 def _early_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--preset", "--task", "--dataset"):
+    for flag in ("--preset", "--task"):
         parser.add_argument(flag)
     return parser
+
+
+def run_task(argv: Sequence[str], environ: Mapping[str, str] | None = None, project: Path = REPO_ROOT / PROJECT) -> str:
+    """The task a run of this project with ``argv`` trains, chosen as ``python -m distqa.train`` chooses it, over
+    ``project.toml``'s ``[run] args`` (the fork's preset): what the commands ask that have no checkpoint to ask
+    (``--help`` of predict, evaluate and export; score's default ``--format``). Imports no task."""
+    environ = os.environ if environ is None else environ
+    try:
+        flags = split_setting(project, "run.args", dict(environ))
+    except ProjectError:  # a checkout without a readable project.toml: the settings alone
+        flags = []
+    return SettingSources.read([*flags, *argv], environ, None).task
 
 
 def saved_config(saved: Mapping[str, Any], **overrides: Any) -> Config:
     """The config a checkpoint or ``config.json`` was written with, in its task's settings class, with
     ``overrides``. Its values are checked, but not against this machine: inference needs the model, tokenizer
     and window settings, not the training file or the checkpoint to resume, which need not exist here.
-    Old names are read as the new ones; another task's settings (an older layout kept every task's) are
-    dropped; settings no registered task knows are dropped with a warning."""
+    Another task's settings (an older layout kept every task's) are dropped; settings no registered task knows are
+    dropped with a warning."""
     values = dict(saved)
-    for old, new in DEPRECATED.items():
-        if old in values:
-            old_value = values.pop(old)
-            values.setdefault(new, old_value)
     config_class = task_class(values.get("task", fields_of(Config)["task"].default)).config_class
     known = fields_of(config_class)
     # The other tasks are imported only when the checkpoint holds settings this task lacks (an older layout).
@@ -236,6 +247,8 @@ def _refuse_unknown(name: str, config_class: type[Config], message: str, ignored
     """A key that is no setting of ``config_class``: ignored when another registered task has it (a preset or a
     .env may serve several tasks; said in one line for a preset), a ConfigError naming the key otherwise."""
     owners = [task for task, fields in other_tasks_settings(config_class).items() if name in fields]
+    if name in RENAMED:
+        raise ConfigError(f"{message}; it was renamed {RENAMED[name]} (CHANGELOG.md): write {RENAMED[name]} instead.")
     if not owners:
         known = [*fields_of(config_class), *set().union(*other_tasks_settings(config_class).values())]
         close = difflib.get_close_matches(name, known, n=1)
@@ -271,7 +284,7 @@ def _world_size(environ: Mapping[str, str]) -> int:
 def env_example() -> str:
     """The text of ``.env.example``: every setting of every registered task whose module is here, as a commented
     ``DISTQA_*`` line with its help; a setting that not every task has names the tasks that have it. Sections come
-    in ``--help``'s order (:func:`~distqa.settings.flags.ordered_sections`)."""
+    in ``--help``'s order (:func:`~distqa.config.flags.ordered_sections`)."""
     # With no registered task here (a fork deleted them and registered none), the settings every run has.
     classes = {name: task_class(name).config_class for name in available_tasks()} or {"any": Config}
     everything: dict[str, dataclasses.Field[Any]] = {}  # a setting several tasks declare: in its first one's section
@@ -282,7 +295,7 @@ def env_example() -> str:
             helps.setdefault(name, {}).setdefault(f.metadata["help"], []).append(task)
     lines = [
         "# Copy to .env and uncomment what you need. Precedence: defaults < preset < .env < environment",
-        "# < command-line flags. Regenerate this file with: python -m distqa.settings.sources > .env.example",
+        "# < command-line flags. Regenerate this file with: python -m distqa.config.sources > .env.example",
         "# Settings of another task than the run's are ignored, so one .env can serve several tasks.",
         "",
     ]
@@ -328,21 +341,13 @@ def run_dir_of(argv: Sequence[str], environ: Mapping[str, str] | None = None,
     names = ("output_dir", "run_name")
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_setting_flags(parser, names, Config)
-    flags = vars(parser.parse_known_args(source.argv)[0])
-    values = {}
-    for name in names:
-        if name in source.preset_values:
-            values[name] = coerce(name, source.preset_values[name], f"preset {source.preset_path}", Config)
-        if (key := ENV_PREFIX + name.upper()) in source.env:
-            values[name] = coerce(name, source.env[key], f"environment variable {key}", Config)
-        if name in flags:
-            values[name] = coerce_flag(name, flags[name], Config)
+    values, _ = source.typed(Config, vars(parser.parse_known_args(source.argv)[0]), only=names)
     return Config(**values).run_dir
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distqa.settings.sources`` prints .env.example (``make env-example``);
-    ``python -m distqa.settings.sources --run-dir [TRAINER ARGS...]`` prints the run directory that
+    """``python -m distqa.config.sources`` prints .env.example (``make env-example``);
+    ``python -m distqa.config.sources --run-dir [TRAINER ARGS...]`` prints the run directory that
     ``python -m distqa.train TRAINER ARGS`` would use (``scripts/worker.sh`` points the flight recorder there),
     or exits 2 with the configuration error."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -352,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(run_dir_of(args[1:]))
     except ConfigError as err:
-        print(f"distqa.settings.sources: configuration error: {err}", file=sys.stderr)
+        print(f"distqa.config.sources: configuration error: {err}", file=sys.stderr)
         return 2
     return 0
 

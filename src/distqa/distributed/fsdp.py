@@ -1,5 +1,5 @@
 """Sharded data parallelism (FSDP2, ``data_parallel = fsdp | hsdp``): the wrap, and what the loop and the
-checkpoints do differently with it. DDP's wrap is :mod:`distqa.parallel.ddp`.
+checkpoints do differently with it. DDP's wrap is :mod:`distqa.distributed.ddp`.
 
 DDP keeps a whole replica of the weights, their gradients and the optimizer state on every rank. With
 ``fsdp`` each rank keeps 1/W of every parameter (a ``DTensor`` sharded on dim 0) with its gradient and
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,12 +47,9 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from distqa.config import Config, ConfigError
+from distqa.distributed.ddp import compile_enabled, training_module
 from distqa.distributed.precision import Precision
 from distqa.distributed.runtime import Runtime
-from distqa.parallel.ddp import compile_enabled, training_module
-
-if TYPE_CHECKING:  # for annotations only: the task module needs none of this one
-    from distqa.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -77,23 +74,25 @@ def device_mesh(runtime: Runtime, data_parallel: str) -> DeviceMesh:
                             mesh_dim_names=("replicate", "shard"))
 
 
-def data_parallel_model(model: nn.Module, task: Task, runtime: Runtime, config: Config,
-                        precision: Precision) -> nn.Module:
+def data_parallel_model(model: nn.Module, runtime: Runtime, config: Config, precision: Precision, *,
+                        sync_buffers: bool, sharding_units: Callable[[nn.Module], list[nn.Module]]) -> nn.Module:
     """Collective. ``model`` as training steps run it, by ``config.data_parallel``: DDP's wrap
-    (:func:`distqa.parallel.ddp.training_module`: one replica per rank, compiled where that is on), or the model itself
-    sharded in place over the task's sharding units (:func:`shard_model`), computing in the precision's dtype. One
-    process has nothing to share: it runs the model as DDP's wrap leaves it."""
+    (:func:`distqa.distributed.ddp.training_module`: one replica per rank, compiled where that is on), or the model
+    itself sharded in place over its ``sharding_units`` (:func:`shard_model`), computing in the precision's dtype. One
+    process has nothing to share: it runs the model as DDP's wrap leaves it. ``sync_buffers`` and ``sharding_units``
+    are the task's (:attr:`~distqa.tasks.base.Task.sync_buffers`, :meth:`~distqa.tasks.base.Task.sharding_units`),
+    passed in: the runtime knows no task."""
     if config.data_parallel == "ddp" or not runtime.is_distributed:
-        return training_module(model, runtime, config, task.sync_buffers)
-    return shard_model(model, task.sharding_units(model), runtime, config, precision.dtype)
+        return training_module(model, runtime, config, sync_buffers)
+    return shard_model(model, sharding_units(model), runtime, config, precision.dtype)
 
 
 def shard_model(model: nn.Module, units: list[nn.Module], runtime: Runtime, config: Config,
                 param_dtype: torch.dtype | None) -> nn.Module:
     """Collective. ``model`` sharded in place over the mesh of ``config.data_parallel``: ``fully_shard`` on each
-    of ``units`` (compiled first, one by one, where :func:`~distqa.parallel.ddp.compile_enabled` says so: torchtitan's
-    per-block compile, which keeps the parameter names), then on the root. Its weights must be final (rank 0's
-    resumed or initial ones, broadcast here: each rank keeps a slice of its copy). ``param_dtype``: the dtype
+    of ``units`` (compiled first, one by one, where :func:`~distqa.distributed.ddp.compile_enabled` says so:
+    torchtitan's per-block compile, which keeps the parameter names), then on the root. Its weights must be final (rank
+    0's resumed or initial ones, broadcast here: each rank keeps a slice of its copy). ``param_dtype``: the dtype
     forward and backward compute in (bf16, fp16), gradients reduced in fp32; None: fp32 throughout."""
     mesh = device_mesh(runtime, config.data_parallel)
     with torch.no_grad():  # rank 0's weights everywhere, as DDP's constructor makes sure: each rank keeps a slice

@@ -1,11 +1,11 @@
 """Preset files: ``configs/NAME.toml`` (or any path to a ``.toml``), read and checked, and the tasks each is for.
 
-A preset holds settings (raw TOML values, typed once the run's task is known, by :mod:`distqa.settings.sources`) and
-may say which tasks it is for, ``tasks = ["dummy", "nq", "squad"]``; its ``task``, if it names one, must be
+A preset holds settings (raw TOML values, typed once the run's task is known, by :mod:`distqa.config.sources`) and
+may say which tasks it is for, ``tasks = ["dummy", "mytask"]``; its ``task``, if it names one, must be
 among them. A preset applies only to a run of one of its tasks: the default preset (``tiny-cpu``) is left
 out of any other run, and a preset given explicitly for another task is refused in one line. A preset that
 names no tasks (a fork's own file may not) is for any task. Every preset under ``configs/`` names its tasks.
-No torch here: ``python -m distqa.settings.sources --run-dir`` (before every node start) reads presets.
+No torch here: ``python -m distqa.config.sources --run-dir`` (before every node start) reads presets.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distqa.config import PRESETS_DIR, ConfigError
-from distqa.tasks import REGISTERED
+from distqa.config.registry import REGISTERED
+from distqa.config.schema import PRESETS_DIR, ConfigError
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Preset:
     name: str
     path: Path | None = None
     values: dict[str, Any] = field(default_factory=dict)
-    """The settings, raw; ``task`` (or its old name ``dataset``) is still among them."""
+    """The settings, raw; ``task`` is still among them."""
     tasks: list[str] = field(default_factory=list)
     """The tasks it is for, as written (registered names or ``package.module:ClassName``); empty: any task."""
 
@@ -58,9 +58,9 @@ def read_preset(name: str) -> Preset:
         raise ConfigError(f"preset {path}: unknown key 'preset'; a preset cannot name another; remove it.")
     tasks = values.pop("tasks", [])
     if not (isinstance(tasks, list) and all(isinstance(t, str) and t for t in tasks)):
-        raise ConfigError(f"preset {path}: tasks must be a list of task names, such as tasks = [\"nq\"].")
+        raise ConfigError(f"preset {path}: tasks must be a list of task names, such as tasks = [\"mytask\"].")
     preset = Preset(name, path, values, tasks)
-    own = values.get("task", values.get("dataset"))
+    own = values.get("task")
     if isinstance(own, str) and not preset.is_for(own):
         raise ConfigError(f"preset {path}: its task {own!r} is not one of its tasks {tasks}; add it there.")
     return preset

@@ -1,1 +1,0 @@
-"""How the model is spread over the ranks: DDP's wrap (``ddp``) and FSDP2's sharding (``fsdp``)."""
