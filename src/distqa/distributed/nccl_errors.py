@@ -1,15 +1,11 @@
 """NCCL's side of a lost peer: why, and what the CPU tests and the GPU benchmark check, is docs/FAULT_TOLERANCE.md,
 "A lost peer" (its NCCL item).
 
-Under NCCL a lost peer raises nothing where the collective is called: NCCL's watchdog (a thread of ProcessGroupNCCL)
-finds it later, as an error the communicator reports (a peer's connection reset: ncclRemoteError, ncclSystemError)
-or as the collective's timeout (``dist_timeout_s``), and by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` 3,
-SkipCleanUp) ends the process. With ``save_on_peer_loss``, :func:`survive_nccl_errors` sets it to 2 (CleanUpOnly): the
-watchdog records the error (ProcessGroupNCCL's ``ErrorType``, set in ``Watchdog::runLoop`` before it aborts) and
-aborts the communicators, and the process lives on. An aborted collective's kernel ends on partial data, so the
-trainer calls :func:`wait_for_collectives` before each optimizer update; a survivor's weights are therefore always
-those of its last complete optimizer step, which :mod:`distqa.training.peer_loss` saves. The wait's cost on a healthy
-step is the "save_on_peer_loss off" row of ``bench/gpu_settings.py`` (target: at most 1 %).
+NCCL's watchdog (a thread of ProcessGroupNCCL) finds a lost peer as an error the communicator reports (a peer's
+connection reset: ncclRemoteError, ncclSystemError) or as the collective's timeout; under CleanUpOnly
+(:func:`survive_nccl_errors`) it records it (ProcessGroupNCCL's ``ErrorType``, set in ``Watchdog::runLoop`` before it
+aborts), which :func:`wait_for_collectives` asks for before each optimizer update. The wait's cost on a healthy step
+is the "save_on_peer_loss off" row of ``bench/gpu_settings.py`` (target: at most 1 %).
 """
 
 from __future__ import annotations

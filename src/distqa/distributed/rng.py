@@ -26,11 +26,10 @@ def seed_for_step(seed: int, step: int, rank: int) -> None:
 
 
 def rng_states_to_save(seeds_per_step: bool, world_size: int) -> list[dict[str, Any] | None]:
-    """What a step checkpoint keeps of the ranks' random generators. A run whose steps seed them from (seed, step,
-    rank) (:func:`seed_for_step`) keeps none, as a survivor's save keeps none (:mod:`distqa.training.peer_loss`), and
-    its saves gather nothing: at 2 048 ranks every rank's generators are 26 MB (13 KB a rank on CPU) for rank 0 to
-    receive and unpickle at each checkpoint. A run begun before (its progress without ``seeds_per_step``) still
-    gathers them on rank 0, which writes them: collective then, every rank calls it."""
+    """What a step checkpoint keeps of the ranks' random generators: none for a run whose steps seed them from (seed,
+    step, rank) (:func:`seed_for_step`), as a survivor's save keeps none (:mod:`distqa.training.peer_loss`), so its
+    saves gather nothing (docs/SCALING.md, "The checkpoint's random states"). A run begun before (its progress without
+    ``seeds_per_step``) still gathers them on rank 0, which writes them: collective then, every rank calls it."""
     if seeds_per_step:
         return [None] * world_size
     name, keys, position, has_gauss, cached = np.random.get_state()

@@ -35,11 +35,8 @@ WORKER_WINDOW_VARIABLE = "WORKER_STOP_WINDOW_S"
 exported by ``worker.sh`` when it knows both."""
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 STEP_SIGNALS_VARIABLE = "WORKER_STEP_SIGNALS"
-"""``1`` where the scheduler signals every process of the job step, the workers with their agents
-(``scripts/train_slurm.sbatch``: Slurm's ``scancel --signal``, a time limit's ``--signal``, a preemption), and
-torchrun's agent then passes its own signal on: each worker gets the stop twice, milliseconds apart. There a repeated
-signal is the same stop and is ignored; the scheduler's SIGKILL (Slurm's ``KillWait``) ends a worker that cannot
-stop."""
+"""``1`` where the scheduler signals every process of the job step, the workers with their agents, which pass their
+own on (``scripts/train_slurm.sbatch``; docs/SLURM.md): a repeated signal is then the same stop and is ignored."""
 
 
 class TrainingStoppedError(Exception):

@@ -126,17 +126,13 @@ class EncoderMemory:
                    encoder=Encoder.of(encoder_config), seq_len=seq_len, attention=attention,
                    largest_layer=max(layers, default=0), outside_layers=parameters - sum(layers))
 
-    @property
-    def units(self) -> ShardingUnits:
-        return ShardingUnits(parameters=self.parameters, largest=self.largest_layer, root=self.outside_layers)
-
     def estimate(self, step: Step) -> StepMemory:
         """The peak of one training step with the settings of ``step`` (see the module docstring)."""
         encoder, batch, seq = self.encoder, step.micro_batch, self.seq_len
         kernels = Kernels.of(step, encoder, self.attention)
         if step.sharded:
-            forward_state, backward_state, end = (self.units.state(step, moment)
-                                                  for moment in ("forward", "backward", "end"))
+            units = ShardingUnits(parameters=self.parameters, largest=self.largest_layer, root=self.outside_layers)
+            forward_state, backward_state, end = (units.state(step, when) for when in ("forward", "backward", "end"))
         else:
             forward_state = backward_state = {"weights": 4 * self.parameters, "AdamW moments": 8 * self.parameters,
                                               "gradients": 4 * self.parameters if step.gradients_persist else 0}

@@ -31,6 +31,7 @@ modernbert  byte-level BPE, tokenizer.json           ``[CLS] q [SEP] d [SEP]``; 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import string
 from collections.abc import Callable
@@ -109,11 +110,9 @@ def _save(tokenizer: Tokenizer, output: Path, tokenizer_class: str, **init: Any)
                                       indent=2) + "\n")
 
 
-def _wordpiece_family(tokenizer_class: str) -> Callable[[Path, Path], None]:
-    def build(corpus: Path, output: Path) -> None:
-        _save(train_tokenizer(corpus).backend_tokenizer, output, tokenizer_class, unk_token="[UNK]",
-              pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    return build
+def _wordpiece_family(corpus: Path, output: Path, tokenizer_class: str) -> None:
+    _save(train_tokenizer(corpus).backend_tokenizer, output, tokenizer_class, unk_token="[UNK]", pad_token="[PAD]",
+          cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
 
 
 def _roberta_tokenizer(corpus: Path, output: Path) -> None:
@@ -151,15 +150,14 @@ def _deberta_v3_tokenizer(corpus: Path, output: Path) -> None:
          "mask_token": "[MASK]", "model_max_length": 512}, indent=2) + "\n")
 
 
-ConfigOf = Callable[[PreTrainedTokenizerBase], PretrainedConfig]
-FAMILIES: dict[str, tuple[Callable[[Path, Path], None], ConfigOf]] = {
+FAMILIES: dict[str, tuple[Callable[[Path, Path], None], Callable[[PreTrainedTokenizerBase], PretrainedConfig]]] = {
     "bert": (lambda corpus, output: train_tokenizer(corpus).save_pretrained(output),
              lambda t: BertConfig(vocab_size=len(t), max_position_embeddings=512, type_vocab_size=2,
                                   pad_token_id=t.pad_token_id, **LAYERS)),
-    "distilbert": (_wordpiece_family("DistilBertTokenizer"),
+    "distilbert": (functools.partial(_wordpiece_family, tokenizer_class="DistilBertTokenizer"),
                    lambda t: DistilBertConfig(vocab_size=len(t), dim=128, n_layers=2, n_heads=2, hidden_dim=512,
                                               max_position_embeddings=512, pad_token_id=t.pad_token_id)),
-    "electra": (_wordpiece_family("BertTokenizer"),
+    "electra": (functools.partial(_wordpiece_family, tokenizer_class="BertTokenizer"),
                 lambda t: ElectraConfig(vocab_size=len(t), embedding_size=64, max_position_embeddings=512,
                                         pad_token_id=t.pad_token_id, **LAYERS)),
     "roberta": (_roberta_tokenizer,

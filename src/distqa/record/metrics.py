@@ -9,8 +9,7 @@ on CPUs the host clock), and :meth:`MetricsWindow.flush` gathers every rank's fi
 line, never per step. :func:`summarise` turns them into job-wide numbers and marks the window's slowest rank, which
 :class:`StragglerWatch` names only when it stays the slowest. Only a micro-batch's real examples count tokens and
 FLOPs: the copies that pad a rank's uneven share of the global batch to whole micro-batches
-(:meth:`MetricsWindow.count_batch`) do not. The MFU's peak is ``peak_tflops``, else the table of
-:func:`distqa.record.throughput.peak_bf16_flops`.
+(:meth:`MetricsWindow.count_batch`) do not.
 """
 
 from __future__ import annotations
@@ -136,10 +135,8 @@ class MetricsWindow:
             self.started += time.perf_counter() - started
 
     def flush(self) -> list[RankWindow]:
-        """Every rank's window, in rank order (a collective: every rank must call it). An all-gather, though only rank 0
-        logs: every rank must meet a lost peer in the same collective (a gather to rank 0 lets the others step on into
-        one that waits for rank 0, while it saves with its replica group: distqa.training.peer_loss). 104 bytes a
-        rank a log line (docs/SCALING.md)."""
+        """Every rank's window, in rank order (a collective: every rank must call it): an all-gather, though only rank
+        0 logs, so that every rank meets a lost peer in the same collective (docs/SCALING.md, "The log window")."""
         steps = [self.clock.seconds(start, end) for start, _, end in self.marks]
         local = [self.clock.seconds(start, done) for start, done, _ in self.marks]
         count = max(self.steps, 1)
