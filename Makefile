@@ -23,7 +23,7 @@ DOCKER_TIER ?= tests/docker/run.sh
 SKYPILOT_VENV ?= .venv-skypilot
 SKYPILOT := $(SKYPILOT_VENV)/.installed
 ARGS ?=
-# pytest workers of make test and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
+# pytest workers of make test, make test-dev and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
 # project.toml's settings (src/distqa/config/project.py), read in a recipe's shell: `$(call project,run.args)` sets
 # the array PROJECT to the words of [run] args (a wrong project.toml: its one-line error, exit 2).
@@ -44,7 +44,7 @@ SHELL_SCRIPTS := $(wildcard scripts/*.sh scripts/*.sbatch bench/*.sh tests/docke
 CONTRACTS := $(wildcard src/*/contracts.toml src/*/*/contracts.toml src/*/*/*/contracts.toml)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run train doctor test test-fast test-docker lint tiny-model env-example tensorboard clean \
+.PHONY: help setup run train doctor test test-dev test-fast test-docker lint tiny-model env-example tensorboard clean \
 	new-fork update-template
 
 help: ## List the targets
@@ -114,8 +114,11 @@ test: $(INSTALLED) ## Linters, the whole test suite (CPU only, no network), then
 test-docker: $(INSTALLED) ## Build the Dockerfile (on a local stand-in base) and run a 2-container DDP training
 	PYTHON=$(PYTHON) $(DOCKER_TIER)
 
-test-fast: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## The tests that start no multi-process runs
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed" $(ARGS)
+test-dev: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## The whole suite but the recipe runs and benchmarks (marked slow), no lint
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(ARGS)
+
+test-fast: $(INSTALLED) $(SIDE_VENVS) $(CHROMIUM) ## The tests that start no multi-process runs, nor the slow ones
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not distributed and not slow" $(ARGS)
 
 lint: $(INSTALLED) ## ruff on Python, the import contracts (pyproject.toml), shellcheck on the scripts, hadolint on the Dockerfiles
 	$(VENV)/bin/ruff check $(PYTHON_DIRS)

@@ -1,121 +1,21 @@
-"""What every tier's tests share: the machinery task's arguments, a clean environment, free ports, waits, a node run in
-this process, the fixtures, and the scheduling of the long tests. The launch helpers (real torchrun runs, emulated
-nodes) are tests/distributed/conftest.py's."""
+"""Every tier's fixtures and pytest hooks; the helpers the tests import by name are in tests/support/ (``from
+support.processes import clean_env``). Here: no torchrun variables, a command's ``main`` run in this process, a gloo
+group of one, a mount like the platform's, the root logger put back after each test, temporary folders under
+pytest's basetemp, and the scheduling of the long tests."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
-from unittest import mock
 
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-WORKER = str(REPO_ROOT / "scripts" / "worker.sh")
-IN_A_FORK = (REPO_ROOT / "fork.toml").is_file()
-"""This checkout is a fork (make new-fork, docs/FORKING.md): the files a fork owns (README.md, project.toml,
-.neuro/project.yml) hold its values, not the template's, and the parts it left out are gone."""
-T = TypeVar("T")
-
-# The machinery's task: tests whose claim is about distribution, faults, launchers, checkpoints, tracking or hangs
-# train the example fork's text classifier (examples/text_classification: torch only, a bag of words with dropout,
-# an accuracy that keeps best.pt, 960 training texts), not the QA model. Runs take a second or two of training.
-MACHINERY_TASK = "examples.text_classification.task:TextClassification"
-MACHINERY_ARGS = [
-    "--task", MACHINERY_TASK, "--preset", "none",
-    "--progress-bar", "false", "--tensorboard", "false", "--log-every", "1", "--warmup-steps", "2",
-]
-EXAMPLE = REPO_ROOT / "examples" / "text_classification"
-EXAMPLE_PRESET = str(EXAMPLE / "preset.toml")
-REVIEWS = EXAMPLE / "reviews.tsv"
-
-
-def reviews(directory: Path, lines: int) -> list[str]:
-    """``--data-file`` for the machinery task's first ``lines`` reviews, written under ``directory``: with
-    ``validation_fraction`` 0.2, 80 lines leave 64 training texts (an epoch in a few steps)."""
-    path = directory / f"reviews-{lines}.tsv"
-    path.write_text("".join(REVIEWS.read_text(encoding="utf-8").splitlines(keepends=True)[:lines]), encoding="utf-8")
-    return ["--data-file", str(path)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without torchrun or DISTQA_* variables that would leak in."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("DISTQA_") and k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                         "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}}
-    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
-def node_in_process(argv: Sequence[str], env: dict[str, str],
-                    agent_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``scripts/worker.sh ARGV`` under ``env`` as what it runs, distqa.launch.node.main, in this process (no bash, no
-    interpreter start): its exit status and output. For what ends before the agent starts (--dry-run, a refusal), or,
-    given ``agent_env``, up to the agent, which is not started: ``agent_env`` gets the environment it would have
-    found. tests/launchers/test_launchers.py and each engine's file keep cases through worker.sh itself."""
-    from distqa.launch import node
-
-    def agent(args: list[str]) -> int:
-        assert agent_env is not None
-        agent_env.update(os.environ)
-        return 0
-
-    out, err = io.StringIO(), io.StringIO()
-    with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(sys, "path", list(sys.path)), \
-            mock.patch.object(node, "run_agent", agent), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
-        status = node.main(list(argv))
-    return subprocess.CompletedProcess(["scripts/worker.sh", *argv], status, out.getvalue(), err.getvalue())
-
-
-def wait_for(condition: Callable[[], T | None], timeout: float) -> T:
-    """Poll ``condition`` every 0.2 s until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
-
-
-def assert_close_values(actual: Any, expected: Any, rel: float = 1e-6) -> None:
-    """``actual`` equals ``expected`` (JSON-like: dicts, lists, strings, integers) except that floats need only agree to
-    ``rel``: another CPU's kernels round the last bits their own way (a threshold tuned on logits differs by 3e-8)."""
-    if isinstance(expected, float) or isinstance(actual, float):
-        assert actual == pytest.approx(expected, rel=rel, abs=1e-9), (actual, expected)
-    elif isinstance(expected, dict):
-        assert isinstance(actual, dict) and actual.keys() == expected.keys(), (actual, expected)
-        for key in expected:
-            assert_close_values(actual[key], expected[key], rel)
-    elif isinstance(expected, list | tuple):
-        assert isinstance(actual, list | tuple) and len(actual) == len(expected), (actual, expected)
-        for got, want in zip(actual, expected, strict=True):
-            assert_close_values(got, want, rel)
-    else:
-        assert actual == expected, (actual, expected)
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+from support.processes import free_port, root_logging_kept
 
 
 @pytest.fixture
@@ -125,24 +25,6 @@ def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     for name in [k for k in os.environ if k.startswith("DISTQA_")]:
         monkeypatch.delenv(name)
-
-
-@contextlib.contextmanager
-def root_logging_kept() -> Iterator[None]:
-    """The root logger's handlers and level as they were before the block. A command's ``main`` run in the test's
-    process configures logging for a process of its own (``setup_logging``: ``basicConfig(force=True)``, a handler on
-    the standard error of that moment, pytest's capture, closed when the test ends); left in place, every later log
-    line in this worker ends in a "--- Logging error ---" traceback on standard error."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        for handler in root.handlers:
-            if handler not in handlers:
-                handler.close()
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
@@ -177,14 +59,6 @@ def run_main(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixtur
         captured = capsys.readouterr()
         return code, captured.out, captured.err + caplog.text
     return run
-
-
-def run_prepare(args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``python -m distqa.prepare ARGS`` in a process of its own, as the launchers run it; it must succeed."""
-    prepared = subprocess.run([sys.executable, "-m", "distqa.prepare", *args], cwd=REPO_ROOT,
-                              env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
-    assert prepared.returncode == 0, f"distqa.prepare failed ({prepared.returncode}):\n{prepared.stderr}"
-    return prepared
 
 
 @pytest.fixture

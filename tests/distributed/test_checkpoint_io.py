@@ -20,8 +20,10 @@ import torch
 from distqa.checkpoint.format import verify_checkpoint
 from distqa.checkpoint.run_folder import checkpoint_path, list_checkpoints
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, free_port, max_difference
-from distributed.conftest import final_weights, finish, node_output, run_training, start_node
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port
+from support.repo import MACHINERY_ARGS, REPO_ROOT, WORKER
+from support.runs import finish, node_output, run_training, start_node
 
 # --- a graceful stop on slow storage ------------------------------------------------------------------------------
 SIGTERM_MID_WRITE = """

@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port
-from doctor_helpers import failures
+from support.doctor import failures
+from support.processes import clean_env, free_port
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 
 def doctor_on_two_nodes(common: list[str], node_1_cwd: Path = REPO_ROOT, node_1_env: dict[str, str] | None = None,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from conftest import REPO_ROOT, max_difference
-from distributed.conftest import final_weights, run_training
+from support.compare import final_weights, max_difference
+from support.repo import REPO_ROOT
+from support.runs import run_training
 
 PRESET = str(REPO_ROOT / "examples" / "text_classification" / "preset.toml")
 ARGS = ["--preset", PRESET, "--max-steps", "400", "--eval-every", "5", "--checkpoint-every", "5",

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, max_difference, wait_for
-from distributed.conftest import ELASTIC_NODE_ARGS as NODE_ARGS
-from distributed.conftest import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
-from distributed.conftest import RENDEZVOUS, elastic_reference, final_weights, finish, node_output, start_node
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import RENDEZVOUS, finish, node_output, start_node
+from support.shared_runs import ELASTIC_NODE_ARGS as NODE_ARGS
+from support.shared_runs import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
+from support.shared_runs import elastic_reference
 
 LOST = "kill-node:rank=2:step=6"  # after step 6: the newest checkpoint is step 4's, the survivors save step 6
 # Returned: the two go on at world size 2 and rank 0 waits after step 10 until torchrun restarts it for the

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from conftest import EXAMPLE, REPO_ROOT, clean_env, free_port
-from conftest import EXAMPLE_PRESET as PRESET
-from fork_checks import lose_a_node_then_resume
+from support.fork_checks import lose_a_node_then_resume
+from support.processes import clean_env, free_port
+from support.repo import EXAMPLE, REPO_ROOT
+from support.repo import EXAMPLE_PRESET as PRESET
 
 TASK = "examples.text_classification.task:TextClassification"
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, max_difference
-from distributed.conftest import final_weights, forty_steps_of_2_ranks, forty_steps_uninterrupted
+from support.compare import final_weights, max_difference
+from support.processes import clean_env
+from support.repo import MACHINERY_ARGS, REPO_ROOT, WORKER
+from support.shared_runs import forty_steps_of_2_ranks, forty_steps_uninterrupted
 
 
 def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterrupted(
@@ -18,7 +20,7 @@ def test_a_worker_killed_at_a_step_is_restarted_and_the_run_ends_as_if_uninterru
     """Through the trainer, worker.sh --max-restarts 1: rank 1 is SIGKILLed after step 7, torchrun restarts both
     workers, they resume from step 7, which rank 0 saved when it lost its peer (past step 5's checkpoint), the fault
     does not fire again, and the weights equal those of a run never interrupted (dropout on; the session's run of
-    distributed.conftest.forty_steps_of_2_ranks, shared with test_training.py and test_node_loss.py)."""
+    support.shared_runs.forty_steps_of_2_ranks, shared with test_training.py and test_node_loss.py)."""
     args = [*MACHINERY_ARGS, *forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "5", "--output-dir",
             str(tmp_path)]
     result = subprocess.run(  # worker.sh: one node, 2 processes, torchrun as every launcher starts it

@@ -1,6 +1,6 @@
 """What a fork's own task met that the built-in tasks never did (issue 31, part 7), on 2 ranks with the tasks of
-tests/fork_tasks.py imported from outside the package: BatchNorm statistics that must be rank 0's on every rank and
-in the checkpoint."""
+tests/support/fork_tasks.py imported from outside the package: BatchNorm statistics that must be rank 0's on every
+rank and in the checkpoint."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 
 from distqa.checkpoint.run_folder import checkpoint_path
 
-from conftest import clean_env
-from distributed.conftest import run_training
-from fork_tasks import FORK_ENV, RUN_ARGS
+from support.fork_tasks import FORK_ENV, RUN_ARGS
+from support.processes import clean_env
+from support.runs import run_training
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 def statistics_seen(tmp_path: Path, task: str) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], str, dict]:
     """A 2-rank run of ``task``: each rank's running statistics at the last evaluation, the last checkpoint's
     model, the run's console output, and the run's saved config."""
-    result = run_training(["--task", f"fork_tasks:{task}", "--output-dir", str(tmp_path), *RUN_ARGS], nproc=2,
+    result = run_training(["--task", f"support.fork_tasks:{task}", "--output-dir", str(tmp_path), *RUN_ARGS], nproc=2,
                           env=clean_env(**FORK_ENV))
     run_dir = tmp_path / "local"
     checkpoint = torch.load(checkpoint_path(run_dir, 6), map_location="cpu", weights_only=True)

@@ -14,8 +14,9 @@ import torch
 
 from distqa.launch.agent import RENDEZVOUS_TIMEOUT_EXIT_CODE
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, wait_for
-from distributed.conftest import finish, node_output, start_node
+from support.processes import clean_env, free_port, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import finish, node_output, start_node
 
 
 def test_a_node_that_never_joins_is_named_in_one_line_by_the_nodes_that_did(tmp_path: Path) -> None:

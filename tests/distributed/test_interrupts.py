@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env, free_port, wait_for
-from distributed.conftest import kill_launcher, once_per_session, sigint_as_in_a_terminal, training_process
+from support.processes import clean_env, free_port, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT, WORKER
+from support.runs import kill_launcher, sigint_as_in_a_terminal, training_process
+from support.shared_runs import once_per_session
 
 RUN_ID = "interrupted"
 # No step is a check step before the signal can land (the first graceful-stop tests' flake: a stop at the step

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT, free_port, wait_for
-from distributed.conftest import finish
+from support.processes import free_port, wait_for
+from support.repo import REPO_ROOT
+from support.runs import finish
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
-from kubernetes_helpers import SMALL_RUN, manifest, needs_engines, on_this_machine, pod
+from support.kubernetes import SMALL_RUN, manifest, needs_engines, on_this_machine, pod
 
 # --- emulated nodes: a kill and a resume on each engine --------------------------------------------------------------
 

@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, max_difference, wait_for
-from distributed.conftest import (
-    final_weights,
-    finish,
-    forty_steps_of_2_ranks,
-    forty_steps_uninterrupted,
-    node_output,
-    start_node,
-    training_process,
-)
+from support.compare import final_weights, max_difference
+from support.processes import free_port, wait_for
+from support.runs import finish, node_output, start_node, training_process
+from support.shared_runs import forty_steps_of_2_ranks, forty_steps_uninterrupted
 
 # Node 1's rank frozen (SIGSTOP) right after step 12, once per run directory: the node is killed in a state the run
 # reaches and stays in (node 0 waits in step 13's all-reduce), past the checkpoint of step 10, not a race with a

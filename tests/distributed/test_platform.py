@@ -1,6 +1,6 @@
 """The platform recipe's runs without the platform: the platform launcher (python -m distqa.launch.platform, which
 scripts/run_distributed_on_platform.sh execs) driving a stand-in neuro-flow that runs each job's rendered command as a
-local process with its own loopback address (tests/standin/platform_cli.py, tests/platform_helpers.py): two nodes to
+local process with its own loopback address (tests/standin/platform_cli.py, tests/support/apolo.py): two nodes to
 a checkpoint, failures, Ctrl-C, lost and resubmitted jobs, the external store's job lost, a sweep on the platform.
 Each case starts the launcher once, through the script itself where the claim is about the script (the two-node run,
 ENV_FILE, the sweep). live.yml, the dry runs and the refusals: tests/launchers/test_platform.py."""
@@ -20,9 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, free_port, wait_for
-from distributed.conftest import once_per_session
-from platform_helpers import (
+from support.apolo import (
     STORE,
     events,
     finish,
@@ -32,6 +30,9 @@ from platform_helpers import (
     start_platform,
     stop_platform,
 )
+from support.processes import free_port, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.shared_runs import once_per_session
 
 PROJECT_ID = re.search(r"^id: (\S+)", (REPO_ROOT / ".neuro" / "project.yml").read_text(), re.MULTILINE)[1]
 """The project's id (its storage folder on the platform: a fork names its own)."""
@@ -102,7 +103,7 @@ def test_a_failing_worker_stops_every_job_and_the_launcher_fails(platform: dict[
     wait_for(lambda: not run_processes("fail"), timeout=30)
 
 
-# One run that two tests check (started once per session, distributed.conftest.once_per_session): 3 nodes, whose workers
+# One run that two tests check (started once per session, support.shared_runs.once_per_session): 3 nodes, whose workers
 # the platform holds pending until both are submitted; once node 0 trains, Ctrl-C. A batch that 3 ranks split evenly:
 # the jobs train until the Ctrl-C instead of failing on their own, which would race the interrupt (the launcher's own
 # failure path exits 1, not 130).

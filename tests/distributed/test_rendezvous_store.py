@@ -13,18 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, max_difference
-from distributed.conftest import (
-    ELASTIC_NODE_ARGS,
-    RENDEZVOUS,
-    elastic_reference,
-    final_weights,
-    finish,
-    node_output,
-    start_node,
-)
-from distributed.conftest import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
-from rendezvous_helpers import start_store, wait_for_line
+from support.compare import final_weights, max_difference
+from support.processes import free_port
+from support.rendezvous import start_store, wait_for_line
+from support.runs import RENDEZVOUS, finish, node_output, start_node
+from support.shared_runs import ELASTIC_NODE_ARGS, elastic_reference
+from support.shared_runs import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
 
 # tests/distributed/test_elastic.py's runs (12 examples per step split by 3 ranks and by 2, dropout off, short
 # rendezvous timings), every node a client of the store.

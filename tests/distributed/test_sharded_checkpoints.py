@@ -4,7 +4,7 @@ own DCP shards in the background into ``step-N.dcp/``, and every promise of the 
 Real runs of the machinery task (fp32, global batch 16, fsdp on 2 ranks with accumulation), started once for the
 module (:func:`runs`): the uninterrupted run; a run ended at step 2 (``--stop-at-step``) and started again
 (``--resume auto``); and the first run's step-2 directory resumed on 4 ranks and by DDP writing files. Faults on
-many ranks (a full disk on rank 1, a kill of rank 0 mid-write) are 2-rank jobs of tests/sharded_checkpoint_job.py.
+many ranks (a full disk on rank 1, a kill of rank 0 mid-write): 2-rank jobs of tests/support/sharded_checkpoint_job.py.
 What needs no peers (rotation, the deadline): tests/unit/test_sharded_checkpoints.py. A QA checkpoint written
 sharded and exported, predicted and evaluated: tests/qa/test_sharded_checkpoints_qa.py."""
 
@@ -24,8 +24,10 @@ from distqa.checkpoint.format import MANIFEST, STATE_FILE, verify_directory
 from distqa.checkpoint.run_folder import list_checkpoints, newest_intact_checkpoint, remove_stale_temporaries
 from distqa.checkpoint.sharded import load_sharded, sharded_checkpoint_path
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, max_difference, reviews
-from distributed.conftest import final_weights, run_training
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port
+from support.repo import MACHINERY_ARGS, REPO_ROOT, reviews
+from support.runs import run_training
 
 STEPS = 4
 SAME_STRATEGY = 1e-6
@@ -143,10 +145,10 @@ def test_damaged_shards_are_detected_before_a_resume_uses_them(runs: dict[str, t
 
 
 def run_job(scenario: str, run_dir: Path) -> list[subprocess.CompletedProcess[str]]:
-    """tests/sharded_checkpoint_job.py on 2 ranks (two processes, a gloo group)."""
+    """tests/support/sharded_checkpoint_job.py on 2 ranks (two processes, a gloo group)."""
     env = clean_env(OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    ranks = [subprocess.Popen([sys.executable, str(REPO_ROOT / "tests" / "sharded_checkpoint_job.py"), scenario,
-                               str(run_dir)], env={**env, "RANK": str(rank)}, cwd=REPO_ROOT, text=True,
+    ranks = [subprocess.Popen([sys.executable, str(REPO_ROOT / "tests" / "support" / "sharded_checkpoint_job.py"),
+                               scenario, str(run_dir)], env={**env, "RANK": str(rank)}, cwd=REPO_ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
     done = []
     for rank in ranks:

@@ -28,11 +28,13 @@ from distqa.checkpoint.format import MANIFEST, STATE_FILE, verify_directory
 from distqa.checkpoint.run_folder import list_checkpoints
 from distqa.checkpoint.sharded import sharded_checkpoint_path
 
-from conftest import REPO_ROOT, clean_env, free_port, max_difference, reviews
-from distributed.conftest import RENDEZVOUS, final_weights, run_training
-from distributed.conftest import SHARDING_MAX_GRAD_NORM as MAX_GRAD_NORM
-from distributed.conftest import SHARDING_STEPS as STEPS
-from distributed.conftest import sharding_run_args as run_args
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT, reviews
+from support.runs import RENDEZVOUS, run_training
+from support.shared_runs import SHARDING_MAX_GRAD_NORM as MAX_GRAD_NORM
+from support.shared_runs import SHARDING_STEPS as STEPS
+from support.shared_runs import sharding_run_args as run_args
 
 ACROSS_STRATEGIES = 1e-5
 """DDP against a sharded run: they sum the same gradients in another order (all-reduce against reduce-scatter, the

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import max_difference, reviews
-from distributed.conftest import final_weights, run_training
-from distributed.conftest import sharding_run_args as run_args
+from support.compare import final_weights, max_difference
+from support.repo import reviews
+from support.runs import run_training
+from support.shared_runs import sharding_run_args as run_args
 
 STEPS = 6
 ACROSS_WORLD_SIZES = 1e-5

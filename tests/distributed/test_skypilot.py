@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, wait_for
-from distributed.conftest import finish, kill_launcher
-from skypilot_helpers import TASK, needs_skypilot, skypilot
+from support.processes import clean_env, free_port, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import finish, kill_launcher
+from support.skypilot import TASK, needs_skypilot, skypilot
 
 # --- two emulated nodes run the task's script --------------------------------------------------------------------
 

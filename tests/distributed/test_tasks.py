@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env, free_port
-from tasks_helpers import train
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
+from support.runs import train
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

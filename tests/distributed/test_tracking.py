@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, max_difference
-from distributed.conftest import AT_STEP, final_weights
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import AT_STEP
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from mlflow_server import MLFLOW, mlflow_server  # the benchmark's server, started the same way

@@ -20,17 +20,11 @@ import torch
 
 from distqa.distributed.stop import STOPPED_EXIT_CODE
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, max_difference, node_in_process, reviews, wait_for
-from distributed.conftest import (
-    AT_STEP,
-    final_weights,
-    forty_steps_of_2_ranks,
-    forty_steps_uninterrupted,
-    initial_weights,
-    kill_launcher,
-    run_training,
-    training_process,
-)
+from support.compare import final_weights, initial_weights, max_difference
+from support.processes import clean_env, free_port, node_in_process, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT, reviews
+from support.runs import AT_STEP, kill_launcher, run_training, training_process
+from support.shared_runs import forty_steps_of_2_ranks, forty_steps_uninterrupted
 
 STEPS = 3
 TOLERANCE = 1e-5
@@ -307,7 +301,7 @@ def test_sigterm_to_one_nodes_agent_checkpoints_the_step_reached_and_resumes_exa
     args = [*forty_steps_of_2_ranks(tmp_path_factory), "--checkpoint-every", "0", "--stop-check-every", "1"]
     # Restarts left (the platform's and Slurm's default) must not start the stopped workers again. Rank 1 (node 1's
     # only worker) sends the SIGTERM to its parent, node 1's agent, at step 3 and holds that step until the agent has
-    # passed it on (conftest.AT_STEP): mid-run however fast the steps, not a race with the end of the run.
+    # passed it on (support.runs.AT_STEP): mid-run however fast the steps, not a race with the end of the run.
     (tmp_path / "at_step.py").write_text(AT_STEP)
     launcher = launch_locally(tmp_path, *args, max_restarts=2, launcher_args=("--entry-module", "at_step"),
                               PYTHONPATH=str(tmp_path), AT_STEP="3", AT_RANK="1", SIGNAL="SIGTERM",

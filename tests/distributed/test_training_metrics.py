@@ -13,7 +13,8 @@ import pytest
 
 from distqa.record.metrics import STRAGGLER_MIN_STEPS
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

@@ -1,5 +1,5 @@
 """A fork made with `make new-fork` and updated with `make update-template` still trains (docs/FORKING.md): on the
-synthetic upstream of tests/upkeep_helpers.py (this checkout as commit A, a fork of it without the QA tasks, Slurm
+synthetic upstream of tests/support/upkeep.py (this checkout as commit A, a fork of it without the QA tasks, Slurm
 and the notebooks, the template moved on to B), the updated fork's own test trains its task on 2 emulated nodes
 through a lost node and a resume to the uninterrupted weights, and its commands need nothing of the QA package."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from upkeep_helpers import (
+import pytest
+
+from support.upkeep import (
     NAME,
     in_fork,
     template_only,
@@ -15,6 +17,7 @@ from upkeep_helpers import (
 )
 
 
+@pytest.mark.slow
 @template_only
 def test_the_updated_forks_own_test_trains_its_task_through_a_lost_node_to_the_uninterrupted_weights(
         upstream_and_fork, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from distqa.config.sources import load_config
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 IMAGE = os.environ.get("DISTQA_TEST_IMAGE", "")
 pytestmark = [pytest.mark.docker,

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import MACHINERY_ARGS, REPO_ROOT
-from distributed.conftest import AT_STEP, RENDEZVOUS, final_weights
+from support.compare import final_weights
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import AT_STEP, RENDEZVOUS
 
 IMAGE = os.environ.get("DISTQA_SLURM_IMAGE", "")
 pytestmark = [pytest.mark.docker,
@@ -119,7 +120,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def at_step(step: int, flag: Path, **variables: str) -> dict[str, str]:
-    """The variables of distributed.conftest.AT_STEP (run as ``--entry-module at_step``): at ``step`` the rank acts
+    """The variables of support.runs.AT_STEP (run as ``--entry-module at_step``): at ``step`` the rank acts
     once, writing ``flag`` on the shared file system first, so the test sees on the host that the run is there."""
     return {"PYTHONPATH": "/shared/at_step:/project", "AT_STEP": str(step), "ACTED_FILE": f"/shared/{flag.name}",
             **variables}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 BASH = shutil.which("bash") or "/bin/bash"
 CLIENT_WITHOUT_DAEMON = "#!/bin/sh\n# `docker info` fails as a client does with no daemon to answer\nexit 1\n"

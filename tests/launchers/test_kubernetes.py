@@ -28,13 +28,14 @@ from unittest import mock
 import pytest
 import yaml
 
-from conftest import REPO_ROOT, WORKER, clean_env, free_port, node_in_process
+from support.processes import clean_env, free_port, node_in_process
+from support.repo import REPO_ROOT, WORKER
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import kubeflow  # tests/standin is not a package
 import kubernetes_api
 
-from kubernetes_helpers import (
+from support.kubernetes import (
     DEPLOY,
     ENGINES,
     IMAGE_WORKER,

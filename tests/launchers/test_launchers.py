@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port
+from support.processes import clean_env, free_port
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 CANDIDATE_FILES = [*(REPO_ROOT / "scripts").iterdir(), *(REPO_ROOT / "tests" / "docker").glob("*.sh"),
                    REPO_ROOT / ".ci" / "run", REPO_ROOT / "Makefile", REPO_ROOT / "Dockerfile",

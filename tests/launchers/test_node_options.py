@@ -16,7 +16,8 @@ from distqa.launch.engines import kubeflow_environment, skypilot_environment
 from distqa.launch.node import entry_module_found, node_count, outcome, processes_here, read_node, torchrun_args
 from distqa.launch.node_options import USAGE, Node, NodeError, NodeOptions, check, parse_command_line, seconds_of
 
-from conftest import REPO_ROOT, WORKER, clean_env, node_in_process
+from support.processes import clean_env, node_in_process
+from support.repo import REPO_ROOT, WORKER
 
 
 def node_of(*argv: str, **environ: str) -> Node:

@@ -22,8 +22,7 @@ import pytest
 from distqa.config.project import split_setting
 from distqa.launch.platform.cli import main as launcher_main
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, wait_for
-from platform_helpers import (
+from support.apolo import (
     LAUNCH,
     STANDIN,
     STORE,
@@ -33,6 +32,8 @@ from platform_helpers import (
     launch,
     platform_fixture,  # noqa: F401  (the fixture `platform`)
 )
+from support.processes import clean_env, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import platform_polls  # bench/ is not a package: the watch measured on light jobs, as the bench measures it

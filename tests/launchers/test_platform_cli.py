@@ -17,7 +17,8 @@ import pytest
 
 from distqa.launch.platform.cli import main as launcher_main
 
-from conftest import IN_A_FORK, REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import IN_A_FORK, REPO_ROOT
 
 STANDIN_DIR = REPO_ROOT / "tests" / "standin"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"

@@ -30,7 +30,8 @@ from distqa.launch.platform.jobs import (
 from distqa.launch.platform.options import Options, UsageError, parse_options
 from distqa.launch.platform.run import UNKNOWN_LIMIT, Launch, RunFailedError, Watch
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import platform_cli  # the stand-in (tests/standin is not a package), derived from neuro-flow's source

@@ -15,7 +15,8 @@ import pytest
 import distqa.launch.reachability
 from distqa.launch.reachability import UNREACHABLE_EXIT_CODE, wait_for_rendezvous
 
-from conftest import REPO_ROOT, clean_env, free_port
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
 
 
 def test_a_closed_port_is_reported_with_address_port_and_what_to_check() -> None:

@@ -12,8 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, WORKER, clean_env, node_in_process
-from skypilot_helpers import TASK, needs_skypilot, skypilot
+from support.processes import clean_env, node_in_process
+from support.repo import REPO_ROOT, WORKER
+from support.skypilot import TASK, needs_skypilot, skypilot
 
 # --- the task, as SkyPilot loads it ----------------------------------------------------------------------------
 

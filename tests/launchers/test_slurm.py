@@ -8,7 +8,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 # `scontrol show hostnames LIST` as Slurm 22.05's (slurm-client, scontrol.c: hostlist_create then one
 # hostlist_shift a line): one host a line, and for an empty list nothing with status 0, which is what the script

@@ -23,7 +23,8 @@ from distqa.sweeps.launch import Launcher, failure_reason
 from distqa.sweeps.pruning import TrialPruner, parse_trial
 from distqa.sweeps.space import check_trial_configs, flags, read_sweep, trial_args
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, wait_for
+from support.processes import clean_env, wait_for
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 BASE = """
 search = "grid"

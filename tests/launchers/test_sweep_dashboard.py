@@ -18,7 +18,7 @@ from distqa.config import Config
 from distqa.sweeps import study as studies
 from distqa.sweeps.space import read_sweep
 
-from conftest import clean_env, free_port, wait_for
+from support.processes import clean_env, free_port, wait_for
 
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 DASHBOARD = Path(sys.executable).with_name("optuna-dashboard")

@@ -16,9 +16,10 @@ import torch
 from distqa import evaluate, predict, score
 from distqa.qa.nq.metric import read_gold, read_submission
 
-from conftest import REPO_ROOT, clean_env, run_prepare
-from distributed.conftest import run_training
-from qa.nq_examples import UNDECODABLE_LINES
+from support.nq_examples import UNDECODABLE_LINES
+from support.processes import clean_env, run_prepare
+from support.repo import REPO_ROOT
+from support.runs import run_training
 
 pytestmark = pytest.mark.distributed
 

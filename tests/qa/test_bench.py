@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 TARGET_LINE = re.compile(r"^(PASS|MISS)  (?P<name>.+?) +(?P<value>-?[0-9.]+|inf|nan)  \(target (<=|>=) [0-9.]+\)$",
                          re.MULTILINE)
@@ -53,6 +54,7 @@ def test_make_bench_runs_every_benchmark_this_file_checks() -> None:
         assert (REPO_ROOT / script).is_file(), f"{script} is listed in BENCH_SCRIPTS but does not exist"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [
     pytest.param(script, marks=[pytest.mark.distributed] if script in MULTI_PROCESS else [])
     for script in EXPECTED_TARGETS])

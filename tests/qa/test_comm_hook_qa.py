@@ -14,9 +14,9 @@ from distqa.config.sources import load_config
 from distqa.distributed.rng import seed_everything
 from distqa.qa.model import build_model
 
-from conftest import max_difference
-from distributed.conftest import run_training
-from qa.qa_helpers import FAST_ARGS
+from support.compare import max_difference
+from support.qa import FAST_ARGS
+from support.runs import run_training
 
 STEPS = 3
 

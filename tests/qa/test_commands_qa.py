@@ -21,7 +21,8 @@ from distqa.qa.squad import commands as squad_commands
 from distqa.tasks import task_class
 from distqa.tasks.commands import task_command
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 QA = REPO_ROOT / "src" / "distqa" / "qa"
 COMMANDS_MODULES = {"dummy": "distqa.qa.nq.commands", "nq": "distqa.qa.nq.commands",

@@ -12,7 +12,7 @@ from distqa.config import DEFAULT_PRESET, Config, ConfigError, fields_of
 from distqa.config.sources import load_config
 from distqa.tasks import REGISTERED, task_class
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -68,7 +68,7 @@ def test_hub_names_are_not_paths_unless_offline(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_shipped_presets_and_env_example_are_valid(tmp_path: Path) -> None:
-    from conftest import REPO_ROOT
+    from support.repo import REPO_ROOT
 
     downloaded = tmp_path / "simplified-nq-train.jsonl"  # the real data is not in the repository
     downloaded.touch()

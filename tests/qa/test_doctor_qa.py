@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", "--progress-bar", "false"]
 

@@ -38,9 +38,9 @@ from distqa.record.rundir import prepare_run_dir
 from distqa.tasks import make_task
 from distqa.train import train
 
-from conftest import REPO_ROOT
-from qa.nq_examples import check_labels_recover_the_gold
-from qa.qa_helpers import QA_ARGS, TinyEncoder
+from support.nq_examples import check_labels_recover_the_gold
+from support.qa import QA_ARGS, TinyEncoder
+from support.repo import REPO_ROOT
 
 PAIR_FORMAT = {"roberta": "<s> Q </s> </s> D </s>"}
 """What each family's tokenizer makes of a (question, document) pair; the others: [CLS] Q [SEP] D [SEP]."""

@@ -25,7 +25,7 @@ from distqa.qa.nq.decode import (
 from distqa.qa.nq.metric import read_gold, score_answers
 from distqa.qa.spans import WindowSpans, document_mask, merge_gathered, top_spans
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 # A window of 12 positions: [CLS] q q [SEP] d d d d d d d [SEP]  (question_len 2, document at 4..10)
 LENGTH, QUESTION_LEN = 12, 2

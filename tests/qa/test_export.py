@@ -20,8 +20,9 @@ from distqa.qa.hf_format import EXTRA_HEADS, RUN_FILE, export_model, load_model_
 from distqa.qa.model import QAModel, build_model
 from distqa.record.rundir import versions
 
-from conftest import REPO_ROOT, clean_env
-from qa.qa_helpers import QA_ARGS, TinyEncoder, tiny_encoder_of
+from support.processes import clean_env
+from support.qa import QA_ARGS, TinyEncoder, tiny_encoder_of
+from support.repo import REPO_ROOT
 
 NQ_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "nq-checkpoint"
 """An NQ best.pt with the submission predict wrote from it (its README.md)."""

@@ -16,7 +16,8 @@ import pytest
 from distqa.config.sources import load_config
 from distqa.encoders.pretrained import hub_names
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 RANK_SCRIPT = r'''
 import logging, os, sys, time

@@ -18,8 +18,9 @@ from distqa.config.sources import load_config
 from distqa.qa.model import build_model
 from distqa.tasks import REGISTERED, task_class
 
-from conftest import REPO_ROOT, clean_env
-from qa.qa_helpers import TinyEncoder
+from support.processes import clean_env
+from support.qa import TinyEncoder
+from support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 FORK_ENV = {"PYTHONPATH": str(REPO_ROOT / "tests"), "OMP_NUM_THREADS": "1"}
@@ -51,7 +52,7 @@ def test_the_default_preset_applies_only_to_the_tasks_it_is_for(caplog: pytest.L
         assert load("--task", task).preset == "tiny-cpu"
     assert load().lr == tiny_cpu.values["lr"] and load().checkpoint_every == tiny_cpu.values["checkpoint_every"]
     with caplog.at_level(logging.WARNING, logger="distqa.config.sources"):
-        config = load("--task", "fork_tasks:Regression")
+        config = load("--task", "support.fork_tasks:Regression")
     # The fork's run: the built-in defaults, recorded as such, and nothing said about other tasks' settings.
     defaults = {name: f.default for name, f in fields_of(type(config)).items() if name not in ("preset", "task")}
     assert config.preset == "none" and {name: getattr(config, name) for name in defaults} == defaults
@@ -60,10 +61,10 @@ def test_the_default_preset_applies_only_to_the_tasks_it_is_for(caplog: pytest.L
 
 def test_a_preset_given_for_another_task_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError) as refused:
-        load("--preset", "tiny-cpu", "--task", "fork_tasks:Regression")
+        load("--preset", "tiny-cpu", "--task", "support.fork_tasks:Regression")
     assert str(refused.value) == ("--preset tiny-cpu: this preset is for task dummy and nq and squad, not for this "
-                                  "run's task 'fork_tasks:Regression'; choose a preset for that task, or --preset "
-                                  "none for the built-in defaults.")
+                                  "run's task 'support.fork_tasks:Regression'; choose a preset for that task, or "
+                                  "--preset none for the built-in defaults.")
     with pytest.raises(ConfigError, match=r"^DISTQA_PRESET tiny-squad: this preset is for task squad, not for this "
                                           r"run's task 'dummy'; "):
         load("--task", "dummy", environ={"DISTQA_PRESET": "tiny-squad"})

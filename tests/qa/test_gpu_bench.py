@@ -14,12 +14,14 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 GPU_SH = REPO_ROOT / "bench" / "gpu.sh"
 
 
 @pytest.mark.long
+@pytest.mark.slow
 @pytest.mark.distributed  # the start-up part runs under torchrun
 @pytest.mark.timeout(1100)  # above the run's own guard: the suite's 600 s would cut it first on a slow machine
 def test_gpu_sh_smoke_run_on_cpu_reaches_every_part_of_the_report(tmp_path) -> None:

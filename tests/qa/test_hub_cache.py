@@ -33,8 +33,9 @@ from distqa.config.sources import load_config
 from distqa.encoders.hub import cached_snapshot
 from distqa.encoders.tiny import build_family_dir
 
-from conftest import REPO_ROOT, clean_env, free_port
-from qa.qa_helpers import QA_ARGS
+from support.processes import clean_env, free_port
+from support.qa import QA_ARGS
+from support.repo import REPO_ROOT
 
 NAME = "fake-org/tiny-roberta"
 """A hub name of no real repository: only the cache built here holds it."""

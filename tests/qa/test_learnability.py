@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, clean_env, free_port
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 @pytest.mark.long

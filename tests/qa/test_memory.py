@@ -38,7 +38,8 @@ from distqa.tasks.step_memory import GPU_MEMORY_BYTES, GiB, Step, fixes, needed_
 from distqa.training.optim import build_optimizer
 from distqa.training.preflight import rank_report
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from gpu_common import encoder_config  # the published sizes bench/gpu.sh builds the large encoders from

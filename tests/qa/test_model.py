@@ -22,7 +22,8 @@ from distqa.qa.answers import AnswerType
 from distqa.qa.model import QAModel, build_model, qa_loss
 from distqa.tasks import make_task
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -107,7 +108,7 @@ def test_committed_tiny_tokenizer_works_offline(config, monkeypatch: pytest.Monk
 def test_tiny_model_directory_can_be_rebuilt(tmp_path) -> None:
     from distqa.encoders.tiny import build_tiny_model_dir
 
-    from conftest import REPO_ROOT
+    from support.repo import REPO_ROOT
 
     out = build_tiny_model_dir(REPO_ROOT / "data" / "tokenizer-corpus.txt", tmp_path / "tiny")
     tokenizer = AutoTokenizer.from_pretrained(out)

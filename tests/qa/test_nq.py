@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from distqa.config import REPO_ROOT
 from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.encoders.config import TINY_MODEL_DIR
 from distqa.encoders.template import PairTemplate
@@ -28,7 +27,7 @@ from distqa.qa.nq.windows import (
     window_span_to_tokens,
 )
 
-from qa.nq_examples import (
+from support.nq_examples import (
     UNDECODABLE_LINES,
     UNDECODABLE_REASONS,
     UNICODE_WORDS,
@@ -448,24 +447,19 @@ def test_cached_windows_read_like_dummy_items(tmp_path: Path) -> None:
         windows[len(windows)]
 
 
-def test_a_cache_written_before_templates_were_stored_reads_the_same(tmp_path: Path) -> None:
-    """BERT caches keep their fingerprints (their windows did not change); their manifests name no template, and
-    read as the only one they could hold, [CLS] q [SEP] d [SEP]. Any other template changes the fingerprint."""
+def test_the_template_is_part_of_a_caches_name_and_a_cache_from_before_it_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    """Another pair template is another cache; a cache from before the template was stored (distqa 0.1) is no longer
+    read (CHANGELOG.md): its manifest names none, and reading it says to build it again."""
     bert = request(sample_file(tmp_path))
+    roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), document_type=0))
+    assert roberta_like.fingerprint() != bert.fingerprint()
     directory = build_cache(bert, tmp_path / "cache", num_proc=1, progress=False)
-    now = [NQWindows(directory, "train")[i] for i in range(5)]
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest.pop("template") == TEMPLATE.to_dict()
     (directory / "manifest.json").write_text(json.dumps(manifest))
-    before = [NQWindows(directory, "train")[i] for i in range(5)]
-    for mine, old in zip(now, before, strict=True):
-        assert all(np.array_equal(mine[name], old[name]) for name in mine)
-    roberta_like = dataclasses.replace(bert, template=dataclasses.replace(TEMPLATE, middle=(3, 3), document_type=0))
-    assert roberta_like.fingerprint() != bert.fingerprint()
-    # the very fingerprint the code before templates gave the committed sample (commit 0a8a2dc): caches are kept
-    sample = CacheRequest.from_tokenizer(REPO_ROOT / "data" / "nq-sample" / "simplified-nq-train.jsonl", TOKENIZER,
-                                         WindowSettings(128, 32, 64, 0.1, 0), validation_fraction=0.1)
-    assert sample.fingerprint() == "ffc2d0639fe616fa"
+    with pytest.raises(DataError, match=r"from before distqa 0.2.0 .* build it again: python -m distqa.prepare"):
+        NQWindows(directory, "train")
 
 
 @pytest.mark.parametrize(("size", "world_size"), [(103, 4), (100, 4), (7, 2), (5, 1)])

@@ -14,10 +14,12 @@ import pytest
 from distqa.prepare import main as prepare_main
 from distqa.qa.nq.synthetic import write_jsonl as write_synthetic
 
-from conftest import REPO_ROOT, clean_env, free_port, run_prepare
-from distributed.conftest import final_weights, run_training
-from qa.nq_examples import UNDECODABLE_LINES, random_record, write_jsonl
-from qa.qa_helpers import FAST_ARGS, QA_ARGS
+from support.compare import final_weights
+from support.nq_examples import UNDECODABLE_LINES, random_record, write_jsonl
+from support.processes import clean_env, free_port, run_prepare
+from support.qa import FAST_ARGS, QA_ARGS
+from support.repo import REPO_ROOT
+from support.runs import run_training
 
 pytestmark = pytest.mark.distributed
 

@@ -23,9 +23,9 @@ from distqa.qa.nq.cache import NQWindows
 from distqa.qa.nq.prepared import prepare_nq
 from distqa.tasks import make_task
 
-from conftest import max_difference
-from distributed.conftest import final_weights, run_training
-from qa.qa_helpers import FAST_ARGS, QA_ARGS
+from support.compare import final_weights, max_difference
+from support.qa import FAST_ARGS, QA_ARGS
+from support.runs import run_training
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 
@@ -106,6 +106,7 @@ def test_cuda_graphs_with_a_length_per_batch_are_refused_in_one_line(flags: tupl
         load("--compile-mode", "reduce-overhead", *flags)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_compiled_ddp_training_with_accumulation_ends_with_the_eager_weights(tmp_path: Path) -> None:
     """2 gloo ranks × 2 accumulation steps (no_sync inside the compiled DDP module), trimmed batches of
@@ -138,6 +139,7 @@ def test_activation_checkpointing_under_ddp_with_accumulation_ends_with_the_weig
     assert max_difference(final_weights(tmp_path / "stored"), final_weights(tmp_path / "recomputed")) < 1e-5
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_compiled_gives_the_eager_gradients() -> None:
     """torch.compile over the checkpointed encoder (one process): the same loss and gradients as eager, to float
     rounding, and the layers really are checkpointed."""

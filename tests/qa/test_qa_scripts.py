@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 
 def test_the_kaggle_download_reads_env_comments_like_everyone_else(tmp_path: Path) -> None:

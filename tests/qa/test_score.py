@@ -27,8 +27,9 @@ from distqa.qa.nq.metric import (
 from distqa.qa.nq.reader import DataError, parse_annotations
 from distqa.score import main
 
-from conftest import REPO_ROOT, clean_env
-from qa.nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl
+from support.nq_examples import UNDECODABLE_LINES, UNDECODABLE_REASONS, document, line, write_jsonl
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 SAMPLE_GOLD = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test-gold.jsonl"
 SAMPLE_TEST = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test.jsonl"

@@ -16,7 +16,9 @@ from distqa.config.sources import saved_config
 from distqa.qa.hf_format import export_model, load_model_checkpoint
 from distqa.qa.model import build_model
 
-from conftest import REPO_ROOT, assert_close_values, clean_env, max_difference
+from support.compare import assert_close_values, max_difference
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 NQ_BEST = REPO_ROOT / "tests" / "fixtures" / "nq-checkpoint" / "best.pt"
 

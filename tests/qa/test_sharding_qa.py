@@ -14,7 +14,7 @@ from distqa.distributed.runtime import local_runtime
 from distqa.qa.model import build_model as build_qa_model
 from distqa.tasks import make_task
 
-from qa.qa_helpers import TinyEncoder
+from support.qa import TinyEncoder
 
 
 def test_a_checkpointed_encoder_sharded_by_layer_gives_the_gradients_of_the_bare_model(group_of_one: None) -> None:

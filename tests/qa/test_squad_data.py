@@ -18,7 +18,8 @@ from distqa.config.errors import DataError
 from distqa.qa.squad.reader import SquadExample, read_squad
 from distqa.qa.squad.synthetic import as_json_lines
 
-from conftest import REPO_ROOT, clean_env, free_port
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
 
 CONTEXT = "The capital of the Northern River is Zürich . It is old ."
 

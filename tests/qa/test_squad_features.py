@@ -31,7 +31,7 @@ from distqa.qa.squad.synthetic import write
 from distqa.qa.squad.windows import SquadFeaturizer, SquadWindowSettings, answer_span
 from distqa.tasks import task_class
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 SAMPLE = REPO_ROOT / "data" / "squad-sample"
 TOKENIZER = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)

@@ -29,7 +29,7 @@ from distqa.qa.squad.metric import (
 )
 from distqa.qa.squad.windows import SquadWindowSettings
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 DEV = REPO_ROOT / "data" / "squad-sample" / "dev.json"
 

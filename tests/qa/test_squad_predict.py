@@ -15,7 +15,7 @@ from distqa.qa.model import build_model
 from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.metric import read_gold
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 DEV = REPO_ROOT / "data" / "squad-sample" / "dev.json"
 WINDOWS = ["--max-seq-len", "64", "--max-question-len", "16", "--window-overlap", "16"]

@@ -31,10 +31,13 @@ from distqa.sweeps import study as studies
 from distqa.sweeps.runner import settings_class
 from distqa.sweeps.space import read_sweep
 
-from conftest import REPO_ROOT, clean_env, free_port, max_difference
-from distributed.conftest import AT_STEP, final_weights, once_per_session
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
+from support.runs import AT_STEP
+from support.shared_runs import once_per_session
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 DEMO = tomllib.loads((REPO_ROOT / "configs" / "sweeps" / "demo.toml").read_text())
 STEPS, EVAL_EVERY = DEMO["fixed"]["max_steps"], DEMO["fixed"]["eval_every"]
@@ -49,7 +52,7 @@ def run(command: list[str], env: dict[str, str], timeout: int) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The sweep, stopped and resumed, once per test session (distributed.conftest.once_per_session): worksteal may hand
+    """The sweep, stopped and resumed, once per test session (support.shared_runs.once_per_session): worksteal may hand
     this module's tests to two xdist workers."""
     root, record = once_per_session(tmp_path_factory, "squad-sweep", run_the_sweep)
     outcome = {name: SimpleNamespace(**result) for name, result in record.items()}
@@ -67,7 +70,7 @@ def run_the_sweep(root: Path) -> dict[str, dict[str, Any]]:
                         "--filler-words", "10"], check=True, capture_output=True, timeout=120)
     data_args = ["--squad-train-file", str(data / "train.json"), "--squad-validation-file", str(data / "dev.json"),
                  "--squad-cache-dir", str(cache)]
-    # The trials run an entry module that stops the sweep from trial-001's step 16 (conftest.AT_STEP), and so skip
+    # The trials run an entry module that stops the sweep from trial-001's step 16 (support.runs.AT_STEP), and so skip
     # the local launcher's prepare: the cache is built here, once, as the launcher would.
     subprocess.run([sys.executable, "-m", "distqa.prepare", "--preset", "tiny-synthetic-squad", *data_args],
                    cwd=REPO_ROOT, env=clean_env(), check=True, capture_output=True, timeout=300)

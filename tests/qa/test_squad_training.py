@@ -22,9 +22,10 @@ import torch
 
 from distqa import evaluate
 
-from conftest import REPO_ROOT, clean_env, free_port
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 OFFICIAL_NAMES = ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
                   "NoAns_total"]

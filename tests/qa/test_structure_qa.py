@@ -26,7 +26,8 @@ from distqa.config.flags import (
 from distqa.qa.nq.config import NQConfig
 from distqa.tasks import REGISTERED, task_class
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 
 def test_the_qa_tasks_shared_types_and_metrics_import_no_torch() -> None:

@@ -29,7 +29,7 @@ from distqa.qa.nq.synthetic import (
 )
 from distqa.qa.synthetic_text import ATTRIBUTES, CANDIDATE_TAGS, FILLER, MODIFIERS, NOUNS, PROPERTIES
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 SAMPLE_DIR = REPO_ROOT / "data" / "nq-sample"
 TRAIN_KEYS = ["example_id", "question_text", "document_text", "document_url", "long_answer_candidates",

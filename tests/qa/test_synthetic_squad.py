@@ -12,7 +12,8 @@ from distqa.qa.squad.metric import normalize_answer
 from distqa.qa.squad.reader import read_squad
 from distqa.qa.squad.synthetic import as_json_lines, main, make_article, write
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 SAMPLE = REPO_ROOT / "data" / "squad-sample"
 LEARNABLE = {"facts": 1, "plausible": 0.0, "filler_words": 10}

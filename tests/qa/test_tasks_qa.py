@@ -15,8 +15,9 @@ from distqa.config import Config, ConfigError
 from distqa.config.sources import load_config
 from distqa.tasks import task_class
 
-from conftest import REPO_ROOT, clean_env
-from qa.qa_helpers import FAST_ARGS
+from support.processes import clean_env
+from support.qa import FAST_ARGS
+from support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

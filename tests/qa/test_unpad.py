@@ -23,8 +23,8 @@ from distqa.qa.model import QAModel, build_model, qa_loss
 from distqa.record.rundir import versions
 from distqa.tasks import make_task
 
-from distributed.conftest import run_training
-from qa.qa_helpers import FAST_ARGS, QA_ARGS, TinyEncoder
+from support.qa import FAST_ARGS, QA_ARGS, TinyEncoder
+from support.runs import run_training
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

@@ -32,7 +32,8 @@ from distqa.distributed.runtime import local_runtime
 from distqa.distributed.stop import StopWindow, graceful_stop_window
 from distqa.tasks import make_task
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, node_in_process
+from support.processes import clean_env, node_in_process
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import slow_storage
@@ -235,7 +236,7 @@ def test_the_stop_window_is_the_shorter_of_torchruns_and_worker_shs(environ: dic
 def test_worker_sh_exports_the_time_between_its_stop_and_the_end_of_the_life_span(
         options: list[str], exported: str | None, tmp_path: Path) -> None:
     """The node in this process up to its agent, whose environment is kept instead of starting it
-    (conftest.node_in_process)."""
+    (support.processes.node_in_process)."""
     agent_env: dict[str, str] = {}
     result = node_in_process(["--nproc-per-node", "1", *options, "--", "--output-dir", str(tmp_path)], clean_env(),
                              agent_env=agent_env)

@@ -18,7 +18,7 @@ from distqa.config.sources import load_config
 from distqa.distributed.ddp import wrap_ddp
 from distqa.distributed.runtime import local_runtime
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 @pytest.mark.parametrize("hook", ["none", "bf16"])

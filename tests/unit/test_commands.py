@@ -24,7 +24,8 @@ from distqa.config.sources import run_task
 from distqa.tasks.base import Task
 from distqa.tasks.commands import task_command
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 EXAMPLE_TASK = "examples.text_classification.task:TextClassification"
 ENTRY_POINTS: dict[str, Callable[[Sequence[str] | None], int]] = {

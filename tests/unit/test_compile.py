@@ -14,7 +14,7 @@ from distqa.config.sources import load_config
 from distqa.distributed.ddp import compile_enabled, training_module
 from distqa.distributed.runtime import local_runtime
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 def load(*flags: str):

@@ -11,7 +11,7 @@ from distqa.config import Config, ConfigError, fields_of
 from distqa.config.sources import load_config
 from distqa.tasks import available_tasks, task_class
 
-from conftest import MACHINERY_TASK
+from support.repo import MACHINERY_TASK
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

@@ -55,7 +55,7 @@ def test_cpu_pairs_with_gloo_and_cuda_is_refused_without_gpus() -> None:
 
 
 def test_group_is_torn_down_when_the_body_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conftest import free_port
+    from support.processes import free_port
 
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     for key, value in env.items():

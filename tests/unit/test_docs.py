@@ -29,7 +29,8 @@ import pytest
 
 from distqa.upkeep.ownership import Declaration
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 IS_FORK = (REPO_ROOT / "fork.toml").is_file()
 OWNERSHIP = Declaration.parse((REPO_ROOT / "template.toml").read_text())

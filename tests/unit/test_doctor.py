@@ -13,8 +13,9 @@ import pytest
 
 from distqa.training.preflight import PackageCode, RankReport, disagreements
 
-from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env, node_in_process
-from doctor_helpers import failures
+from support.doctor import failures
+from support.processes import clean_env, node_in_process
+from support.repo import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT
 
 DOCTOR = [sys.executable, "-m", "distqa.doctor", *MACHINERY_ARGS]
 """The doctor of a run of the machinery task (the QA tasks' memory estimate and feature cache:

@@ -15,9 +15,10 @@ from distqa.config import ConfigError
 from distqa.config.sources import load_config
 from distqa.distributed.elastic import NodeRange, check_node_range, membership_line, range_report, split_line
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, node_in_process
-from distributed.conftest import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
-from distributed.conftest import RENDEZVOUS, finish, node_output, start_node
+from support.processes import clean_env, free_port, node_in_process
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import RENDEZVOUS, finish, node_output, start_node
+from support.shared_runs import ELASTIC_TRAINER_ARGS as TRAINER_ARGS
 
 
 def test_a_range_that_does_not_divide_the_global_batch_is_accepted_and_one_beyond_it_refused_in_one_line() -> None:
@@ -54,7 +55,7 @@ def test_the_split_at_each_world_size_is_one_line() -> None:
 
 
 def test_worker_sh_refuses_a_range_beyond_the_global_batch_before_any_rendezvous(tmp_path: Path) -> None:
-    """The node's check (distqa.launch.node, in this process: conftest.node_in_process)."""
+    """The node's check (distqa.launch.node, in this process: support.processes.node_in_process)."""
     result = node_in_process(
         ["--nnodes", "4", "--min-nodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--dry-run", "--",
          *MACHINERY_ARGS, "--output-dir", str(tmp_path), "--global-batch-size", "6", "--per-rank-batch-size", "2"],

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, REPO_ROOT, clean_env
-from conftest import EXAMPLE_PRESET as PRESET
+from support.processes import clean_env
+from support.repo import EXAMPLE, REPO_ROOT
+from support.repo import EXAMPLE_PRESET as PRESET
 
 
 def test_the_committed_data_is_what_the_generator_writes(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import pytest
 from distqa.config import ConfigError
 from distqa.training.faults import ArmedFault, Fault
 
-from conftest import REPO_ROOT, clean_env, wait_for
+from support.processes import clean_env, wait_for
+from support.repo import REPO_ROOT
 
 STEPS = """
 import logging, sys

@@ -22,13 +22,14 @@ from distqa.launch import agent
 from distqa.launch.agent import STORE_LOST_EXIT_CODE
 from distqa.launch.rendezvous_watcher import JoinedNode, RendezvousWatcher
 
-from conftest import REPO_ROOT, clean_env, free_port, node_in_process
+from support.processes import clean_env, free_port, node_in_process
+from support.repo import REPO_ROOT
 
 
 def test_worker_sh_points_the_nccl_flight_recorder_into_the_run_directory(tmp_path: Path) -> None:
     """What worker.sh hands torchrun's agent: the flight recorder on, dumped on a timeout, into the run
     directory the trainer resolves from the same arguments (here --output-dir and the run id). The node runs in this
-    process up to its agent, whose environment is kept instead of starting it (conftest.node_in_process)."""
+    process up to its agent, whose environment is kept instead of starting it (support.processes.node_in_process)."""
     output_dir = tmp_path / "results"
     exported: dict[str, str] = {}
     result = node_in_process(["--nproc-per-node", "1", "--run-id", "fr-run", "--", "--preset", "none", "--output-dir",

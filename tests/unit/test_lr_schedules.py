@@ -22,7 +22,8 @@ from distqa.config import Config, ConfigError
 from distqa.tasks.base import BestMetric
 from distqa.training.optim import build_scheduler
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import MACHINERY_ARGS, REPO_ROOT
 
 TOTAL, WARMUP = 40, 6
 

@@ -15,8 +15,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from conftest import REPO_ROOT, clean_env
-from distributed.conftest import run_training
+from support.processes import clean_env
+from support.repo import REPO_ROOT
+from support.runs import run_training
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "inference.ipynb"
 QUESTIONS = REPO_ROOT / "data" / "nq-sample" / "simplified-nq-test.jsonl"

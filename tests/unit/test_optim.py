@@ -14,7 +14,7 @@ from distqa.config.sources import load_config
 from distqa.distributed.precision import Precision
 from distqa.training.optim import build_optimizer
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 class Block(nn.Module):

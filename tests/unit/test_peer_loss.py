@@ -44,7 +44,7 @@ from distqa.training.peer_loss import (
 )
 from distqa.training.run_state import RunState
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 GLOO_RESET = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41823: "
               "Connection reset by peer")

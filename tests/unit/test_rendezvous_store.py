@@ -17,9 +17,10 @@ from torch.distributed import TCPStore
 
 from distqa.launch.reachability import probe
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, free_port, node_in_process
-from distributed.conftest import finish
-from rendezvous_helpers import start_store, wait_for_line
+from support.processes import clean_env, free_port, node_in_process
+from support.rendezvous import start_store, wait_for_line
+from support.repo import MACHINERY_ARGS, REPO_ROOT
+from support.runs import finish
 
 
 def test_the_store_serves_a_client_and_exits_0_on_sigterm(tmp_path: Path) -> None:

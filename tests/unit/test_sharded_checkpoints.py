@@ -23,7 +23,8 @@ from distqa.checkpoint.sharded import (
 from distqa.config.sources import load_config
 from distqa.distributed.stop import StopWindow
 
-from conftest import MACHINERY_ARGS, max_difference
+from support.compare import max_difference
+from support.repo import MACHINERY_ARGS
 
 
 def training_state(step: int) -> TrainingCheckpoint:

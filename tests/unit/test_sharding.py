@@ -21,7 +21,7 @@ from distqa.encoders.memory import EncoderMemory, count_on_meta
 from distqa.tasks import make_task
 from distqa.tasks.step_memory import Step, shards_of
 
-from conftest import MACHINERY_ARGS
+from support.repo import MACHINERY_ARGS
 
 
 class Block(nn.Module):

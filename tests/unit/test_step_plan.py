@@ -18,7 +18,7 @@ from distqa.distributed.sampler import ResumableDistributedSampler
 from distqa.record.metrics import MetricsWindow
 from distqa.training.step_plan import StepPlan, micro_batch_loss, real_rows_of
 
-from conftest import MACHINERY_TASK
+from support.repo import MACHINERY_TASK
 
 
 def config_of(global_batch: int, micro_batch: int) -> Config:

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 TWO_SIGTERMS = """
 import os, signal, torch

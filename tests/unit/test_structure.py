@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_A_FORK, MACHINERY_ARGS, REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import IN_A_FORK, MACHINERY_ARGS, REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "distqa"
 ENTRY_POINTS = {"distqa.train", "distqa.prepare", "distqa.predict", "distqa.evaluate", "distqa.score", "distqa.export",
@@ -124,7 +125,7 @@ def test_what_a_fork_imports_is_one_module_whose_names_stay_put() -> None:
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == repr(FORK_API), "distqa.tasks.__all__ changed: say so in CHANGELOG.md"
-    for path in (REPO_ROOT / "examples/text_classification/task.py", REPO_ROOT / "tests/fork_tasks.py"):
+    for path in (REPO_ROOT / "examples/text_classification/task.py", REPO_ROOT / "tests/support/fork_tasks.py"):
         tree = ast.parse(path.read_text())
         used = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
                 and node.module.startswith("distqa")}
@@ -144,9 +145,9 @@ def test_a_moved_module_keeps_its_old_name_for_a_release_and_says_the_new_one() 
 
 
 def test_no_test_file_imports_another() -> None:
-    """What two test files share (a reference run, arguments, helpers) lives in a conftest.py (tests/distributed's
-    holds the launch helpers and the shared runs) or a helper module at the top of tests/ (tests/upkeep_helpers.py):
-    a test file is never a library, so a fork may delete one without breaking another."""
+    """What two test files share (a reference run, arguments, helpers) lives in tests/support/ (the launch helpers,
+    the shared runs, tests/support/upkeep.py): a test file is never a library, so a fork may delete one without
+    breaking another."""
     tests = REPO_ROOT / "tests"
     found = []
     for path in sorted(tests.rglob("test_*.py")):
@@ -156,6 +157,34 @@ def test_no_test_file_imports_another() -> None:
             found += [f"{path.relative_to(REPO_ROOT)} imports {name}" for name in names
                       if name.split(".")[-1].startswith("test_")]
     assert not found, found
+
+
+def test_helpers_live_in_tests_support_and_are_imported_by_name_never_from_a_conftest() -> None:
+    """A helper is found by its module's name (``from support.runs import run_training``): no file imports a
+    conftest.py, which holds fixtures and hooks only; the top of tests/ holds the folders below, the conftest, this
+    page and a fork's own test files, and a tier folder only its tests and conftest. No module of tests/support takes
+    a standard library module's name: tests/support/sharded_checkpoint_job.py runs as a script, with tests/support
+    first on its path."""
+    tests = REPO_ROOT / "tests"
+    from_conftest = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            from_conftest += [f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {name}: import it from "
+                              "tests/support/ instead" for name in names if name.split(".")[-1] == "conftest"]
+    assert not from_conftest, from_conftest
+    folders = {"unit", "launchers", "distributed", "qa", "docker", "standin", "fixtures", "support"}
+    top = sorted(p.name for p in tests.iterdir() if not p.name.startswith((".", "__pycache__")))
+    strays = [name for name in top if name not in {*folders, "conftest.py", "README.md"}
+              and not (name.startswith("test_") and name.endswith(".py"))]
+    assert not strays, f"helpers belong in tests/support/, tests in a tier folder: {strays}"
+    in_tiers = [str(p.relative_to(REPO_ROOT)) for tier in ("unit", "launchers", "distributed", "qa")
+                for p in sorted((tests / tier).glob("*.py"))
+                if p.name not in {"__init__.py", "conftest.py"} and not p.name.startswith("test_")]
+    assert not in_tiers, f"helpers belong in tests/support/: {in_tiers}"
+    shadowing = sorted(p.stem for p in (tests / "support").glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert not shadowing, f"tests/support/ modules named as standard library modules: {shadowing}"
 
 
 TIERS = ("unit", "launchers", "distributed")

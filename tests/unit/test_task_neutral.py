@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 QA_TASKS = ("nq", "squad")
 """The QA tasks: their names, found in the presets and settings named after them too (``bert-base-nq``,

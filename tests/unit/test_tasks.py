@@ -19,8 +19,9 @@ from distqa.config import OPTIMISATION, Config, ConfigError, Section
 from distqa.config.sources import load_config
 from distqa.tasks.base import Task
 
-from conftest import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT, clean_env
-from tasks_helpers import train
+from support.processes import clean_env
+from support.repo import MACHINERY_ARGS, MACHINERY_TASK, REPO_ROOT
+from support.runs import train
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 MINE = Section("mine", "a test task")

@@ -25,7 +25,8 @@ from distqa.record.metrics import (
     summarise,
 )
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, clean_env, reviews
+from support.processes import clean_env
+from support.repo import MACHINERY_ARGS, REPO_ROOT, reviews
 
 pytestmark = pytest.mark.usefixtures("no_torchrun_env")
 

@@ -1,7 +1,7 @@
 """A fork keeps up with the template (docs/FORKING.md): every path has an owner and a part (template.toml), a fork
 starts with `make new-fork`, and `make update-template` brings the template's later changes with no conflict.
 
-End to end, on a synthetic upstream (tests/upkeep_helpers.py): the template as this checkout holds it is commit A; a
+End to end, on a synthetic upstream (tests/support/upkeep.py): the template as this checkout holds it is commit A; a
 fork made from A without the QA tasks, Slurm and the notebooks gets its own README, platform names, job flags and an
 image dependency; the template then moves to B (machinery, QA files, docs, README, .neuro/live.yml, the Dockerfile
 and the Makefile change; a QA preset, a QA test and a machinery test arrive). The update leaves no conflict and no QA
@@ -25,8 +25,9 @@ from distqa.upkeep.git import Entry, tree
 from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
 from distqa.upkeep.update import changelog_between, changelog_entries, own_project, plan_update
 
-from conftest import REPO_ROOT, clean_env
-from upkeep_helpers import (
+from support.processes import clean_env
+from support.repo import REPO_ROOT
+from support.upkeep import (
     NAME,
     checkout_files,
     edit,

@@ -6,10 +6,21 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from distqa.config.errors import DataError
+from distqa.config.errors import BadRecordError, DataError
 
 BadLinePolicy = Literal["skip", "fail"]
 """``skip``: count a malformed line or record and go on; ``fail``: stop at the first with a BadRecordError."""
+MAX_REPORTED = 20
+"""The bad records whose messages a reader keeps, to show."""
+
+
+def report_bad(message: str, fix: str, policy: BadLinePolicy, reports: list[str]) -> None:
+    """One bad record, ``message`` saying where and what: under ``fail`` a BadRecordError ending with ``fix`` (what
+    to do about it), under ``skip`` the message kept in ``reports`` (the first :data:`MAX_REPORTED`)."""
+    if policy == "fail":
+        raise BadRecordError(message + fix) from None
+    if len(reports) < MAX_REPORTED:
+        reports.append(message)
 
 
 def check_bad_fraction(source: object, *, total: int, usable: int, bad: int, reports: list[str], limit: float,

@@ -53,8 +53,8 @@ class QAConfig(EncoderConfig):
                               "set --trim-padding false --unpad false for CUDA graphs, or another compile_mode.")
 
     def check_windows(self) -> None:
-        try:
-            check_window_shape(self.max_seq_len, self.max_question_len)
+        try:  # NQ's windows advance by doc_stride; SQuAD's check their window_overlap themselves
+            check_window_shape(self.max_seq_len, self.max_question_len, getattr(self, "doc_stride", None))
         except ValueError as err:
             raise ConfigError(str(err)) from None
 

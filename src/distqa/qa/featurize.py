@@ -15,15 +15,16 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, fields
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import pyarrow as pa
 from tqdm import tqdm  # not tqdm.auto: a notebook needs no widget for a cache build
 
-from distqa.qa.feature_store import read_table
+from distqa.qa.feature_store import ArrowStreams, read_table
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,20 @@ AUTO_BYTES_PER_PROCESS = 16 * 2**20
 takes about a second to start, which featurising a few MB never wins back."""
 
 
-class SplitStats(Protocol):
-    """A task's counts over the examples of one split, added up with ``+=``."""
+@dataclass
+class SplitStats:
+    """A task's counts over the examples of one split (a dataclass of ints and dicts of ints), added up with
+    ``+=``: every field, a dict's key by key."""
 
-    def __iadd__(self, other: Self, /) -> Self: ...
+    def __iadd__(self, other: Self) -> Self:
+        for name in (field.name for field in fields(self)):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if isinstance(mine, dict):
+                for key, count in theirs.items():
+                    mine[key] = mine.get(key, 0) + count
+            else:
+                setattr(self, name, mine + theirs)
+        return self
 
 
 Work = TypeVar("Work")
@@ -117,9 +128,7 @@ def join_parts(building: Path, split: str, num_tasks: int) -> None:
     """Concatenate a split's part files in task order; window rows get global example indices."""
     (building / split).mkdir()
     examples_so_far = 0
-    writers: dict[str, Any] = {}
-    sinks = []
-    try:
+    with ArrowStreams({name: building / split / f"{name}.arrow" for name in ("windows", "examples")}) as files:
         for task in range(num_tasks):
             windows = read_table(part_file(building / "parts", split, "windows", task))
             examples = read_table(part_file(building / "parts", split, "examples", task))
@@ -127,13 +136,5 @@ def join_parts(building: Path, split: str, num_tasks: int) -> None:
             windows = windows.set_column(windows.schema.get_field_index("example_index"), "example_index",
                                          pa.array(index.astype(np.int32)))
             examples_so_far += examples.num_rows
-            for name, table in (("windows", windows), ("examples", examples)):
-                if name not in writers:
-                    sinks.append(pa.OSFile(str(building / split / f"{name}.arrow"), "wb"))
-                    writers[name] = pa.ipc.new_stream(sinks[-1], table.schema)
-                writers[name].write_table(table)
-    finally:
-        for writer in writers.values():
-            writer.close()
-        for sink in sinks:
-            sink.close()
+            files.write("windows", windows)
+            files.write("examples", examples)

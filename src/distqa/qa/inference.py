@@ -2,11 +2,13 @@
 
 :func:`score_windows` runs the model over any task's windows (a ``DistributedSampler`` deals them out, each rank
 keeps the few best spans of each window, the ranks gather them, and the sampler's padding repeats are dropped);
-:func:`load_trained` loads a checkpoint's model for prediction. Each task decodes the spans into its own answers.
+:func:`load_trained` loads a checkpoint's model for prediction, and :class:`Reader` is what a task's predictor
+holds and does before it decodes the spans into its own answers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ from distqa.checkpoint.format import ModelCheckpoint
 from distqa.config import ConfigError
 from distqa.config.sources import saved_config
 from distqa.distributed.precision import Precision
-from distqa.distributed.runtime import Runtime, all_gather_objects, on_device
+from distqa.distributed.runtime import Runtime, all_gather_objects, barrier, on_device
+from distqa.encoders.pretrained import load_tokenizer
 from distqa.qa.collate import collate_trimmed
 from distqa.qa.config import QAConfig
 from distqa.qa.hf_format import load_model_checkpoint
@@ -85,3 +88,31 @@ def load_trained(path: Path, runtime: Runtime, config_class: type[QAConfig],
     model.load_state_dict(checkpoint.model)
     model.to(runtime.device).eval()
     return model, config, checkpoint
+
+
+class Reader:
+    """A trained model with its config, tokenizer and span limit, on every rank: what a task's predictor holds
+    (:class:`distqa.qa.nq.inference.Predictor`, :class:`distqa.qa.squad.inference.SquadPredictor`). Under
+    torchrun every rank reads the same file and gets the same result."""
+
+    def __init__(self, model: nn.Module, config: QAConfig, runtime: Runtime, max_answer_len: int,
+                 evaluation: dict[str, Any] | None = None) -> None:
+        self.model, self.config, self.runtime, self.max_answer_len = model, config, runtime, max_answer_len
+        self.evaluation = evaluation
+        """The validation metrics stored with the checkpoint (its step included); None if it has none."""
+        self.tokenizer = load_tokenizer(config)
+
+    def featurized(self, source: Path | str, prepare: Callable[..., Path], find: Callable[..., Path]) -> Path:
+        """The feature cache of ``source`` (unlabelled windows, every record checked) that the task's ``prepare``
+        builds and ``find`` finds; rank 0 builds it while the others wait, so there is one writer per cache."""
+        if self.runtime.is_main_process:
+            prepare(self.config, self.tokenizer, source=source, labelled=False, on_bad_line="fail")
+        barrier()
+        return find(self.config, self.tokenizer, source, labelled=False)
+
+    def window_spans(self, windows: Dataset) -> WindowSpans:
+        """The best spans of every window of ``windows`` (:func:`score_windows`), in the config's precision."""
+        precision = Precision.choose(self.config.precision, self.runtime.device)
+        with torch.inference_mode():
+            return score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
+                                 self.max_answer_len)

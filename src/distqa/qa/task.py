@@ -10,15 +10,18 @@ need."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils.data import default_collate
+from torch.utils.data import Dataset, default_collate
 from transformers import PreTrainedTokenizerBase
 
 from distqa.config import ConfigError
+from distqa.config.errors import DataError
 from distqa.distributed.runtime import Runtime, broadcast_object
 from distqa.encoders.flops import model_flops_per_token
 from distqa.encoders.memory import EncoderMemory, count_on_meta
@@ -26,7 +29,8 @@ from distqa.encoders.pretrained import check_sources, fetch_once, load_tokenizer
 from distqa.encoders.template import PairTemplate
 from distqa.qa.collate import INPUT_NAMES, collate_trimmed
 from distqa.qa.config import QAConfig
-from distqa.tasks.base import Batch, Task
+from distqa.qa.feature_store import BEFORE_LAUNCH
+from distqa.tasks.base import Batch, Evaluator, Task
 
 if TYPE_CHECKING:
     from distqa.qa.model import QAOutput
@@ -110,6 +114,72 @@ class QATask(Task):
         model = count_on_meta(lambda: build_model(dataclasses.replace(self.config, from_scratch=True)))
         return EncoderMemory.of_model(model, model.encoder.config, self.config.max_seq_len,
                                        self.config.attn_implementation)
+
+
+class CachedQATask(QATask):
+    """A QA task whose windows come from a feature cache built once (``python -m distqa.prepare``), with a training
+    and a validation split: NQ's and SQuAD's. A subclass names its cache's functions (``config, tokenizer`` first),
+    its windows and its evaluator; its module's logger writes the lines."""
+
+    data_name: ClassVar[str]
+    """The data in log lines: ``NQ``, ``SQuAD``."""
+    cache_setting: ClassVar[str]
+    """The setting that chooses the cache's folder, named when it cannot be written."""
+    units: ClassVar[str]
+    """What the evaluator counts: ``examples``, ``questions``."""
+    no_validation: ClassVar[str]
+    """The warning when the validation split is empty (``{directory}``, ``{fraction}``: validation_fraction)."""
+    prepare_features: ClassVar[Callable[..., Path]]
+    find_features: ClassVar[Callable[..., Path]]
+    windows_class: ClassVar[Callable[[Path, str], Dataset]]
+
+    def check_inputs(self, may_build: bool) -> None:
+        """The sources load, and the feature cache exists: built here by a single process that finds none;
+        a multi-process run (or the doctor) needs it built before launch, since the other ranks would wait
+        in a collective while one featurises."""
+        super().check_inputs(may_build)
+        try:
+            try:
+                self.find_features(self.config, self.tokenizer, hint=BEFORE_LAUNCH)
+            except DataError:
+                if not may_build:
+                    raise
+                self.prepare_features(self.config, self.tokenizer)
+        except DataError as err:
+            raise DataError(f"feature cache: {err}") from None
+
+    def build_data(self) -> Path:
+        try:
+            return self.prepare_features(self.config, self.tokenizer)
+        except OSError as err:  # not writable, a full disk: name the setting that chose the folder
+            raise OSError(err.errno, f"{err.strerror} (check {self.cache_setting})", err.filename) from None
+
+    def train_dataset(self) -> Dataset:
+        directory = self.find_features(self.config, self.tokenizer)
+        windows = self.windows_class(directory, "train")
+        self.log.info("training on %d %s windows from %s", len(windows), self.data_name, directory)
+        return windows
+
+    def evaluator(self, runtime: Runtime) -> Evaluator | None:
+        """The validation split of the feature cache; none when it is empty."""
+        config = self.config
+        directory = self.find_features(config, self.tokenizer)
+        if not (directory / "validation").is_dir():
+            self.log.warning(self.no_validation.format(directory=directory, fraction=config.validation_fraction))
+            return None
+        evaluator = self.validation_evaluator(directory, runtime)
+        every = f"{config.eval_every} steps and at the end" if config.eval_every else "run's end"
+        self.log.info("evaluating on %d validation %s (%d windows) every %s", len(evaluator), self.units,
+                      len(evaluator.windows), every)
+        return evaluator
+
+    def validation_evaluator(self, directory: Path, runtime: Runtime) -> Any:
+        """The evaluator of the validation split in ``directory`` (it has ``windows`` and a length)."""
+        raise NotImplementedError
+
+    @property
+    def log(self) -> logging.Logger:
+        return logging.getLogger(type(self).__module__)
 
 
 def qa_commands(module: str) -> dict[str, str]:

@@ -63,7 +63,7 @@ def stub_files(template: Path, commit: str, name: str) -> dict[str, bytes]:
     preset = replaced(preset, f"{EXAMPLE}/preset.toml", f"configs/{name}.toml", f"{EXAMPLE}/preset.toml")
     preset = replaced(preset, 'run_name = "text-classification"', f'run_name = "{name}"', f"{EXAMPLE}/preset.toml")
     test = f'''"""{name}'s own tests, written by `make new-fork`: its task trains on 2 emulated nodes, loses node 1
-mid-run and resumes to the weights of an uninterrupted run (the template's fork check, tests/fork_checks.py)."""
+mid-run and resumes to the weights of an uninterrupted run (the template's fork check, tests/support/fork_checks.py)."""
 
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
-from fork_checks import lose_a_node_then_resume
+from support.fork_checks import lose_a_node_then_resume
+from support.repo import REPO_ROOT
 
 PRESET = REPO_ROOT / "configs" / "{name}.toml"
 

@@ -35,17 +35,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 
 from distqa.config.errors import DataError
 from distqa.encoders.template import PairTemplate
 from distqa.qa.answers import AnswerType
 from distqa.qa.bad_records import BadLinePolicy
 from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table
+from distqa.qa.feature_store import cached as cached  # the NQ cache's lookup, with its request
 from distqa.qa.featurize import featurising_pool, join_parts, run_tasks
 from distqa.qa.nq.featurize import featurize_run, init_worker, make_runs
 from distqa.qa.nq.reader import ScanResult, require_file, scan
-from distqa.qa.nq.windows import WindowSettings, WindowStats, tokenizes_words_independently
+from distqa.qa.nq.windows import WindowSettings, WindowStats
 
 log = logging.getLogger(__name__)
 
@@ -93,23 +93,11 @@ class CacheRequest:
         return digest.hexdigest()[:16]
 
     def hashed_settings(self) -> dict[str, Any]:
-        """What the fingerprint hashes besides the tokenizer and the input.
-
-        The window template is the tokenizer's (its post-processor is in ``tokenizer_json``, hashed whole),
-        so the tokenizer covers it. But caches of earlier versions wrote ``[CLS] q [SEP] d [SEP]`` whatever
-        the tokenizer's template, and dropped the leading-space pieces of byte-level BPE and SentencePiece
-        words, under the same hash. So only BERT-family caches (the same windows now as then) keep their
-        fingerprints; any other template or tokenizer kind hashes its template too, and is never served an
-        old cache.
-        """
-        template = self.template
-        bert = template.middle and template == PairTemplate.bert(template.prefix[0], template.middle[0])
-        if bert and tokenizes_words_independently(Tokenizer.from_str(self.tokenizer_json)):
-            layout: dict[str, Any] = {"special_ids": [template.prefix[0], template.middle[0], self.pad_id]}
-        else:
-            layout = {"template": template.to_dict(), "pad_id": self.pad_id}
+        """What the fingerprint hashes besides the tokenizer and the input: the format, the window settings and the
+        pair template the windows are laid out with."""
         return {"format": FORMAT_VERSION, "labelled": self.labelled, "settings": asdict(self.settings),
-                "validation_fraction": self.validation_fraction, **layout}
+                "validation_fraction": self.validation_fraction, "template": self.template.to_dict(),
+                "pad_id": self.pad_id}
 
     def directory(self, cache_dir: Path) -> Path:
         return Path(cache_dir) / f"{self.source.stem}-{self.fingerprint()}"
@@ -117,12 +105,6 @@ class CacheRequest:
     @property
     def splits(self) -> tuple[str, ...]:
         return ("train", "validation") if self.labelled else ("test",)
-
-
-def cached(request: CacheRequest, cache_dir: Path) -> Path | None:
-    """The complete cache for ``request``, or None."""
-    directory = request.directory(cache_dir)
-    return directory if (directory / MANIFEST).is_file() else None
 
 
 def build_cache(request: CacheRequest, cache_dir: Path, num_proc: int = 1, on_bad_line: BadLinePolicy = "skip",
@@ -247,24 +229,17 @@ class NQWindows(StoredWindows):
         self.document_begin = self.template.document_offset(self.columns["question_len"])
         self.document_end = self.columns["length"] - len(self.template.suffix)
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        input_ids = self.token_ids(index)
-        attention_mask = (self.positions < self.columns["length"][index]).astype(np.int64)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": self.template.token_type_ids(self.columns["question_len"][index], attention_mask),
-            "start_positions": self.columns["start_position"][index],
-            "end_positions": self.columns["end_position"][index],
-            "answer_type": self.columns["answer_type"][index],
-        }
+    def token_type_ids(self, index: int, attention_mask: np.ndarray) -> np.ndarray:
+        return self.template.token_type_ids(self.columns["question_len"][index], attention_mask)
 
 
 def window_template(directory: Path) -> PairTemplate:
-    """The window template of a cache, from its manifest; a manifest without one was written before the
-    template was read from the tokenizer, with ``[CLS] q [SEP] d [SEP]`` (whose ids reading never needs)."""
+    """The window template of a cache, from its manifest."""
     template = load_manifest(directory).get("template")
-    return PairTemplate.from_dict(template) if template else PairTemplate.bert(cls_id=-1, sep_id=-1)
+    if not template:
+        raise DataError(f"{directory} is an NQ feature cache from before distqa 0.2.0 (its manifest has no window "
+                        "template); build it again: python -m distqa.prepare with the run's settings.")
+    return PairTemplate.from_dict(template)
 
 
 def open_examples(directory: Path, split: str) -> pa.Table:

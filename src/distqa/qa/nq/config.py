@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Literal
 
 from distqa.config import EVALUATION, ConfigError, Section, require_not_negative, require_positive, resolve_path
-from distqa.encoders.template import check_window_shape
 from distqa.qa.config import WINDOWS, QAConfig
 
 NQ_FILES = Section("nq_files", "Natural Questions files and featurisation")
@@ -67,12 +66,6 @@ class NQConfig(QAConfig):
                 raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}.")
         if not 0 <= self.validation_fraction < 1:
             raise ConfigError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
-
-    def check_windows(self) -> None:
-        try:
-            check_window_shape(self.max_seq_len, self.max_question_len, self.doc_stride)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
 
     @property
     def nq_train_path(self) -> Path:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from distqa.qa.answers import YES_NO, Answer, AnswerType, Gold, Span
+from distqa.qa.feature_store import list_rows
 from distqa.qa.nq.windows import containing_candidate, window_span_to_tokens
 from distqa.qa.spans import WindowSpans
 
@@ -130,20 +131,10 @@ class ExampleColumns(NamedTuple):
 
     @classmethod
     def of(cls, table: pa.Table) -> ExampleColumns:
-        starts, ends, top_level = (_list_column(table, f"candidate_{name}") for name in ("start", "end", "top_level"))
+        starts, ends, top_level = (list_rows(table.column(f"candidate_{n}")) for n in ("start", "end", "top_level"))
         candidates = [np.stack([s, e, t.astype(s.dtype)], axis=1)
                       for s, e, t in zip(starts, ends, top_level, strict=True)]
-        return cls(table.column("example_id").to_numpy(), _list_column(table, "piece_to_token"), candidates)
-
-
-def _list_column(table: pa.Table, name: str) -> list[np.ndarray]:
-    """Each row of an Arrow list column as a numpy array (one conversion per chunk, not per value)."""
-    rows: list[np.ndarray] = []
-    for chunk in table.column(name).chunks:
-        offsets = chunk.offsets.to_numpy()
-        values = chunk.flatten().to_numpy(zero_copy_only=False)
-        rows.extend(np.split(values, offsets[1:-1] - offsets[0]))
-    return rows
+        return cls(table.column("example_id").to_numpy(), list_rows(table.column("piece_to_token")), candidates)
 
 
 def decode(spans: WindowSpans, layout: WindowLayout, examples: ExampleColumns) -> list[Prediction]:

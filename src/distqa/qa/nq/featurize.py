@@ -8,16 +8,18 @@ transformers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from distqa.qa.feature_store import ArrowStreams
 from distqa.qa.featurize import part_file
 from distqa.qa.nq.reader import ScanResult, parse_example, read_lines
 from distqa.qa.nq.windows import EXAMPLE_COLUMNS, Features, Featurizer, WindowStats
@@ -78,8 +80,8 @@ def featurize_run(task: LineRun) -> tuple[int, dict[str, WindowStats]]:
     BATCH_BYTES at a time: a worker's memory does not depend on the size of the input."""
     assert _featurizer is not None, "worker not initialised"
     stats = {split: WindowStats() for split in task.split_names}
-    writers = {split: _PartWriter(task.parts, split, task.index) for split in task.split_names}
-    try:
+    with contextlib.ExitStack() as files:
+        writers = {split: files.enter_context(_PartWriter(task.parts, split, task.index)) for split in task.split_names}
         for batch in _batches(task.lengths, BATCH_BYTES):
             raw_lines = read_lines(task.source, task.offsets[batch], task.lengths[batch])
             examples = [parse_example(raw, task.labelled) for raw in raw_lines]
@@ -89,16 +91,13 @@ def featurize_run(task: LineRun) -> tuple[int, dict[str, WindowStats]]:
                 features = _featurizer.featurize([examples[i] for i in members], keep_all=split != "train")
                 features.examples["line"] = task.lines[batch][members]
                 features.examples["byte_offset"] = task.offsets[batch][members]
-                writers[split].write(features)
+                writers[split].add(features)
                 stats[split] += features.stats
         for writer in writers.values():
             if not writer.writers:  # no example of this split here: empty parts keep the join simple
                 features = _featurizer.featurize([])
                 features.examples["line"] = features.examples["byte_offset"] = np.empty(0, dtype=np.int64)
-                writer.write(features)
-    finally:
-        for writer in writers.values():
-            writer.close()
+                writer.add(features)
     return len(task.lines), stats
 
 
@@ -138,25 +137,15 @@ def _example_table(features: Features) -> pa.Table:
     return pa.table({name: pa.array(features.examples[name], type=kind) for name, kind in _EXAMPLE_TYPES.items()})
 
 
-class _PartWriter:
+class _PartWriter(ArrowStreams):
     """A task's window and example part files of one split, appended to batch by batch."""
 
     def __init__(self, parts: Path, split: str, task: int) -> None:
-        self.paths = {name: part_file(parts, split, name, task) for name in ("windows", "examples")}
-        self.sinks: dict[str, Any] = {}
-        self.writers: dict[str, Any] = {}
+        super().__init__({name: part_file(parts, split, name, task) for name in ("windows", "examples")})
         self.example_rows = 0
 
-    def write(self, features: Features) -> None:
+    def add(self, features: Features) -> None:
         features.windows["example_index"] = features.windows["example_index"] + self.example_rows
         self.example_rows += len(features.examples["example_id"])
-        for name, table in (("windows", _window_table(features)), ("examples", _example_table(features))):
-            if name not in self.writers:
-                self.sinks[name] = pa.OSFile(str(self.paths[name]), "wb")
-                self.writers[name] = pa.ipc.new_stream(self.sinks[name], table.schema)
-            self.writers[name].write_table(table)
-
-    def close(self) -> None:
-        for name in self.writers:
-            self.writers[name].close()
-            self.sinks[name].close()
+        self.write("windows", _window_table(features))
+        self.write("examples", _example_table(features))

@@ -1,17 +1,11 @@
 """Running a trained model over NQ windows on every rank: evaluation in training, and prediction.
 
-Running the model over windows on every rank (:func:`~distqa.qa.inference.score_windows`) and loading a
-checkpoint's model (:func:`~distqa.qa.inference.load_trained`) are the QA package's, shared with SQuAD.
-
-Evaluation (:class:`Evaluator`) runs the model over the validation windows on **every rank**: a
-``DistributedSampler`` deals out the windows, each rank reduces its logits to a few candidate spans
-per window, and the ranks gather them. The sampler pads the last round with repeated windows so that
-all ranks run the same number of batches; those repeats are dropped by window index before
-decoding, and every window is checked to be present exactly once.
-
-:class:`Predictor` does the same for any NQ file with a trained checkpoint (``python -m distqa.predict``,
-``python -m distqa.evaluate`` and ``notebooks/inference.ipynb`` use it). Decoding the gathered spans
-into answers is :mod:`distqa.qa.nq.decode`'s.
+Running the model over windows on every rank, the sampler's padding repeats dropped
+(:func:`~distqa.qa.inference.score_windows`), and loading a checkpoint's model
+(:func:`~distqa.qa.inference.load_trained`) are the QA package's, shared with SQuAD. :class:`Evaluator` scores
+the validation windows; :class:`Predictor` answers any NQ file with a trained checkpoint (``python -m
+distqa.predict``, ``python -m distqa.evaluate`` and ``notebooks/inference.ipynb`` use it). Decoding the gathered
+spans into answers is :mod:`distqa.qa.nq.decode`'s.
 """
 
 from __future__ import annotations
@@ -21,14 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from distqa.distributed.precision import Precision
-from distqa.distributed.runtime import Runtime, barrier
-from distqa.encoders.pretrained import load_tokenizer
+from distqa.distributed.runtime import Runtime
 from distqa.qa.answers import Answer
-from distqa.qa.inference import load_trained, score_windows
+from distqa.qa.inference import Reader, load_trained, score_windows
 from distqa.qa.nq.cache import NQWindows, open_examples
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.decode import (
@@ -99,7 +91,7 @@ class Evaluator:
 
 # --- prediction with a trained checkpoint ----------------------------------------------------------
 
-class Predictor:
+class Predictor(Reader):
     """A trained model with its tokenizer, window settings and decoding thresholds.
 
     In a notebook (one process)::
@@ -107,17 +99,12 @@ class Predictor:
         predictor = Predictor.from_checkpoint("results/nq-sample/checkpoints/best.pt", local_runtime("cpu"))
         predictions = predictor.predict_file("data/nq-sample/simplified-nq-test.jsonl")
         predictor.answers(predictions)   # {example_id: Answer(long="start:end", short="start:end"|"YES"|"NO"|"")}
-
-    Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
     """
 
     def __init__(self, model: nn.Module, config: NQConfig, runtime: Runtime, thresholds: Thresholds,
                  max_answer_len: int, evaluation: dict[str, Any] | None = None) -> None:
-        self.model, self.config, self.runtime = model, config, runtime
-        self.thresholds, self.max_answer_len = thresholds, max_answer_len
-        self.evaluation = evaluation
-        """The validation metrics stored with the checkpoint (its step included); None if it has none."""
-        self.tokenizer = load_tokenizer(config)
+        super().__init__(model, config, runtime, max_answer_len, evaluation)
+        self.thresholds = thresholds
 
     @classmethod
     def from_checkpoint(cls, path: Path | str, runtime: Runtime, long_threshold: float | None = None,
@@ -139,25 +126,12 @@ class Predictor:
                  thresholds.short, max_answer_len)
         return cls(model, config, runtime, thresholds, max_answer_len, checkpoint.evaluation)
 
-    def featurize(self, source: Path | str) -> Path:
-        """The feature cache of ``source`` (unlabelled windows, every line checked); rank 0 builds it
-        while the others wait, so there is one writer per cache."""
-        source = Path(source)
-        if self.runtime.is_main_process:
-            prepare_nq(self.config, self.tokenizer, source=source, labelled=False, on_bad_line="fail",
-                       progress=self.config.progress_bar)
-        barrier()
-        return find_features(self.config, self.tokenizer, source, labelled=False)
-
     def predict_file(self, source: Path | str) -> list[Prediction]:
         """One :class:`~distqa.qa.nq.decode.Prediction` per example of ``source``, in file order."""
-        directory = self.featurize(source)
+        directory = self.featurized(Path(source), prepare_nq, find_features)
         windows = NQWindows(directory, "test")
-        precision = Precision.choose(self.config.precision, self.runtime.device)
-        with torch.inference_mode():
-            spans = score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
-                                  self.max_answer_len)
-        return decode(spans, WindowLayout.of(windows), ExampleColumns.of(open_examples(directory, "test")))
+        return decode(self.window_spans(windows), WindowLayout.of(windows),
+                      ExampleColumns.of(open_examples(directory, "test")))
 
     def answers(self, predictions: list[Prediction]) -> dict[int, Answer]:
         """The submission rows of ``predictions`` under this predictor's thresholds."""

@@ -11,28 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 from distqa.config import ConfigError
 from distqa.config.errors import DataError
+from distqa.qa.feature_store import find_cache
 from distqa.qa.featurize import auto_num_proc
-from distqa.qa.nq.cache import CacheRequest, build_cache, cached
+from distqa.qa.nq.cache import CacheRequest, build_cache
 from distqa.qa.nq.config import NQConfig
 from distqa.qa.nq.windows import WindowSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-def window_settings(config: NQConfig) -> WindowSettings:
-    """The window settings of ``config`` (its run-defining NQ settings: see ``Config.run_defining``)."""
-    try:
-        return WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
-                              config.negative_keep_rate, config.nq_seed)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
 
 def nq_request(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True) -> CacheRequest:
     """What determines the NQ features of ``source`` (default: ``config.nq_train_file``); a ConfigError when the
-    tokenizer's pair template does not fit the window settings."""
-    settings = window_settings(config)
+    tokenizer's pair template does not fit the window settings (NQConfig has checked them on their own)."""
+    settings = WindowSettings(config.max_seq_len, config.max_question_len, config.doc_stride,
+                              config.negative_keep_rate, config.nq_seed)
     try:
         return CacheRequest.from_tokenizer(source or config.nq_train_path, tokenizer, settings, labelled,
                                            config.validation_fraction)
@@ -47,32 +41,17 @@ def find_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: 
     """The directory of the NQ feature cache of ``source`` with the settings of ``config``; a
     :class:`DataError` with the command that builds it when there is none (``hint`` ends the message)."""
     request = nq_request(config, tokenizer, source, labelled)
-    directory = cached(request, config.nq_cache_path)
-    if directory is None:
-        raise DataError(f"no NQ feature cache for {request.source} with these settings in {config.nq_cache_path}. "
-                        "Build it with `python -m distqa.prepare` and the same preset, .env and flags as this run"
-                        f"{hint}.")
-    return directory
+    return find_cache(request, config.nq_cache_path, f"NQ feature cache for {request.source}",
+                      "python -m distqa.prepare", hint)
 
 
 def prepare_nq(config: NQConfig, tokenizer: PreTrainedTokenizerBase, source: Path | None = None,
                labelled: bool = True, **kwargs: Any) -> Path:
     """Build (or find) the NQ feature cache of ``source`` (default: ``config.nq_train_file``) with
-    the settings of ``config``; returns its directory. ``kwargs`` override build_cache's arguments."""
+    the settings of ``config`` (a progress bar when its ``progress_bar``); returns its directory. ``kwargs``
+    override build_cache's arguments."""
     source = source or config.nq_train_path
     num_proc = config.num_proc or auto_num_proc(source.stat().st_size if source.is_file() else 0)
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
-               "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
+               "max_bad_line_fraction": config.max_bad_line_fraction, "progress": config.progress_bar} | kwargs
     return build_cache(nq_request(config, tokenizer, source, labelled), config.nq_cache_path, **options)
-
-
-def require_nq_features(config: NQConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:
-    """The NQ feature cache of ``config``; built here only with ``build`` (a single process is the whole job).
-
-    With several ranks it must exist before launch (``python -m distqa.prepare``): featurising
-    inside the run would leave every other rank waiting in a collective until the timeout.
-    """
-    if build and cached(nq_request(config, tokenizer), config.nq_cache_path) is None:
-        return prepare_nq(config, tokenizer, progress=config.progress_bar)
-    return find_features(config, tokenizer, hint=", before launching a multi-process run, on storage every node "
-                                                  "mounts (the launcher scripts do this for you)")

@@ -31,13 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from distqa.config.errors import BadRecordError, DataError
+from distqa.config.errors import DataError
 from distqa.qa.answers import AnswerType, Span
-from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
+from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction, report_bad
 
 log = logging.getLogger(__name__)
-
-MAX_REPORTED_BAD_LINES = 20
 
 
 class BadLine(ValueError):  # noqa: N818 - reads as "raise BadLine(reason)"
@@ -285,11 +283,7 @@ def scan(path: Path, labelled: bool, on_bad_line: BadLinePolicy = "skip",
                     example = parse_example(raw, labelled)
                 except BadLine as err:
                     bad += 1
-                    message = f"{path}:{number}: {err}"
-                    if on_bad_line == "fail":
-                        raise BadRecordError(f"{message}\nFix or remove the line.") from None
-                    if len(reports) < MAX_REPORTED_BAD_LINES:
-                        reports.append(message)
+                    report_bad(f"{path}:{number}: {err}", "\nFix or remove the line.", on_bad_line, reports)
                 else:
                     lines.append(number)
                     offsets.append(offset)
@@ -314,11 +308,8 @@ def _drop_repeated_ids(result: ScanResult, on_bad_line: BadLinePolicy) -> None:
     keep[first] = True
     first_line = dict(zip(result.example_ids[first].tolist(), result.lines[first].tolist(), strict=True))
     for line, example_id in zip(result.lines[~keep].tolist(), result.example_ids[~keep].tolist(), strict=True):
-        message = f"{result.path}:{line}: example_id {example_id} repeats line {first_line[example_id]}"
-        if on_bad_line == "fail":
-            raise BadRecordError(f"{message}\nRemove the duplicate.")
-        if len(result.bad_reports) < MAX_REPORTED_BAD_LINES:
-            result.bad_reports.append(message)
+        report_bad(f"{result.path}:{line}: example_id {example_id} repeats line {first_line[example_id]}",
+                   "\nRemove the duplicate.", on_bad_line, result.bad_reports)
     result.bad_lines += int((~keep).sum())
     for name in ("lines", "offsets", "lengths", "example_ids", "answer_types"):
         setattr(result, name, getattr(result, name)[keep])

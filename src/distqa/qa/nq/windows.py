@@ -45,6 +45,7 @@ from tokenizers import Tokenizer
 
 from distqa.encoders.template import PairTemplate, check_window_shape
 from distqa.qa.answers import AnswerType, Span
+from distqa.qa.featurize import SplitStats
 from distqa.qa.nq.reader import NQExample
 
 TAG_TOKEN = re.compile(r"(?<![^ ])</?[A-Za-z][A-Za-z0-9]*>(?![^ ])")
@@ -68,7 +69,7 @@ class WindowSettings:
 
 
 @dataclass
-class WindowStats:
+class WindowStats(SplitStats):
     """Counts over a batch of examples; add them up with ``+=``."""
 
     examples: int = 0
@@ -80,13 +81,6 @@ class WindowStats:
     unreachable: int = 0
     """Answerable examples whose answer has no wordpiece (only tags) or lies in no single window."""
     by_type: dict[str, int] = field(default_factory=lambda: {t.name: 0 for t in AnswerType})
-
-    def __iadd__(self, other: WindowStats) -> WindowStats:
-        for name in ("examples", "windows", "kept", "positive", "answerable", "unreachable"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name, count in other.by_type.items():
-            self.by_type[name] = self.by_type.get(name, 0) + count
-        return self
 
 
 @dataclass

@@ -13,8 +13,9 @@ the fingerprint, the atomic publication (:mod:`distqa.qa.feature_store`) and the
 
 Building: the sources are read and checked (:mod:`distqa.qa.squad.reader`), the validation split is the validation file
 or whole contexts held out of the training file, then ``num_proc`` processes cut runs of questions into windows
-(:mod:`distqa.qa.squad.windows`), written in input order as they come back, at most two runs per process in
-flight. ``datasets.Dataset.from_file(".../train/windows.arrow")`` opens a file for inspection.
+(:mod:`distqa.qa.squad.windows`) into part files joined in input order, at most two runs per process in flight
+(:mod:`distqa.qa.featurize`, as NQ's). ``datasets.Dataset.from_file(".../train/windows.arrow")`` opens a file for
+inspection.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
-from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,18 @@ import pyarrow as pa
 from distqa.config import ConfigError
 from distqa.config.errors import DataError
 from distqa.qa.bad_records import BadLinePolicy
-from distqa.qa.feature_store import MANIFEST, StoredWindows, building_directory, hash_source, load_manifest, read_table
-from distqa.qa.featurize import featurising_pool
+from distqa.qa.feature_store import (
+    MANIFEST,
+    ArrowStreams,
+    StoredWindows,
+    building_directory,
+    hash_source,
+    list_rows,
+    load_manifest,
+    read_table,
+)
+from distqa.qa.feature_store import cached as cached  # the SQuAD cache's lookup, with its request
+from distqa.qa.featurize import featurising_pool, join_parts, part_file, run_tasks
 from distqa.qa.squad.reader import SquadExample, SquadRecords, hub_name, read_squad, source_path
 from distqa.qa.squad.windows import SquadFeatures, SquadFeaturizer, SquadStats, SquadWindowSettings, answer_span
 
@@ -96,12 +107,6 @@ class SquadCacheRequest:
         return Path(cache_dir) / f"{stem}-{self.fingerprint()}"
 
 
-def cached(request: SquadCacheRequest, cache_dir: Path) -> Path | None:
-    """The complete cache for ``request``, or None."""
-    directory = request.directory(cache_dir)
-    return directory if (directory / MANIFEST).is_file() else None
-
-
 def build_squad_cache(request: SquadCacheRequest, cache_dir: Path, num_proc: int = 1,
                       on_bad_line: BadLinePolicy = "skip", max_bad_line_fraction: float = 0.01) -> Path:
     """Featurise the sources of ``request`` into ``cache_dir`` unless an identical cache exists; return its path."""
@@ -110,7 +115,7 @@ def build_squad_cache(request: SquadCacheRequest, cache_dir: Path, num_proc: int
         log.info("reusing the SQuAD feature cache %s\n%s", final, format_summary(load_manifest(final)))
         return final
     started = time.perf_counter()
-    featurizer = checked_featurizer(request)
+    checked_featurizer(request)  # the settings checked before any process starts
     # The featurising processes start first: they load while this process reads and checks the sources.
     with featurising_pool(request, num_proc, _init_worker) as pool:
         read = [read_squad(request.train, "train" if request.labelled else "ignore", on_bad_line,
@@ -121,10 +126,12 @@ def build_squad_cache(request: SquadCacheRequest, cache_dir: Path, num_proc: int
         splits = _splits(request, read)
         read_seconds = time.perf_counter() - started
         with building_directory(final) as building:
+            (building / "parts").mkdir()
             stats = {}
             for split, examples in splits.items():
                 log.info("featurising %d %s questions with %d process(es)", len(examples), split, num_proc)
-                stats[split] = _write_split(building, split, examples, pool, num_proc, featurizer)
+                stats[split] = _write_split(building, split, examples, pool, num_proc)
+            shutil.rmtree(building / "parts")
             summary = _summary(request, read, stats, read_seconds, time.perf_counter() - started)
             (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
     log.info("SQuAD feature cache ready: %s\n%s", final, format_summary(summary))
@@ -159,9 +166,18 @@ def hold_out(examples: Sequence[SquadExample], fraction: float) -> tuple[list[Sq
 # --- featurising processes ----------------------------------------------------------------------------
 
 _featurizer: SquadFeaturizer | None = None
-Run = tuple[list[str], list[str], list["tuple[int, int] | None"], bool]
-"""Questions, contexts, first-answer character spans of a run of questions, and whether to keep the offsets: one
-task of a featurising process."""
+
+
+@dataclass(frozen=True)
+class QuestionRun:
+    """Consecutive questions of one split that a featurising process cuts into windows, written to its own part
+    files (numbered ``index``); their windows keep the context tokens' offsets but in training (nothing decodes
+    its windows)."""
+
+    index: int
+    split: str
+    examples: Sequence[SquadExample]
+    parts: Path
 
 
 def checked_featurizer(request: SquadCacheRequest) -> SquadFeaturizer:
@@ -179,77 +195,35 @@ def _init_worker(request: SquadCacheRequest, parallel_tokenizer: bool) -> None:
     _featurizer = SquadFeaturizer(request.tokenizer_json, request.pad_id, request.settings)
 
 
-def _run(examples: Sequence[SquadExample], split: str) -> Run:
-    """What a featurising process needs of some questions: the first answer's characters only; and whether their
-    windows keep the context tokens' offsets (not in training: nothing decodes its windows)."""
-    return ([e.question for e in examples], [e.context for e in examples],
-            [answer_span(*e.answers[0]) if e.answers else None for e in examples], split != "train")
-
-
-def _featurize(run: Run) -> SquadFeatures:
+def _featurize_run(run: QuestionRun) -> tuple[int, dict[str, SquadStats]]:
+    """Cut one run's questions into windows (labelled by the first answer's characters) in its part files."""
     assert _featurizer is not None, "worker not initialised"
-    return _featurizer.featurize(*run)
-
-
-def _featurized(runs: Iterator[Run], pool: ProcessPoolExecutor | None, num_proc: int) -> Iterator[SquadFeatures]:
-    """The features of each run, in order; at most two runs per process in flight (memory stays flat)."""
-    if pool is None:
-        yield from map(_featurize, runs)
-        return
-    pending: deque[Future[SquadFeatures]] = deque()
-    for run in runs:
-        pending.append(pool.submit(_featurize, run))
-        if len(pending) >= 2 * num_proc:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+    examples = run.examples
+    features = _featurizer.featurize([e.question for e in examples], [e.context for e in examples],
+                                     [answer_span(*e.answers[0]) if e.answers else None for e in examples],
+                                     keep_offsets=run.split != "train")
+    with ArrowStreams({name: part_file(run.parts, run.split, name, run.index) for name in ("windows", "examples")}) \
+            as files:
+        files.write("windows", _window_table(features))
+        files.write("examples", _example_table(examples))
+    return len(examples), {run.split: features.stats}
 
 
 def _write_split(building: Path, split: str, examples: list[SquadExample], pool: ProcessPoolExecutor | None,
-                 num_proc: int, featurizer: SquadFeaturizer) -> SquadStats:
-    directory = building / split
-    directory.mkdir()
+                 num_proc: int) -> SquadStats:
+    """The windows and questions of one split, in input order; an empty split still gets its (empty) files."""
     size = max(1, min(QUESTIONS_PER_TASK, -(-len(examples) // (4 * num_proc))))  # about four runs per process
-    starts = range(0, len(examples), size)
-    runs = (_run(examples[first:first + size], split) for first in starts)
-    stats = SquadStats()
-    with _ArrowFile(directory / "windows.arrow") as windows, _ArrowFile(directory / "examples.arrow") as rows:
-        for first, features in zip(starts, _featurized(runs, pool, num_proc), strict=True):
-            windows.write(_window_table(features, first))
-            rows.write(_example_table(examples[first:first + size]))
-            stats += features.stats
-        if not stats.examples:  # an empty split still has its (empty) files
-            windows.write(_window_table(featurizer.featurize([], [], []), 0))
-            rows.write(_example_table([]))
-    return stats
+    runs = [QuestionRun(index, split, examples[first:first + size], building / "parts")
+            for index, first in enumerate(range(0, max(len(examples), 1), size))]
+    stats = run_tasks(runs, pool, _featurize_run, {split: SquadStats()}, num_proc, False, len(examples))
+    join_parts(building, split, len(runs))
+    return stats[split]
 
 
-class _ArrowFile:
-    """An Arrow IPC stream written table by table (the schema comes with the first)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.sink, self.writer = path, None, None
-
-    def __enter__(self) -> _ArrowFile:
-        return self
-
-    def write(self, table: pa.Table) -> None:
-        if self.writer is None:
-            self.sink = pa.OSFile(str(self.path), "wb")
-            self.writer = pa.ipc.new_stream(self.sink, table.schema)
-        self.writer.write_table(table)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.sink.close()
-
-
-def _window_table(features: SquadFeatures, first_example: int) -> pa.Table:
+def _window_table(features: SquadFeatures) -> pa.Table:
     ids = features.input_ids
     arrays = {"input_ids": pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), ids.shape[1])}
-    arrays |= {name: pa.array(values + first_example if name == "example_index" else values)
-               for name, values in features.columns.items()}
+    arrays |= {name: pa.array(values) for name, values in features.columns.items()}
     starts = np.concatenate([[0], np.cumsum(2 * features.offset_counts)]).astype(np.int32)
     arrays["offsets"] = pa.ListArray.from_arrays(pa.array(starts), pa.array(features.offsets, type=pa.int32()))
     return pa.table(arrays)
@@ -322,28 +296,13 @@ class SquadWindows(StoredWindows):
         self.document_begin = self.columns["context_start"]
         self.document_end = self.columns["context_end"]
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        input_ids = self.token_ids(index)
-        columns = {name: values[index] for name, values in self.columns.items()}
-        attention_mask = (self.positions < columns["length"]).astype(np.int64)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": attention_mask * (self.positions >= columns["segment_start"]),
-            "start_positions": columns["start_position"],
-            "end_positions": columns["end_position"],
-            "answer_type": columns["answer_type"],
-        }
+    def token_type_ids(self, index: int, attention_mask: np.ndarray) -> np.ndarray:
+        return attention_mask * (self.positions >= self.columns["segment_start"][index])
 
     def offsets(self) -> list[np.ndarray]:
         """Every window's context-token character offsets, (tokens, 2) each (for decoding; one pass). The training
         split keeps none (nothing decodes its windows): there each is empty."""
-        rows: list[np.ndarray] = []
-        for chunk in self.offsets_column.chunks:
-            bounds = chunk.offsets.to_numpy()
-            values = chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, 2)
-            rows.extend(np.split(values, (bounds[1:-1] - bounds[0]) // 2))
-        return rows
+        return [pairs.reshape(-1, 2) for pairs in list_rows(self.offsets_column)]
 
 
 def open_examples(directory: Path, split: str) -> pa.Table:

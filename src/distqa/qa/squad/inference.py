@@ -21,13 +21,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 from torch import nn
 
 from distqa.distributed.precision import Precision
-from distqa.distributed.runtime import Runtime, barrier
-from distqa.encoders.pretrained import load_tokenizer
-from distqa.qa.inference import load_trained, score_windows
+from distqa.distributed.runtime import Runtime
+from distqa.qa.inference import Reader, load_trained, score_windows
 from distqa.qa.spans import WindowSpans
 from distqa.qa.squad.cache import SquadWindows, open_examples
 from distqa.qa.squad.config import SquadConfig
@@ -122,24 +120,19 @@ class SquadEvaluator:
         return SquadEvaluation(metrics=metrics, state=state, summary=summary, threshold=threshold, answers=answers)
 
 
-class SquadPredictor:
+class SquadPredictor(Reader):
     """A trained ``squad`` model with its tokenizer, window settings and no-answer threshold.
 
     In a notebook (one process)::
 
         predictor = SquadPredictor.from_checkpoint("results/squad-sample/checkpoints/best.pt", local_runtime("cpu"))
         predictor.answers(predictor.predict_file("data/squad-sample/dev.json"))   # {id: text, "" for none}
-
-    Under torchrun every rank calls :meth:`predict_file` with the same file and gets the same result.
     """
 
     def __init__(self, model: nn.Module, config: SquadConfig, runtime: Runtime, threshold: float,
                  max_answer_len: int, evaluation: dict[str, Any] | None = None) -> None:
-        self.model, self.config, self.runtime = model, config, runtime
-        self.threshold, self.max_answer_len = threshold, max_answer_len
-        self.evaluation = evaluation
-        """The validation metrics stored with the checkpoint (its step included); None if it has none."""
-        self.tokenizer = load_tokenizer(config)
+        super().__init__(model, config, runtime, max_answer_len, evaluation)
+        self.threshold = threshold
 
     @classmethod
     def from_checkpoint(cls, path: Path | str, runtime: Runtime, threshold: float | None = None,
@@ -158,25 +151,13 @@ class SquadPredictor:
         log.info("loaded %s: no-answer threshold %.3f, max answer length %d", path, threshold, max_answer_len)
         return cls(model, config, runtime, threshold, max_answer_len, checkpoint.evaluation)
 
-    def featurize(self, source: Path | str) -> Path:
-        """The feature cache of ``source`` (its answers, if any, not read; every record checked); rank 0 builds it
-        while the others wait, so there is one writer per cache."""
+    def predict_file(self, source: Path | str) -> list[SquadPrediction]:
+        """One :class:`SquadPrediction` per question of ``source`` (its answers, if any, not read), in file order."""
         if not hub_name(str(source)):
             source_path(str(source), "--input")
-        if self.runtime.is_main_process:
-            prepare_squad(self.config, self.tokenizer, source=source, labelled=False, on_bad_line="fail")
-        barrier()
-        return find_squad_features(self.config, self.tokenizer, source, labelled=False)
-
-    def predict_file(self, source: Path | str) -> list[SquadPrediction]:
-        """One :class:`SquadPrediction` per question of ``source``, in file order."""
-        directory = self.featurize(source)
+        directory = self.featurized(source, prepare_squad, find_squad_features)
         windows = SquadWindows(directory, "test")
-        precision = Precision.choose(self.config.precision, self.runtime.device)
-        with torch.inference_mode():
-            spans = score_windows(self.model, windows, self.runtime, precision, self.config.eval_batch_size,
-                                  self.max_answer_len)
-        return decode_answers(spans, windows, open_examples(directory, "test"))
+        return decode_answers(self.window_spans(windows), windows, open_examples(directory, "test"))
 
     def answers(self, predictions: list[SquadPrediction]) -> dict[str, str]:
         """The official predictions file's object: ``{id: text}``, ``""`` where the threshold says no answer."""

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distqa.config.errors import DataError
+from distqa.qa.feature_store import find_cache
 from distqa.qa.featurize import auto_num_proc
-from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache, cached
+from distqa.qa.squad.cache import SquadCacheRequest, build_squad_cache
 from distqa.qa.squad.config import SquadConfig
 from distqa.qa.squad.reader import hub_name, source_path
 from distqa.qa.squad.windows import SquadWindowSettings
@@ -34,12 +34,8 @@ def find_squad_features(config: SquadConfig, tokenizer: PreTrainedTokenizerBase,
     """The directory of the cache of ``source`` with the settings of ``config``; a :class:`DataError` with the
     command that builds it when there is none (``hint`` ends the message)."""
     request = squad_request(config, tokenizer, source, labelled)
-    directory = cached(request, config.squad_cache_path)
-    if directory is None:
-        raise DataError(f"no SQuAD feature cache for {request.train} with these settings in {config.squad_cache_path}. "
-                        "Build it with `python -m distqa.prepare --task squad` and the same preset, .env and flags as "
-                        f"this run{hint}.")
-    return directory
+    return find_cache(request, config.squad_cache_path, f"SQuAD feature cache for {request.train}",
+                      "python -m distqa.prepare --task squad", hint)
 
 
 def prepare_squad(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, source: str | Path | None = None,
@@ -53,12 +49,3 @@ def prepare_squad(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, sourc
     options = {"num_proc": num_proc, "on_bad_line": config.on_bad_line,
                "max_bad_line_fraction": config.max_bad_line_fraction} | kwargs
     return build_squad_cache(request, config.squad_cache_path, **options)
-
-
-def require_squad_features(config: SquadConfig, tokenizer: PreTrainedTokenizerBase, build: bool) -> Path:
-    """The cache of ``config``; built here only with ``build`` (a single process is the whole job). With several
-    ranks it must exist before launch, as NQ's (:func:`distqa.qa.nq.prepared.require_nq_features`)."""
-    if build and cached(squad_request(config, tokenizer), config.squad_cache_path) is None:
-        return prepare_squad(config, tokenizer)
-    return find_squad_features(config, tokenizer, hint=", before launching a multi-process run, on storage every "
-                                                       "node mounts (the launcher scripts do this for you)")

@@ -41,15 +41,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distqa.config import resolve_path
-from distqa.config.errors import BadRecordError, DataError
+from distqa.config.errors import DataError
 from distqa.encoders.hub import hf_home, hub_offline, hub_unreachable
-from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction
+from distqa.qa.bad_records import BadLinePolicy, check_bad_fraction, report_bad
 
 log = logging.getLogger(__name__)
 
 AnswerCheck = Literal["train", "gold", "ignore"]
 HUB_PREFIX = "hf:"
-MAX_REPORTED_BAD_RECORDS = 20
 _MISSING = object()
 
 
@@ -122,11 +121,7 @@ def read_squad(spec: str | Path, answers: AnswerCheck = "train", on_bad_line: Ba
                                 "unique (predictions and scores are keyed by them)")
         except BadRecord as err:
             result.bad += 1
-            message = f"{where}: {err}"
-            if on_bad_line == "fail":
-                raise BadRecordError(f"{message}. {fix}") from None
-            if len(result.reports) < MAX_REPORTED_BAD_RECORDS:
-                result.reports.append(message)
+            report_bad(f"{where}: {err}", f". {fix}", on_bad_line, result.reports)
             continue
         first_seen[example.id] = where
         result.examples.append(example)
@@ -261,8 +256,8 @@ def _in_datasets_cache(name: str) -> bool:
 # --- one record --------------------------------------------------------------------------------------
 
 def _example(record: dict[str, Any], check: AnswerCheck) -> SquadExample:
-    example_id = _string(record, "id")
-    question, context = _string(record, "question").lstrip(), _string(record, "context")
+    example_id = _field(record, "id")
+    question, context = _field(record, "question").lstrip(), _field(record, "context")
     for name, value in (("id", example_id), ("question", question), ("context", context)):
         if not value.strip():
             raise BadRecord(f"field '{name}' is empty")
@@ -273,12 +268,15 @@ def _example(record: dict[str, Any], check: AnswerCheck) -> SquadExample:
     return SquadExample(example_id, question, context, answers, title)
 
 
-def _string(record: dict[str, Any], name: str, where: str = "") -> str:
+def _field(record: dict[str, Any], name: str, kind: type = str, where: str = "") -> Any:
+    """``record[name]``, a string (or a ``kind``); a BadRecord naming the field (``where`` its parent) otherwise."""
     value = record.get(name, _MISSING)
     if value is _MISSING:
         raise BadRecord(f"field '{where}{name}' is missing")
-    if not isinstance(value, str):
-        raise BadRecord(f"field '{where}{name}' should be a string, got {type(value).__name__} {value!r:.40}")
+    if not isinstance(value, kind):
+        shown = f" {value!r:.40}" if kind is str else ""
+        raise BadRecord(f"field '{where}{name}' should be a {'string' if kind is str else kind.__name__}, got "
+                        f"{type(value).__name__}{shown}")
     return value
 
 
@@ -287,8 +285,8 @@ def _answers(record: dict[str, Any], context: str, check: AnswerCheck) -> tuple[
     if value is _MISSING:
         raise BadRecord("field 'answers' is missing (an unanswerable question has an empty one)")
     if isinstance(value, dict):  # the Hugging Face schema: parallel lists
-        texts = _list(value, "text", "answers.")
-        starts = _list(value, "answer_start", "answers.") if check == "train" else [-1] * len(texts)
+        texts = _field(value, "text", list, "answers.")
+        starts = _field(value, "answer_start", list, "answers.") if check == "train" else [-1] * len(texts)
         if len(starts) != len(texts):
             raise BadRecord(f"field 'answers' has {len(texts)} texts but {len(starts)} answer_starts")
         found, where = list(zip(texts, starts, strict=True)), "answers.{0}[{1}]"
@@ -311,15 +309,6 @@ def _answers(record: dict[str, Any], context: str, check: AnswerCheck) -> tuple[
             raise BadRecord(f"field 'is_impossible' is {str(impossible).lower()} but the question has "
                             f"{len(answers)} answer(s)")
     return answers
-
-
-def _list(record: dict[str, Any], name: str, where: str) -> list[Any]:
-    value = record.get(name, _MISSING)
-    if value is _MISSING:
-        raise BadRecord(f"field '{where}{name}' is missing")
-    if not isinstance(value, list):
-        raise BadRecord(f"field '{where}{name}' should be a list, got {type(value).__name__}")
-    return value
 
 
 def _answer(text: Any, start: Any, where: str, index: int, context: str, check: AnswerCheck) -> tuple[str, int]:

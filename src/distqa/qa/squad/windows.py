@@ -14,7 +14,7 @@ answer). No window is dropped.
 
 What a window keeps: its ids padded to ``max_seq_len``, its length, where its context part starts and ends and
 where token type 1 starts (the template's segments), and each context token's character offsets, which map a
-predicted span back to text. Free of torch and transformers: the featurising processes import only ``tokenizers``.
+predicted span back to text. Free of torch and transformers: the featurising processes import ``tokenizers``, not them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from distqa.qa.answers import AnswerType
+from distqa.qa.featurize import SplitStats
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class SquadWindowSettings:
 
 
 @dataclass
-class SquadStats:
+class SquadStats(SplitStats):
     """Counts over some examples; add them up with ``+=``."""
 
     examples: int = 0
@@ -49,11 +50,6 @@ class SquadStats:
     unanswerable: int = 0
     unreachable: int = 0
     """Answerable examples whose first answer lies whole in no window (every window points at the null answer)."""
-
-    def __iadd__(self, other: SquadStats) -> SquadStats:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        return self
 
 
 WINDOW_COLUMNS = {"length": np.int16, "context_start": np.int16, "context_end": np.int16, "segment_start": np.int16,

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, clean_env, wait_for
+from support.processes import clean_env, wait_for
+from support.repo import REPO_ROOT
 
 
 def start_store(port: int, log: Path) -> subprocess.Popen[str]:

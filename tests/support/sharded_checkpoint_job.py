@@ -3,7 +3,7 @@ process): a small model sharded with FSDP2 over gloo, one optimizer step, the st
 background as a run writes it (distqa.checkpoint.sharded.ShardedCheckpointWriter), then the step-4 write meets the
 scenario's fault. Prints one JSON line: what this rank saw.
 
-``python tests/sharded_checkpoint_job.py SCENARIO RUN_DIR`` under RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
+``python tests/support/sharded_checkpoint_job.py SCENARIO RUN_DIR`` under RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
 
 - ``full-disk``: rank 1's shard write fails with ENOSPC (the stand-in below) during step 4's write;
 - ``kill``: rank 0 is SIGKILLed while it writes step 4's manifest, after every rank has written its shards.

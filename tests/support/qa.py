@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distqa.encoders.tiny import build_family_dir
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 # The QA tasks' own end-to-end tests: a configuration small enough for a 2-core machine, every code path real.
 # QA_ARGS are settings every built-in (QA) task has; FAST_ARGS adds the DummyDataset's size (the default task's).

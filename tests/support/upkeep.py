@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env
+from support.processes import clean_env
+from support.repo import REPO_ROOT
 
 IS_FORK = (REPO_ROOT / "fork.toml").is_file()
 template_only = pytest.mark.skipif(IS_FORK, reason="the template's own checks; this checkout is a fork (fork.toml)")

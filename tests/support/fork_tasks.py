@@ -1,5 +1,6 @@
-"""Tasks as a fork writes them outside the package, for tests/*/test_fork_traps.py: run with ``PYTHONPATH=tests`` and
-``--task fork_tasks:Regression`` (no preset, no tokenizer, a metric where lower is better, a setting of its own).
+"""Tasks as a fork writes them outside the package, for tests/*/test_fork_traps.py: run with ``PYTHONPATH=tests``
+and ``--task support.fork_tasks:Regression`` (no preset, no tokenizer, a metric where lower is better, a
+setting of its own).
 
 - :class:`Regression`: a small MLP with BatchNorm on generated samples whose scale varies from sample to sample,
   so each rank's share gives other running statistics; its evaluation keeps every rank's statistics in its state.
@@ -32,13 +33,13 @@ from distqa.tasks import (
     resolve_path,
 )
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parents[1])
 # How tests/*/test_fork_traps.py runs these tasks: this folder on PYTHONPATH, one thread, a short run.
 FORK_ENV = {"PYTHONPATH": TESTS, "OMP_NUM_THREADS": "1"}
 RUN_ARGS = ["--global-batch-size", "16", "--per-rank-batch-size", "8", "--lr", "1e-2", "--max-steps", "6",
             "--eval-every", "3", "--progress-bar", "false", "--tensorboard", "false"]
 
-FORK = Section("fork", "a fork's regression task (tests/fork_tasks.py)")
+FORK = Section("fork", "a fork's regression task (tests/support/fork_tasks.py)")
 WEIGHTS = torch.tensor([1.0, -2.0, 0.5, 3.0])
 
 
@@ -143,7 +144,7 @@ class BuiltRegression(Regression):
             self.build_data()
         if not self.data_file.is_file():
             raise DataError(f"{self.data_file} does not exist; build it with python -m distqa.prepare --task "
-                            "fork_tasks:BuiltRegression.")
+                            "support.fork_tasks:BuiltRegression.")
 
     def build_data(self) -> Path:
         self.data_file.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, clean_env, free_port, max_difference
-from distributed.conftest import final_weights, kill_launcher, start_training
+from support.compare import final_weights, max_difference
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
+from support.runs import kill_launcher, start_training
 
 STEPS = 100
 RUN_ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "20", "--eval-every", "50", "--log-every", "50",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.repo import REPO_ROOT
 
 TASK = REPO_ROOT / "deploy" / "skypilot" / "task.yaml"
 SKY_PYTHON = REPO_ROOT / ".venv-skypilot" / "bin" / "python"

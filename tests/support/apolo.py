@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env, free_port
-from distributed.conftest import sigint_as_in_a_terminal
+from support.processes import clean_env, free_port
+from support.repo import REPO_ROOT
+from support.runs import sigint_as_in_a_terminal
 
 STANDIN = REPO_ROOT / "tests" / "standin" / "platform_cli.py"
 LAUNCH = REPO_ROOT / "scripts" / "run_distributed_on_platform.sh"

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import MACHINERY_ARGS, REPO_ROOT, WORKER, clean_env
+from support.processes import clean_env
+from support.repo import MACHINERY_ARGS, REPO_ROOT, WORKER
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "standin"))
 import kubeflow  # tests/standin is not a package
 
-ENGINES = Path(__file__).resolve().parents[2] / "shared" / "engines"
+ENGINES = Path(__file__).resolve().parents[3] / "shared" / "engines"
 needs_engines = pytest.mark.skipif(not ENGINES.is_dir(),
                                    reason=f"{ENGINES} is absent (the pinned CRDs beside the clone)")
 DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
