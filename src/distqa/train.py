@@ -147,18 +147,15 @@ def train(config: Config, runtime: Runtime, run_dir: Path, task: Task) -> Progre
         return trainer.fit(record)
 
 
-TrainingWrap = Callable[[nn.Module, Precision], nn.Module]
-"""The model as training steps run it, from the bare model and the precision (:func:`build_trainer`'s ``wrap``)."""
-
-
 def build_trainer(config: Config, runtime: Runtime, run_dir: Path, task: Task, *, dataset: Dataset | None = None,
                   evaluation: bool = True, hosts: list[str] | None = None, pin_memory: bool | None = None,
-                  wrap: TrainingWrap | None = None) -> Trainer:
+                  wrap: Callable[[nn.Module, Precision], nn.Module] | None = None) -> Trainer:
     """Collective. The :class:`~distqa.training.trainer.Trainer` of a run, assembled in the order that makes it exact:
     data, model, resume, the DDP wrap or the sharding, optimizer and schedule (the resumed state restored into them),
     evaluation. The benchmarks build theirs here too (``bench/our_trainer.py``): ``dataset`` replaces the task's
     training split, ``evaluation=False`` leaves the task's evaluator out, ``pin_memory`` goes to
-    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.distributed.fsdp.data_parallel_model`."""
+    :func:`build_loader`, and ``wrap`` replaces :func:`~distqa.distributed.fsdp.data_parallel_model` (the model as
+    training steps run it, from the bare model and the precision)."""
     # Data: every rank reads a disjoint share of each epoch's permutation.
     loader = build_loader(config, runtime, task.train_dataset() if dataset is None else dataset, task.collate,
                           pin_memory)

@@ -1,26 +1,11 @@
-"""NCCL's side of a lost peer (docs/FAULT_TOLERANCE.md, "A lost peer").
+"""NCCL's side of a lost peer: why, and what the CPU tests and the GPU benchmark check, is docs/FAULT_TOLERANCE.md,
+"A lost peer" (its NCCL item).
 
-Under gloo a collective whose peer is gone raises in Python at once, and the trainer knows which step it is at. Under
-NCCL nothing raises where the collective is called: its kernel waits on the GPU while the host queues the next
-kernels, and NCCL's watchdog (a thread of ProcessGroupNCCL) finds the failure later, as an error the communicator
-reports (a peer's connection reset: ncclRemoteError, ncclSystemError) or as the collective's timeout
-(``dist_timeout_s``). What the watchdog does then is ``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s: by default (3,
-SkipCleanUp) it ends the process, so no survivor can save anything.
-
-With ``save_on_peer_loss`` the runtime sets it to 2 (CleanUpOnly, :func:`survive_nccl_errors`): the watchdog records
-the error (ProcessGroupNCCL's ``ErrorType``: TIMEOUT, COMM_ERROR, REMOTE_ERROR, set in ``Watchdog::runLoop`` before it
-aborts) and aborts the communicators, and the process lives on. An aborted collective's kernel ends on partial data,
-so an optimizer update queued behind it would corrupt the weights. Hence the trainer calls
-:func:`wait_for_collectives` before each update: it waits until the GPU has run everything queued so far (the
-gradients' all-reduce included), then asks the process group whether NCCL reported an error, and only then does the
-trainer queue the update. A survivor's weights are therefore always those of its last complete optimizer step, which
-:mod:`distqa.training.peer_loss` saves.
-
-The price on a healthy step: once per optimizer step the host waits for the GPU before it queues the update, where it
-would otherwise run ahead. The "save_on_peer_loss off" row of ``bench/gpu_settings.py`` (``bench/gpu.sh``) measures
-it against the same step without the wait (target: at most 1 %), and records whether this torch's ProcessGroupNCCL
-reports its error state (``get_error``) at all; without it a survivor under NCCL saves nothing and says so. The logic
-is tested on CPU (tests/unit/test_peer_loss.py); the GPU behaviour only by that benchmark part.
+NCCL's watchdog (a thread of ProcessGroupNCCL) finds a lost peer as an error the communicator reports (a peer's
+connection reset: ncclRemoteError, ncclSystemError) or as the collective's timeout; under CleanUpOnly
+(:func:`survive_nccl_errors`) it records it (ProcessGroupNCCL's ``ErrorType``, set in ``Watchdog::runLoop`` before it
+aborts), which :func:`wait_for_collectives` asks for before each optimizer update. The wait's cost on a healthy step
+is the "save_on_peer_loss off" row of ``bench/gpu_settings.py`` (target: at most 1 %).
 """
 
 from __future__ import annotations

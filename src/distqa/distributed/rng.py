@@ -25,26 +25,21 @@ def seed_for_step(seed: int, step: int, rank: int) -> None:
     seed_everything(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0] >> 1))
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """This rank's random generators, as plain containers (loadable with weights_only=True)."""
+def rng_states_to_save(seeds_per_step: bool, world_size: int) -> list[dict[str, Any] | None]:
+    """What a step checkpoint keeps of the ranks' random generators: none for a run whose steps seed them from (seed,
+    step, rank) (:func:`seed_for_step`), as a survivor's save keeps none (:mod:`distqa.training.peer_loss`), so its
+    saves gather nothing (docs/SCALING.md, "The checkpoint's random states"). A run begun before (its progress without
+    ``seeds_per_step``) still gathers them on rank 0, which writes them: collective then, every rank calls it."""
+    if seeds_per_step:
+        return [None] * world_size
     name, keys, position, has_gauss, cached = np.random.get_state()
-    return {
+    mine = {  # this rank's generators, as plain containers (loadable with weights_only=True)
         "python": random.getstate(),
         "numpy": [name, keys.tolist(), position, has_gauss, cached],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-
-
-def rng_states_to_save(seeds_per_step: bool, world_size: int) -> list[dict[str, Any] | None]:
-    """What a step checkpoint keeps of the ranks' random generators. A run whose steps seed them from (seed, step,
-    rank) (:func:`seed_for_step`) keeps none, as a survivor's save keeps none (:mod:`distqa.training.peer_loss`), and
-    its saves gather nothing: at 2 048 ranks every rank's generators are 26 MB (13 KB a rank on CPU) for rank 0 to
-    receive and unpickle at each checkpoint. A run begun before (its progress without ``seeds_per_step``) still
-    gathers them on rank 0, which writes them: collective then, every rank calls it."""
-    if seeds_per_step:
-        return [None] * world_size
-    return gather_objects_to_main(capture_rng_state()) or []
+    return gather_objects_to_main(mine) or []
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

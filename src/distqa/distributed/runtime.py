@@ -328,18 +328,6 @@ def _ranks_that_timed_out(runtime: Runtime) -> list[int] | None:
         return None
 
 
-class RankFilter(logging.Filter):
-    """Stamps every log record with this process's global rank."""
-
-    def __init__(self, rank: int) -> None:
-        super().__init__()
-        self.rank = rank
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = self.rank
-        return True
-
-
 LOG_FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"
 
 
@@ -349,6 +337,5 @@ def setup_logging(rank: int, log_file: os.PathLike[str] | str | None = None) -> 
     if log_file is not None:
         handlers.append(logging.FileHandler(log_file))
     for handler in handlers:
-        handler.addFilter(RankFilter(rank))
-        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S", defaults={"rank": rank}))
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)

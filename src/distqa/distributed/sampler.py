@@ -1,9 +1,5 @@
 """Disjoint, covering rank shares of each optimizer step's block of the epoch's permutation, resumable mid-epoch at
-any world size.
-
-Every optimizer step consumes the next ``global_batch_size`` examples of the epoch's permutation, whatever the world
-size W: rank r takes the positions r, r + W, r + 2W, … of that block, so the ranks' shares are disjoint, cover the
-block and differ by at most one example (:func:`share_of`). A rank's share is padded to the step's rows
+any world size (:class:`ResumableDistributedSampler`). A rank's share (:func:`share_of`) is padded to the step's rows
 (``accumulation × per_rank_batch_size``) with copies of its own examples, which the trainer weighs 0
 (:func:`real_rows`), so every micro-batch has the same shape on every rank.
 """

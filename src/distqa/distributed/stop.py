@@ -1,22 +1,12 @@
-"""Graceful stop: SIGTERM or SIGINT is only recorded; at a step boundary the ranks agree, rank 0 writes
-a checkpoint of that step, and every process exits with :data:`STOPPED_EXIT_CODE`.
+"""Graceful stop: SIGTERM or SIGINT is only recorded; at a step boundary the ranks agree (a one-element all-reduce,
+MAX, every ``stop_check_every`` steps: a signal reaches only the workers of the node whose agent got it), rank 0
+writes a checkpoint of that step, and every process exits with :data:`STOPPED_EXIT_CODE`. A second signal ends the
+process at once (a worker blocked in a collective with a dead peer cannot reach a step boundary), except under a
+scheduler that signals every process of the step (:data:`STEP_SIGNALS_VARIABLE`).
 
-Who sends the signal: torchrun's agent, which on its own SIGTERM/SIGINT/SIGHUP/SIGQUIT (a platform job
-at its life span, a preempted node, Slurm's ``--signal``, Ctrl-C) sends the same signal to its
-workers' process groups, waits ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (default 30) and then
-SIGKILLs them (``torch/distributed/elastic/multiprocessing/api.py``, ``SubprocessContext._close``).
-So the stop — at most ``stop_check_every`` steps plus one checkpoint write — must fit in that time:
-:func:`graceful_stop_window` is that time, which the checkpoint writer compares with its first write
-(:mod:`distqa.checkpoint.writer`).
-
-A signal reaches only the workers of the node whose agent got it; the others learn of it through the
-agreement, a one-element all-reduce (MAX) every ``stop_check_every`` steps. A second signal ends the
-process at once, as it did before (a worker blocked in a collective with a dead peer cannot reach a
-step boundary), except under a scheduler that signals every process of the step (:data:`STEP_SIGNALS_VARIABLE`).
-
-Each process that stops writes one line to ``$WORKER_STOP_REPORT_DIR/rank-<R>`` when that variable is
-set (``scripts/worker.sh`` sets it to a node-local temporary folder), since torchrun itself exits
-with 1 whatever its workers' codes were; ``worker.sh`` reads it and reports the code in one line.
+Who sends the signal, how long the stop has before SIGKILL (:func:`graceful_stop_window`, which the checkpoint
+writer, :mod:`distqa.checkpoint.writer`, compares with its first write) and the line each stopped process writes to
+``$WORKER_STOP_REPORT_DIR/rank-<R>`` for ``scripts/worker.sh``: docs/FAULT_TOLERANCE.md, "How the signal travels".
 """
 
 from __future__ import annotations
@@ -45,11 +35,8 @@ WORKER_WINDOW_VARIABLE = "WORKER_STOP_WINDOW_S"
 exported by ``worker.sh`` when it knows both."""
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 STEP_SIGNALS_VARIABLE = "WORKER_STEP_SIGNALS"
-"""``1`` where the scheduler signals every process of the job step, the workers with their agents
-(``scripts/train_slurm.sbatch``: Slurm's ``scancel --signal``, a time limit's ``--signal``, a preemption), and
-torchrun's agent then passes its own signal on: each worker gets the stop twice, milliseconds apart. There a repeated
-signal is the same stop and is ignored; the scheduler's SIGKILL (Slurm's ``KillWait``) ends a worker that cannot
-stop."""
+"""``1`` where the scheduler signals every process of the job step, the workers with their agents, which pass their
+own on (``scripts/train_slurm.sbatch``; docs/SLURM.md): a repeated signal is then the same stop and is ignored."""
 
 
 class TrainingStoppedError(Exception):

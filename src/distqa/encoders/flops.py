@@ -1,24 +1,13 @@
 """Training FLOPs per token of a transformers encoder, for the MFU in the logs (what an encoder task's
-``flops_per_token`` returns; the MFU itself is :mod:`distqa.record.throughput`'s).
+``flops_per_token`` returns; the MFU itself is :mod:`distqa.record.throughput`'s): ``6 × N + 12 × L × h × s``
+(the PaLM paper's appendix B, Chowdhery et al. 2022; Megatron-LM, Narayanan et al. 2021), each term explained in
+docs/PERFORMANCE.md, "Throughput, MFU and slow ranks in the logs".
 
-The FLOPs of one training token (forward + backward) follow the PaLM paper's appendix B (Chowdhery et
-al. 2022) and Megatron-LM (Narayanan et al. 2021):
-
-    flops_per_token = 6 × N + 12 × L × h × s
-
-- ``N``: the non-embedding parameters, counted on the encoder's own modules (:func:`non_embedding_parameters`):
-  every parameter but its embedding tables (``nn.Embedding``: a lookup is no matmul) and its pooler (our
-  model drops it). For BERT that is each of the ``L`` layers' Q, K, V and output projections (4·h² + 4·h),
-  feed-forward pair (2·h·I + I + h) and two LayerNorms (4·h), plus the embeddings' LayerNorm (2·h);
-  for the other families whatever their layers hold (ModernBERT's gated feed-forward, ELECTRA's embedding
-  projection, DeBERTa's relative-position LayerNorm), with no formula to keep in step. Each parameter
-  costs 2 FLOPs per token forward (a multiply and an add) and 4 backward (gradients of the input and of
-  the weight): 6 in all. The QA heads are left out (7·h parameters, under 0.01 % of BERT-base's layers).
-- ``12 × L × h × s``: attention's two matmuls that have no parameters, Q·Kᵀ and softmax·V, each
-  2·h·s FLOPs per token forward in every layer (``s`` = the sequence length the model runs on,
-  padding included), times 3 for forward + backward. Kept as it is for every family: ModernBERT's local
-  layers compute it in full under SDPA and eager (their window is a mask), DeBERTa's disentangled
-  attention adds position terms that it leaves out.
+``N`` is counted on the encoder's own modules (:func:`non_embedding_parameters`), so every family's layers count as
+they are, with no formula to keep in step (ModernBERT's gated feed-forward, ELECTRA's embedding projection, DeBERTa's
+relative-position LayerNorm). The attention term is kept as it is for every family: ModernBERT's local layers compute
+it in full under SDPA and eager (their window is a mask); DeBERTa's disentangled attention adds position terms that
+it leaves out.
 """
 
 from __future__ import annotations

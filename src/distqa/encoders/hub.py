@@ -3,12 +3,9 @@
 A model that a machine without the hub is to load lies in the hub cache (``HF_HOME/hub``, or ``HF_HUB_CACHE``) in
 huggingface_hub's layout: ``models--ORG--NAME/refs/main`` names a commit, ``snapshots/<commit>/`` holds the files
 (links into ``blobs/``). ``hf download NAME`` on a machine with network writes exactly that; so does a copy of the
-folder. :func:`cached_snapshot` asks huggingface_hub itself (``try_to_load_from_cache``) whether a name is there, so
-a name that passes here is one that ``from_pretrained(NAME)`` then loads with ``HF_HUB_OFFLINE=1``.
-
-A name that is neither a local directory nor cached, when nothing may or can be downloaded, is one line
-(:func:`not_available`) naming the name, ``HF_HOME`` and how to fetch it. :func:`hub_unreachable` tells, from one
-request without retries, that the hub cannot be asked at all (a dataset's loader would retry for half a minute).
+folder. A name that passes :func:`cached_snapshot` is one that ``from_pretrained(NAME)`` then loads with
+``HF_HUB_OFFLINE=1``; one that does not is the one line of :func:`not_available`. :func:`hub_unreachable` tells in
+one request that the hub cannot be asked at all (a dataset's loader would retry for half a minute).
 """
 
 from __future__ import annotations

@@ -1,43 +1,30 @@
 """The peak memory of one training step on one rank of a model around a transformers encoder, estimated from
 the encoder's architecture: :class:`EncoderMemory`, what an encoder task's ``training_memory`` returns for the
-doctor (:mod:`distqa.tasks.step_memory`).
+doctor (:mod:`distqa.tasks.step_memory`). What it counts, part by part, sharded or not, and its measured error:
+docs/FAULT_TOLERANCE.md, "The memory check"; here, what that page leaves out.
 
-Nothing is allocated: the parameters are counted on a model built on the meta device (:func:`count_on_meta`)
-and the activations are derived from the encoder's sizes. One rank of a step holds:
+Nothing is allocated: the parameters are counted on a model built on the meta device (:func:`count_on_meta`). The
+fp32 weights are the master copy, mixed precision only casts them. Under DDP (``gradient_as_bucket_view``) the
+gradients are views of the all-reduce buckets, allocated once and kept for the whole step (so they are with gradient
+accumulation); a single process without accumulation allocates them in the backward, as the activations go
+(``zero_grad(set_to_none=True)`` frees them after every step). Autocast casts each ``nn.Linear`` weight once per
+forward (its cache of leaf casts) and the matmul keeps the copy for its backward. The activations are counted tensor
+by tensor for a BERT-style layer (:func:`layer_activations`; DeBERTa's disentangled attention adds its own terms),
+times the layers, plus the embeddings and the QA heads; the transients are :func:`forward_transient` (the residual
+stream's fp32 tensors still referenced at the end of a layer's forward) and :func:`backward_transient` (the
+gradients of the layer being differentiated). The peak is the largest of the step's moments: the end of the forward
+(autocast's cache still holding every weight and bias copy), the start of the backward, with checkpointing the
+backward of a recomputed layer (with its weight copies), and the end of the backward (every gradient, plus the
+embedding's gradient as a dense tensor before DDP copies it into its bucket). Sharded
+(:class:`distqa.tasks.step_memory.ShardingUnits`), the activations are counted as under autocast, an upper bound:
+without it the residual stream, the LayerNorms and CUDA's softmax stay in bf16 instead of fp32.
 
-- **weights** (fp32, 4 bytes per parameter), **gradients** (fp32, 4) and **AdamW's two moments** (fp32, 8): the
-  fp32 weights are the master copy, mixed precision only casts them. Under DDP (``gradient_as_bucket_view``) the
-  gradients are views of the all-reduce buckets, allocated once and kept for the whole step; so they are with
-  gradient accumulation. A single process without accumulation allocates them in the backward, as the
-  activations go (``zero_grad(set_to_none=True)`` frees them after every step).
-- **weight copies**: autocast casts each ``nn.Linear`` weight to bf16/fp16 once per forward (its cache of
-  leaf casts) and the matmul keeps the copy for its backward: 2 bytes per linear weight.
-- **activations**: what every operation keeps for its backward, counted tensor by tensor for a BERT-style
-  encoder layer (:func:`layer_activations`; DeBERTa's disentangled attention adds its own terms), times the
-  layers, plus the embeddings and the QA heads. With activation checkpointing a layer keeps only its input
-  (fp32) and is recomputed, with its weight copies, one layer at a time in the backward.
-- **a transient** on top: at the end of a layer's forward the residual stream's fp32 tensors still referenced
-  (:func:`forward_transient`), in the backward the gradients of the layer being differentiated
-  (:func:`backward_transient`).
-
-Sharded (``data_parallel`` fsdp or hsdp) the weights, gradients and AdamW moments are each rank's shard plus the
-all-gathered units in flight (:class:`distqa.tasks.step_memory.ShardingUnits`: a unit per encoder layer, the rest in the
-root), which replace autocast's weight copies (FSDP2 gathers the weights in the compute dtype); the activations
-and transients are counted as under autocast, an upper bound: without autocast the residual stream, the
-LayerNorms and CUDA's softmax stay in bf16 instead of fp32.
-
-The peak is the largest of the step's moments: the end of the forward (every activation kept, autocast's
-cache still holding every weight and bias copy), the start of the backward, with checkpointing the backward
-of a recomputed layer, and the end of the backward (every gradient, plus the embedding's gradient as a
-dense tensor before DDP copies it into its bucket).
-
-What the kernels keep depends on the device, and is taken from their source: on CUDA a dropout keeps a
-1-byte mask (``native_dropout``), on CPU a noise tensor of its input's dtype (``at::dropout``); CUDA's
-autocast runs softmax in fp32 (its fp32 list), CPU's does not; SDPA runs a fused kernel on CUDA (flash,
-memory-efficient or cuDNN: no seq × seq matrix, a log-sum-exp per row) and on CPU only without dropout,
-else its math path, which upcasts bf16 to fp32 and keeps the seq × seq probabilities like eager attention.
-``tests/qa/test_memory.py`` measures the peak on CPU (the profiler's allocator events) for tiny models and
-several shapes and holds the estimate to it; docs/FAULT_TOLERANCE.md states the error.
+What the kernels keep is taken from their source: on CUDA a dropout keeps a 1-byte mask (``native_dropout``), on
+CPU a noise tensor of its input's dtype (``at::dropout``); CUDA's autocast runs softmax in fp32 (its fp32 list),
+CPU's does not; SDPA runs a fused kernel on CUDA (flash, memory-efficient or cuDNN: no seq × seq matrix, a
+log-sum-exp per row) and on CPU only without dropout, else its math path, which upcasts bf16 to fp32 and keeps the
+seq × seq probabilities like eager attention. ``tests/qa/test_memory.py`` holds the estimate to the peak measured on
+CPU (the profiler's allocator events) for tiny models and several shapes.
 """
 
 from __future__ import annotations
@@ -49,6 +36,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from distqa.tasks.base import default_sharding_units
 from distqa.tasks.step_memory import ShardingUnits, Step, StepMemory
 
 
@@ -131,23 +119,20 @@ class EncoderMemory:
         """Counted on ``model`` (build it with :func:`count_on_meta`: no memory), sized by ``encoder_config``."""
         linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
         parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        layers = [sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in encoder_layers(model)]
+        layers = [sum(p.numel() for p in unit.parameters() if p.requires_grad)
+                  for unit in default_sharding_units(model)]  # the encoder's layers
         return cls(parameters=parameters, linear_weights=sum(m.weight.numel() for m in linears),
                    linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None),
                    encoder=Encoder.of(encoder_config), seq_len=seq_len, attention=attention,
                    largest_layer=max(layers, default=0), outside_layers=parameters - sum(layers))
-
-    @property
-    def units(self) -> ShardingUnits:
-        return ShardingUnits(parameters=self.parameters, largest=self.largest_layer, root=self.outside_layers)
 
     def estimate(self, step: Step) -> StepMemory:
         """The peak of one training step with the settings of ``step`` (see the module docstring)."""
         encoder, batch, seq = self.encoder, step.micro_batch, self.seq_len
         kernels = Kernels.of(step, encoder, self.attention)
         if step.sharded:
-            forward_state, backward_state, end = (self.units.state(step, moment)
-                                                  for moment in ("forward", "backward", "end"))
+            units = ShardingUnits(parameters=self.parameters, largest=self.largest_layer, root=self.outside_layers)
+            forward_state, backward_state, end = (units.state(step, when) for when in ("forward", "backward", "end"))
         else:
             forward_state = backward_state = {"weights": 4 * self.parameters, "AdamW moments": 8 * self.parameters,
                                               "gradients": 4 * self.parameters if step.gradients_persist else 0}
@@ -300,15 +285,6 @@ def backward_transient(encoder: Encoder, batch: int, seq: int, kernels: Kernels)
         candidates.append(batch * encoder.heads * seq ** 2
                           * kernels.softmax(kernels.attention_compute))
     return max(candidates)
-
-
-def encoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The encoder's layers, the units a sharded run all-gathers one at a time: the children of the model's
-    largest ``nn.ModuleList`` (BERT's ``encoder.layer``, DistilBERT's ``transformer.layer``, ModernBERT's
-    ``layers``); none for a model without one."""
-    lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
-    largest = max(lists, key=lambda layers: sum(p.numel() for p in layers.parameters()), default=None)
-    return list(largest) if largest is not None else []
 
 
 def count_on_meta(build: Callable[[], nn.Module]) -> nn.Module:

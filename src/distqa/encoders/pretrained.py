@@ -4,19 +4,12 @@ A model or tokenizer source is a local directory (``data/tiny-bert``, a download
 or a hub name. transformers reports a source it cannot load with a long ``OSError`` traceback, from inside
 a rank that may already wait in a process group. :func:`check_sources` runs on every rank before any
 process group exists and turns each case into one :class:`~distqa.config.ConfigError` that names the
-path and the fix; the loaders below translate what is left (a hub name that does not exist).
+path and the fix; the loaders below translate what is left (a hub name that does not exist). A hub name is
+downloaded once per run into ``HF_HOME`` (shared storage on the platform), by global rank 0 (:func:`fetch_once`).
 
-A hub name is downloaded once per run into ``HF_HOME`` (shared storage on the platform):
-:func:`fetch_once` lets global rank 0 fetch it while the others wait at a barrier, after which every
-rank loads from the cache without asking the hub again.
-
-Pretrained or random weights (``from_scratch``, :func:`weights_choice`): ``auto`` loads the pretrained weights
-where the model has them and starts from random ones only where it has none (a directory of a config alone,
-such as ``data/tiny-bert``); ``true`` and ``false`` force either. Every rank logs which one happened, in one
-line, so naming a model with weights never trains random ones silently.
-
-The attention kernel (:func:`attention_kernel`): transformers has no SDPA kernel for some encoders
-(DeBERTa-v2/v3); those fall back to ``eager`` with one warning.
+Pretrained or random weights (``from_scratch``, :func:`weights_choice`, logged by every rank in one line) and the
+attention kernel (:func:`attention_kernel`, ``eager`` where transformers has no SDPA kernel): docs/CONFIGURATION.md,
+"Another encoder".
 """
 
 from __future__ import annotations
@@ -120,20 +113,27 @@ def _setting_of(config: EncoderConfig, name: str) -> str:
     return "model_name_or_path" if name == config.model_source else "tokenizer_name_or_path"
 
 
-def _from_pretrained(load: Callable[..., Any], source: str, setting: str, **kwargs: Any) -> Any:
+def _from_pretrained(load: Callable[..., Any], settings: EncoderConfig, setting: str, source: str, what: str,
+                     fix: str, /, errors: tuple[type[Exception], ...] = (OSError, ValueError), **kwargs: Any) -> Any:
     """``load(source)``: a local directory as it is; a hub name from the cache alone once it is there (put there
-    by fetch_once, or by :func:`fetch` here, in a process of its own such as prepare or predict)."""
+    by fetch_once, or by :func:`fetch` here, in a process of its own such as prepare or predict). A hub name neither
+    cached nor fetched is the ConfigError of its line; a load that raises one of ``errors`` is a ConfigError naming
+    ``setting`` (of ``settings``), ``what`` could not be loaded from ``source``, and the ``fix``."""
     if not Path(source).is_dir() and source not in _cached:
         failure = fetch(source, setting)
         if failure:
             raise ConfigError(failure)
         _cached.add(source)
-    if source in _cached:
-        try:
-            return load(source, local_files_only=True, **kwargs)
-        except OSError:
-            log.warning("%s is not in this rank's HF_HOME; downloading it here", source)
-    return load(source, **kwargs)
+    try:
+        if source in _cached:
+            try:
+                return load(source, local_files_only=True, **kwargs)
+            except OSError:
+                log.warning("%s is not in this rank's HF_HOME; downloading it here", source)
+        return load(source, **kwargs)
+    except errors as err:
+        raise ConfigError(f"{setting}={getattr(settings, setting)!r}: cannot load {what} from {source} "
+                          f"({_first_line(err)}). {fix}") from None
 
 
 def check_sources(config: EncoderConfig) -> PreTrainedTokenizerBase | None:
@@ -157,15 +157,10 @@ def check_sources(config: EncoderConfig) -> PreTrainedTokenizerBase | None:
 
 def load_encoder_config(config: EncoderConfig) -> PretrainedConfig:
     """The encoder's config, checked against the window length of ``config`` where its task has one."""
-    try:
-        encoder_config = _from_pretrained(AutoConfig.from_pretrained, config.model_source, "model_name_or_path")
-    except ConfigError:  # a hub name neither cached nor fetched: its line says so
-        raise
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"model_name_or_path={config.model_name_or_path!r}: cannot load an encoder config from "
-            f"{config.model_source} ({_first_line(err)}). Give a directory holding config.json (and weights, "
-            "or --from-scratch true) or a hub name such as bert-base-uncased.") from None
+    encoder_config = _from_pretrained(
+        AutoConfig.from_pretrained, config, "model_name_or_path", config.model_source, "an encoder config",
+        "Give a directory holding config.json (and weights, or --from-scratch true) or a hub name such as "
+        "bert-base-uncased.")
     positions = encoder_config.max_position_embeddings
     if encoder_config.model_type in PADDING_OFFSET_POSITIONS:  # positions count from pad_token_id + 1
         positions -= encoder_config.pad_token_id + 1
@@ -221,16 +216,10 @@ def load_encoder(config: EncoderConfig, encoder_config: PretrainedConfig, weight
         if not weights_from_checkpoint:
             _say_random_weights(config, why_not)
         return AutoModel.from_config(encoder_config, **attention)
-    try:
-        encoder = _from_pretrained(AutoModel.from_pretrained, config.model_source, "model_name_or_path",
-                                   config=encoder_config, **attention)
-    except ConfigError:  # a hub name neither cached nor fetched: its line says so
-        raise
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"model_name_or_path={config.model_name_or_path!r}: cannot load pretrained weights from "
-            f"{config.model_source} ({_first_line(err)}). Use --from-scratch true for random weights, a hub "
-            "name such as bert-base-uncased, or a directory holding config.json and model.safetensors.") from None
+    encoder = _from_pretrained(
+        AutoModel.from_pretrained, config, "model_name_or_path", config.model_source, "pretrained weights",
+        "Use --from-scratch true for random weights, a hub name such as bert-base-uncased, or a directory holding "
+        "config.json and model.safetensors.", config=encoder_config, **attention)
     log.info("loaded pretrained weights from %s", config.model_source)
     return encoder
 
@@ -255,15 +244,10 @@ def _say_random_weights(config: EncoderConfig, why: str) -> None:
 
 def load_tokenizer(config: EncoderConfig) -> PreTrainedTokenizerBase:
     name = "tokenizer_name_or_path" if config.tokenizer_name_or_path else "model_name_or_path"
-    try:
-        tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, config.tokenizer_source, name)
-    except ConfigError:  # a hub name neither cached nor fetched: its line says so
-        raise
-    except (OSError, ValueError, TypeError) as err:
-        raise ConfigError(
-            f"{name}={getattr(config, name)!r}: cannot load a tokenizer from {config.tokenizer_source} "
-            f"({_first_line(err)}). Give a directory holding tokenizer.json (as data/tiny-bert does) or a hub "
-            "name such as bert-base-uncased.") from None
+    tokenizer = _from_pretrained(
+        AutoTokenizer.from_pretrained, config, name, config.tokenizer_source, "a tokenizer",
+        "Give a directory holding tokenizer.json (as data/tiny-bert does) or a hub name such as bert-base-uncased.",
+        errors=(OSError, ValueError, TypeError))
     if len(tokenizer) <= len(tokenizer.all_special_tokens):
         # A model's files without the tokenizer's (weights and config.json alone): transformers builds the class the
         # config names with no vocabulary, which knows nothing but its special tokens.

@@ -1,15 +1,11 @@
-"""Where a tokenizer puts its special tokens around a (question, document) pair: the window template.
-
-Every encoder family has its own pair format, written in its fast tokenizer's post-processor:
-
-    BERT, DistilBERT, ELECTRA, DeBERTa-v2/v3, ModernBERT    [CLS] question [SEP] document [SEP]
-    RoBERTa                                                  <s> question </s></s> document </s>
+"""Where a tokenizer puts its special tokens around a (question, document) pair: the window template, each encoder
+family's own, written in its fast tokenizer's post-processor (the families': docs/CONFIGURATION.md, "Another encoder").
 
 :meth:`PairTemplate.of` reads it from the tokenizer itself: it encodes a probe pair with the special tokens
 and splits the result by the sequence ids (None for a special token, 0 for the question, 1 for the
 document), so the windows built from it are what ``tokenizer(question, document)`` gives, token types
 included. The first token is the null answer of every window ("no answer here", start = end = 0), so
-the template must begin with a special token; every family above does.
+the template must begin with a special token; every family does.
 
 Free of torch and transformers: the featurising processes build windows with it.
 """

@@ -31,10 +31,12 @@ modernbert  byte-level BPE, tokenizer.json           ``[CLS] q [SEP] d [SEP]``; 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import string
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -77,18 +79,9 @@ def train_tokenizer(corpus: Path, vocab_size: int = 2048) -> PreTrainedTokenizer
     )
 
 
-def tiny_bert_config(vocab_size: int, pad_token_id: int) -> BertConfig:
-    return BertConfig(vocab_size=vocab_size, max_position_embeddings=512, type_vocab_size=2,
-                      pad_token_id=pad_token_id, **LAYERS)
-
-
 def build_tiny_model_dir(corpus: Path, output: Path) -> Path:
     """The tiny BERT (``data/tiny-bert``)."""
-    tokenizer = train_tokenizer(corpus)
-    output.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(output)
-    tiny_bert_config(len(tokenizer), tokenizer.pad_token_id).save_pretrained(output)
-    return output
+    return build_family_dir("bert", corpus, output)
 
 
 # --- the other families ----------------------------------------------------------------------
@@ -108,19 +101,18 @@ def _byte_level_bpe(corpus: Path, specials: list[str], vocab_size: int = 1000) -
     return tokenizer
 
 
-def _save(tokenizer: Tokenizer, output: Path, tokenizer_class: str, **special: str) -> None:
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **special)
+def _save(tokenizer: Tokenizer, output: Path, tokenizer_class: str, **init: Any) -> None:
+    """``init``: the special tokens, and what else the tokenizer's config holds (``model_input_names``)."""
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **init)
     wrapped.save_pretrained(output)
     config_file = output / "tokenizer_config.json"
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"tokenizer_class": tokenizer_class},
                                       indent=2) + "\n")
 
 
-def _wordpiece_family(tokenizer_class: str) -> Callable[[Path, Path], None]:
-    def build(corpus: Path, output: Path) -> None:
-        _save(train_tokenizer(corpus).backend_tokenizer, output, tokenizer_class, unk_token="[UNK]",
-              pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    return build
+def _wordpiece_family(corpus: Path, output: Path, tokenizer_class: str) -> None:
+    _save(train_tokenizer(corpus).backend_tokenizer, output, tokenizer_class, unk_token="[UNK]", pad_token="[PAD]",
+          cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
 
 
 def _roberta_tokenizer(corpus: Path, output: Path) -> None:
@@ -140,10 +132,8 @@ def _modernbert_tokenizer(corpus: Path, output: Path) -> None:
     tokenizer.post_processor = _template(tokenizer, {"single": "[CLS]:0 $A:0 [SEP]:0",
                                                      "pair": "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1"})
     _save(tokenizer, output, "PreTrainedTokenizerFast", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-          pad_token="[PAD]", mask_token="[MASK]")
-    config_file = output / "tokenizer_config.json"  # ModernBERT's tokenizer gives no token types
-    config_file.write_text(json.dumps(json.loads(config_file.read_text())
-                                      | {"model_input_names": ["input_ids", "attention_mask"]}, indent=2) + "\n")
+          pad_token="[PAD]", mask_token="[MASK]",
+          model_input_names=["input_ids", "attention_mask"])  # ModernBERT's tokenizer gives no token types
 
 
 def _deberta_v3_tokenizer(corpus: Path, output: Path) -> None:
@@ -160,14 +150,14 @@ def _deberta_v3_tokenizer(corpus: Path, output: Path) -> None:
          "mask_token": "[MASK]", "model_max_length": 512}, indent=2) + "\n")
 
 
-ConfigOf = Callable[[PreTrainedTokenizerBase], PretrainedConfig]
-FAMILIES: dict[str, tuple[Callable[[Path, Path], None], ConfigOf]] = {
-    "bert": (_wordpiece_family("TokenizersBackend"),
-             lambda t: tiny_bert_config(len(t), t.pad_token_id)),
-    "distilbert": (_wordpiece_family("DistilBertTokenizer"),
+FAMILIES: dict[str, tuple[Callable[[Path, Path], None], Callable[[PreTrainedTokenizerBase], PretrainedConfig]]] = {
+    "bert": (lambda corpus, output: train_tokenizer(corpus).save_pretrained(output),
+             lambda t: BertConfig(vocab_size=len(t), max_position_embeddings=512, type_vocab_size=2,
+                                  pad_token_id=t.pad_token_id, **LAYERS)),
+    "distilbert": (functools.partial(_wordpiece_family, tokenizer_class="DistilBertTokenizer"),
                    lambda t: DistilBertConfig(vocab_size=len(t), dim=128, n_layers=2, n_heads=2, hidden_dim=512,
                                               max_position_embeddings=512, pad_token_id=t.pad_token_id)),
-    "electra": (_wordpiece_family("BertTokenizer"),
+    "electra": (functools.partial(_wordpiece_family, tokenizer_class="BertTokenizer"),
                 lambda t: ElectraConfig(vocab_size=len(t), embedding_size=64, max_position_embeddings=512,
                                         pad_token_id=t.pad_token_id, **LAYERS)),
     "roberta": (_roberta_tokenizer,
@@ -193,8 +183,6 @@ FAMILIES: dict[str, tuple[Callable[[Path, Path], None], ConfigOf]] = {
 def build_family_dir(family: str, corpus: Path, output: Path) -> Path:
     """A tiny model directory of ``family``: the tokenizer files, loaded back through ``AutoTokenizer`` (the
     family's own tokenizer class, as from the hub), and a config sized to that tokenizer. No weights."""
-    if family == "bert":
-        return build_tiny_model_dir(corpus, output)
     write_tokenizer, config_of = FAMILIES[family]
     output.mkdir(parents=True, exist_ok=True)
     write_tokenizer(corpus, output)

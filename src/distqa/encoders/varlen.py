@@ -1,19 +1,12 @@
-"""An encoder run on the real tokens of a batch only (variable-length attention, "unpadding").
+"""An encoder run on the real tokens of a batch only (variable-length attention, "unpadding", ``--unpad``; how it
+works, its trade-offs and what the tests check: docs/PERFORMANCE.md, "Useful tokens: unpadding").
 
-A batch of windows padded to a common length spends the encoder's FLOPs on padding positions. :func:`unpad`
-gathers the real tokens of every window into one row ``[1, T]`` (positions restarting at 0 in each window) and
-says where each window starts (``cu_seqlens``, int32 ``[B+1]``, as FlashAttention's varlen kernels take them);
-the encoder runs on that row with the attention function :data:`VARLEN_ATTENTION`, which keeps each window's
-attention inside its own slice; :func:`pad_back` puts the hidden states back at their ``[B, S, H]`` places (zeros
-at padding), so whatever reads the padded output is unchanged.
-
-The attention function reaches the encoder through transformers' attention interface
-(``AttentionInterface.register``, chosen by the model config's ``_attn_implementation``): the encoder forwards its
-keyword arguments ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (transformers'
-``TransformersKwargs``, the names its own FlashAttention integration reads) down to every attention layer. On CUDA
-with bf16/fp16 tensors it calls ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's varlen kernel, no
-dropout); elsewhere (CPUs, fp32) it runs torch's SDPA on each window's slice in turn: the same block-diagonal
-attention, so CPU tests check the same gathering and the same math.
+:func:`unpad` gathers the real tokens of every window into one row ``[1, T]`` and says where each window starts
+(``cu_seqlens``, int32 ``[B+1]``, as FlashAttention's varlen kernels take them); the encoder runs on that row with
+:data:`VARLEN_ATTENTION`, which reaches every attention layer through transformers' attention interface
+(``AttentionInterface.register``, chosen by the model config's ``_attn_implementation``; the keyword arguments are
+transformers' ``TransformersKwargs``, the names its own FlashAttention integration reads); :func:`pad_back` puts the
+hidden states back at their ``[B, S, H]`` places.
 """
 
 from __future__ import annotations

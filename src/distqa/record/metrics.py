@@ -1,30 +1,15 @@
-"""What a training log line reports: loss, throughput, model-FLOPs utilisation, and every rank's step times.
+"""What a training log line reports: loss, throughput, model-FLOPs utilisation, and every rank's step times. Each
+figure, the straggler rule and the TensorBoard names: docs/PERFORMANCE.md, "Throughput, MFU and slow ranks in the
+logs" (the rule's thresholds are :data:`STRAGGLER_RATIO`, :data:`STRAGGLER_MIN_EXCESS_S`,
+:data:`STRAGGLER_MIN_STEPS` and :data:`STRAGGLER_REPEAT_STEPS`).
 
-:class:`MetricsWindow` collects the steps since the last log line on each rank, on the device where
-it can (no host sync per step), and :meth:`MetricsWindow.flush` gathers every rank's figures in one
-collective per log line, never per step. :func:`summarise` turns them into job-wide numbers:
-
-- **samples/s**: optimizer steps × global batch / seconds of the window.
-- **tokens/s**: non-padding tokens (attention mask 1) of every rank per second; and the padded tokens
-  (every position of every window, which the model computes on) per second. A task whose batches have
-  no ``attention_mask`` column counts no tokens. Only a micro-batch's real examples count: the copies that pad a
-  rank's uneven share of the global batch to whole micro-batches (:meth:`MetricsWindow.count_batch`) do not.
-- **MFU**: model FLOPs of the padded tokens (the task's ``flops_per_token``, at each batch's sequence
-  length) per second, over the bf16 peak of the job's GPUs (``peak_tflops`` or the table of
-  :func:`distqa.record.throughput.peak_bf16_flops`); omitted on CPUs, unknown GPUs and tasks that count no FLOPs.
-- **per-rank step times**, p50 and p95 over the window: the *step* time (wall, one optimizer step) and
-  the *local* time (data loading, forward passes and the backward passes of the micro-batches before
-  the last: what a rank does before the backward whose gradients are all-reduced). DDP makes every
-  rank wait for the slowest in that all-reduce, so step times come out alike on all ranks while a
-  slow node (a slower GPU, a slow disk, a busy CPU) shows in its local time; :func:`summarise` marks
-  the slowest rank of a window when its local p50 exceeds the median rank's by :data:`STRAGGLER_RATIO`
-  (and by :data:`STRAGGLER_MIN_EXCESS_S` at least), and :class:`StragglerWatch` names it in the log only when
-  the same rank is marked in every window for :data:`STRAGGLER_MIN_STEPS` steps in a row, at most once every
-  :data:`STRAGGLER_REPEAT_STEPS` steps: one slow window (a step with a garbage collection, a page fault, a
-  neighbour's burst) is noise, a rank slower for many steps is a straggler.
-
-On GPUs the times are CUDA events on the compute stream (read at flush, which waits for them anyway);
-on CPUs the host clock.
+:class:`MetricsWindow` collects the steps since the last log line on each rank, on the device where it can (no host
+sync per step: on GPUs the times are CUDA events on the compute stream, read at flush, which waits for them anyway;
+on CPUs the host clock), and :meth:`MetricsWindow.flush` gathers every rank's figures in one collective per log
+line, never per step. :func:`summarise` turns them into job-wide numbers and marks the window's slowest rank, which
+:class:`StragglerWatch` names only when it stays the slowest. Only a micro-batch's real examples count tokens and
+FLOPs: the copies that pad a rank's uneven share of the global batch to whole micro-batches
+(:meth:`MetricsWindow.count_batch`) do not.
 """
 
 from __future__ import annotations
@@ -50,8 +35,6 @@ STRAGGLER_MIN_STEPS = 20
 """A straggler is named in the log once the same rank was marked in every window for this many steps in a row."""
 STRAGGLER_REPEAT_STEPS = 1000
 """... and named again, while it stays one, at most once in this many steps."""
-_FIELDS = ("loss", "grad_norm", "steps", "step_p50", "step_p95", "local_p50", "local_p95", "tokens",
-           "padded_tokens", "flops", "seconds")
 
 
 @dataclass(frozen=True)
@@ -152,10 +135,8 @@ class MetricsWindow:
             self.started += time.perf_counter() - started
 
     def flush(self) -> list[RankWindow]:
-        """Every rank's window, in rank order (a collective: every rank must call it). An all-gather, though only rank 0
-        logs: every rank must meet a lost peer in the same collective (a gather to rank 0 lets the others step on into
-        one that waits for rank 0, while it saves with its replica group: distqa.training.peer_loss). 104 bytes a
-        rank a log line (docs/SCALING.md)."""
+        """Every rank's window, in rank order (a collective: every rank must call it): an all-gather, though only rank
+        0 logs, so that every rank meets a lost peer in the same collective (docs/SCALING.md, "The log window")."""
         steps = [self.clock.seconds(start, end) for start, _, end in self.marks]
         local = [self.clock.seconds(start, done) for start, done, _ in self.marks]
         count = max(self.steps, 1)
@@ -244,11 +225,10 @@ def tracked_scalars(window: Summary, ranks: list[RankWindow], lr: float) -> dict
 
 class StragglerWatch:
     """Rank 0's memory of the windows' stragglers: :meth:`observe` returns the rank to name in the log, when the same
-    rank has been each window's straggler for ``min_steps`` steps in a row and was not named in the last
-    ``repeat_steps`` steps; None otherwise."""
+    rank has been each window's straggler for :data:`STRAGGLER_MIN_STEPS` steps in a row and was not named in the last
+    :data:`STRAGGLER_REPEAT_STEPS` steps; None otherwise."""
 
-    def __init__(self, min_steps: int = STRAGGLER_MIN_STEPS, repeat_steps: int = STRAGGLER_REPEAT_STEPS) -> None:
-        self.min_steps, self.repeat_steps = min_steps, repeat_steps
+    def __init__(self) -> None:
         self.rank: int | None = None
         """The rank that was the straggler of every window of the current streak."""
         self.streak_steps = 0
@@ -263,7 +243,7 @@ class StragglerWatch:
             return None
         self.streak_steps += window.steps
         named = self._named_at.get(self.rank)
-        if self.streak_steps >= self.min_steps and (named is None or step - named >= self.repeat_steps):
+        if self.streak_steps >= STRAGGLER_MIN_STEPS and (named is None or step - named >= STRAGGLER_REPEAT_STEPS):
             self._named_at[self.rank] = step
             return self.rank
         return None

@@ -1,14 +1,4 @@
-"""The run directory: per-rank logs, the resolved config and ``run.json``.
-
-    results/<run_name>/
-      config.json          resolved config of the latest start (also stored in every checkpoint)
-      run.json             git sha, world size, nodes, device, library versions
-      logs/rank-<R>.log    one log file per global rank
-      tensorboard/         scalars, written by rank 0
-      summary.json         how the run ended: status and final progress (rank 0, distqa.record.tracking)
-      tracking.json        --tracker mlflow: the MLflow run's id, from its opening on (rank 0, distqa.record.tracking)
-      checkpoints/         step-<N>.pt, written by rank 0
-"""
+"""The run directory: per-rank logs, the resolved config and ``run.json`` (its layout: docs/CONFIGURATION.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""GPU peak FLOP/s and model-FLOPs utilisation (MFU); a task counts its model's FLOPs per token
-(``Task.flops_per_token``; a transformers encoder's: ``encoders/flops.py``).
-
-MFU = tokens/s × flops_per_token / peak FLOP/s, with the tokens the model runs on (padding included,
-since the hardware computes them) and the dense (not 2:4 sparse) bf16 tensor-core peak of the device.
-"""
+"""GPU peak FLOP/s and model-FLOPs utilisation (MFU, docs/PERFORMANCE.md); a task counts its model's FLOPs per
+token (``Task.flops_per_token``; a transformers encoder's: ``encoders/flops.py``)."""
 
 from __future__ import annotations
 

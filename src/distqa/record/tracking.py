@@ -1,25 +1,14 @@
 """A run's record outside its directory: every scalar the trainer writes goes to TensorBoard and, with
-``--tracker mlflow``, to the MLflow tracking server at ``MLFLOW_TRACKING_URI``, at the same steps.
+``--tracker mlflow``, to the MLflow tracking server at ``MLFLOW_TRACKING_URI``, at the same steps. Rank 0 alone
+records. What MLflow gets (the resolved config after ``grow_global_batch`` as parameters, the scalars, the small
+files as artifacts, the status) and how one MLflow run spans a training run's restarts (its id in the checkpoints'
+progress and, from its opening on, in the run directory's ``tracking.json``, written atomically; the steps a restart
+logs again dropped; a run an earlier start left RUNNING taken over, or with ``--resume none`` ended as FAILED):
+docs/PLATFORM.md, "Tracking with MLflow".
 
-Rank 0 alone records. With MLflow it logs, once per training run, the resolved config (after
-``grow_global_batch``) as parameters with the world size, the library versions and the git commit; then every
-training and evaluation scalar; at the end the run's small files (``config.json``, ``run.json``,
-``summary.json``) as artifacts and the status: FINISHED (exit 0), KILLED (a graceful stop, exit 75) or FAILED.
-
-One MLflow run per training run, across restarts: its id is kept in the checkpoints' progress and, from the
-moment the run is opened, in the run directory's ``tracking.json`` (rank 0, written atomically), so a start with
-``--resume auto`` logs into the same MLflow run also before the first checkpoint exists (a worker killed at step
-20 of a run that checkpoints every 1000 steps, restarted by torchrun or relaunched by hand). The steps it logs
-again after starting from an earlier point than its last log (exact resumption makes them the same values) are
-dropped, so no step is logged twice. A run that an earlier start left RUNNING (its process was killed before it
-could close it) is taken over and closed by this start; with ``--resume none`` the start opens a new MLflow
-run and ends such a leftover as FAILED.
-
-Tracking never costs a run: every call to the server happens on a thread of its own, so a training step never
-waits for it; requests time out after ``MLFLOW_HTTP_REQUEST_TIMEOUT`` s (10 unless set) with
-``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` retries (2 unless set). When the server cannot be reached, at the start or
-later, the run logs one warning naming the URI and goes on without it; TensorBoard has everything. The end of
-the run waits at most ``FINISH_TIMEOUT_S`` for the last calls. Credentials (``MLFLOW_TRACKING_USERNAME``/
+Tracking never costs a run (the same page says how): the server's requests time out after
+``MLFLOW_HTTP_REQUEST_TIMEOUT`` s (10 unless set) with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` retries (2 unless set),
+and the end of the run waits at most ``FINISH_TIMEOUT_S`` for the last calls. Credentials (``MLFLOW_TRACKING_USERNAME``/
 ``PASSWORD``/``TOKEN``) are read by the MLflow client from the environment or ``.env``; nothing here logs them.
 """
 
@@ -50,8 +39,6 @@ OPEN_TIMEOUT_S = 15.0
 later is found by a restart all the same: its id goes to the run directory's tracking.json when it opens)."""
 FINISH_TIMEOUT_S = 30.0
 """How long the end of a run waits for the tracking thread's last calls (then the run ends without them)."""
-MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limits (mlflow/utils/validation.py, MAX_METRICS_PER_BATCH)
-MAX_PARAMS_PER_REQUEST = 100
 
 
 class MLflowTracker:
@@ -146,9 +133,8 @@ class MLflowTracker:
         experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
         self.run_id = self._client.create_run(experiment_id, run_name=run_name, tags=self._tags).info.run_id
         on_run_id(self.run_id)
-        items = [Param(key, value) for key, value in params.items()]
-        for start in range(0, len(items), MAX_PARAMS_PER_REQUEST):
-            self._client.log_batch(self.run_id, params=items[start:start + MAX_PARAMS_PER_REQUEST])
+        # The client cuts a batch into requests of MLflow's limits (100 params, 1000 metrics) itself.
+        self._client.log_batch(self.run_id, params=[Param(key, value) for key, value in params.items()])
         log.info("MLflow: run %s in experiment %r at %s", self.run_id, experiment, self.uri)
         self._opened.set()
 
@@ -166,10 +152,8 @@ class MLflowTracker:
     def _send(self, metrics: list[tuple[str, float, int, int]]) -> None:
         from mlflow.entities import Metric  # with the client (_open)
 
-        fresh = [Metric(key, value, stamp, step) for key, value, stamp, step in metrics
-                 if step > self._last_logged_step(key)]
-        for start in range(0, len(fresh), MAX_METRICS_PER_REQUEST):
-            self._client.log_batch(self.run_id, metrics=fresh[start:start + MAX_METRICS_PER_REQUEST])
+        self._client.log_batch(self.run_id, metrics=[Metric(key, value, stamp, step) for key, value, stamp, step in
+                                                     metrics if step > self._last_logged_step(key)])
 
     def _last_logged_step(self, key: str) -> int:
         """-1 for a new run; for a resumed one, the last step of ``key`` the server already has (asked once)."""

@@ -1,21 +1,13 @@
 """The task seam: what a run trains on and how it is scored. A fork implements one class, and nothing else.
 
 The trainer, the checkpoints, the doctor, the preflight and the launchers know only this interface; the
-registered tasks (``dummy`` and the rest) go through it like a fork's own. A task brings:
-
-- **its settings**: ``config_class``, a dataclass that extends :class:`~distqa.config.Config` with fields
-  made by a :class:`~distqa.config.Section`. Flags, ``DISTQA_*`` variables, presets, ``--help`` and
-  run-defining checks come from those fields (``python -m distqa.train --task NAME --help`` shows them);
-- **its data**: :meth:`Task.train_dataset` (any map-style ``torch`` Dataset of dicts of tensors), what
-  must exist before training (:meth:`Task.check_inputs`) and a cache built once (:meth:`Task.build_data`);
-- **its model and loss**: :meth:`Task.build_model`, ``input_names`` (the batch columns the model is
-  called with, by name) and :meth:`Task.loss` (the mean over a micro-batch's real rows); rank 0's buffers
-  are every rank's unless ``sync_buffers`` is False (:attr:`Task.sync_buffers`); which submodules a sharded
-  run shards one by one (:meth:`Task.sharding_units`; a default rule);
-- **its evaluation**: :meth:`Task.evaluator` returns an :class:`Evaluator` that scores the model on all
-  ranks, gives named metrics, and says which metric keeps ``best.pt`` and in which direction;
-- **its inference state**: :attr:`Evaluation.state` (a QA task's: its tuned decoding thresholds) is saved in every
-  checkpoint as it is and handed back on resume; the trainer never looks inside.
+registered tasks (``dummy`` and the rest) go through it like a fork's own. A task brings its settings
+(``config_class``, a dataclass that extends :class:`~distqa.config.Config` with fields made by a
+:class:`~distqa.config.Section`), its data, its model and loss, its evaluation (an :class:`Evaluator`) and, where it
+has them, its FLOPs, its memory estimate and its commands: each member of :class:`Task` below says what the trainer
+does with it, and docs/FORKING.md lists them in one table beside the example's. Its inference state
+(:attr:`Evaluation.state`: a QA task's tuned decoding thresholds) is saved in every checkpoint as it is and handed
+back on resume; the trainer never looks inside.
 
 What a task gets for free: DDP with the same global batch on any world size, exact resume, graceful stops
 and restarts, the preflight checks and the doctor, every launcher (docs/FORKING.md). A task is chosen with
@@ -161,12 +153,9 @@ class Task:
         one's weights are gathered just before its forward and backward and freed after, so the largest unit
         sets the peak, and each is one compiled region. Default: the blocks of the model's largest
         ``nn.ModuleList`` (a transformer's layers, wherever they sit), else its direct children that hold
-        parameters; what no unit holds belongs to the root (the model), gathered for the whole step."""
-        lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
-        largest = max(lists, key=_parameter_count, default=None)
-        if largest is not None and _parameter_count(largest) > 0:
-            return [block for block in largest if _parameter_count(block) > 0]
-        return [child for child in model.children() if _parameter_count(child) > 0]
+        parameters (:func:`default_sharding_units`); what no unit holds belongs to the root (the model), gathered for
+        the whole step."""
+        return default_sharding_units(model)
 
     def evaluator(self, runtime: Runtime) -> Evaluator | None:
         """The evaluation of this run; None: no evaluation, no ``best.pt`` (say why in the log)."""
@@ -183,6 +172,16 @@ class Task:
         encoder's task returns ``EncoderMemory.of_model`` (``encoders/memory.py``) of its model built by
         ``count_on_meta`` (no weights loaded). None: the doctor prints no estimate."""
         return None
+
+
+def default_sharding_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks that hold parameters of the model's largest ``nn.ModuleList`` (BERT's ``encoder.layer``,
+    DistilBERT's ``transformer.layer``, ModernBERT's ``layers``), else its direct children that hold parameters."""
+    lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
+    largest = max(lists, key=_parameter_count, default=None)
+    if largest is not None and _parameter_count(largest) > 0:
+        return [block for block in largest if _parameter_count(block) > 0]
+    return [child for child in model.children() if _parameter_count(child) > 0]
 
 
 def _parameter_count(module: nn.Module) -> int:

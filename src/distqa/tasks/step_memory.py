@@ -112,23 +112,15 @@ class ShardingUnits:
     def state(self, step: Step, moment: Literal["forward", "backward", "end"]) -> dict[str, int]:
         """Bytes of the training state of one rank of a sharded ``step`` during the forward, the backward, or at
         the end of the backward (every gradient made), as distqa.distributed.fsdp runs it: fp32 shards, and FSDP2's
-        ``MixedPrecisionPolicy(param_dtype=<the step's precision>, reduce_dtype=fp32)`` instead of autocast:
-
-        - **weights** (fp32, 4 bytes per parameter) and **AdamW moments** (8), divided by the shards.
-        - **gradients**: the rank's fp32 shard (4 / shards), counted for the whole step as DDP's buckets are. With
-          accumulation, every unit's unsharded gradient instead, in fp32 (4 per parameter): a micro-batch without
-          gradient sync (``set_requires_gradient_sync(False)``) keeps them until the last micro-batch
-          reduce-scatters them (``FSDPParamGroup.post_backward`` returns before reducing;
-          ``FSDPParam.to_accumulated_grad_if_needed`` upcasts them to the reduce dtype).
-        - **gathered**, what the all-gathers hold beyond the shards, in the compute dtype (2 bytes under bf16 or
-          fp16, 4 in fp32): the root's whole weights from its forward to the end of the backward (FSDP2 does not
-          reshard the root after its forward: ``FSDPState._lazy_init``); two units' whole weights, the one
-          computing and the next, since FSDP2 gathers one unit ahead (implicit forward prefetch,
-          ``_backward_prefetch``); in the backward also two units' gradients, each made in the compute dtype
-          and copied to fp32 for its reduce-scatter (the one being made, the one before still reducing); at the
-          end the root's gradient so, before its reduce-scatter. These gathered weights are what the matmuls
-          keep for their backward (freed after the unit's forward, gathered again for its backward): there are
-          no autocast copies besides them.
+        ``MixedPrecisionPolicy(param_dtype=<the step's precision>, reduce_dtype=fp32)`` instead of autocast. Each
+        part in words: docs/FAULT_TOLERANCE.md, "The memory check"; where FSDP2 does what it counts: a micro-batch
+        without gradient sync (``set_requires_gradient_sync(False)``) keeps every unit's unsharded fp32 gradient
+        (``FSDPParamGroup.post_backward`` returns before reducing; ``FSDPParam.to_accumulated_grad_if_needed``
+        upcasts it to the reduce dtype); the root stays gathered from its forward to the end of the backward
+        (``FSDPState._lazy_init``); one unit is gathered ahead of the one computing (implicit forward prefetch,
+        ``_backward_prefetch``), and in the backward two units' gradients are held in the compute dtype and in fp32
+        (the one being made, the one before still reducing). A unit's gathered weights, freed after its forward and
+        gathered again for its backward, are what its matmuls keep: there are no autocast copies besides them.
         """
         shards = max(1, step.shards)
         compute = 4 if step.precision == "fp32" else 2

@@ -59,16 +59,8 @@ def blob(repo: Path, sha: str) -> bytes:
 
 def read(repo: Path, commit: str, path: str) -> bytes | None:
     """``path`` as ``commit`` has it, or None where it has no such file."""
-    entry = tree_entry(repo, commit, path)
-    return blob(repo, entry.blob) if entry else None
-
-
-def tree_entry(repo: Path, commit: str, path: str) -> Entry | None:
     listed = git(repo, "ls-tree", "-z", "--full-tree", commit, "--", path).rstrip(b"\0")
-    if not listed:
-        return None
-    meta = listed.split(b"\t", 1)[0].decode().split()
-    return Entry(meta[0], meta[2])
+    return blob(repo, listed.split(b"\t", 1)[0].decode().split()[2]) if listed else None
 
 
 def working_files(repo: Path) -> dict[str, Entry]:

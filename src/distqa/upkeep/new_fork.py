@@ -38,15 +38,17 @@ def set_string(text: str, table: str, key: str, value: str) -> str:
     return pattern.sub(lambda match: match.group(1) + '"' + value.replace('"', '\\"') + '"', text, count=1)
 
 
+def required(template: Path, commit: str, path: str) -> str:
+    """``path`` as the template's ``commit`` has it; an UpkeepError where it has no such file."""
+    content = git.read(template, commit, path)
+    if content is None:
+        raise UpkeepError(f"new-fork: {path} is missing at {commit[:12]}.")
+    return content.decode()
+
+
 def stub_files(template: Path, commit: str, name: str) -> dict[str, bytes]:
     """The fork's own starting files: the example's task, data and preset under the fork's name, and its test."""
-    def example(file: str) -> str:
-        content = git.read(template, commit, f"{EXAMPLE}/{file}")
-        if content is None:
-            raise UpkeepError(f"new-fork: {EXAMPLE}/{file} is missing at {commit[:12]}.")
-        return content.decode()
-
-    task = example("task.py")
+    task = required(template, commit, f"{EXAMPLE}/task.py")
     for old, new in ((f"{EXAMPLE}/preset.toml", f"configs/{name}.toml"),
                      ("examples.text_classification.task", f"{name}.task"),
                      (f"{EXAMPLE}/reviews.tsv", f"data/{name}/reviews.tsv"),
@@ -56,8 +58,8 @@ def stub_files(template: Path, commit: str, name: str) -> dict[str, bytes]:
         task = replaced(task, old, new, f"{EXAMPLE}/task.py")
     task = replaced(task, '"""A fork\'s own task, whole:', f'"""{name}\'s task (written by `make new-fork` from the '
                     "template's example; make it\nyours: docs/FORKING.md), whole:", f"{EXAMPLE}/task.py")
-    preset = replaced(example("preset.toml"), "examples.text_classification.task", f"{name}.task",
-                      f"{EXAMPLE}/preset.toml")
+    preset = required(template, commit, f"{EXAMPLE}/preset.toml")
+    preset = replaced(preset, "examples.text_classification.task", f"{name}.task", f"{EXAMPLE}/preset.toml")
     preset = replaced(preset, f"{EXAMPLE}/preset.toml", f"configs/{name}.toml", f"{EXAMPLE}/preset.toml")
     preset = replaced(preset, 'run_name = "text-classification"', f'run_name = "{name}"', f"{EXAMPLE}/preset.toml")
     test = f'''"""{name}'s own tests, written by `make new-fork`: its task trains on 2 emulated nodes, loses node 1
@@ -87,10 +89,7 @@ def test_{name}_resumes_after_a_lost_node_to_the_weights_of_an_uninterrupted_run
 def fork_owned_files(template: Path, commit: str, declaration: Declaration, name: str,
                      kept: set[str]) -> dict[str, bytes]:
     """The fork-owned files of the kept parts, written for the fork."""
-    project = git.read(template, commit, PROJECT)
-    if project is None:
-        raise UpkeepError(f"new-fork: {PROJECT} is missing at {commit[:12]}.")
-    text = set_string(project.decode(), "run", "args", f"--preset {name}")
+    text = set_string(required(template, commit, PROJECT), "run", "args", f"--preset {name}")
     text = set_string(text, "jobs", "args", f"--preset {name}")
     readme = f"""# {name}
 
@@ -135,10 +134,7 @@ def new_fork(template: Path, name: str, destination: Path, without: list[str], u
         raise UpkeepError("the template checkout has uncommitted changes; commit them first: the fork records the "
                           "template commit it copies.")
     commit = git.text(template, "rev-parse", "HEAD")
-    raw = git.read(template, commit, DECLARATION)
-    if raw is None:
-        raise UpkeepError(f"new-fork: {DECLARATION} is missing at {commit[:12]}.")
-    declaration = Declaration.parse(raw.decode())
+    declaration = Declaration.parse(required(template, commit, DECLARATION))
     left_out = declaration.with_requirements(without)
     kept = set(declaration.parts) - left_out
     files: dict[str, tuple[bytes, str]] = {}

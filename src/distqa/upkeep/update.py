@@ -8,6 +8,7 @@ tree, an edited template file, an unknown REF) changes nothing and says why in o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -111,10 +112,8 @@ def apply(root: Path, plan: Plan) -> None:
     """Write and delete what ``plan`` says in the fork at ``root`` (the template's blobs are fetched into it)."""
     for path in plan.deletes:
         (root / path).unlink()
-        parent = (root / path).parent
-        while parent != root and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
+        with contextlib.suppress(OSError):  # the folders it emptied, up to the first that is not (the root never is)
+            os.removedirs((root / path).parent)
     for path, content in plan.texts.items():
         (root / path).write_bytes(content)
     for path, entry in plan.writes.items():
