@@ -31,14 +31,14 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /project
 
 # project.toml's [image]: the project's own Debian packages and Python requirements (a fork sets them there, never
-# here: this file is the template's). src/distqa/config/project.py reads it with the standard library alone.
+# here: this file is the template's). src/distqa/upkeep/project.py reads it with the standard library alone.
 COPY requirements.txt project.toml ./
-COPY src/distqa/config/project.py ./src/distqa/config/project.py
-RUN packages="$(python src/distqa/config/project.py image.apt)" \
+COPY src/distqa/upkeep/project.py ./src/distqa/upkeep/project.py
+RUN packages="$(python src/distqa/upkeep/project.py image.apt)" \
     && if [ -n "$packages" ]; then \
         apt-get update && xargs apt-get install -y --no-install-recommends <<< "$packages" \
         && rm -rf /var/lib/apt/lists/*; fi
-RUN python src/distqa/config/project.py image.python > /tmp/project-requirements.txt \
+RUN python src/distqa/upkeep/project.py image.python > /tmp/project-requirements.txt \
     && python -m pip install --no-cache-dir -r requirements.txt -r /tmp/project-requirements.txt ${JUPYTER_REQUIREMENT} \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 

@@ -25,10 +25,10 @@ SKYPILOT := $(SKYPILOT_VENV)/.installed
 ARGS ?=
 # pytest workers of make test, make test-dev and make test-fast (pytest-xdist); TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
-# project.toml's settings (src/distqa/config/project.py), read in a recipe's shell: `$(call project,run.args)` sets
+# project.toml's settings (src/distqa/upkeep/project.py), read in a recipe's shell: `$(call project,run.args)` sets
 # the array PROJECT to the words of [run] args (a wrong project.toml: its one-line error, exit 2).
 PROJECT_TOML := project.toml
-project = words=$$($(PYTHON) src/distqa/config/project.py --split $(1)) || exit 2; PROJECT=(); \
+project = words=$$($(PYTHON) src/distqa/upkeep/project.py --split $(1)) || exit 2; PROJECT=(); \
 	[ -z "$$words" ] || mapfile -t PROJECT <<< "$$words"
 # The side environments of the parts this checkout has (a fork that left a part out has not its requirements).
 SIDE_VENVS := $(if $(wildcard requirements-apolo-flow.txt),$(FLOW26)) $(MLFLOW_SERVER) \
@@ -79,7 +79,7 @@ $(FLOW26): requirements-apolo-flow.txt
 # project.toml changing reinstalls nothing).
 PROJECT_REQUIREMENTS := $(VENV)/project-requirements.txt
 $(PROJECT_REQUIREMENTS): $(PROJECT_TOML)
-	@mkdir -p $(@D) && python3 src/distqa/config/project.py image.python > $@.new
+	@mkdir -p $(@D) && python3 src/distqa/upkeep/project.py image.python > $@.new
 	@cmp -s $@.new $@ || mv $@.new $@; rm -f $@.new
 
 $(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml $(PROJECT_REQUIREMENTS)

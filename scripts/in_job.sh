@@ -15,7 +15,7 @@ source "$script_dir/common.sh"
 if [[ ${1:-} == --project-args ]]; then
     shift
     [[ $# -ge 3 && $2 == -m ]] || { echo "in_job.sh: --project-args comes before python -m MODULE" >&2; exit 2; }
-    words="$(python3 "$script_dir/../src/distqa/config/project.py" --split jobs.args)" || exit 2
+    words="$(python3 "$script_dir/../src/distqa/upkeep/project.py" --split jobs.args)" || exit 2
     project=()
     [[ -z $words ]] || mapfile -t project <<<"$words"
     set -- "$1" "$2" "$3" "${project[@]}" "${@:4}"

@@ -25,7 +25,6 @@ MOVED = {
     "distqa.settings.presets": "distqa.config.presets",
     "distqa.settings.sources": "distqa.config.sources",
     "distqa.settings.task_commands": "distqa.checkpoint.commands",
-    "distqa.upkeep.project": "distqa.config.project",
     "distqa.parallel": "distqa.distributed",
     "distqa.parallel.ddp": "distqa.distributed.ddp",
     "distqa.parallel.fsdp": "distqa.distributed.fsdp",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from distqa.config.project import split_setting
 from distqa.launch.platform.cli import main as launcher_main
+from distqa.upkeep.project import split_setting
 
 from support.apolo import (
     LAUNCH,

@@ -262,3 +262,13 @@ def test_every_import_contract_holds_whole() -> None:
     """One contract per family and none with exceptions: a layer crossed on purpose is a module in the wrong family."""
     contracts = [REPO_ROOT / "pyproject.toml", *sorted((REPO_ROOT / "src").rglob("contracts.toml"))]
     assert [path.name for path in contracts if "ignore_imports" in path.read_text()] == []
+
+
+def test_the_upkeep_runs_from_its_own_folder_for_an_older_forks_update() -> None:
+    """An older fork's `make update-template` extracts REF's src/distqa/__init__.py and src/distqa/upkeep alone
+    (its own copy of distqa.upkeep.__main__.PACKAGE) and runs them: the upkeep imports nothing else of distqa."""
+    outside = {f"{path.name}: {module}" for path in sorted((REPO_ROOT / "src/distqa/upkeep").glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom | ast.Import)
+               for module in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+               if module.startswith("distqa") and module != "distqa.upkeep" and not module.startswith("distqa.upkeep.")}
+    assert outside == set()

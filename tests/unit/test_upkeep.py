@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from distqa.config.project import main as project_main
 from distqa.upkeep.git import Entry, tree
 from distqa.upkeep.ownership import Declaration, DeclarationError, pattern_regex
+from distqa.upkeep.project import main as project_main
 from distqa.upkeep.update import changelog_between, changelog_entries, own_project, plan_update
 
 from support.processes import clean_env
@@ -294,7 +294,7 @@ def test_the_updated_fork_passes_lint_and_collects_every_test_it_has(upstream_an
     assert not [line for line in collected.stdout.splitlines() if line.startswith("tests/qa/")]
     dry_run = make(fork, "-n", "run")
     assert '--split run.args' in dry_run.stdout, dry_run.stdout
-    said = in_fork(fork, "src/distqa/config/project.py", "--split", "run.args")
+    said = in_fork(fork, "src/distqa/upkeep/project.py", "--split", "run.args")
     assert said.stdout.split() == ["--preset", NAME], "make run trains the fork's task"
     settings = in_fork(fork, "-m", "distqa.train", "--preset", f"configs/{NAME}.toml", "--help")
     assert settings.returncode == 0 and "--embedding-dim" in settings.stdout and "Traceback" not in settings.stderr

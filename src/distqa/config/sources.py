@@ -68,9 +68,9 @@ from distqa.config.flags import (
     train_sections,
 )
 from distqa.config.presets import read_preset
-from distqa.config.project import PROJECT, ProjectError, split_setting
 from distqa.config.registry import available_tasks, other_tasks_settings, task_class
 from distqa.config.values import check_declarations, coerce
+from distqa.upkeep.project import PROJECT, ProjectError, split_setting
 
 log = logging.getLogger(__name__)
 

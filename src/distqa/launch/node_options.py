@@ -346,7 +346,7 @@ def project_words(repo_root: Path, environ: MutableMapping[str, str]) -> list[st
     """project.toml's [jobs] args (--project-args), split as a shell would, each ${NAME} the environment's NAME;
     a wrong project.toml is a :class:`NodeError` in project.py's words."""
     # Standard library only: the Makefile and the Dockerfile run it as a script, before any environment exists.
-    from distqa.config.project import ProjectError, split_setting
+    from distqa.upkeep.project import ProjectError, split_setting
 
     try:
         return split_setting(repo_root / "project.toml", "jobs.args", dict(environ))

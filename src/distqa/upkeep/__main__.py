@@ -26,8 +26,9 @@ from distqa.upkeep.update import refuse_dirty, update
 
 HANDED_OVER = "DISTQA_UPKEEP_COMMIT"
 """Set when REF's copy of the upkeep runs: the commit it was taken from (no second hand-over)."""
-PACKAGE = ("src/distqa/__init__.py", "src/distqa/upkeep", "src/distqa/config")
-"""What REF's copy of the upkeep runs from: the package, and the settings' (project.toml's reader, stdlib only)."""
+PACKAGE = ("src/distqa/__init__.py", "src/distqa/upkeep")
+"""What REF's copy of the upkeep runs from. A fork's own (older) copy extracts these paths, so the upkeep stays within
+them, standard library alone: a newer upkeep that imported anything else would not run for an older fork."""
 
 
 def parser() -> argparse.ArgumentParser:

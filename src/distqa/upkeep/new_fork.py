@@ -12,10 +12,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from distqa.config.project import PROJECT
 from distqa.upkeep import git
 from distqa.upkeep.git import UpkeepError
 from distqa.upkeep.ownership import DECLARATION, Declaration
+from distqa.upkeep.project import PROJECT
 from distqa.upkeep.record import ForkRecord
 
 EXAMPLE = "examples/text_classification"

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distqa.config.project import PROJECT
 from distqa.upkeep import git
 from distqa.upkeep.git import Entry, UpkeepError
 from distqa.upkeep.new_fork import set_string
 from distqa.upkeep.ownership import DECLARATION, Declaration
+from distqa.upkeep.project import PROJECT
 from distqa.upkeep.record import RECORD, ForkRecord
 
 CHANGELOG = "CHANGELOG.md"

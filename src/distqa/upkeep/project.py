@@ -3,10 +3,10 @@
 The Makefile, the Dockerfile and scripts/worker.sh ask for one setting at a time, before any environment exists, so
 this file runs as a script with the standard library alone::
 
-    python3 src/distqa/config/project.py run.args          # make run's trainer flags
-    python3 src/distqa/config/project.py --split jobs.args # the deploy/ jobs' trainer flags, one per line
+    python3 src/distqa/upkeep/project.py run.args          # make run's trainer flags
+    python3 src/distqa/upkeep/project.py --split jobs.args # the deploy/ jobs' trainer flags, one per line
                                                            # (each ${NAME} the job's environment variable)
-    python3 src/distqa/config/project.py image.apt         # the image's extra Debian packages, one per line
+    python3 src/distqa/upkeep/project.py image.apt         # the image's extra Debian packages, one per line
 
 A missing key, an unknown one or a value of the wrong type is one line naming the key, with exit status 2.
 """
