@@ -22,7 +22,7 @@ from distqa.config.sources import SettingSources, load_config
 from distqa.distributed.stop import STOPPED_EXIT_CODE
 from distqa.sweeps import results
 from distqa.sweeps import study as studies
-from distqa.sweeps.launch import Launcher, Running, ended_process, failure_reason
+from distqa.sweeps.launch import Launcher, Running, ended_process, failure_reason, slurm_job_state
 from distqa.sweeps.space import SweepSpec, check_trial_configs, read_sweep, trial_args
 from distqa.tasks import task_class
 
@@ -135,6 +135,11 @@ class Sweep:
         run_summary = read_json(self.sweep_dir / name / "summary.json")
         text = ended.log_path.read_text(errors="replace")[self.offsets.get(ended.number, 0):]
         reason = "" if outcome == "ended" else failure_reason(text, code)
+        if not reason and self.launcher.name == "slurm" and (run_summary or {}).get("status") != "FINISHED":
+            # sbatch --wait exits 0 for a job cancelled while its tasks launched or stopped (docs/SLURM.md): Slurm's
+            # own word on the job, from sacct, says what ended it
+            job_state = slurm_job_state([line.strip() for line in text.splitlines()])
+            reason = f"{job_state} (exit {code})" if job_state else ""
         state = studies.record_outcome(self.study, ended.number, run_summary, reason)
         record = next(r for r in studies.records(self.study, True) if r.number == ended.number)
         metric = f"{record.metric} {record.best:.4g}" if record.best is not None else "no metric"
