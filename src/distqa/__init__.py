@@ -46,8 +46,8 @@ class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                       "distqa.tasks: CHANGELOG.md)", DeprecationWarning,
                       stacklevel=2)
         new = importlib.import_module(new_name)
-        module.__dict__.update({k: v for k, v in vars(new).items() if not k.startswith("__") or k == "__all__"})
-        module.__getattr__ = lambda attribute: getattr(new, attribute)  # names the new module defines later
+        # Every name read through the new module as it is (a package's __path__ too, for its old submodule names).
+        module.__getattr__ = lambda attribute: getattr(new, attribute)
 
 
 # First on the path: a leftover copy of an old module (an installed older distqa) must not shadow the new one.
