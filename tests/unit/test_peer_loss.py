@@ -117,6 +117,26 @@ def test_a_second_survivor_leaves_the_step_to_the_first(tmp_path: Path) -> None:
     assert checkpoint_path(tmp_path, 17).stat().st_mtime_ns == written
 
 
+def test_a_survivor_that_claims_the_step_just_after_the_first_released_it_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two survivors race: rank 0 looks (nothing on disk yet), rank 1 claims, writes and releases, then rank 0 takes
+    the claim. It finds the file written and leaves it: exactly one survivor says it saved the step."""
+    first_look = peer_loss._saved_already
+
+    def the_other_writes_meanwhile(run_dir: Path, step: int) -> Path | None:
+        found = first_look(run_dir, step)
+        if found is None and not checkpoint_path(tmp_path, 17).exists():  # rank 0's first look, before rank 1 writes
+            monkeypatch.setattr(peer_loss, "_saved_already", first_look)
+            assert str(save_what_survives(survivor(tmp_path, rank=1), RuntimeError(GLOO_RESET), "gloo")).endswith(
+                "saved step 17 for the resume")
+        return found
+
+    monkeypatch.setattr(peer_loss, "_saved_already", the_other_writes_meanwhile)
+    err = save_what_survives(survivor(tmp_path, rank=0), RuntimeError(GLOO_RESET), "gloo")
+    assert str(err).endswith("step 17 is saved already (step-00000017.pt) for the resume"), str(err)
+    assert load_checkpoint(checkpoint_path(tmp_path, 17)).saved_by_rank == 1, "rank 1's file stays as it wrote it"
+
+
 def test_a_survivor_whose_peer_holds_the_claim_writes_nothing(tmp_path: Path) -> None:
     claim = checkpoint_path(tmp_path, 17).with_name(".step-00000017.pt.claim")
     claim.parent.mkdir(parents=True)

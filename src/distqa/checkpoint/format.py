@@ -115,9 +115,9 @@ class ModelCheckpoint:
         values["progress"] = Progress(**values["progress"])
         return cls(**values)
 
-    def save(self, path: Path) -> bool:
-        """False when another writer holds ``path`` (:func:`save_checkpoint`)."""
-        return save_checkpoint(self.to_state(), path)
+    def save(self, path: Path, once: bool = False) -> bool:
+        """False when another writer holds ``path``, or with ``once`` has written it (:func:`save_checkpoint`)."""
+        return save_checkpoint(self.to_state(), path, once)
 
 
 @dataclass(kw_only=True)
@@ -142,13 +142,15 @@ def digest_path(path: Path) -> Path:
     return path.with_name(path.name + ".crc32")
 
 
-def save_checkpoint(state: Mapping[str, Any], path: Path) -> bool:
+def save_checkpoint(state: Mapping[str, Any], path: Path, once: bool = False) -> bool:
     """``torch.save`` through :func:`~.files.atomic_write`, then its sidecar (the old sidecar goes first:
     a kill between the renames leaves a complete checkpoint loaded unverified, never a sidecar that does not match it).
     False, writing nothing, while another writer holds the path (:func:`~.files.claimed`): rank 0's write
-    and a survivor's save after a lost peer (distqa.training.peer_loss) never interleave their files and sidecars."""
+    and a survivor's save after a lost peer (distqa.training.peer_loss) never interleave their files and sidecars.
+    With ``once`` (a survivor's save, which others may make too), also False where the claim finds the file written
+    and intact: a writer that released the claim just before this one took it has saved it already."""
     with claimed(path) as ours:
-        if not ours:
+        if not ours or (once and path.is_file() and verify_checkpoint(path)):
             return False
         digest_path(path).unlink(missing_ok=True)
         digest = atomic_write(path, lambda f: torch.save(dict(state), f))

@@ -208,14 +208,15 @@ def _why_not_complete(survivor: Survivor) -> str | None:
 
 def _save(state: RunState, step: int) -> tuple[Path | None, str]:
     """Write step ``step``'s checkpoint unless it is on disk already or another survivor claimed it."""
+    path = checkpoint_path(state.run_dir, step)
+    if _saved_already(state.run_dir, step) is None:
+        checkpoint = state.training_checkpoint(state.model.state_dict(), state.optimizer.state_dict(), _no_rng(state))
+        if checkpoint.save(path, once=True):  # once: another survivor may have written it since the look above
+            log.info("saved %s, the last step this rank completed, after a peer was lost", path)
+            return path, f"saved step {step} for the resume"
     if (on_disk := _saved_already(state.run_dir, step)) is not None:
         return on_disk, f"step {step} is saved already ({on_disk.name}) for the resume"
-    path = checkpoint_path(state.run_dir, step)
-    checkpoint = state.training_checkpoint(state.model.state_dict(), state.optimizer.state_dict(), _no_rng(state))
-    if not checkpoint.save(path):
-        return None, f"another survivor saves step {step} for the resume"
-    log.info("saved %s, the last step this rank completed, after a peer was lost", path)
-    return path, f"saved step {step} for the resume"
+    return None, f"another survivor saves step {step} for the resume"
 
 
 def _saved_already(run_dir: Path, step: int) -> Path | None:
